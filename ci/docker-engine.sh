@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# A private Docker engine for CI machines and the repository's Docker tests.
+#
+#   bash ci/docker-engine.sh start   install the engine if absent, start it, wait until it answers
+#   bash ci/docker-engine.sh env     print `export ...` lines for clients:  eval "$(bash ci/docker-engine.sh env)"
+#   bash ci/docker-engine.sh status  exit 0 when the engine answers
+#   bash ci/docker-engine.sh stop    stop the engine started by `start`
+#
+# The engine runs with its own data root, exec root and socket, so it never
+# touches a system Docker installation. Containers and builds use host
+# networking only (--bridge=none --iptables=false): no bridge network is made.
+#
+# Installation (Debian 12 CI machines): Debian 13 ("trixie") packages install
+# cleanly on Debian 12. A trixie apt source is added with a low pin priority
+# (100), so nothing else on the machine is upgraded from it; only the packages
+# named with `-t trixie` come from there.
+#
+# Client plugins: a docker client installed elsewhere (for example a static
+# binary in /usr/local/bin) may shadow the packaged /usr/bin/docker. `env`
+# therefore prints DOCKER_CONFIG pointing at a directory whose cli-plugins/
+# holds links to the packaged buildx and compose plugins, so `docker buildx` and
+# `docker compose` work whichever docker binary comes first in PATH.
+#
+# Settings (environment):
+#   DOCKER_ENGINE_ROOT     state directory (data root, exec root, socket, log)
+#                          default /var/lib/rocm-vllm-engine
+#   DOCKER_STORAGE_DRIVER  storage driver for dockerd (default: dockerd's choice)
+#   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer (default 60)
+#   DOCKER_ENGINE_NO_INSTALL=1  never install packages; fail if dockerd is absent
+set -euo pipefail
+
+ROOT=${DOCKER_ENGINE_ROOT:-/var/lib/rocm-vllm-engine}
+SOCK="$ROOT/run/docker.sock"
+PIDFILE="$ROOT/run/dockerd.pid"
+LOG="$ROOT/dockerd.log"
+CONFIG_DIR="$ROOT/client-config"
+TIMEOUT=${DOCKER_ENGINE_TIMEOUT:-60}
+PLUGIN_DIRS="/usr/libexec/docker/cli-plugins /usr/lib/docker/cli-plugins /usr/local/lib/docker/cli-plugins"
+
+log() { echo "docker-engine: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+find_plugin() {  # find_plugin NAME -> path of docker-NAME plugin, or nothing
+  local d
+  for d in $PLUGIN_DIRS; do
+    if [ -x "$d/docker-$1" ]; then echo "$d/docker-$1"; return 0; fi
+  done
+  return 1
+}
+
+installed() {
+  command -v dockerd >/dev/null 2>&1 && find_plugin buildx >/dev/null && find_plugin compose >/dev/null
+}
+
+install_engine() {
+  if installed; then return 0; fi
+  [ "${DOCKER_ENGINE_NO_INSTALL:-0}" = 1 ] && die "dockerd or the buildx/compose plugins are missing and DOCKER_ENGINE_NO_INSTALL=1"
+  command -v apt-get >/dev/null 2>&1 || die "dockerd is not installed and apt-get is absent: install Docker Engine, buildx and compose yourself"
+  log "installing docker.io, docker-buildx, docker-compose from Debian trixie (pinned low)"
+  if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
+    as_root tee /etc/apt/sources.list.d/trixie.sources >/dev/null <<'EOF'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  fi
+  if [ ! -f /etc/apt/preferences.d/trixie-low ]; then
+    as_root tee /etc/apt/preferences.d/trixie-low >/dev/null <<'EOF'
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+EOF
+  fi
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -t trixie docker.io docker-buildx docker-compose
+  installed || die "installation finished but dockerd or a plugin is still missing (looked in $PLUGIN_DIRS)"
+}
+
+client() {  # run the packaged client (or any docker) against our socket
+  local bin=/usr/bin/docker
+  [ -x "$bin" ] || bin=$(command -v docker) || die "no docker client found"
+  DOCKER_HOST="unix://$SOCK" DOCKER_CONFIG="$CONFIG_DIR" "$bin" "$@"
+}
+
+answers() { client version >/dev/null 2>&1; }
+
+prepare_client_config() {
+  mkdir -p "$CONFIG_DIR/cli-plugins"
+  local p
+  for p in buildx compose; do
+    local src
+    if src=$(find_plugin "$p"); then ln -sf "$src" "$CONFIG_DIR/cli-plugins/docker-$p"; fi
+  done
+  [ -f "$CONFIG_DIR/config.json" ] || echo '{}' >"$CONFIG_DIR/config.json"
+}
+
+start() {
+  install_engine
+  prepare_client_config
+  if answers; then log "engine already running at unix://$SOCK"; return 0; fi
+  mkdir -p "$ROOT/run" "$ROOT/data" "$ROOT/exec"
+  if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then rm -f "$PIDFILE"; fi
+  local extra=()
+  [ -n "${DOCKER_STORAGE_DRIVER:-}" ] && extra+=(--storage-driver "$DOCKER_STORAGE_DRIVER")
+  log "starting dockerd (data root $ROOT/data, socket $SOCK, log $LOG)"
+  # setsid: the daemon outlives this script and does not get the caller's signals.
+  local sudo=()
+  [ "$(id -u)" = 0 ] || sudo=(sudo)
+  setsid "${sudo[@]}" dockerd \
+    --host "unix://$SOCK" \
+    --data-root "$ROOT/data" \
+    --exec-root "$ROOT/exec" \
+    --pidfile "$PIDFILE" \
+    --bridge=none --iptables=false --ip6tables=false \
+    "${extra[@]}" >>"$LOG" 2>&1 </dev/null &
+  local waited=0
+  until answers; do
+    if [ "$waited" -ge "$TIMEOUT" ]; then
+      tail -n 20 "$LOG" >&2 || true
+      die "dockerd did not answer within ${TIMEOUT}s (raise DOCKER_ENGINE_TIMEOUT or read $LOG)"
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+  log "engine answers after ${waited}s: $(client version --format '{{.Server.Version}}')"
+}
+
+stop() {
+  if [ ! -f "$PIDFILE" ]; then log "no engine started here ($PIDFILE absent)"; return 0; fi
+  local pid; pid=$(cat "$PIDFILE")
+  if kill -0 "$pid" 2>/dev/null; then
+    log "stopping dockerd (pid $pid)"
+    as_root kill -TERM "$pid"
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
+    kill -0 "$pid" 2>/dev/null && die "dockerd (pid $pid) still running after 30s"
+  fi
+  rm -f "$PIDFILE"
+}
+
+env_lines() {
+  echo "export DOCKER_HOST=unix://$SOCK"
+  echo "export DOCKER_CONFIG=$CONFIG_DIR"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env) env_lines ;;
+  status) answers ;;
+  *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,103 @@
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | sync | args"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import model, resolve, verify
+from .model import PinError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m ci.pins", description=__doc__)
+    parser.add_argument("--file", type=Path, default=model.VERSIONS_FILE, help="versions file (default: versions.json)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("verify", help="check the versions file and the Dockerfile ARG defaults")
+    p.add_argument("--strict", action="store_true", help="also fail on unresolved pins (release builds)")
+    p.add_argument("--aiter-pin", help="the AITER pin being built (default: aiter.default)")
+
+    p = sub.add_parser("resolve", help="resolve tags to commits, image digest, wheel hashes (needs network)")
+    p.add_argument("what", nargs="*", default=[], metavar="{aiter,vllm,base-image,wheels}",
+                   help="what to resolve (default: everything unresolved)")
+    p.add_argument("--aiter-pin", help="AITER pin to resolve (default: aiter.default)")
+    p.add_argument("--registry", help="registry base URL for the base image (default: from the image name)")
+    p.add_argument("--write", action="store_true", help="write the results to the versions file and Dockerfiles")
+    p.add_argument("--force", action="store_true", help="replace pins that are already set when upstream differs")
+
+    sub.add_parser("sync", help="rewrite Dockerfile ARG defaults from the versions file")
+    p = sub.add_parser("args", help="print the build args the versions file defines (NAME=value)")
+    p.add_argument("--aiter-pin")
+    p.add_argument("--allow-unresolved", action="store_true")
+
+    ns = parser.parse_args(argv)
+    root = ns.file.resolve().parent
+    try:
+        data = model.load(ns.file)
+        if ns.command == "verify":
+            errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin)
+            for line in errors:
+                print(f"error: {line}", file=sys.stderr)
+            if errors:
+                print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
+                return 1
+            if unresolved:
+                print(f"{ns.file.name}: OK, {len(unresolved)} unresolved pin(s) (verify --strict fails on them): "
+                      + ", ".join(unresolved))
+            else:
+                print(f"{ns.file.name}: OK, every pin resolved")
+            return 0
+        if ns.command == "resolve":
+            bad = [w for w in ns.what if w not in ("aiter", "vllm", "base-image", "wheels")]
+            if bad:
+                parser.error(f"resolve: unknown item(s) {', '.join(bad)}; choose from aiter, vllm, base-image, wheels")
+            name = ns.aiter_pin or data["aiter"]["default"]
+            what = ns.what or [w for w, todo in (
+                ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
+                ("vllm", bool(data["vllm"].get("unresolved"))),
+                ("base-image", bool(data["base_image"].get("unresolved"))),
+                ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
+            ) if todo]
+            changes: list[str] = []
+            for item in what:
+                if item == "aiter":
+                    changes += resolve.resolve_aiter(data, name, ns.force)
+                elif item == "vllm":
+                    changes += resolve.resolve_vllm(data, ns.force)
+                elif item == "base-image":
+                    changes += resolve.resolve_base_image(data, ns.registry, ns.force)
+                elif item == "wheels":
+                    changes += resolve.resolve_wheels(data, ns.force)
+            for line in changes:
+                print(line)
+            if not changes:
+                print("nothing changed")
+            if ns.write and changes:
+                model.dump(data, ns.file)
+                for line in resolve.sync_dockerfiles(data, root):
+                    print(line)
+            elif changes:
+                print("(dry run: add --write to record these)")
+            return 0
+        if ns.command == "sync":
+            errors = verify.check_schema(data)
+            if errors:
+                for line in errors:
+                    print(f"error: {line}", file=sys.stderr)
+                return 1
+            for line in resolve.sync_dockerfiles(data, root) or ["Dockerfiles already in sync"]:
+                print(line)
+            return 0
+        if ns.command == "args":
+            for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved).items():
+                print(f"{key}={value}")
+            return 0
+    except PinError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

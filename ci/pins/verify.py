@@ -1,0 +1,150 @@
+"""`verify`: the versions file is well formed and every Dockerfile ARG default agrees with it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import model
+from .model import COMMIT_RE, DIGEST_RE, SHA256_RE
+
+
+def _check_unresolved_list(node: dict, path: str, errors: list[str]) -> None:
+    listed = node.get("unresolved", [])
+    if not isinstance(listed, list):
+        errors.append(f"{path}.unresolved: must be a list of field names")
+        return
+    for field in listed:
+        if field not in node:
+            errors.append(f"{path}.unresolved names {field!r}, which is not a field of {path}")
+        elif node[field] is not None:
+            errors.append(f"{path}.{field} is set but still listed in {path}.unresolved: remove it from the list")
+    for field, value in node.items():
+        if value is None and field not in listed:
+            errors.append(f"{path}.{field} is null but not listed in {path}.unresolved: set it or list it")
+
+
+def _check_format(node: dict, path: str, field: str, regex, what: str, errors: list[str]) -> None:
+    value = node.get(field)
+    if value is None:
+        return
+    if not isinstance(value, str) or not regex.match(value):
+        errors.append(f"{path}.{field} = {value!r}: must be {what}")
+
+
+def _require(node, path: str, fields: dict, errors: list[str]) -> bool:
+    if not isinstance(node, dict):
+        errors.append(f"{path}: must be an object")
+        return False
+    ok = True
+    for field, types in fields.items():
+        if field not in node:
+            errors.append(f"{path}.{field}: missing")
+            ok = False
+        elif node[field] is not None and not isinstance(node[field], types):
+            errors.append(f"{path}.{field}: wrong type {type(node[field]).__name__}")
+            ok = False
+    return ok
+
+
+def check_schema(data: dict) -> list[str]:
+    errors: list[str] = []
+    if not _require(data, "versions", {
+        "schema": int, "source_date_epoch": int, "gpu_archs": list, "python": dict, "rocm": dict,
+        "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict,
+    }, errors):
+        return errors
+    if data["schema"] != 1:
+        errors.append(f"schema = {data['schema']!r}: this tool reads schema 1")
+    if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
+        errors.append("source_date_epoch: must be a positive Unix time")
+
+    archs = data["gpu_archs"]
+    if not archs:
+        errors.append("gpu_archs: empty; list at least one of " + ", ".join(model.ALLOWED_GPU_ARCHS))
+    for arch in archs:
+        if arch not in model.ALLOWED_GPU_ARCHS:
+            errors.append(f"gpu_archs: {arch!r} is not supported by AITER MLA; allowed: {', '.join(model.ALLOWED_GPU_ARCHS)}")
+    if len(set(archs)) != len(archs):
+        errors.append("gpu_archs: duplicate entries")
+
+    if _require(data["python"], "python", {"version": str}, errors):
+        if not __import__("re").match(r"^3\.\d+$", data["python"]["version"] or ""):
+            errors.append(f"python.version = {data['python']['version']!r}: must be like 3.12")
+    _require(data["rocm"], "rocm", {"version": str}, errors)
+
+    base = data["base_image"]
+    if _require(base, "base_image", {"name": str, "tag": str, "digest": str}, errors):
+        _check_unresolved_list(base, "base_image", errors)
+        _check_format(base, "base_image", "digest", DIGEST_RE, "sha256:<64 lowercase hex>", errors)
+        if base["tag"] == "latest":
+            errors.append("base_image.tag: 'latest' is not a pin; name a release tag")
+
+    torch = data["pytorch"]
+    if _require(torch, "pytorch", {"index_url": str, "wheels": dict}, errors):
+        if not str(torch["index_url"]).startswith("https://"):
+            errors.append("pytorch.index_url: must be an https:// URL")
+        for key in model.WHEEL_KEYS:
+            path = f"pytorch.wheels.{key}"
+            wheel = torch["wheels"].get(key)
+            if wheel is None:
+                errors.append(f"{path}: missing")
+                continue
+            if _require(wheel, path, {"package": str, "version": str, "sha256": str}, errors):
+                _check_unresolved_list(wheel, path, errors)
+                _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+
+    aiter = data["aiter"]
+    if _require(aiter, "aiter", {"default": str, "repository": str, "ck_submodule_path": str,
+                                 "required_modules": list, "pins": dict}, errors):
+        if aiter["default"] not in aiter["pins"]:
+            errors.append(f"aiter.default = {aiter['default']!r}: not a key of aiter.pins")
+        if not aiter["required_modules"]:
+            errors.append("aiter.required_modules: empty; list the prebuilt modules the image must hold")
+        for name, pin in aiter["pins"].items():
+            path = f"aiter.pins.{name}"
+            if _require(pin, path, {"tag": str, "commit": str, "ck_commit": str}, errors):
+                _check_unresolved_list(pin, path, errors)
+                _check_format(pin, path, "commit", COMMIT_RE, "a full 40-hex commit", errors)
+                _check_format(pin, path, "ck_commit", COMMIT_RE, "a full 40-hex commit", errors)
+                if pin["commit"] is None and pin["ck_commit"] is not None:
+                    errors.append(f"{path}.ck_commit is set but commit is not: the CK commit comes from the AITER commit")
+
+    vllm = data["vllm"]
+    if _require(vllm, "vllm", {"repository": str, "version": str, "tag": str, "commit": str}, errors):
+        _check_unresolved_list(vllm, "vllm", errors)
+        _check_format(vllm, "vllm", "commit", COMMIT_RE, "a full 40-hex commit", errors)
+        prefix = vllm.get("commit_prefix")
+        if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
+            errors.append(f"vllm.commit {vllm['commit']} does not start with vllm.commit_prefix {prefix}: wrong commit")
+    return errors
+
+
+def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
+    """Every ARG whose name the versions file defines must default to the versions file's value."""
+    errors: list[str] = []
+    expected = model.build_args(data)
+    for name in model.DOCKERFILES:
+        path = root / name
+        if not path.exists():
+            continue
+        for line, arg, default in model.dockerfile_arg_defaults(path.read_text()):
+            if arg in expected and default != expected[arg]:
+                errors.append(f"{name}:{line}: ARG {arg} defaults to {default!r} but versions.json gives "
+                              f"{expected[arg]!r}: change the ARG default (or run python3 -m ci.pins sync)")
+    return errors
+
+
+def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
+           aiter_name: str | None = None) -> tuple[list[str], list[str]]:
+    """Returns (errors, unresolved pins). Under strict, unresolved pins are errors too.
+    aiter_name: the AITER pin being built (default: aiter.default); only its pins count."""
+    errors = check_schema(data)
+    if errors:
+        return errors, []
+    if aiter_name is not None and aiter_name not in data["aiter"]["pins"]:
+        return [f"AITER pin {aiter_name!r} is not a key of aiter.pins"], []
+    errors += check_dockerfiles(data, root)
+    unresolved = model.unresolved_pins(data, aiter_name or data["aiter"]["default"])
+    if strict:
+        errors += [f"{p}: unresolved (strict): run `python3 -m ci.pins resolve --write` on a connected machine"
+                   for p in unresolved]
+    return errors, unresolved
