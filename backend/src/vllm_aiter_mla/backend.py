@@ -1,0 +1,262 @@
+"""vLLM 0.32 adapters: the ROCM_AITER_MLA backend, its metadata, builder and impl.
+
+Thin classes over vLLM's MLA common classes. The work is done by plain functions:
+``planning.plan_decode_into`` (block table -> AITER's index tensors, on persistent
+buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's MLA
+prefill-backend mechanism, which on ROCm with AITER enabled routes to
+``aiter.flash_attn_varlen_func`` (ROCM_AITER_FA); the chosen path is logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    QueryLenSupport,
+)
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
+
+from . import __version__
+from .config import (
+    SUPPORTED_KV_CACHE_DTYPES,
+    SUPPORTED_LATENT_SIZES,
+    check_kv_cache_dtype,
+    check_unsupported_features,
+    decode_head_count,
+)
+from .decode import mla_decode
+from .kernels import MLAKernels, load_kernels
+from .planning import DecodePlan, DecodePlanBuffers, plan_decode_into
+
+logger = init_logger(__name__)
+
+BACKEND_NAME = "ROCM_AITER_MLA"
+
+
+@dataclass
+class AiterMLADecodeMetadata(MLACommonDecodeMetadata):
+    plan: DecodePlan | None = None
+    max_query_len: int = 1
+    attn_out_dtype: torch.dtype = torch.bfloat16
+
+
+@dataclass
+class AiterMLAMetadata(MLACommonMetadata[AiterMLADecodeMetadata]):
+    pass
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
+    layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
+    backend = getattr(layer, "prefill_backend", None)
+    return backend.get_name() if backend is not None else "none"
+
+
+class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
+    """Plans every decode step into persistent buffers (fixed addresses, so a
+    captured decode graph reads each step's plan)."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    # Speculative / MTP decode with uniform query lengths (2-4) runs as decode.
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device, AiterMLAMetadata)
+        if self.dcp_world_size > 1:
+            raise ValueError(
+                f"{BACKEND_NAME} (vllm-aiter-mla) does not support decode context parallelism; "
+                "remove --decode-context-parallel-size."
+            )
+        self._plan_buffers = DecodePlanBuffers.allocate(
+            max_reqs=vllm_config.scheduler_config.max_num_seqs,
+            max_blocks=_cdiv(vllm_config.model_config.max_model_len, self.page_size),
+            block_size=self.page_size,
+            device=device,
+        )
+        logger.info_once(
+            "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd (KV as pages of 1 slot, block size %d), "
+            "prefill=%s",
+            BACKEND_NAME,
+            __version__,
+            load_kernels().name,
+            self.page_size,
+            prefill_backend_name(vllm_config, layer_names),
+        )
+
+    def _build_decode(
+        self,
+        block_table_tensor: torch.Tensor,
+        seq_lens_device: torch.Tensor,
+        max_seq_len: int,
+        query_start_loc_cpu: torch.Tensor,
+        query_start_loc_device: torch.Tensor,
+        num_decode_tokens: int,
+        max_query_len: int,
+        dcp_tot_seq_lens_device: torch.Tensor | None,
+    ) -> AiterMLADecodeMetadata:
+        # Only the blocks the longest request needs (max_seq_len is known on the host).
+        num_blocks = min(block_table_tensor.shape[1], _cdiv(max(max_seq_len, 1), self.page_size))
+        plan = plan_decode_into(
+            self._plan_buffers,
+            block_table_tensor[:, :num_blocks],
+            seq_lens_device,
+            query_start_loc_device,
+        )
+        return AiterMLADecodeMetadata(
+            block_table=block_table_tensor,
+            seq_lens=seq_lens_device,
+            dcp_tot_seq_lens=dcp_tot_seq_lens_device,
+            plan=plan,
+            max_query_len=max_query_len,
+            attn_out_dtype=self.model_config.dtype,
+        )
+
+
+class AiterMLABackend(MLACommonBackend):
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(SUPPORTED_KV_CACHE_DTYPES)
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_LATENT_SIZES)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # The KV cache is read as pages of one slot: every block size works.
+        return [MultipleOf(1)]
+
+    @staticmethod
+    def get_impl_cls() -> type["AiterMLAImpl"]:
+        return AiterMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["AiterMLAMetadataBuilder"]:
+        return AiterMLAMetadataBuilder
+
+
+def _fp8_view(kv_cache: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    return kv_cache.view(fp8_dtype) if kv_cache.dtype == torch.uint8 else kv_cache
+
+
+def _is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point and t.element_size() == 1
+
+
+class DecodeKernelsMixin:
+    """Decode entry shared by the ROCm impl and the CPU development impl."""
+
+    _kernels: MLAKernels
+    _decode_heads: int
+    kv_lora_rank: int
+    scale: float
+
+    def _init_decode(self, num_heads: int, kv_cache_dtype: str) -> None:
+        check_kv_cache_dtype(kv_cache_dtype)
+        model_config = get_current_vllm_config().model_config
+        total_heads = model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
+        self._decode_heads = decode_head_count(num_heads, total_heads)
+        self._kernels = load_kernels()
+        self.decode_calls = 0
+
+    def _decode(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        plan: DecodePlan,
+        max_query_len: int,
+        out_dtype: torch.dtype,
+        layer: AttentionLayer,
+    ) -> torch.Tensor:
+        self.decode_calls += 1
+        q_scale = kv_scale = None
+        if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
+            if isinstance(q, tuple):
+                q = torch.cat(q, dim=-1)
+            fp8_dtype = q.dtype if _is_fp8(q) else _platform_fp8_dtype()
+            kv_cache = _fp8_view(kv_cache, fp8_dtype)
+            q_scale, kv_scale = layer._q_scale, layer._k_scale
+            if not _is_fp8(q):
+                q = (q.float() / q_scale).to(fp8_dtype)
+        return mla_decode(
+            q,
+            kv_cache,
+            plan,
+            kernels=self._kernels,
+            kv_lora_rank=self.kv_lora_rank,
+            scale=self.scale,
+            max_seqlen_q=max_query_len,
+            decode_heads=self._decode_heads,
+            out_dtype=out_dtype,
+            q_scale=q_scale,
+            kv_scale=kv_scale,
+        )
+
+
+def _platform_fp8_dtype() -> torch.dtype:
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    return current_platform.fp8_dtype()
+
+
+class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
+    can_return_lse_for_decode: bool = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None,
+        attn_type: str,
+        kv_sharing_target_layer_name: str | None,
+        **mla_args,
+    ) -> None:
+        check_unsupported_features(alibi_slopes, sliding_window, logits_soft_cap)
+        if attn_type != AttentionType.DECODER:
+            raise ValueError(f"{BACKEND_NAME} supports decoder self-attention only, got {attn_type}")
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        self._init_decode(num_heads, kv_cache_dtype)
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: AiterMLAMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decode = attn_metadata.decode
+        assert decode is not None and decode.plan is not None
+        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)
+        return out, None

@@ -1,0 +1,70 @@
+"""The decode call: absorbed query + latent KV cache + plan -> attention output.
+
+Plain PyTorch; the kernel (AITER or the reference) is passed in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import MLAKernels
+from .planning import DecodePlan
+
+
+def pad_heads(q: torch.Tensor, decode_heads: int) -> torch.Tensor:
+    """[T, H, D] -> [T, decode_heads, D] with zero query heads appended (heads are
+    independent in MLA; the extra outputs are dropped)."""
+    num_heads = q.shape[1]
+    if decode_heads == num_heads:
+        return q
+    padded = q.new_zeros((q.shape[0], decode_heads, q.shape[2]))
+    padded[:, :num_heads] = q
+    return padded
+
+
+def mla_decode(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    plan: DecodePlan,
+    *,
+    kernels: MLAKernels,
+    kv_lora_rank: int,
+    scale: float,
+    max_seqlen_q: int,
+    decode_heads: int,
+    out_dtype: torch.dtype,
+    q_scale: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run MLA decode for the rows described by ``plan``.
+
+    q: [T, H, kv_lora_rank + rope] (absorbed q_nope followed by q_pe), or the pair
+    (q_nope [T, H, kv_lora_rank], q_pe [T, H, rope]). kv_cache: [num_blocks,
+    block_size, kv_lora_rank + rope], read as pages of one slot. Returns
+    [T, H, kv_lora_rank] in ``out_dtype``.
+    """
+    if isinstance(q, tuple):
+        q = torch.cat(q, dim=-1)
+    q = q.contiguous()
+    num_tokens, num_heads, head_dim = q.shape
+    if kv_cache.shape[-1] != head_dim:
+        raise ValueError(f"query row size {head_dim} != KV cache row size {kv_cache.shape[-1]}")
+    q = pad_heads(q, decode_heads)
+    o = torch.empty((num_tokens, decode_heads, kv_lora_rank), dtype=out_dtype, device=q.device)
+    kernels.mla_decode_fwd(
+        q,
+        kv_cache.view(-1, 1, 1, head_dim),
+        o,
+        plan.qo_indptr,
+        plan.kv_indptr,
+        plan.kv_indices,
+        plan.kv_last_page_lens,
+        max_seqlen_q,
+        page_size=1,
+        nhead_kv=1,
+        sm_scale=scale,
+        logit_cap=0.0,
+        q_scale=q_scale,
+        kv_scale=kv_scale,
+    )
+    return o[:, :num_heads]

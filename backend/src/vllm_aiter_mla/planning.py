@@ -1,0 +1,225 @@
+"""Decode planning: vLLM's paged block table -> the index tensors AITER's MLA decode takes.
+
+AITER's ``mla_decode_fwd`` reads the KV cache as pages. This backend always views the
+cache as pages of ONE slot (``kv_cache.view(-1, 1, 1, 576)``), so any vLLM block size
+works and the plan is:
+
+* ``qo_indptr``         [B+1]  query row offsets of each request (vLLM's query_start_loc)
+* ``kv_indptr``         [B+1]  offsets into ``kv_indices``: cumulative sequence lengths
+* ``kv_indices``        [>= total KV]  slot id of every key, request by request, in order
+* ``kv_last_page_lens`` [B]    all ones (a page holds one slot)
+
+All four are int32. Slot ``p`` of request ``b`` is
+``block_table[b, p // block_size] * block_size + p % block_size``.
+
+Two implementations with the same result:
+
+* :func:`plan_decode` allocates exactly-sized outputs (one host sync for the total
+  key count). Simple; for tests and eager use.
+* :func:`plan_decode_into` writes into preallocated :class:`DecodePlanBuffers` with
+  ``out=`` variants of every operation: no host synchronisation and no allocation,
+  so it can run inside a captured CUDA graph or every step on persistent buffers
+  that a captured decode kernel reads.
+
+Plain PyTorch, no vLLM import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_INT = torch.int32
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The four int32 index tensors of one decode step (page size 1)."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_lens: torch.Tensor
+
+    @property
+    def num_reqs(self) -> int:
+        return self.kv_last_page_lens.shape[0]
+
+
+def _check_inputs(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+) -> int:
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must be 2-D [num_reqs, max_blocks], got {tuple(block_table.shape)}")
+    num_reqs = block_table.shape[0]
+    if seq_lens.shape != (num_reqs,):
+        raise ValueError(f"seq_lens must have shape ({num_reqs},), got {tuple(seq_lens.shape)}")
+    if query_start_loc.shape != (num_reqs + 1,):
+        raise ValueError(
+            f"query_start_loc must have shape ({num_reqs + 1},), got {tuple(query_start_loc.shape)}"
+        )
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return num_reqs
+
+
+def plan_decode(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+) -> DecodePlan:
+    """Exactly-sized plan. Synchronises once with the device (the total key count)."""
+    num_reqs = _check_inputs(block_table, seq_lens, query_start_loc, block_size)
+    device = block_table.device
+    seq_lens = seq_lens.to(torch.int64)
+    kv_indptr = torch.zeros(num_reqs + 1, dtype=torch.int64, device=device)
+    torch.cumsum(seq_lens, 0, out=kv_indptr[1:])
+    total = int(kv_indptr[-1])
+    # Request id of every key, then its position inside the request.
+    req = torch.repeat_interleave(torch.arange(num_reqs, device=device), seq_lens, output_size=total)
+    pos = torch.arange(total, device=device) - kv_indptr[req]
+    blocks = block_table.to(torch.int64)[req, pos // block_size]
+    kv_indices = blocks * block_size + pos % block_size
+    return DecodePlan(
+        qo_indptr=query_start_loc.to(_INT),
+        kv_indptr=kv_indptr.to(_INT),
+        kv_indices=kv_indices.to(_INT),
+        kv_last_page_lens=torch.ones(num_reqs, dtype=_INT, device=device),
+    )
+
+
+@dataclass(frozen=True)
+class DecodePlanBuffers:
+    """Persistent outputs of :func:`plan_decode_into`, at fixed addresses.
+
+    Sized once for the largest batch (``max_reqs``) and the longest block table
+    (``max_blocks`` blocks of ``block_size`` slots). ``kv_indices`` has one spare
+    entry at the end: positions past a request's length are scattered there.
+    """
+
+    max_reqs: int
+    max_blocks: int
+    block_size: int
+    qo_indptr: torch.Tensor  # [max_reqs + 1]
+    kv_indptr: torch.Tensor  # [max_reqs + 1]
+    kv_indices: torch.Tensor  # [max_reqs * max_blocks * block_size + 1]
+    kv_last_page_lens: torch.Tensor  # [max_reqs]
+    offsets: torch.Tensor  # [block_size]  0..block_size-1
+    positions: torch.Tensor  # [max_blocks * block_size]  0..max_slots-1
+
+    @classmethod
+    def allocate(
+        cls, max_reqs: int, max_blocks: int, block_size: int, device: torch.device | str
+    ) -> "DecodePlanBuffers":
+        if max_reqs < 1 or max_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"max_reqs, max_blocks and block_size must be >= 1, got {max_reqs}, {max_blocks}, {block_size}"
+            )
+        max_slots = max_blocks * block_size
+        return cls(
+            max_reqs=max_reqs,
+            max_blocks=max_blocks,
+            block_size=block_size,
+            qo_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
+            kv_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
+            kv_indices=torch.zeros(max_reqs * max_slots + 1, dtype=_INT, device=device),
+            kv_last_page_lens=torch.ones(max_reqs, dtype=_INT, device=device),
+            offsets=torch.arange(block_size, dtype=_INT, device=device),
+            positions=torch.arange(max_slots, dtype=_INT, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.kv_indices.shape[0] - 1
+
+
+@dataclass(frozen=True)
+class PlanWorkspace:
+    """Scratch space of :func:`plan_decode_into` (flat, so leading slices are
+    contiguous views). With one, planning allocates nothing; without one, the same
+    scratch is taken from the allocator at the size of the current batch."""
+
+    block_base: torch.Tensor  # int32 [max_reqs * max_blocks]
+    slots: torch.Tensor  # int32 [max_reqs * max_slots]
+    dest: torch.Tensor  # int64 [max_reqs * max_slots] (scatter index)
+    past_end: torch.Tensor  # bool  [max_reqs * max_slots]
+
+    @classmethod
+    def allocate(cls, buffers: DecodePlanBuffers) -> "PlanWorkspace":
+        device = buffers.kv_indices.device
+        n = buffers.capacity
+        return cls(
+            block_base=torch.empty(buffers.max_reqs * buffers.max_blocks, dtype=_INT, device=device),
+            slots=torch.empty(n, dtype=_INT, device=device),
+            dest=torch.empty(n, dtype=torch.int64, device=device),
+            past_end=torch.empty(n, dtype=torch.bool, device=device),
+        )
+
+
+def _scratch(workspace: PlanWorkspace | None, name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if workspace is None:
+        return torch.empty(n, dtype=dtype, device=device)
+    return getattr(workspace, name)[:n]
+
+
+def plan_decode_into(
+    buffers: DecodePlanBuffers,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    workspace: PlanWorkspace | None = None,
+) -> DecodePlan:
+    """Write the plan into ``buffers`` and return views of them.
+
+    No host synchronisation: shapes come from the inputs' shapes (never their
+    values), so the same call can be captured once in a CUDA graph and replayed with
+    new batch contents. ``block_table`` may be narrowed to the blocks the longest
+    request needs (less work); it must cover every request's length.
+    ``kv_indices`` is returned whole (``[capacity + 1]``); only its first
+    ``kv_indptr[-1]`` entries are meaningful, which is what the kernel reads.
+    """
+    bs = buffers.block_size
+    num_reqs = _check_inputs(block_table, seq_lens, query_start_loc, bs)
+    num_blocks = block_table.shape[1]
+    if num_reqs > buffers.max_reqs or num_blocks > buffers.max_blocks:
+        raise ValueError(
+            f"batch ({num_reqs} requests x {num_blocks} blocks) exceeds the plan buffers "
+            f"({buffers.max_reqs} x {buffers.max_blocks}); allocate larger DecodePlanBuffers"
+        )
+    num_slots = num_blocks * bs
+    n = num_reqs * num_slots
+    device = block_table.device
+
+    buffers.qo_indptr[: num_reqs + 1].copy_(query_start_loc)
+    kv_indptr = buffers.kv_indptr[: num_reqs + 1]
+    torch.cumsum(seq_lens, 0, dtype=_INT, out=kv_indptr[1:])
+
+    # slot[b, p] = block_table[b, p // bs] * bs + p % bs, built block by block.
+    block_base = _scratch(workspace, "block_base", num_reqs * num_blocks, _INT, device)
+    torch.mul(block_table, bs, out=block_base.view(num_reqs, num_blocks))
+    slots = _scratch(workspace, "slots", n, _INT, device)
+    torch.add(
+        block_base.view(num_reqs, num_blocks, 1), buffers.offsets, out=slots.view(num_reqs, num_blocks, bs)
+    )
+
+    # Destination of slot (b, p) in kv_indices: kv_indptr[b] + p, or the spare
+    # entry at `capacity` when p is past the request's length.
+    positions = buffers.positions[:num_slots]
+    dest = _scratch(workspace, "dest", n, torch.int64, device)
+    torch.add(kv_indptr[:num_reqs].unsqueeze(1), positions, out=dest.view(num_reqs, num_slots))
+    past_end = _scratch(workspace, "past_end", n, torch.bool, device)
+    torch.ge(positions, seq_lens.unsqueeze(1), out=past_end.view(num_reqs, num_slots))
+    dest.masked_fill_(past_end, buffers.capacity)
+    buffers.kv_indices.scatter_(0, dest, slots)
+
+    return DecodePlan(
+        qo_indptr=buffers.qo_indptr[: num_reqs + 1],
+        kv_indptr=kv_indptr,
+        kv_indices=buffers.kv_indices,
+        kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
+    )
