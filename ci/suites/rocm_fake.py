@@ -1,0 +1,90 @@
+"""vLLM's real ROCm platform code, running on a machine without an AMD GPU.
+
+``vllm.platforms.rocm`` reads the GPU arch at import time through
+``torch.cuda.get_device_properties``; we answer with the arch under test, re-import
+the module, and make its ``RocmPlatform`` vLLM's current platform. Everything else
+(selection order, validation, AITER switches) is vLLM's own code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import types
+from collections.abc import Iterator
+from unittest import mock
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+# (major, minor) compute capability vLLM derives from each arch.
+ARCH_CAPABILITY = {"gfx90a": (9, 0), "gfx942": (9, 4), "gfx950": (9, 5)}
+
+AITER_SWITCHES = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA")
+
+
+def _device_properties(arch: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        gcnArchName=f"{arch}:sramecc+:xnack-",
+        name=f"fake {arch}",
+        total_memory=192 << 30,
+        multi_processor_count=304,
+        major=ARCH_CAPABILITY[arch][0],
+        minor=ARCH_CAPABILITY[arch][1],
+    )
+
+
+@contextlib.contextmanager
+def rocm_platform(arch: str, env: dict[str, str], aiter_found: bool) -> Iterator[object]:
+    """vLLM with a RocmPlatform for ``arch`` as current platform, the AITER switches
+    of ``env`` (others unset) and AITER reported importable or not."""
+    import torch
+
+    with mock.patch.object(torch.cuda, "get_device_properties", return_value=_device_properties(arch)):
+        if "vllm.platforms.rocm" in sys.modules:
+            rocm = importlib.reload(sys.modules["vllm.platforms.rocm"])
+        else:
+            rocm = importlib.import_module("vllm.platforms.rocm")
+    import vllm._aiter_ops as aiter_ops
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability
+
+    platform = rocm.RocmPlatform()
+    capability = DeviceCapability(*ARCH_CAPABILITY[arch])
+    clean_env = {k: v for k, v in os.environ.items() if k not in AITER_SWITCHES}
+    clean_env.update(env)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, clean_env, clear=True))
+        stack.enter_context(
+            mock.patch.object(
+                rocm.RocmPlatform, "get_device_capability", classmethod(lambda cls, device_id=0: capability)
+            )
+        )
+        stack.enter_context(mock.patch.object(platforms, "_current_platform", platform))
+        stack.enter_context(mock.patch.object(aiter_ops, "current_platform", platform))
+        stack.enter_context(mock.patch.object(aiter_ops, "IS_AITER_FOUND", aiter_found))
+        aiter_ops.rocm_aiter_ops.refresh_env_variables()
+        try:
+            yield platform
+        finally:
+            stack.close()
+            aiter_ops.rocm_aiter_ops.refresh_env_variables()
+
+
+def select_mla_backend(block_size: int | None, backend: str | None) -> str:
+    """Run vLLM's selection for a DeepSeek-style MLA layer; return the class path."""
+    import torch
+    from vllm.config import AttentionConfig, CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.selector import _cached_get_attn_backend, get_attn_backend
+
+    cache_config = CacheConfig(block_size=block_size) if block_size is not None else CacheConfig()
+    attention_config = AttentionConfig(backend=backend) if backend else AttentionConfig()
+    config = VllmConfig(cache_config=cache_config, attention_config=attention_config)
+    _cached_get_attn_backend.cache_clear()
+    try:
+        with set_current_vllm_config(config):
+            cls = get_attn_backend(576, torch.bfloat16, "auto", use_mla=True)
+    finally:
+        _cached_get_attn_backend.cache_clear()
+    return f"{cls.__module__}.{cls.__qualname__}"

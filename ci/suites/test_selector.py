@@ -1,0 +1,174 @@
+"""Selector suite: which attention backend vLLM picks for an MLA model, and why.
+
+Runs vLLM 0.32's real ROCm selection code (RocmPlatform reporting the arch of each
+row) with this package installed as a plugin. Needs no GPU: it runs in the
+repository's CI on CPU and inside the image (`selftest selector`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.metadata import entry_points, version
+from pathlib import Path
+
+import pytest
+
+from rocm_fake import rocm_platform, select_mla_backend
+
+OURS = "vllm_aiter_mla.backend.AiterMLABackend"
+TRITON = "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend"
+VLLM_BUILTIN_AITER = "vllm.v1.attention.backends.mla.rocm_aiter_mla.AiterMLABackend"
+
+ON = {"VLLM_ROCM_USE_AITER": "1"}
+ON_MLA_OFF = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "0"}
+ON_MLA_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}
+OFF = {"VLLM_ROCM_USE_AITER": "0"}
+UNSET: dict[str, str] = {}
+
+# arch, environment, aiter importable, --attention-backend, --block-size -> class path
+# (or "error" for a ValueError; see test_no_valid_backend_names_block_size_and_backends).
+DECISION_TABLE = [
+    # AITER on (VLLM_ROCM_USE_AITER=1, MLA switch default or 1) on CDNA3/CDNA4: ours.
+    ("gfx942", ON, True, None, None, OURS),
+    ("gfx942", ON, True, None, 1, OURS),
+    ("gfx942", ON, True, None, 16, OURS),
+    ("gfx942", ON, True, None, 64, OURS),
+    ("gfx942", ON_MLA_ON, True, None, 16, OURS),
+    ("gfx950", ON, True, None, None, OURS),
+    ("gfx950", ON, True, None, 1, OURS),
+    ("gfx950", ON_MLA_ON, True, None, 64, OURS),
+    # AITER off, MLA switch off, aiter missing, or an arch AITER does not support: Triton.
+    ("gfx942", UNSET, True, None, None, TRITON),
+    ("gfx942", OFF, True, None, 16, TRITON),
+    ("gfx942", OFF, True, None, 64, TRITON),
+    ("gfx942", ON_MLA_OFF, True, None, 16, TRITON),
+    ("gfx942", ON, False, None, 16, TRITON),
+    ("gfx942", ON, False, None, None, TRITON),
+    ("gfx950", OFF, True, None, 64, TRITON),
+    ("gfx90a", ON, True, None, 16, TRITON),
+    ("gfx90a", ON, True, None, None, TRITON),
+    # Block sizes Triton MLA cannot take, with AITER unavailable: no backend.
+    ("gfx942", OFF, True, None, 1, "error"),
+    ("gfx942", ON_MLA_OFF, True, None, 1, "error"),
+    ("gfx942", ON, False, None, 1, "error"),
+    ("gfx90a", ON, True, None, 1, "error"),
+    # Explicit choice wins over the switches, for every block size.
+    ("gfx942", OFF, True, "ROCM_AITER_MLA", None, OURS),
+    ("gfx942", OFF, True, "ROCM_AITER_MLA", 1, OURS),
+    ("gfx942", UNSET, True, "ROCM_AITER_MLA", 16, OURS),
+    ("gfx942", ON, True, "ROCM_AITER_MLA", 64, OURS),
+    ("gfx950", ON_MLA_OFF, True, "ROCM_AITER_MLA", 1, OURS),
+    ("gfx942", ON, True, "TRITON_MLA", 16, TRITON),
+    ("gfx942", ON, True, "TRITON_MLA", 64, TRITON),
+]
+
+
+def _row_id(row: tuple) -> str:
+    arch, env, found, backend, block, expected = row
+    env_s = ",".join(f"{k.removeprefix('VLLM_ROCM_USE_')}={v}" for k, v in env.items()) or "env-unset"
+    return f"{arch}-{env_s}-{'aiter' if found else 'no-aiter'}-{backend or 'auto'}-bs{block}-{expected.rsplit('.', 1)[-1]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin_loaded():
+    """Load general plugins the way every vLLM process does (entry points)."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    load_general_plugins()
+    yield
+    assert AttentionBackendEnum.ROCM_AITER_MLA.get_path() == OURS
+
+
+@pytest.mark.parametrize("row", DECISION_TABLE, ids=[_row_id(r) for r in DECISION_TABLE])
+def test_decision_table(row):
+    arch, env, aiter_found, backend, block_size, expected = row
+    with rocm_platform(arch, env, aiter_found):
+        if expected == "error":
+            with pytest.raises(ValueError):
+                select_mla_backend(block_size, backend)
+        else:
+            assert select_mla_backend(block_size, backend) == expected
+
+
+def test_no_valid_backend_names_block_size_and_backends():
+    with rocm_platform("gfx942", OFF, True), pytest.raises(ValueError) as err:
+        select_mla_backend(1, None)
+    message = str(err.value)
+    assert "block_size=1" in message
+    assert "TRITON_MLA" in message
+    assert "block_size not supported" in message
+
+
+def test_explicit_backend_that_cannot_serve_fails_with_reason():
+    with rocm_platform("gfx942", ON, True), pytest.raises(ValueError) as err:
+        select_mla_backend(1, "TRITON_MLA")
+    assert "TRITON_MLA" in str(err.value)
+    assert "block_size not supported" in str(err.value)
+
+
+def test_without_the_plugin_vllm_builtin_aiter_mla_is_selected():
+    """The documented comparison switch: leave `aiter_mla` out of VLLM_PLUGINS."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    AttentionBackendEnum.ROCM_AITER_MLA.clear_override()
+    try:
+        with rocm_platform("gfx942", ON, True):
+            assert select_mla_backend(16, None) == VLLM_BUILTIN_AITER
+            assert select_mla_backend(1, "ROCM_AITER_MLA") == VLLM_BUILTIN_AITER
+    finally:
+        from vllm_aiter_mla.plugin import register
+
+        register()
+
+
+def test_vllm_plugins_filter_leaves_plugin_out(monkeypatch):
+    from vllm.plugins import load_plugins_by_group
+
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    assert "aiter_mla" not in load_plugins_by_group("vllm.general_plugins")
+    monkeypatch.setenv("VLLM_PLUGINS", "aiter_mla")
+    assert "aiter_mla" in load_plugins_by_group("vllm.general_plugins")
+
+
+def test_plugin_entry_point_is_registered():
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("aiter_mla") == "vllm_aiter_mla.plugin:register"
+
+
+def test_installed_vllm_is_supported_by_backend():
+    from vllm_aiter_mla.plugin import _installed_vllm_version, check_vllm_version
+
+    check_vllm_version(_installed_vllm_version())
+
+
+def _manifest() -> dict:
+    path = Path(os.environ.get("ROCM_VLLM_MANIFEST", "/opt/rocm-vllm/manifest.json"))
+    if not path.is_file():
+        pytest.skip(f"no image manifest at {path} (not running inside the image)")
+    return json.loads(path.read_text())
+
+
+def test_installed_vllm_matches_image_manifest():
+    from vllm_aiter_mla.plugin import _installed_vllm_version
+
+    expected = _manifest().get("vllm", {}).get("version")
+    if not expected:
+        pytest.skip("the image manifest records no vLLM version")
+    assert _installed_vllm_version().split("+")[0] == expected.split("+")[0]
+
+
+def test_installed_aiter_matches_image_manifest():
+    expected = (_manifest().get("aiter") or {}).get("version")
+    if not expected:
+        pytest.skip("the image manifest records no AITER version")
+    assert version("amd-aiter" if _has_dist("amd-aiter") else "aiter") == expected
+
+
+def _has_dist(name: str) -> bool:
+    try:
+        version(name)
+    except Exception:
+        return False
+    return True
