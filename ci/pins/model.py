@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,10 +140,12 @@ def dockerfile_arg_defaults(text: str) -> list[tuple[int, str, str | None]]:
         logical += line
         match = _ARG_RE.match(logical)
         if match:
-            for token in match.group(1).split():
+            try:
+                tokens = shlex.split(match.group(1), comments=True)
+            except ValueError:
+                tokens = match.group(1).split()
+            for token in tokens:
                 name, sep, default = token.partition("=")
-                if sep and len(default) >= 2 and default[0] == default[-1] and default[0] in "\"'":
-                    default = default[1:-1]
                 out.append((start, name, default if sep else None))
         logical = ""
     return out

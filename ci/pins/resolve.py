@@ -223,11 +223,13 @@ def sync_dockerfiles(data: dict, root=model.REPO_ROOT) -> list[str]:
             continue
         lines = path.read_text().splitlines(keepends=True)
         for i, line in enumerate(lines):
-            match = re.match(r"^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)=(\S*)(.*)$", line, re.S)
+            match = re.match(r"^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|\S*)(.*)$", line, re.S)
             if match and match.group(2) in expected:
                 value = match.group(3).strip("\"'")
-                if value != expected[match.group(2)]:
-                    lines[i] = f"{match.group(1)}{match.group(2)}={expected[match.group(2)]}{match.group(4)}"
+                new = expected[match.group(2)]
+                if value != new:
+                    quoted = f'"{new}"' if (" " in new or match.group(3).startswith('"')) else new
+                    lines[i] = f"{match.group(1)}{match.group(2)}={quoted}{match.group(4)}"
                     changes.append(f"{name}:{i + 1}: ARG {match.group(2)}={expected[match.group(2)]}")
         path.write_text("".join(lines))
     return changes

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Write the image manifest (default /opt/rocm-vllm/manifest.json) from the build args in the
+environment, the verified AITER commits and the prebuilt module list.
+
+    write_manifest.py --aiter-pins aiter-pins.json --modules modules.txt [--out PATH]
+
+Keys: schema, gpu_archs, rocm {version, image}, python {version}, pytorch {<name>: {package,
+version, sha256, installed}}, aiter {version, tag, repository, commit, ck_commit, pinned},
+prebuilt_modules, vllm {version, tag, repository, commit}, source_date_epoch, unresolved.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+
+
+def installed(package: str):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def build_manifest(env: dict, aiter_pins: dict, modules: list[str]) -> dict:
+    def pin(name):
+        value = env.get(name, "UNRESOLVED")
+        return None if value in ("", "UNRESOLVED") else value
+
+    unresolved = sorted(k for k, v in env.items() if v == "UNRESOLVED" or v.endswith("@sha256:UNRESOLVED"))
+    wheels = {}
+    for key in ("torch", "triton", "torchvision", "torchaudio"):
+        package = env.get(f"{key.upper()}_PACKAGE", key)
+        wheels[key] = {"package": package, "version": pin(f"{key.upper()}_VERSION"),
+                       "sha256": pin(f"{key.upper()}_SHA256"), "installed": installed(package)}
+    return {
+        "schema": 1,
+        "gpu_archs": [a for a in env.get("GPU_ARCHS", "").split(";") if a],
+        "rocm": {"version": pin("ROCM_VERSION"), "image": env.get("ROCM_IMAGE")},
+        "python": {"version": pin("PYTHON_VERSION")},
+        "pytorch": wheels,
+        "aiter": {
+            "version": installed("aiter") or env.get("AITER_TAG", "").lstrip("v"),
+            "tag": aiter_pins.get("tag"),
+            "repository": aiter_pins.get("repository"),
+            "commit": aiter_pins.get("commit"),
+            "ck_commit": aiter_pins.get("ck_commit"),
+            "pinned": bool(aiter_pins.get("pinned")),
+        },
+        "prebuilt_modules": sorted(modules),
+        "vllm": {"version": pin("VLLM_VERSION"), "tag": pin("VLLM_TAG"),
+                 "repository": pin("VLLM_REPO"), "commit": pin("VLLM_COMMIT")},
+        "source_date_epoch": int(env["SOURCE_DATE_EPOCH"]) if env.get("SOURCE_DATE_EPOCH") else None,
+        "unresolved": unresolved,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--aiter-pins", type=Path, required=True)
+    parser.add_argument("--modules", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path("/opt/rocm-vllm/manifest.json"))
+    ns = parser.parse_args(argv)
+    manifest = build_manifest(dict(os.environ), json.loads(ns.aiter_pins.read_text()),
+                              ns.modules.read_text().split())
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+    ns.out.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
