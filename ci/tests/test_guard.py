@@ -1,0 +1,182 @@
+"""Decisions of the runtime guard for fake device listings (no GPU needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from selftest.guard import GuardInputs, Listing, decide, shell_exports, strictness
+from selftest.manifest import parse_manifest
+
+LISTINGS = Path(__file__).parent / "listings"
+COMMIT = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
+MANIFEST = parse_manifest({
+    "gpu_archs": ["gfx942", "gfx950"],
+    "aiter": {"version": "0.1.20.post1", "commit": COMMIT, "ck_commit": "f" * 40},
+    "vllm": {"version": "0.32.0", "commit": "a" * 40},
+    "prebuilt_modules": ["module_mla_asm"],
+})
+
+
+def smi(name: str) -> Listing:
+    return Listing("amd-smi", (LISTINGS / name).read_text())
+
+
+def rocminfo(name: str) -> Listing:
+    return Listing("rocminfo", (LISTINGS / name).read_text())
+
+
+ABSENT = (Listing("amd-smi", None, "not installed"), Listing("rocminfo", None, "not installed"))
+
+
+def inputs(listings=ABSENT, mode="serve", env=None, kfd=True, manifest=MANIFEST,
+           manifest_error="", aiter=True) -> GuardInputs:
+    return GuardInputs(mode=mode, listings=listings, env=env or {}, has_kfd=kfd,
+                       manifest=manifest, manifest_error=manifest_error, aiter_installed=aiter)
+
+
+@pytest.mark.parametrize("listing", [
+    smi("amdsmi_gfx942.txt"), smi("amdsmi_gfx942.json"), rocminfo("rocminfo_gfx942.txt"),
+    smi("amdsmi_gfx950.txt"), rocminfo("rocminfo_gfx950.txt"), smi("amdsmi_mixed.txt"),
+])
+def test_cdna3_and_newer_turn_aiter_on(listing: Listing) -> None:
+    decision = decide(inputs([listing]))
+    assert decision.ok
+    assert decision.env["VLLM_ROCM_USE_AITER"] == "1"
+    assert any(line.startswith("AITER on") for line in decision.log)
+
+
+def test_gfx90a_turns_aiter_off_in_one_line() -> None:
+    decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")],
+                             manifest=parse_manifest({"gpu_archs": ["gfx90a", "gfx942"],
+                                                      "aiter": None})))
+    assert decision.ok
+    assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
+    off = [line for line in decision.log if line.startswith("AITER off")]
+    assert len(off) == 1 and "gfx90a" in off[0]
+
+
+def test_mixed_archs_all_built_turn_aiter_off_and_say_why() -> None:
+    manifest = parse_manifest({"gpu_archs": ["gfx90a", "gfx942"], "aiter": {"commit": COMMIT}})
+    decision = decide(inputs([rocminfo("rocminfo_mixed.txt")], manifest=manifest))
+    assert decision.ok
+    assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
+    assert any("mixed GPU archs gfx90a;gfx942" in line for line in decision.log)
+
+
+@pytest.mark.parametrize("listing, missing", [
+    (rocminfo("rocminfo_gfx90a.txt"), "gfx90a"),
+    (rocminfo("rocminfo_gfx1100.txt"), "gfx1100"),
+    (rocminfo("rocminfo_mixed.txt"), "gfx90a"),
+])
+def test_arch_not_built_is_fatal_for_serve_and_names_gpu_archs(listing: Listing, missing: str) -> None:
+    decision = decide(inputs([listing]))
+    assert not decision.ok
+    assert f"GPU arch {missing}" in decision.fatal
+    assert "GPU_ARCHS" in decision.fatal
+    assert "\n" not in decision.fatal
+
+
+def test_arch_not_built_only_warns_for_selftest() -> None:
+    decision = decide(inputs([rocminfo("rocminfo_gfx1100.txt")], mode="selftest"))
+    assert decision.ok
+    assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
+    assert any(line.startswith("warning:") and "GPU_ARCHS" in line for line in decision.log)
+
+
+def test_no_kfd_is_fatal_for_serve() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], kfd=False))
+    assert not decision.ok
+    assert "/dev/kfd" in decision.fatal and "--device /dev/kfd" in decision.fatal
+
+
+def test_no_kfd_path_follows_setting() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], kfd=False,
+                             env={"ROCM_VLLM_KFD_PATH": "/x/kfd"}))
+    assert "no /x/kfd" in decision.fatal
+
+
+@pytest.mark.parametrize("listings", [
+    ABSENT,
+    (rocminfo("rocminfo_cpu_only.txt"),),
+    (Listing("amd-smi", None, "exit 1 amdsmi_init failed"), rocminfo("rocminfo_cpu_only.txt")),
+])
+def test_no_gpu_is_fatal_for_serve(listings) -> None:
+    decision = decide(inputs(listings))
+    assert not decision.ok
+    assert decision.fatal.startswith("no AMD GPU found")
+    assert "ROCM_VLLM_REQUIRE_GPU=0" in decision.fatal
+
+
+def test_no_gpu_is_not_fatal_for_selftest_and_exec() -> None:
+    for mode in ("selftest", "exec"):
+        decision = decide(inputs(kfd=False, mode=mode))
+        assert decision.ok
+        assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
+
+
+def test_require_gpu_setting() -> None:
+    assert strictness("serve", {}) == "strict"
+    assert strictness("selftest", {}) == "warn"
+    assert strictness("exec", {"ROCM_VLLM_REQUIRE_GPU": "1"}) == "strict"
+    assert strictness("serve", {"ROCM_VLLM_REQUIRE_GPU": "0"}) == "off"
+    decision = decide(inputs(kfd=False, env={"ROCM_VLLM_REQUIRE_GPU": "0"}))
+    assert decision.ok and decision.env["VLLM_ROCM_USE_AITER"] == "0"
+
+
+def test_amd_smi_without_arch_falls_back_to_rocminfo() -> None:
+    decision = decide(inputs([smi("amdsmi_no_arch.txt"), rocminfo("rocminfo_gfx942.txt")]))
+    assert decision.ok
+    assert [g.target for g in decision.gpus] == ["gfx942:sramecc+:xnack-"] * 2
+    assert any(line.startswith("GPUs (rocminfo)") for line in decision.log)
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_user_choice_of_aiter_is_kept(value: str) -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"VLLM_ROCM_USE_AITER": value}))
+    assert decision.ok
+    assert "VLLM_ROCM_USE_AITER" not in decision.env
+    assert any("set by the user" in line for line in decision.log)
+
+
+def test_user_aiter_on_unsupported_arch_is_warned() -> None:
+    manifest = parse_manifest({"gpu_archs": ["gfx90a"], "aiter": None})
+    decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")], manifest=manifest,
+                             env={"VLLM_ROCM_USE_AITER": "1"}))
+    assert decision.ok and "VLLM_ROCM_USE_AITER" not in decision.env
+    assert any(line.startswith("warning:") and "gfx90a" in line for line in decision.log)
+
+
+def test_jit_dir_defaults_to_cache_keyed_by_aiter_commit() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")]))
+    assert decision.env["AITER_JIT_DIR"] == f"/var/cache/aiter-jit/aiter-{COMMIT[:12]}"
+    assert decision.jit_mount == "/var/cache/aiter-jit"
+
+
+def test_jit_dir_root_and_user_override() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"ROCM_VLLM_JIT_CACHE": "/c"}))
+    assert decision.env["AITER_JIT_DIR"] == f"/c/aiter-{COMMIT[:12]}"
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"AITER_JIT_DIR": "/mine"}))
+    assert "AITER_JIT_DIR" not in decision.env and decision.jit_dir == "/mine"
+
+
+def test_no_aiter_no_jit_dir_and_serve_on_cdna3_is_fatal() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], aiter=False))
+    assert "AITER_JIT_DIR" not in decision.env
+    assert not decision.ok and "aiter" in decision.fatal
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], aiter=False,
+                             env={"VLLM_ROCM_USE_AITER": "0"}))
+    assert decision.ok
+
+
+def test_missing_manifest_is_fatal_for_serve_with_setting_named() -> None:
+    error = "image manifest not readable at /opt/rocm-vllm/manifest.json; set ROCM_VLLM_MANIFEST"
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], manifest=None, manifest_error=error))
+    assert not decision.ok and "ROCM_VLLM_MANIFEST" in decision.fatal
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], mode="selftest", manifest=None,
+                             manifest_error=error))
+    assert decision.ok and decision.env["VLLM_ROCM_USE_AITER"] == "1"
+
+
+def test_shell_exports_are_quoted() -> None:
+    assert shell_exports({"B": "x y", "A": "1"}) == "export A=1\nexport B='x y'\n"
