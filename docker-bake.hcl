@@ -1,0 +1,132 @@
+// Build graph of the images. Pins come from versions.json, passed as a second file:
+//
+//   docker buildx bake -f docker-bake.hcl -f versions.json base      # the base image
+//   docker buildx bake -f docker-bake.hcl -f versions.json validate  # print-only check targets
+//
+// versions.json's top-level keys (aiter, vllm, base_image, gpu_archs, ...) become bake
+// variables; without it every target fails with "There is no variable named ...".
+// Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
+
+variable "REGISTRY" { default = "localhost/rocm-vllm" }
+variable "TAG" { default = "dev" }
+// AITER pin to build: a key of aiter.pins in versions.json.
+variable "AITER_PIN" { default = aiter.default }
+// GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
+variable "GPU_ARCHS" { default = join(";", gpu_archs) }
+// "1" accepts UNRESOLVED pins (development images, never a release).
+variable "ALLOW_UNRESOLVED" { default = "0" }
+// Empty: derived from the builder's CPUs and memory at build time.
+variable "MAX_JOBS" { default = "" }
+variable "AITER_MEM_PER_JOB_GIB" { default = "4" }
+// Revision of this repository, recorded as an OCI label (CI sets it: VCS_REF=$(git rev-parse HEAD)).
+variable "VCS_REF" { default = "" }
+// Cache import/export, e.g. CACHE_FROM=type=registry,ref=ghcr.io/org/rocm-vllm:cache
+variable "CACHE_FROM" { default = "" }
+variable "CACHE_TO" { default = "" }
+// vLLM image to embed the backend into instead of building vLLM (Dockerfile.rocm); empty: build it.
+variable "VLLM_IMAGE" { default = "" }
+// CA bundle handed to builds as the secret "ca-bundle" (git and pip behind a TLS-inspecting proxy).
+variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
+
+function "rocm_image" {
+  params = [image, allow]
+  result = image.digest != null ? "${image.name}:${image.tag}@${image.digest}" : (allow == "1" ? "${image.name}:${image.tag}" : "${image.name}:${image.tag}@sha256:UNRESOLVED")
+}
+
+group "default" { targets = ["base"] }
+group "all" { targets = ["base", "vllm", "serve", "ci"] }
+// Checks that build nothing; `docker buildx bake --print validate` must resolve.
+group "validate" { targets = ["base-aiter-src"] }
+
+target "_common" {
+  context = "."
+  args = {
+    SOURCE_DATE_EPOCH = source_date_epoch
+    ALLOW_UNRESOLVED  = ALLOW_UNRESOLVED
+    GPU_ARCHS         = GPU_ARCHS
+    VCS_REF           = VCS_REF
+  }
+  secret     = ["id=ca-bundle,src=${CA_BUNDLE}"]
+  cache-from = CACHE_FROM == "" ? [] : [CACHE_FROM]
+  cache-to   = CACHE_TO == "" ? [] : [CACHE_TO]
+  // Reproducible layers: file timestamps clamped to SOURCE_DATE_EPOCH.
+  output = ["type=image,rewrite-timestamp=true"]
+  labels = {
+    "org.opencontainers.image.source" = "rocm-vllm"
+    "org.opencontainers.image.revision" = VCS_REF
+  }
+}
+
+target "_versions" {
+  args = {
+    ROCM_IMAGE             = rocm_image(base_image, ALLOW_UNRESOLVED)
+    ROCM_VERSION           = rocm.version
+    PYTHON_VERSION         = python.version
+    TORCH_INDEX_URL        = pytorch.index_url
+    TORCH_PACKAGE          = pytorch.wheels.torch.package
+    TORCH_VERSION          = coalesce(pytorch.wheels.torch.version, "UNRESOLVED")
+    TORCH_SHA256           = coalesce(pytorch.wheels.torch.sha256, "UNRESOLVED")
+    TRITON_PACKAGE         = pytorch.wheels.triton.package
+    TRITON_VERSION         = coalesce(pytorch.wheels.triton.version, "UNRESOLVED")
+    TRITON_SHA256          = coalesce(pytorch.wheels.triton.sha256, "UNRESOLVED")
+    TORCHVISION_PACKAGE    = pytorch.wheels.torchvision.package
+    TORCHVISION_VERSION    = coalesce(pytorch.wheels.torchvision.version, "UNRESOLVED")
+    TORCHVISION_SHA256     = coalesce(pytorch.wheels.torchvision.sha256, "UNRESOLVED")
+    TORCHAUDIO_PACKAGE     = pytorch.wheels.torchaudio.package
+    TORCHAUDIO_VERSION     = coalesce(pytorch.wheels.torchaudio.version, "UNRESOLVED")
+    TORCHAUDIO_SHA256      = coalesce(pytorch.wheels.torchaudio.sha256, "UNRESOLVED")
+    AITER_REPO             = aiter.repository
+    AITER_TAG              = aiter.pins[AITER_PIN].tag
+    AITER_COMMIT           = coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED")
+    AITER_CK_COMMIT        = coalesce(aiter.pins[AITER_PIN].ck_commit, "UNRESOLVED")
+    AITER_CK_PATH          = aiter.ck_submodule_path
+    AITER_REQUIRED_MODULES = join(" ", aiter.required_modules)
+    VLLM_REPO              = vllm.repository
+    VLLM_VERSION           = vllm.version
+    VLLM_TAG               = vllm.tag
+    VLLM_COMMIT            = coalesce(vllm.commit, "UNRESOLVED")
+  }
+}
+
+target "base" {
+  inherits   = ["_common", "_versions"]
+  dockerfile = "Dockerfile.rocm_base"
+  target     = "final"
+  args = {
+    MAX_JOBS              = MAX_JOBS
+    AITER_MEM_PER_JOB_GIB = AITER_MEM_PER_JOB_GIB
+  }
+  tags = ["${REGISTRY}/base:${TAG}"]
+}
+
+// The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
+target "base-aiter-src" {
+  inherits   = ["_common", "_versions"]
+  dockerfile = "Dockerfile.rocm_base"
+  target     = "aiter-verified"
+  output     = ["type=cacheonly"]
+}
+
+// vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
+target "vllm" {
+  inherits   = ["_common", "_versions"]
+  dockerfile = "Dockerfile.rocm"
+  target     = "vllm"
+  contexts   = { base = "target:base" }
+  args       = { VLLM_IMAGE = VLLM_IMAGE }
+  tags       = ["${REGISTRY}/vllm:${TAG}"]
+}
+
+// OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
+target "serve" {
+  inherits = ["vllm"]
+  target   = "serve"
+  tags     = ["${REGISTRY}/serve:${TAG}"]
+}
+
+// serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
+target "ci" {
+  inherits = ["vllm"]
+  target   = "ci"
+  tags     = ["${REGISTRY}/ci:${TAG}"]
+}
