@@ -5,6 +5,11 @@
 # hash checks (development images only).
 set -euo pipefail
 : "${TORCH_INDEX_URL:?set the TORCH_INDEX_URL build arg}"
+# Each must be set (UNRESOLVED is a value): the loop below reads them by name.
+: "${TORCH_PACKAGE:?}" "${TORCH_VERSION:?}" "${TORCH_SHA256:?}" \
+  "${TRITON_PACKAGE:?}" "${TRITON_VERSION:?}" "${TRITON_SHA256:?}" \
+  "${TORCHVISION_PACKAGE:?}" "${TORCHVISION_VERSION:?}" "${TORCHVISION_SHA256:?}" \
+  "${TORCHAUDIO_PACKAGE:?}" "${TORCHAUDIO_VERSION:?}" "${TORCHAUDIO_SHA256:?}"
 req=$(mktemp --suffix=.txt)
 hashes=1
 for name in TORCH TRITON TORCHVISION TORCHAUDIO; do

@@ -4,8 +4,8 @@ environment, the verified AITER commits and the prebuilt module list.
 
     write_manifest.py --aiter-pins aiter-pins.json --modules modules.txt [--out PATH]
 
-Keys: schema, gpu_archs, rocm {version, image}, python {version}, pytorch {<name>: {package,
-version, sha256, installed}}, aiter {version, tag, repository, commit, ck_commit, pinned},
+Keys: schema, gpu_archs, rocm {version, image}, python {version}, pytorch {index_url, wheels {<name>:
+{package, version, sha256, installed}}}, aiter {version, tag, repository, commit, ck_commit, pinned},
 prebuilt_modules, vllm {version, tag, repository, commit}, source_date_epoch, unresolved.
 """
 from __future__ import annotations
@@ -15,6 +15,14 @@ import importlib.metadata
 import json
 import os
 from pathlib import Path
+
+
+WHEEL_ARGS = {
+    "torch": ("TORCH_PACKAGE", "TORCH_VERSION", "TORCH_SHA256"),
+    "triton": ("TRITON_PACKAGE", "TRITON_VERSION", "TRITON_SHA256"),
+    "torchvision": ("TORCHVISION_PACKAGE", "TORCHVISION_VERSION", "TORCHVISION_SHA256"),
+    "torchaudio": ("TORCHAUDIO_PACKAGE", "TORCHAUDIO_VERSION", "TORCHAUDIO_SHA256"),
+}
 
 
 def installed(package: str):
@@ -31,16 +39,16 @@ def build_manifest(env: dict, aiter_pins: dict, modules: list[str]) -> dict:
 
     unresolved = sorted(k for k, v in env.items() if v == "UNRESOLVED" or v.endswith("@sha256:UNRESOLVED"))
     wheels = {}
-    for key in ("torch", "triton", "torchvision", "torchaudio"):
-        package = env.get(f"{key.upper()}_PACKAGE", key)
-        wheels[key] = {"package": package, "version": pin(f"{key.upper()}_VERSION"),
-                       "sha256": pin(f"{key.upper()}_SHA256"), "installed": installed(package)}
+    for key, (pkg_arg, ver_arg, sha_arg) in WHEEL_ARGS.items():
+        package = env.get(pkg_arg, key)
+        wheels[key] = {"package": package, "version": pin(ver_arg), "sha256": pin(sha_arg),
+                       "installed": installed(package)}
     return {
         "schema": 1,
         "gpu_archs": [a for a in env.get("GPU_ARCHS", "").split(";") if a],
         "rocm": {"version": pin("ROCM_VERSION"), "image": env.get("ROCM_IMAGE")},
         "python": {"version": pin("PYTHON_VERSION")},
-        "pytorch": wheels,
+        "pytorch": {"index_url": env.get("TORCH_INDEX_URL"), "wheels": wheels},
         "aiter": {
             "version": installed("aiter") or env.get("AITER_TAG", "").lstrip("v"),
             "tag": aiter_pins.get("tag"),

