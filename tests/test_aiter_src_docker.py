@@ -1,0 +1,171 @@
+"""The aiter-src stages of Dockerfile.rocm_base built for real on a Docker engine, against a
+git server on 127.0.0.1 serving a tiny repository with a submodule (standing in for AITER and
+its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
+by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.docker
+
+
+def _engine_answers():
+    try:
+        return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _buildx():
+    return subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if not _engine_answers():
+        pytest.skip("no Docker engine answers (start one: bash ci/docker-engine.sh start; "
+                    "eval \"$(bash ci/docker-engine.sh env)\")")
+    if not _buildx():
+        pytest.skip("docker buildx plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+
+
+@pytest.fixture(scope="module")
+def base_image(engine):
+    start = time.time()
+    proc = subprocess.run(["bash", str(ROOT / "ci/docker/debian-test-image.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    print(f"test base image {proc.stdout.strip()} ready in {time.time() - start:.1f}s")
+    return proc.stdout.strip()
+
+
+def git(*args, cwd):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.allow=always",
+                           *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def git_server(tmp_path_factory):
+    """git daemon on 127.0.0.1 serving ck.git and aiter.git (tag v1.0, CK submodule)."""
+    top = tmp_path_factory.mktemp("gitsrv")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"git://127.0.0.1:{port}"
+    work = top / "work"
+    ck = work / "ck"
+    ck.mkdir(parents=True)
+    git("init", "-q", "-b", "main", cwd=ck)
+    (ck / "ck.h").write_text("// ck 1\n")
+    git("add", ".", cwd=ck)
+    git("commit", "-qm", "ck 1", cwd=ck)
+    ck1 = git("rev-parse", "HEAD", cwd=ck)
+    (ck / "ck.h").write_text("// ck 2\n")
+    git("commit", "-qam", "ck 2 (a later CK commit AITER does not record)", cwd=ck)
+    ck2 = git("rev-parse", "HEAD", cwd=ck)
+    git("checkout", "-q", ck1, cwd=ck)
+    srv = top / "srv"
+    srv.mkdir()
+    git("clone", "-q", "--bare", str(ck), str(srv / "ck.git"), cwd=top)
+    git("--git-dir", str(srv / "ck.git"), "branch", "-f", "main", ck2, cwd=top)
+    aiter = work / "aiter"
+    aiter.mkdir()
+    git("init", "-q", "-b", "main", cwd=aiter)
+    (aiter / "setup.py").write_text("# stand-in for AITER\n")
+    git("add", ".", cwd=aiter)
+    git("-c", "protocol.file.allow=always", "submodule", "add", "-q", str(srv / "ck.git"),
+        "3rdparty/composable_kernel", cwd=aiter)
+    git("-C", "3rdparty/composable_kernel", "checkout", "-q", ck1, cwd=aiter)
+    git("config", "-f", ".gitmodules", "submodule.3rdparty/composable_kernel.url", f"{url}/ck.git", cwd=aiter)
+    git("add", ".", cwd=aiter)
+    git("commit", "-qm", "aiter 1", cwd=aiter)
+    git("tag", "-a", "v1.0", "-m", "v1.0", cwd=aiter)
+    commit = git("rev-parse", "HEAD", cwd=aiter)
+    (aiter / "README").write_text("later\n")
+    git("add", ".", cwd=aiter)
+    git("commit", "-qm", "aiter 2", cwd=aiter)
+    later = git("rev-parse", "HEAD", cwd=aiter)
+    git("clone", "-q", "--bare", str(aiter), str(srv / "aiter.git"), cwd=top)
+    daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--listen=127.0.0.1",
+                               f"--port={port}", f"--base-path={srv}", str(srv)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(50):
+        if subprocess.run(["git", "ls-remote", f"{url}/aiter.git"], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.2)
+    else:
+        daemon.kill()
+        pytest.fail("git daemon did not start")
+    yield {"url": url, "commit": commit, "later": later, "ck": ck1, "ck_later": ck2}
+    daemon.terminate()
+    daemon.wait(10)
+
+
+def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0"):
+    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
+           "-f", "Dockerfile.rocm_base", "--target", "aiter-verified", "--output", "type=cacheonly",
+           "--build-arg", f"AITER_SRC_BASE={base_image}",
+           "--build-arg", f"AITER_REPO={server['url']}/aiter.git",
+           "--build-arg", f"AITER_TAG={tag}",
+           "--build-arg", f"AITER_COMMIT={commit}",
+           "--build-arg", f"AITER_CK_COMMIT={ck}"]
+    if context_dir:
+        cmd += ["--build-context", f"aiter-src={context_dir}"]
+    start = time.time()
+    proc = subprocess.run(cmd + ["."], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(f"build ({'named context' if context_dir else 'clone'}, commit {commit[:8]}, ck {ck[:8]}): "
+          f"rc={proc.returncode} in {time.time() - start:.1f}s")
+    return proc
+
+
+def test_right_pins_build(base_image, git_server):
+    proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"aiter-src: OK AITER v1.0 = {git_server['commit']}, CK = {git_server['ck']}" in proc.stderr
+
+
+def test_wrong_aiter_commit_fails_clearly(base_image, git_server):
+    proc = build(base_image, git_server, commit=git_server["later"], ck=git_server["ck"])
+    assert proc.returncode != 0
+    assert (f"AITER is at {git_server['commit']} but versions.json pins AITER_COMMIT={git_server['later']}"
+            in proc.stderr), proc.stderr[-3000:]
+
+
+def test_wrong_ck_commit_fails_clearly(base_image, git_server):
+    proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck_later"])
+    assert proc.returncode != 0
+    assert (f"CK submodule is at {git_server['ck']} but versions.json pins AITER_CK_COMMIT={git_server['ck_later']}"
+            in proc.stderr), proc.stderr[-3000:]
+
+
+def test_unresolved_commit_stops_before_cloning(base_image, git_server):
+    proc = build(base_image, git_server, commit="UNRESOLVED", ck="UNRESOLVED")
+    assert proc.returncode != 0
+    assert "AITER_COMMIT is UNRESOLVED in versions.json" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
+
+
+@pytest.fixture()
+def checkout(tmp_path, git_server):
+    dest = tmp_path / "aiter"
+    git("clone", "-q", "--recursive", "--branch", "v1.0", f"{git_server['url']}/aiter.git", str(dest), cwd=tmp_path)
+    return dest
+
+
+def test_air_gapped_named_context_builds(base_image, git_server, checkout):
+    # the URL in the build args is never contacted: the source comes from the named context
+    proc = build(base_image, {**git_server, "url": "git://127.0.0.1:9"}, commit=git_server["commit"],
+                 ck=git_server["ck"], context_dir=checkout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "aiter-src: OK" in proc.stderr
+
+
+def test_air_gapped_named_context_with_wrong_ck_fails(base_image, git_server, checkout):
+    git("-C", "3rdparty/composable_kernel", "fetch", "-q", "origin", cwd=checkout)
+    git("-C", "3rdparty/composable_kernel", "checkout", "-q", git_server["ck_later"], cwd=checkout)
+    proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"], context_dir=checkout)
+    assert proc.returncode != 0
+    assert f"CK submodule is checked out at {git_server['ck_later']} but AITER" in proc.stderr, proc.stderr[-3000:]
