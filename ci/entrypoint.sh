@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The image's ENTRYPOINT.
+#
+#   serve [MODEL] [VLLM_ARGS...]   OpenAI-compatible server (default command)
+#   selftest [SUITE] [OPTIONS...]  the in-image self-tests (selftest --help)
+#   anything else                  executed as given
+#
+# First the runtime guard (python3 -m selftest.guard) checks the GPUs against
+# the archs the image was built for and decides VLLM_ROCM_USE_AITER and
+# AITER_JIT_DIR; its decisions are exported here, then the command runs.
+# `serve` stops with one error line when no usable GPU is found
+# (ROCM_VLLM_REQUIRE_GPU=0 skips the check for CPU runs).
+set -euo pipefail
+
+here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
+export PYTHONPATH="${here}${PYTHONPATH:+:${PYTHONPATH}}"
+python=${ROCM_VLLM_PYTHON:-python3}
+
+if [ "$#" -eq 0 ]; then
+  set -- serve
+fi
+case "$1" in
+  serve) mode=serve ;;
+  selftest) mode=selftest ;;
+  *) mode=exec ;;
+esac
+
+decisions=$("$python" -m selftest.guard --mode "$mode") || exit $?
+eval "$decisions"
+
+case "$1" in
+  serve) shift; exec "$python" -m selftest.serve "$@" ;;
+  selftest) shift; exec "$python" -m selftest "$@" ;;
+  *) exec "$@" ;;
+esac

@@ -1,0 +1,109 @@
+"""`selftest [selector|smoke|bench|all] [--json PATH] [--junit PATH] [-- PYTEST_ARGS...]`
+
+Runs the pytest suites under the suites directory (env SELFTEST_SUITES, default
+../suites next to this package), then prints each check with its outcome, the
+installed versions and the GPU archs found, and writes the same as JSON
+(--json) and JUnit XML (--junit, pytest's own). Exit status: 0 every suite
+passed; 1 a check failed; 2 a suite could not run (e.g. `smoke` on a machine
+without an AMD GPU: a skipped GPU check is not a pass).
+
+Suites:
+  selector  backend selection rules against the installed vLLM, plugin and manifest (no GPU)
+  smoke     AITER kernels against the reference, vLLM on the tiny MLA model (AMD GPU)
+  bench     serving benchmark, this backend vs vLLM's AITER MLA vs TRITON_MLA (AMD GPU)
+  all       all three
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from selftest import report
+from selftest.guard import find_gpus, run_tool
+from selftest.versions import stack_versions
+
+SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
+    # name: (test files, needs an AMD GPU)
+    "selector": (("test_selector.py", "test_manifest.py"), False),
+    "smoke": (("test_smoke.py",), True),
+    "bench": (("test_bench.py",), True),
+}
+ORDER = ("selector", "smoke", "bench")
+
+
+def suites_dir() -> Path:
+    return Path(os.environ.get("SELFTEST_SUITES") or Path(__file__).resolve().parent.parent / "suites")
+
+
+def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
+              workdir: Path) -> tuple[report.SuiteResult, str]:
+    files, needs_gpu = SUITES[name]
+    present = [str(directory / f) for f in files if (directory / f).is_file()]
+    missing = [f for f in files if not (directory / f).is_file()]
+    if not present:
+        return report.SuiteResult(name, report.FAILED,
+                                  f"suite files missing in {directory}: {', '.join(missing)} "
+                                  "(set SELFTEST_SUITES)"), ""
+    junit = workdir / f"{name}.xml"
+    command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-rA",
+               f"--junitxml={junit}", "-o", "junit_family=xunit2",
+               "-o", f"junit_suite_name={name}", *pytest_args]
+    print(f"\n== selftest {name}: {' '.join(command[1:])}", flush=True)
+    rc = subprocess.call(command)
+    xml_text = junit.read_text() if junit.is_file() else ""
+    checks = report.parse_junit(xml_text) if xml_text else []
+    result = report.judge(name, checks, needs_gpu, rc)
+    if missing and result.status == report.PASSED:
+        result.status = report.FAILED
+        result.reason = f"suite files missing in {directory}: {', '.join(missing)}"
+    return result, xml_text
+
+
+def detect_gpus() -> tuple[list[dict[str, object]], str]:
+    gpus, tool, _ = find_gpus([run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])])
+    return [{"index": g.index, "target": g.target, "name": g.name} for g in gpus], tool
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="selftest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", nargs="?", default="all", choices=(*ORDER, "all"))
+    parser.add_argument("--json", metavar="PATH", help="write the summary as JSON")
+    parser.add_argument("--junit", metavar="PATH", help="write pytest's JUnit XML")
+    parser.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
+    args = parser.parse_args(argv)
+
+    names = ORDER if args.suite == "all" else (args.suite,)
+    directory = suites_dir()
+    if args.json and not os.environ.get("SELFTEST_RESULTS_DIR"):
+        # suites that write artifacts (bench) put them next to the summary
+        os.environ["SELFTEST_RESULTS_DIR"] = str(Path(args.json).resolve().parent)
+    results, xml_texts = [], []
+    with tempfile.TemporaryDirectory(prefix="selftest-") as tmp:
+        for name in names:
+            result, xml_text = run_suite(name, directory, args.pytest_args, Path(tmp))
+            results.append(result)
+            if xml_text:
+                xml_texts.append(xml_text)
+
+    gpus, source = detect_gpus()
+    doc = report.to_json(results, stack_versions(), gpus, source)
+    print(report.render(doc), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.junit:
+        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.junit).write_text(xml_texts[0] if len(xml_texts) == 1
+                                    else report.merge_junit(xml_texts))
+    return int(doc["exit_code"])  # type: ignore[call-overload]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The `selftest` CLI on stand-in suites: exit codes, summary, JSON and JUnit files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PASSING = "def test_ok():\n    assert True\n"
+FAILING = "def test_ok():\n    assert True\n\ndef test_bad():\n    assert 1 == 2\n"
+GPU_SKIP = ("import pytest\n\ndef test_kernel():\n"
+            "    pytest.skip('no /dev/kfd: no AMD GPU in this container')\n")
+
+
+def run(ci_dir: Path, suites: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SELFTEST_SUITES=str(suites), PYTHONPATH=str(ci_dir),
+               PATH="/usr/bin:/bin")  # no amd-smi / rocminfo
+    return subprocess.run([sys.executable, "-m", "selftest", *args], cwd=suites, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def suites(tmp_path: Path) -> Path:
+    d = tmp_path / "suites"
+    d.mkdir()
+    (d / "test_selector.py").write_text(PASSING)
+    (d / "test_manifest.py").write_text(PASSING)
+    (d / "test_smoke.py").write_text(GPU_SKIP)
+    (d / "test_bench.py").write_text(GPU_SKIP)
+    return d
+
+
+def test_selector_passes_and_writes_json_and_junit(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    proc = run(ci_dir, suites, "selector", "--json", str(tmp_path / "out/r.json"),
+               "--junit", str(tmp_path / "out/r.xml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "out/r.json").read_text())
+    assert doc["result"] == "passed" and doc["suites"][0]["counts"] == {"passed": 2}
+    assert set(doc["versions"]) == {"vllm", "torch", "aiter", "backend"}
+    assert "<testsuite" in (tmp_path / "out/r.xml").read_text()
+    assert "[selector] PASSED (2 passed)" in proc.stdout
+    assert "GPU archs: none found" in proc.stdout
+
+
+def test_smoke_without_gpu_exits_non_zero_and_says_why(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    proc = run(ci_dir, suites, "smoke", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    assert "[smoke] NOT RUN" in proc.stdout
+    assert "could not run: no /dev/kfd: no AMD GPU in this container" in proc.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["result"] == "not run"
+
+
+def test_failure_exits_one_and_all_merges_junit(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    (suites / "test_selector.py").write_text(FAILING)
+    proc = run(ci_dir, suites, "all", "--junit", str(tmp_path / "all.xml"))
+    assert proc.returncode == 1
+    assert any(l.strip().startswith("FAIL") and "test_bad" in l for l in proc.stdout.splitlines())
+    assert (tmp_path / "all.xml").read_text().count("<testsuite ") == 3
+
+
+def test_missing_suite_file_fails_and_names_setting(ci_dir: Path, suites: Path) -> None:
+    (suites / "test_smoke.py").unlink()
+    proc = run(ci_dir, suites, "smoke")
+    assert proc.returncode == 1 and "SELFTEST_SUITES" in proc.stdout
+
+
+def test_pytest_args_pass_through(ci_dir: Path, suites: Path) -> None:
+    (suites / "test_selector.py").write_text(FAILING)
+    proc = run(ci_dir, suites, "selector", "--", "-k", "ok")
+    assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,162 @@
+"""entrypoint.sh end to end with fake amd-smi / rocminfo on PATH (no GPU, no vLLM started)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LISTINGS = Path(__file__).parent / "listings"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def box(tmp_path: Path, ci_dir: Path):
+    """A fake image: device tools, /dev/kfd, manifest, an aiter package with one prebuilt module
+    and a stand-in for vLLM's API server that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kfd = tmp_path / "kfd"
+    kfd.write_text("")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"gpu_archs": ["gfx90a", "gfx942", "gfx950"],
+                                    "aiter": {"version": "0.1.20", "commit": COMMIT, "ck_commit": ""},
+                                    "vllm": {"version": "0.32.0", "commit": ""},
+                                    "prebuilt_modules": ["module_mla_asm"]}))
+    pkgs = tmp_path / "pkgs"
+    (pkgs / "aiter" / "jit").mkdir(parents=True)
+    (pkgs / "aiter" / "__init__.py").write_text("raise ImportError('never imported by the guard')\n")
+    (pkgs / "aiter" / "jit" / "module_mla_asm.so").write_text("")
+    server = pkgs / "vllm" / "entrypoints" / "openai"
+    server.mkdir(parents=True)
+    for d in (pkgs / "vllm", pkgs / "vllm" / "entrypoints", server):
+        (d / "__init__.py").write_text("")
+    (server / "api_server.py").write_text(
+        "import json, os, sys\n"
+        "print('API_SERVER ' + json.dumps({'argv': sys.argv[1:], "
+        "'aiter': os.environ.get('VLLM_ROCM_USE_AITER'), 'jit': os.environ.get('AITER_JIT_DIR')}))\n")
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(pkgs),
+        "ROCM_VLLM_PYTHON": sys.executable,
+        "ROCM_VLLM_KFD_PATH": str(kfd),
+        "ROCM_VLLM_MANIFEST": str(manifest),
+        "ROCM_VLLM_JIT_CACHE": str(tmp_path / "jit-cache"),
+        "TINY_MLA_MODEL": str(tmp_path / "tiny-mla"),
+    }
+
+    class Box:
+        root = tmp_path
+
+        def tool(self, name: str, listing: str | None, rc: int = 0) -> None:
+            body = f"cat '{LISTINGS / listing}'\n" if listing else ""
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}exit {rc}\n")
+            (bin_dir / name).chmod(0o755)
+
+        def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["bash", str(ci_dir / "entrypoint.sh"), *args],
+                                  env={**env, **extra}, capture_output=True, text=True, timeout=120)
+
+    box = Box()
+    box.kfd = kfd
+    return box
+
+
+def _server_call(stdout: str) -> dict:
+    line = next(l for l in stdout.splitlines() if l.startswith("API_SERVER "))
+    return json.loads(line[len("API_SERVER "):])
+
+
+def test_serve_on_gfx942_turns_aiter_on_and_runs_the_server(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", "--max-num-seqs", "8")
+    assert proc.returncode == 0, proc.stderr
+    call = _server_call(proc.stdout)
+    assert call["aiter"] == "1"
+    assert call["jit"] == str(box.root / "jit-cache" / f"aiter-{COMMIT[:12]}")
+    assert call["argv"][-2:] == ["--max-num-seqs", "8"]
+    assert "--load-format" in call["argv"] and "--skip-tokenizer-init" in call["argv"]
+    link = Path(call["jit"]) / "module_mla_asm.so"
+    assert link.is_symlink()
+    assert "AITER on for gfx942" in proc.stderr
+    assert f"AITER JIT cache: {call['jit']}" in proc.stderr
+
+
+def test_no_command_means_serve(box) -> None:
+    box.tool("rocminfo", "rocminfo_gfx950.txt")
+    proc = box.run()
+    assert proc.returncode == 0, proc.stderr
+    assert _server_call(proc.stdout)["aiter"] == "1"
+
+
+def test_serve_without_kfd_fails_with_one_line(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    box.kfd.unlink()
+    proc = box.run("serve")
+    assert proc.returncode == 1
+    errors = [l for l in proc.stderr.splitlines() if "error:" in l]
+    assert len(errors) == 1 and "--device /dev/kfd" in errors[0]
+    assert "API_SERVER" not in proc.stdout
+
+
+def test_serve_without_gpu_fails(box) -> None:
+    box.tool("amd-smi", None, rc=1)
+    box.tool("rocminfo", "rocminfo_cpu_only.txt")
+    proc = box.run("serve")
+    assert proc.returncode == 1
+    assert "error: no AMD GPU found" in proc.stderr
+
+
+def test_serve_on_unbuilt_arch_names_gpu_archs(box) -> None:
+    box.tool("rocminfo", "rocminfo_gfx1100.txt")
+    proc = box.run("serve")
+    assert proc.returncode == 1
+    assert "GPU arch gfx1100" in proc.stderr and "GPU_ARCHS" in proc.stderr
+
+
+def test_gfx90a_runs_with_aiter_off(box) -> None:
+    box.tool("rocminfo", "rocminfo_gfx90a.txt")
+    proc = box.run("sh", "-c", "echo use_aiter=$VLLM_ROCM_USE_AITER")
+    assert proc.returncode == 0, proc.stderr
+    assert "use_aiter=0" in proc.stdout
+    assert len([l for l in proc.stderr.splitlines() if "AITER off" in l]) == 1
+
+
+def test_user_setting_wins(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("sh", "-c", "echo use_aiter=$VLLM_ROCM_USE_AITER jit=$AITER_JIT_DIR",
+                   VLLM_ROCM_USE_AITER="0", AITER_JIT_DIR=str(box.root / "mine"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"use_aiter=0 jit={box.root / 'mine'}" in proc.stdout
+    assert (box.root / "mine" / "module_mla_asm.so").is_symlink()
+
+
+def test_selftest_mode_runs_without_gpu(box) -> None:
+    box.kfd.unlink()
+    proc = box.run("selftest", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "selftest" in proc.stdout and "warning: no" in proc.stderr
+
+
+def test_cpu_serve_with_gpu_check_off(box) -> None:
+    box.kfd.unlink()
+    proc = box.run("serve", ROCM_VLLM_REQUIRE_GPU="0")
+    assert proc.returncode == 0, proc.stderr
+    assert _server_call(proc.stdout)["aiter"] == "0"
+
+
+def test_unwritable_jit_cache_is_fatal_for_serve(box) -> None:
+    if os.geteuid() == 0:
+        blocker = box.root / "file"
+        blocker.write_text("")
+        cache = str(blocker / "sub")  # a path below a regular file can never be created
+    else:
+        cache = "/proc/aiter-jit"
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", ROCM_VLLM_JIT_CACHE=cache)
+    assert proc.returncode == 1
+    assert "AITER_JIT_DIR" in proc.stderr and "API_SERVER" not in proc.stdout
