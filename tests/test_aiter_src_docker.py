@@ -109,6 +109,8 @@ def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0"):
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
            "-f", "Dockerfile.rocm_base", "--target", "aiter-verified", "--output", "type=cacheonly",
            "--build-arg", f"AITER_SRC_BASE={base_image}",
+           # BuildKit parses every FROM, used or not: an unresolved ROCm digest would stop it.
+           "--build-arg", f"ROCM_IMAGE={base_image}",
            "--build-arg", f"AITER_REPO={server['url']}/aiter.git",
            "--build-arg", f"AITER_TAG={tag}",
            "--build-arg", f"AITER_COMMIT={commit}",
