@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the images on an AMD runner with `docker buildx bake` (docker-bake.hcl).
+#
+#   ci/amd-runner/build.sh [TARGET...]        default targets: ci serve
+#
+# Bake variables come from the environment (REGISTRY, TAG, GPU_ARCHS, MAX_JOBS,
+# CACHE_FROM, CACHE_TO, VCS_REF, ...; see docker-bake.hcl). Other settings:
+#   BAKE_ARGS    extra arguments for bake (default --load; e.g. "--push")
+#   RESULTS_DIR  where the build metadata is written (default ./selftest-results)
+#   DOCKER       docker command (default docker)
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+
+docker_cmd=${DOCKER:-docker}
+results=${RESULTS_DIR:-selftest-results}
+if [ "$#" -eq 0 ]; then
+  set -- ci serve
+fi
+if ! command -v "$docker_cmd" >/dev/null 2>&1; then
+  echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2
+  exit 1
+fi
+VCS_REF=${VCS_REF:-$(git rev-parse HEAD 2>/dev/null || true)}
+export VCS_REF
+mkdir -p "$results"
+
+read -r -a extra <<<"${BAKE_ARGS:---load}"
+echo "== bake ${*} (REGISTRY=${REGISTRY:-<bake default>} TAG=${TAG:-<bake default>} GPU_ARCHS=${GPU_ARCHS:-<versions file>})"
+start=$(date +%s)
+"$docker_cmd" buildx bake -f docker-bake.hcl --metadata-file "$results/bake-metadata.json" \
+  "${extra[@]}" "$@"
+echo "== built ${*} in $(( $(date +%s) - start ))s; metadata: $results/bake-metadata.json"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Run the in-image self-tests on this AMD GPU host and publish the results.
+#
+#   ci/amd-runner/selftest.sh [SUITE] [-- PYTEST_ARGS...]     SUITE: selector|smoke|bench|all (default all)
+#
+# Writes RESULTS_DIR/selftest.json, selftest.xml (JUnit), selftest.log and, for
+# bench, bench.json and server logs; appends the summary to $GITHUB_STEP_SUMMARY
+# when a pipeline provides one. Exits with the self-test's status (0 pass,
+# 1 a check failed, 2 a suite could not run).
+#
+# Settings:
+#   IMAGE           image to test (default ${REGISTRY:-localhost/rocm-vllm}/ci:${TAG:-dev})
+#   RESULTS_DIR     host directory for the results (default ./selftest-results)
+#   RENDER_GID      numeric GID of the host's render group (default: owner group of
+#                   the first $DRI_DIR/renderD* node)
+#   DRI_DIR         default /dev/dri;  KFD_PATH  default /dev/kfd
+#   SHM_SIZE        shared memory of the container (default 16g)
+#   JIT_CACHE_VOLUME  Docker volume kept for AITER's JIT cache (default rocm-vllm-aiter-jit)
+#   HF_CACHE        host directory mounted as the Hugging Face cache (optional)
+#   HIP_VISIBLE_DEVICES, BENCH_*  passed into the container when set
+#   DOCKER          docker command (default docker)
+set -euo pipefail
+
+docker_cmd=${DOCKER:-docker}
+image=${IMAGE:-${REGISTRY:-localhost/rocm-vllm}/ci:${TAG:-dev}}
+results=${RESULTS_DIR:-selftest-results}
+dri=${DRI_DIR:-/dev/dri}
+kfd=${KFD_PATH:-/dev/kfd}
+suite=all
+if [ "$#" -gt 0 ] && [ "$1" != "--" ]; then
+  suite=$1
+  shift
+fi
+
+if [ ! -e "$kfd" ]; then
+  echo "error: no $kfd on this host: load the amdgpu driver (ROCm) or run on an AMD GPU runner" >&2
+  exit 1
+fi
+if [ -z "${RENDER_GID:-}" ]; then
+  render_node=$(ls "$dri"/renderD* 2>/dev/null | head -n 1 || true)
+  if [ -z "$render_node" ]; then
+    echo "error: no $dri/renderD* node on this host: load the amdgpu driver, or set RENDER_GID" >&2
+    exit 1
+  fi
+  RENDER_GID=$(stat -c %g "$render_node")
+fi
+
+mkdir -p "$results"
+results=$(cd "$results" && pwd)
+args=(run --rm
+  --device "$kfd:/dev/kfd" --device "$dri:/dev/dri"
+  --group-add video --group-add "$RENDER_GID"
+  --ipc=host --security-opt seccomp=unconfined --cap-add SYS_PTRACE
+  --shm-size "${SHM_SIZE:-16g}"
+  -v "$results:/results"
+  -v "${JIT_CACHE_VOLUME:-rocm-vllm-aiter-jit}:/var/cache/aiter-jit"
+  -e SELFTEST_RESULTS_DIR=/results)
+if [ -n "${HF_CACHE:-}" ]; then
+  args+=(-v "$HF_CACHE:/root/.cache/huggingface")
+fi
+for name in HIP_VISIBLE_DEVICES $(compgen -e | grep '^BENCH_' || true); do
+  if [ -n "${!name:-}" ]; then
+    args+=(-e "$name=${!name}")
+  fi
+done
+
+echo "== selftest $suite in $image (render GID $RENDER_GID, results $results)"
+set +e
+"$docker_cmd" "${args[@]}" "$image" selftest "$suite" \
+  --json /results/selftest.json --junit /results/selftest.xml "$@" 2>&1 | tee "$results/selftest.log"
+status=${PIPESTATUS[0]}
+set -e
+
+if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
+  {
+    echo '```'
+    sed -n '/selftest summary/,$p' "$results/selftest.log"
+    echo '```'
+  } >>"$GITHUB_STEP_SUMMARY"
+fi
+echo "== selftest $suite exit $status; results: $results/selftest.json, $results/selftest.xml"
+exit "$status"
