@@ -27,7 +27,6 @@ def suites(tmp_path: Path) -> Path:
     d = tmp_path / "suites"
     d.mkdir()
     (d / "test_selector.py").write_text(PASSING)
-    (d / "test_manifest.py").write_text(PASSING)
     (d / "test_smoke.py").write_text(GPU_SKIP)
     (d / "test_bench.py").write_text(GPU_SKIP)
     return d
@@ -38,10 +37,10 @@ def test_selector_passes_and_writes_json_and_junit(ci_dir: Path, suites: Path, t
                "--junit", str(tmp_path / "out/r.xml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "out/r.json").read_text())
-    assert doc["result"] == "passed" and doc["suites"][0]["counts"] == {"passed": 2}
+    assert doc["result"] == "passed" and doc["suites"][0]["counts"] == {"passed": 1}
     assert set(doc["versions"]) == {"vllm", "torch", "aiter", "backend"}
     assert "<testsuite" in (tmp_path / "out/r.xml").read_text()
-    assert "[selector] PASSED (2 passed)" in proc.stdout
+    assert "[selector] PASSED (1 passed)" in proc.stdout
     assert "GPU archs: none found" in proc.stdout
 
 
