@@ -37,7 +37,7 @@ from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .planning import DecodePlan, DecodePlanBuffers, plan_decode_into
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.aiter_mla")
 
 BACKEND_NAME = "ROCM_AITER_MLA"
 
@@ -172,7 +172,6 @@ class DecodeKernelsMixin:
         total_heads = model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
         self._decode_heads = decode_head_count(num_heads, total_heads)
         self._kernels = load_kernels()
-        self.decode_calls = 0
 
     def _decode(
         self,
@@ -183,7 +182,6 @@ class DecodeKernelsMixin:
         out_dtype: torch.dtype,
         layer: AttentionLayer,
     ) -> torch.Tensor:
-        self.decode_calls += 1
         q_scale = kv_scale = None
         if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
             if isinstance(q, tuple):

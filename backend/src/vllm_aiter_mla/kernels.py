@@ -1,6 +1,6 @@
 """The one place AITER is imported (lazily), and the explicit choice of kernels.
 
-``VLLM_AITER_MLA_KERNELS`` selects the kernels:
+``AITER_MLA_KERNELS`` selects the kernels:
 
 * ``aiter`` (default): AITER's ``mla_decode_fwd`` / ``flash_attn_varlen_func``. If
   ``aiter`` cannot be imported the backend fails with a message saying how to fix it.
@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-KERNELS_ENV = "VLLM_AITER_MLA_KERNELS"
+KERNELS_ENV = "AITER_MLA_KERNELS"
 KERNEL_MODES = ("aiter", "reference")
 
 

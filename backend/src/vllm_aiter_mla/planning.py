@@ -109,8 +109,10 @@ class DecodePlanBuffers:
     kv_indptr: torch.Tensor  # [max_reqs + 1]
     kv_indices: torch.Tensor  # [max_reqs * max_blocks * block_size + 1]
     kv_last_page_lens: torch.Tensor  # [max_reqs]
-    offsets: torch.Tensor  # [block_size]  0..block_size-1
-    positions: torch.Tensor  # [max_blocks * block_size]  0..max_slots-1
+    # Constants, kept as tensors so that no operation has to wrap a Python scalar.
+    block_size_t: torch.Tensor  # int32 [1]
+    offsets: torch.Tensor  # int32 [block_size]  0..block_size-1
+    positions: torch.Tensor  # int64 [max_blocks * block_size]  0..max_slots-1
 
     @classmethod
     def allocate(
@@ -129,8 +131,9 @@ class DecodePlanBuffers:
             kv_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
             kv_indices=torch.zeros(max_reqs * max_slots + 1, dtype=_INT, device=device),
             kv_last_page_lens=torch.ones(max_reqs, dtype=_INT, device=device),
+            block_size_t=torch.tensor([block_size], dtype=_INT, device=device),
             offsets=torch.arange(block_size, dtype=_INT, device=device),
-            positions=torch.arange(max_slots, dtype=_INT, device=device),
+            positions=torch.arange(max_slots, dtype=torch.int64, device=device),
         )
 
     @property
@@ -144,6 +147,7 @@ class PlanWorkspace:
     contiguous views). With one, planning allocates nothing; without one, the same
     scratch is taken from the allocator at the size of the current batch."""
 
+    indptr64: torch.Tensor  # int64 [max_reqs + 1]
     block_base: torch.Tensor  # int32 [max_reqs * max_blocks]
     slots: torch.Tensor  # int32 [max_reqs * max_slots]
     dest: torch.Tensor  # int64 [max_reqs * max_slots] (scatter index)
@@ -154,6 +158,7 @@ class PlanWorkspace:
         device = buffers.kv_indices.device
         n = buffers.capacity
         return cls(
+            indptr64=torch.zeros(buffers.max_reqs + 1, dtype=torch.int64, device=device),
             block_base=torch.empty(buffers.max_reqs * buffers.max_blocks, dtype=_INT, device=device),
             slots=torch.empty(n, dtype=_INT, device=device),
             dest=torch.empty(n, dtype=torch.int64, device=device),
@@ -176,6 +181,8 @@ def plan_decode_into(
 ) -> DecodePlan:
     """Write the plan into ``buffers`` and return views of them.
 
+    Inputs are int32 (as vLLM keeps them); other integer dtypes work but cost a cast.
+
     No host synchronisation: shapes come from the inputs' shapes (never their
     values), so the same call can be captured once in a CUDA graph and replayed with
     new batch contents. ``block_table`` may be narrowed to the blocks the longest
@@ -196,24 +203,26 @@ def plan_decode_into(
     device = block_table.device
 
     buffers.qo_indptr[: num_reqs + 1].copy_(query_start_loc)
+    # Key offsets (kv_indptr[0] stays 0), and an int64 copy for the scatter index.
     kv_indptr = buffers.kv_indptr[: num_reqs + 1]
     torch.cumsum(seq_lens, 0, dtype=_INT, out=kv_indptr[1:])
+    indptr64 = _scratch(workspace, "indptr64", num_reqs + 1, torch.int64, device)
+    indptr64.copy_(kv_indptr)
 
     # slot[b, p] = block_table[b, p // bs] * bs + p % bs, built block by block.
     block_base = _scratch(workspace, "block_base", num_reqs * num_blocks, _INT, device)
-    torch.mul(block_table, bs, out=block_base.view(num_reqs, num_blocks))
+    torch.mul(block_table, buffers.block_size_t, out=block_base.view(num_reqs, num_blocks))
     slots = _scratch(workspace, "slots", n, _INT, device)
     torch.add(
         block_base.view(num_reqs, num_blocks, 1), buffers.offsets, out=slots.view(num_reqs, num_blocks, bs)
     )
 
     # Destination of slot (b, p) in kv_indices: kv_indptr[b] + p, or the spare
-    # entry at `capacity` when p is past the request's length.
-    positions = buffers.positions[:num_slots]
+    # entry at `capacity` when p is past the request's length (dest >= kv_indptr[b+1]).
     dest = _scratch(workspace, "dest", n, torch.int64, device)
-    torch.add(kv_indptr[:num_reqs].unsqueeze(1), positions, out=dest.view(num_reqs, num_slots))
+    torch.add(indptr64[:num_reqs].unsqueeze(1), buffers.positions[:num_slots], out=dest.view(num_reqs, num_slots))
     past_end = _scratch(workspace, "past_end", n, torch.bool, device)
-    torch.ge(positions, seq_lens.unsqueeze(1), out=past_end.view(num_reqs, num_slots))
+    torch.ge(dest.view(num_reqs, num_slots), indptr64[1:].unsqueeze(1), out=past_end.view(num_reqs, num_slots))
     dest.masked_fill_(past_end, buffers.capacity)
     buffers.kv_indices.scatter_(0, dest, slots)
 

@@ -8,7 +8,7 @@ built-in one, and ``--attention-backend ROCM_AITER_MLA`` selects it.
 Leaving ``aiter_mla`` out of ``VLLM_PLUGINS`` runs vLLM's built-in implementation
 instead (for side-by-side comparison).
 
-CPU development mode (``VLLM_AITER_MLA_KERNELS=reference`` on vLLM's CPU platform):
+CPU development mode (``AITER_MLA_KERNELS=reference`` on vLLM's CPU platform):
 the same planning and decode call, with the package's reference kernel, replaces
 vLLM's CPU MLA backend. Never chosen implicitly.
 """
@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import SUPPORTED_VLLM, __version__
 from .kernels import KERNELS_ENV, kernel_mode
 
-logger = logging.getLogger("vllm_aiter_mla")
+logger = logging.getLogger("vllm.aiter_mla")
 
 ROCM_BACKEND_PATH = "vllm_aiter_mla.backend.AiterMLABackend"
 CPU_DEV_BACKEND_PATH = "vllm_aiter_mla.cpu_dev.CPUDevMLABackend"
@@ -43,8 +43,8 @@ def check_vllm_version(found: str | None) -> None:
 
     if found is None:
         raise RuntimeError("vllm-aiter-mla is a vLLM plugin, but vLLM is not installed")
-    # Local build tags (+rocm...) and dev versions of a release count as that release.
-    release = Version(Version(found).base_version)
+    # A local build tag (+rocm...) is still that release; pre-releases are not.
+    release = Version(Version(found).public)
     if release not in SpecifierSet(SUPPORTED_VLLM):
         raise RuntimeError(
             f"vllm-aiter-mla {__version__} supports vLLM {SUPPORTED_VLLM}, found {found}. "

@@ -5,7 +5,7 @@
 
 Same argument names, shapes and in-place semantics, so the backend calls either one
 through the same code. Used by the tests and by the explicit CPU development mode
-(``VLLM_AITER_MLA_KERNELS=reference``); production never falls back to it.
+(``AITER_MLA_KERNELS=reference``); production never falls back to it.
 
 Both are vectorised over a padded [requests, rows, keys] grid whose sizes come from
 static bounds (``max_seqlen_q`` and, for decode, ``max_seqlen_k``), so they run

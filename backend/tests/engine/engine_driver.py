@@ -1,0 +1,117 @@
+"""Run the tiny MLA model in vLLM's CPU engine and record greedy tokens + logprobs.
+
+    python engine_driver.py --model DIR --backend ours|cpu_mla --dtype float32 --out result.json
+                            [--fault none|last-slot-off-by-one]
+
+``ours``: this package's CPU development mode (AITER_MLA_KERNELS=reference),
+``cpu_mla``: vLLM's own CPU MLA backend. The engine core runs in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) so the decode-call counter and the fault
+injection act on the engine that serves the requests. Requests arrive in two waves:
+the second while the first is decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+PROMPT_LENGTHS = [1, 7, 200, 33, 64, 2, 150, 90, 11, 128]
+FIRST_WAVE = 5
+STEPS_BEFORE_SECOND_WAVE = 6
+
+
+def prompts(vocab: int = 1024, seed: int = 1234) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+def install_fault() -> None:
+    """Replace the newest key of every request with the slot before it."""
+    import vllm_aiter_mla.backend as backend
+
+    real = backend.plan_decode_into
+
+    def off_by_one(buffers, block_table, seq_lens, query_start_loc, workspace=None):
+        plan = real(buffers, block_table, seq_lens, query_start_loc, workspace)
+        last = plan.kv_indptr[1:].long() - 1
+        long_enough = seq_lens > 1
+        idx = last[long_enough]
+        plan.kv_indices[idx] = plan.kv_indices[idx - 1]
+        return plan
+
+    backend.plan_decode_into = off_by_one
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", choices=["ours", "cpu_mla"], required=True)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--fault", choices=["none", "last-slot-off-by-one"], default="none")
+    ap.add_argument("--load-format", default="safetensors")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.backend == "ours":
+        os.environ["AITER_MLA_KERNELS"] = "reference"
+    else:
+        os.environ.pop("AITER_MLA_KERNELS", None)
+
+    from vllm import LLM, SamplingParams
+
+    if args.fault != "none":
+        install_fault()
+
+    t0 = time.monotonic()
+    llm = LLM(
+        model=args.model,
+        load_format=args.load_format,
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=512,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.5,
+        seed=0,
+        enforce_eager=True,
+    )
+    start_s = time.monotonic() - t0
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=0, ignore_eos=True, detokenize=False)
+    all_prompts = prompts()
+    results: dict[str, dict] = {}
+
+    def collect(outputs) -> None:
+        for out in outputs:
+            if out.finished:
+                comp = out.outputs[0]
+                results[out.request_id] = {
+                    "token_ids": list(comp.token_ids),
+                    "logprobs": [lp[tok].logprob for lp, tok in zip(comp.logprobs, comp.token_ids)],
+                }
+
+    for i in range(FIRST_WAVE):
+        engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
+    for _ in range(STEPS_BEFORE_SECOND_WAVE):
+        collect(engine.step())
+    for i in range(FIRST_WAVE, len(all_prompts)):
+        engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
+    while engine.has_unfinished_requests():
+        collect(engine.step())
+
+    decode_calls = None
+    if args.backend == "ours":
+        from vllm_aiter_mla import cpu_dev
+
+        decode_calls = cpu_dev._decode_calls
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump({"results": results, "decode_calls": decode_calls, "engine_start_s": start_s}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The backend's decode path (planning + the decode call, reference kernel) equals an
+independent dense MLA computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mla_cases import KV_LORA_RANK, MATRIX, TOLERANCE, DecodeCase, dense_mla, make
+from vllm_aiter_mla.config import decode_head_count
+from vllm_aiter_mla.decode import mla_decode, pad_heads
+from vllm_aiter_mla.kernels import load_kernels
+from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode, plan_decode_into
+
+REFERENCE = load_kernels("reference")
+
+
+def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | None = None, split_q: bool = False):
+    if persistent:
+        buffers = DecodePlanBuffers.allocate(80, case.block_table.shape[1] + 2, case.block_size, "cpu")
+        plan = plan_decode_into(buffers, case.block_table, case.seq_lens_t, case.query_start_loc)
+    else:
+        plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, case.block_size)
+    q = case.absorbed_q()
+    if split_q:
+        q = (q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:])
+    return mla_decode(
+        q,
+        case.kv_cache,
+        plan,
+        kernels=REFERENCE,
+        kv_lora_rank=KV_LORA_RANK,
+        scale=case.scale,
+        max_seqlen_q=max(case.q_lens),
+        decode_heads=decode_heads or case.num_heads,
+        out_dtype=case.dtype,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case_id,q_lens,seq_lens,block_size,heads", MATRIX, ids=[m[0] for m in MATRIX])
+@pytest.mark.parametrize("persistent", [False, True], ids=["alloc-plan", "persistent-plan"])
+def test_backend_decode_matches_dense(case_id, q_lens, seq_lens, block_size, heads, dtype, persistent):
+    case = make(DecodeCase(q_lens, seq_lens, block_size, heads, dtype), seed=11)
+    out = run_backend_decode(case, persistent)
+    assert out.shape == (sum(q_lens), heads, KV_LORA_RANK) and out.dtype == dtype
+    torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("heads", [32, 48, 64, 112])
+def test_padded_head_counts_give_the_unpadded_result(heads):
+    decode_heads = decode_head_count(heads)
+    assert decode_heads == 128
+    case = make(DecodeCase([1, 2, 2], [9, 70, 33], 16, heads, torch.float32), seed=3)
+    out = run_backend_decode(case, persistent=True, decode_heads=decode_heads, split_q=True)
+    assert out.shape == (5, heads, KV_LORA_RANK)
+    torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=1e-5, rtol=1e-5)
+
+
+def test_pad_heads_appends_zero_heads():
+    q = torch.randn(3, 32, 576)
+    padded = pad_heads(q, 128)
+    assert padded.shape == (3, 128, 576)
+    assert torch.equal(padded[:, :32], q) and not padded[:, 32:].any()
+    assert pad_heads(q, 32) is q
+
+
+def test_decode_catches_wrong_slot():
+    """The dense oracle sees a plan that is one slot off (the comparison can fail)."""
+    case = make(DecodeCase([1, 1], [40, 25], 16, 16, torch.float32), seed=5)
+    plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, 16)
+    shifted = type(plan)(plan.qo_indptr, plan.kv_indptr, plan.kv_indices + 1, plan.kv_last_page_lens)
+    out = mla_decode(case.absorbed_q(), case.kv_cache, shifted, kernels=REFERENCE, kv_lora_rank=KV_LORA_RANK,
+                     scale=case.scale, max_seqlen_q=1, decode_heads=16, out_dtype=torch.float32)
+    assert not torch.allclose(case.project_out(out), dense_mla(case), atol=1e-3)
+
+
+def test_decode_rejects_mismatched_row_size():
+    case = make(DecodeCase([1], [4], 16, 16, torch.float32))
+    plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, 16)
+    with pytest.raises(ValueError, match="row size"):
+        mla_decode(case.absorbed_q()[..., :520], case.kv_cache, plan, kernels=REFERENCE, kv_lora_rank=KV_LORA_RANK,
+                   scale=case.scale, max_seqlen_q=1, decode_heads=16, out_dtype=torch.float32)
