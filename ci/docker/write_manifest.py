@@ -50,7 +50,8 @@ def build_manifest(env: dict, aiter_pins: dict, modules: list[str]) -> dict:
         "python": {"version": pin("PYTHON_VERSION")},
         "pytorch": {"index_url": env.get("TORCH_INDEX_URL"), "wheels": wheels},
         "aiter": {
-            "version": installed("aiter") or env.get("AITER_TAG", "").lstrip("v"),
+            # The AITER wheel is distributed as amd-aiter (older builds: aiter).
+            "version": installed("amd-aiter") or installed("aiter") or env.get("AITER_TAG", "").lstrip("v"),
             "tag": aiter_pins.get("tag"),
             "repository": aiter_pins.get("repository"),
             "commit": aiter_pins.get("commit"),

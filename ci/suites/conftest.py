@@ -4,8 +4,9 @@ import os
 import sys
 from pathlib import Path
 
-# vLLM decides pin-memory and device defaults at import: say "CPU" unless the image
-# (or the user) already chose a device.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+# vLLM decides pin-memory and device defaults at import. Where there is no AMD GPU
+# (this repository's CI), say "CPU"; inside the image on a GPU host leave vLLM alone.
+if not Path(os.environ.get("ROCM_VLLM_KFD_PATH", "/dev/kfd")).exists():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 # Helpers of the suites (e.g. rocm_fake) import by bare name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

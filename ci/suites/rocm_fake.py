@@ -16,8 +16,6 @@ import types
 from collections.abc import Iterator
 from unittest import mock
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
 # (major, minor) compute capability vLLM derives from each arch.
 ARCH_CAPABILITY = {"gfx90a": (9, 0), "gfx942": (9, 4), "gfx950": (9, 5)}
 
