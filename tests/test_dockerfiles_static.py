@@ -77,19 +77,32 @@ def test_parses_with_buildkit_parser(name):
     assert "# syntax=" not in (ROOT / name).read_text().splitlines()[0]
 
 
+# Named build contexts a Dockerfile may use as FROM: the bake file passes them (contexts = {...}).
+BAKE_CONTEXTS = {"Dockerfile.rocm": {"base": "target:base"}}
+
+
+def test_named_contexts_are_passed_by_bake():
+    bake = (ROOT / "docker-bake.hcl").read_text()
+    for contexts in BAKE_CONTEXTS.values():
+        for context, value in contexts.items():
+            assert re.search(rf'contexts\s*=\s*{{[^}}]*\b{context}\s*=\s*"{value}"', bake), context
+
+
 def test_every_from_is_a_stage_or_pinned_variable(name):
     commands = parse(name)
     known_args = global_args(commands)
     expected = model.build_args(model.load())
-    seen = set()
+    seen = set(BAKE_CONTEXTS.get(name, {}))
     for stage, base, _ in stages(commands):
         assert "latest" not in base.lower(), f"{name}: FROM {base}"
-        var = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", base)
+        var = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([A-Za-z0-9_.-]+))?\}?", base)
         if base in seen or base == "scratch":
             pass
         elif var:
             default = known_args.get(var.group(1))
             assert default is not None, f"{name}: FROM {base}: no global ARG default"
+            if default == "" and var.group(2):  # ${ARG:-stage}: empty means the fallback stage
+                default = var.group(2)
             # a variable FROM either names an earlier stage or is a versions-file image pin
             assert default in seen or expected.get(var.group(1)) == default, f"{name}: FROM {base}={default}"
             if default not in seen:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build the backend wheel: build_backend.sh SRC WHEEL_DIR
+# SRC holds backend/pyproject.toml and backend/src only. The wheel is pure Python and built
+# with the image's own Python; setuptools from the image is used when it can build wheels
+# (no index needed), otherwise pip builds in isolation (needs an index; PIP_INDEX_URL/PIP_CERT).
+# SOURCE_DATE_EPOCH makes the wheel byte-identical for identical sources.
+set -euo pipefail
+src=${1:?source directory} out=${2:?wheel directory}
+python=${PYTHON:-python3}
+if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi
+find "$src" \( -name __pycache__ -o -name '*.egg-info' -o -name '*.pyc' \) -prune -exec rm -rf {} +
+if "$python" - <<'PY'
+import sys
+try:
+    import setuptools
+    major = int(setuptools.__version__.split(".")[0])
+    try:
+        import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1)
+    except ImportError:
+        import wheel  # noqa: F401
+except Exception:
+    sys.exit(1)
+sys.exit(0 if major >= 69 else 1)
+PY
+then
+  echo "backend-wheel: building with the image's setuptools (no build isolation)"
+  isolation=(--no-build-isolation)
+else
+  echo "backend-wheel: the image has no setuptools>=69 with wheel support: building in isolation (needs a package index)"
+  isolation=()
+fi
+"$python" -m pip wheel --no-deps "${isolation[@]}" --wheel-dir "$out" "$src"
+ls "$out"/vllm_aiter_mla-*.whl

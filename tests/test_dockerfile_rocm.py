@@ -1,0 +1,319 @@
+"""Dockerfile.rocm: stages, layer order (backend/ and ci/ last), what the targets carry.
+
+Static: BuildKit's own parser (the `dockerfile` package), no engine needed. The build itself
+runs in tests/test_engine_integration.py."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ci.pins import model
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "Dockerfile.rocm"
+# Instructions that add or change files (a layer); the others only set image metadata.
+LAYER_CMDS = {"RUN", "COPY", "ADD"}
+
+
+def parse_text(text, tmp_path=None):
+    dockerfile = pytest.importorskip("dockerfile", reason="pip install -r tests/requirements.txt (dockerfile)")
+    return dockerfile.parse_string(text)
+
+
+@pytest.fixture(scope="module")
+def commands():
+    return parse_text((ROOT / NAME).read_text())
+
+
+def stage_map(commands):
+    """{stage: (base, [commands])}, in order."""
+    out = {}
+    current = None
+    for c in commands:
+        if c.cmd.upper() == "FROM":
+            current = c.value[2] if len(c.value) >= 3 and c.value[1].upper() == "AS" else f"#{len(out)}"
+            out[current] = (c.value[0], [])
+        elif current is not None:
+            out[current][1].append(c)
+    return out
+
+
+def resolve_base(base, global_args):
+    """A FROM value with its ARG expanded (${VAR:-fallback} when VAR defaults to empty)."""
+    m = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([A-Za-z0-9_.-]+))?\}?", base)
+    if not m:
+        return base
+    value = global_args.get(m.group(1), "")
+    return value or (m.group(2) or "")
+
+
+def global_args(commands):
+    args = {}
+    for c in commands:
+        if c.cmd.upper() == "FROM":
+            break
+        if c.cmd.upper() == "ARG":
+            for token in c.value:
+                name, _, default = token.partition("=")
+                args[name] = default
+    return args
+
+
+def lineage(commands, target, overrides=None):
+    """Instructions of `target` and of every stage it is built FROM, base first."""
+    stages = stage_map(commands)
+    args = {**global_args(commands), **(overrides or {})}
+    chain = []
+    stage = target
+    while stage in stages:
+        chain.append(stage)
+        stage = resolve_base(stages[stage][0], args)
+    out = []
+    for stage in reversed(chain):
+        out += [(stage, c) for c in stages[stage][1]]
+    return chain, out
+
+
+def flag(c, prefix):
+    return [f for f in c.flags if f.startswith(prefix)]
+
+
+def mounts_from(c):
+    found = []
+    for f in flag(c, "--mount="):
+        m = re.search(r"from=([^,]+)", f)
+        if m:
+            found.append(m.group(1))
+    return found
+
+
+def text_of(c):
+    return " ".join(c.value)
+
+
+def installs_vllm(c):
+    return c.cmd.upper() == "RUN" and "vllm-wheel" in mounts_from(c)
+
+
+def adds_backend_or_ci(c):
+    """The instruction brings backend/ or ci/ app files into the target image."""
+    if c.cmd.upper() == "RUN" and "backend-wheel" in mounts_from(c):
+        return True
+    if c.cmd.upper() == "COPY":
+        src = flag(c, "--from=")
+        if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel"):
+            return True
+        if not src and any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/") for p in c.value[:-1]):
+            return True
+    return False
+
+
+def layer_order_problems(commands, target):
+    """Why the target's layer order is wrong (empty: right): every backend/ci layer comes after
+    the vLLM install, and after the first of them only backend/ci layers and metadata follow."""
+    _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    problems = []
+    kinds = []
+    for stage, c in instructions:
+        if c.cmd.upper() in LAYER_CMDS:
+            kinds.append(("vllm" if installs_vllm(c) else "app" if adds_backend_or_ci(c) else "other", stage, c))
+    names = [k for k, _, _ in kinds]
+    if "vllm" not in names:
+        problems.append(f"{target}: no vLLM install (RUN --mount=from=vllm-wheel) in its lineage")
+    if "app" not in names:
+        problems.append(f"{target}: neither backend/ nor ci/ files are added")
+    if problems:
+        return problems
+    first_app = names.index("app")
+    if names.index("vllm") > first_app or "vllm" in names[first_app:]:
+        problems.append(f"{target}: backend/ci layers come before the vLLM install")
+    for kind, stage, c in kinds[first_app:]:
+        if kind != "app":
+            problems.append(f"{target}: {stage}:{c.start_line} {c.cmd} {text_of(c)[:60]} comes after the "
+                            "backend/ci layers: a backend/ change would rebuild it")
+    return problems
+
+
+def test_stage_names_say_what_they_produce(commands):
+    names = list(stage_map(commands))
+    for required in ("vllm-src", "vllm-wheel", "vllm-built", "vllm", "backend-wheel", "app-files",
+                     "serve", "ci"):
+        assert required in names, required
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_layer_order_backend_and_ci_after_vllm(commands, target):
+    assert layer_order_problems(commands, target) == []
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_targets_end_with_backend_and_app_layers(commands, target):
+    """Both targets add exactly the backend wheel and the app files as their last two layers."""
+    _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    layers = [c for _, c in instructions if c.cmd.upper() in LAYER_CMDS]
+    assert "backend-wheel" in mounts_from(layers[-2])
+    assert flag(layers[-1], "--from=") == ["--from=app-files"] and flag(layers[-1], "--link")
+
+
+def test_layer_order_check_can_fail(commands):
+    """Moving the backend install of `serve` above the vLLM build is caught."""
+    text = (ROOT / NAME).read_text()
+    backend_install = re.search(r"FROM serve-base AS serve\n(# .*\n)*(RUN --mount=type=bind,from=backend-wheel.*?\.whl\n)",
+                                text, re.S).group(2)
+    broken = text.replace(backend_install, "", 1).replace(
+        "FROM base AS vllm-built\n", "FROM base AS vllm-built\n" + backend_install.replace(
+            "RUN --mount=type=bind,from=backend-wheel", "RUN --mount=type=bind,from=backend-wheel"), 1)
+    assert broken != text
+    problems = layer_order_problems(parse_text(broken), "serve")
+    assert any("before the vLLM install" in p or "comes after the backend/ci layers" in p for p in problems), problems
+    # a slow step after the app files is caught too
+    slow = text.replace('LABEL org.opencontainers.image.revision="${VCS_REF}" \\\n      io.rocm-vllm.target="serve"',
+                        'RUN echo slow\nLABEL org.opencontainers.image.revision="${VCS_REF}"', 1)
+    assert any("comes after the backend/ci layers" in p for p in layer_order_problems(parse_text(slow), "serve"))
+
+
+def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
+    stages = stage_map(commands)
+    assert global_args(commands)["VLLM_IMAGE"] == ""
+    assert stages["vllm"][0] == "${VLLM_IMAGE:-vllm-built}" and stages["vllm"][1] == []
+    chain, _ = lineage(commands, "serve", {"VLLM_IMAGE": "registry.example/vllm-rocm:0.32.0"})
+    assert "vllm-built" not in chain and chain[-1] == "vllm"
+    chain, _ = lineage(commands, "serve", {"VLLM_IMAGE": ""})
+    assert chain[-1] == "vllm-built"
+
+
+def test_backend_wheel_stage_reads_backend_sources_only(commands):
+    _, cmds = stage_map(commands)["backend-wheel"]
+    sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
+    assert sources and all(p.startswith("backend/") or p == "ci/docker/build_backend.sh" for p in sources), sources
+    assert "backend/tests" not in " ".join(sources)
+    assert any(p.startswith("backend/src") for p in sources) and "backend/pyproject.toml" in sources
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_targets_carry_no_sources_or_build_stages(commands, target):
+    chain, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "app-files"):
+        assert stage not in chain, f"{target} is built on {stage}"
+    for stage, c in instructions:
+        src = flag(c, "--from=")
+        if c.cmd.upper() == "COPY":
+            assert not src or src[0] == "--from=app-files", f"{stage}:{c.start_line}: COPY {src}"
+            assert not any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/")
+                           for p in c.value[:-1]) or stage == "app-files", f"{stage}:{c.start_line}"
+        for f in flag(c, "--mount="):
+            if "type=cache" in f:
+                assert "target=/root/.cache" in f, f"{stage}:{c.start_line}: cache mount outside /root/.cache"
+            if "type=bind" in f:
+                assert re.search(r"from=(vllm-src|vllm-wheel|backend-wheel)", f), \
+                    f"{stage}:{c.start_line}: bind mount {f}"
+
+
+def test_app_files_leave_out_build_tooling_and_byte_code(commands):
+    _, cmds = stage_map(commands)["app-files"]
+    sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
+    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/selftest/", "ci/suites/", "ci/models/tiny-mla/config.json"):
+        assert needed in sources
+    assert not any(p.startswith(("ci/docker", "ci/tests", "ci/pins", "ci/amd-runner")) or p == "ci/" for p in sources)
+    assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
+
+
+def test_pytest_only_in_ci(commands):
+    _, serve = lineage(commands, "serve", {"VLLM_IMAGE": ""})
+    _, ci = lineage(commands, "ci", {"VLLM_IMAGE": ""})
+    assert not any("requirements-ci.txt" in text_of(c) for _, c in serve)
+    assert any("requirements-ci.txt" in text_of(c) and "--require-hashes" in text_of(c) for _, c in ci)
+
+
+def test_ci_requirements_pinned_with_hashes():
+    for line in (ROOT / "ci/docker/requirements-ci.txt").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            assert re.match(r"^[A-Za-z0-9_.-]+==[0-9][^ ]* --hash=sha256:[0-9a-f]{64}$", line), line
+
+
+def _last(commands, stage_cmds, cmd):
+    found = [c for c in stage_cmds if c.cmd.upper() == cmd]
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_entrypoint_settings_and_labels(commands, target):
+    _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    cmds = [c for _, c in instructions]
+    entry = _last(commands, cmds, "ENTRYPOINT")
+    assert entry.json and entry.value == ("/opt/rocm-vllm/ci/entrypoint.sh",)
+    cmd = _last(commands, cmds, "CMD")
+    assert cmd.json and cmd.value[0] == ("serve" if target == "serve" else "selftest")
+    env = " ".join(text_of(c) for c in cmds if c.cmd.upper() == "ENV")
+    assert "ROCM_VLLM_JIT_CACHE" in env and "TINY_MLA_MODEL" in env
+    assert "AITER_JIT_DIR" not in env, "the entrypoint derives AITER_JIT_DIR; do not set it in the image"
+    labels = " ".join(text_of(c) for c in cmds if c.cmd.upper() == "LABEL")
+    for label in ("org.opencontainers.image.title", "org.opencontainers.image.version",
+                  "org.opencontainers.image.revision", "org.opencontainers.image.description"):
+        assert label in labels, label
+
+
+def test_revision_arg_declared_after_every_layer(commands):
+    """VCS_REF changes with every commit: declared before a RUN it would invalidate that layer."""
+    for target in ("serve", "ci"):
+        _, cmds = stage_map(commands)[target]
+        positions = [i for i, c in enumerate(cmds) if c.cmd.upper() == "ARG" and any(
+            t.split("=")[0] == "VCS_REF" for t in c.value)]
+        last_layer = max(i for i, c in enumerate(cmds) if c.cmd.upper() in LAYER_CMDS)
+        assert positions and min(positions) > last_layer, target
+    for stage, (_, cmds) in stage_map(commands).items():
+        if stage not in ("serve", "ci"):
+            assert not any(c.cmd.upper() == "ARG" and "VCS_REF" in text_of(c) for c in cmds), stage
+
+
+def test_vllm_build_uses_pinned_commit_and_archs(commands):
+    _, cmds = stage_map(commands)["vllm-wheel"]
+    args = {t.split("=")[0]: t.partition("=")[2] for c in cmds if c.cmd.upper() == "ARG" for t in c.value}
+    expected = model.build_args(model.load())
+    for key in ("VLLM_REPO", "VLLM_TAG", "VLLM_COMMIT", "VLLM_VERSION", "GPU_ARCHS"):
+        assert args[key] == expected[key], key
+    run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
+    assert "vllm_source.sh verify" in run and "build_vllm.sh" in run
+    script = (ROOT / "ci/docker/build_vllm.sh").read_text()
+    assert "PYTORCH_ROCM_ARCH=$GPU_ARCHS" in script and "--no-build-isolation" in script
+    assert "native" not in re.sub(r"#.*", "", script)
+
+
+def test_vllm_built_keeps_the_base_torch(commands):
+    _, cmds = stage_map(commands)["vllm-built"]
+    run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
+    assert "torch_before" in run and "torch_after" in run
+
+
+def test_vllm_manifest_step(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_manifest", ROOT / "ci/docker/vllm_manifest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    versions = {"vllm": "0.32.0+rocm723"}
+    monkeypatch.setattr(mod, "installed", lambda *names: next(
+        ((n, versions[n]) for n in names if n in versions), (None, None)))
+    env = {"VLLM_VERSION": "0.32.0", "VLLM_IMAGE": "img:1", "GPU_ARCHS": "gfx942;gfx950"}
+    new = mod.update(None, env)
+    assert new["gpu_archs"] == ["gfx942", "gfx950"] and new["aiter"] is None and new["declared"]
+    assert new["vllm"]["version"] == "0.32.0" and new["vllm"]["image"] == "img:1"
+    from selftest.manifest import parse_manifest  # noqa: PLC0415  (ci/ on sys.path below)
+
+    assert parse_manifest(new).gpu_archs == ("gfx942", "gfx950")
+    base = {"gpu_archs": ["gfx942"], "vllm": {"version": "0.32.0", "commit": "c" * 40}}
+    merged = mod.update(json.loads(json.dumps(base)), env)
+    assert merged["vllm"]["commit"] == "c" * 40 and merged["vllm"]["installed"] == "0.32.0+rocm723"
+    versions["vllm"] = "0.33.0"
+    with pytest.raises(SystemExit, match="VLLM_IMAGE"):
+        mod.update(None, env)
+    versions.clear()
+    with pytest.raises(SystemExit, match="no vLLM installed"):
+        mod.update(None, env)
+
+
+@pytest.fixture(autouse=True)
+def _ci_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "ci"))
