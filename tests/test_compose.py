@@ -1,0 +1,140 @@
+"""compose.yaml and the CPU override: `docker compose config` validates them, and the
+settings that make a ROCm server work (devices, groups, healthcheck, port binding) are there."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_OVERRIDE = "tests/compose.cpu.yaml"
+BASE_ENV = {"RENDER_GID": "109"}
+
+
+def compose_config(*files, env=None, check=True):
+    if not shutil.which("docker"):
+        pytest.skip("no docker client in PATH")
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("docker compose plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+    cmd = ["docker", "compose", "--project-directory", str(ROOT)]
+    for f in files or ("compose.yaml",):
+        cmd += ["-f", str(ROOT / f)]
+    # Only what the test sets: no .env of a developer, no variables of the calling shell.
+    clean = {k: v for k, v in os.environ.items()
+             if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")}
+    proc = subprocess.run(cmd + ["--env-file", os.devnull, "config", "--format", "json"],
+                          capture_output=True, text=True, env={**clean, **(env or {})})
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_validates_with_defaults():
+    cfg = compose_config(env=BASE_ENV)
+    assert set(cfg["services"]) == {"vllm"}  # selftest only under its profile
+
+
+def test_rocm_devices_groups_and_runtime_settings():
+    vllm = compose_config(env=BASE_ENV)["services"]["vllm"]
+    assert {d["source"] for d in vllm["devices"]} == {"/dev/kfd", "/dev/dri"}
+    assert vllm["group_add"] == ["video", "109"]
+    assert vllm["ipc"] == "host"
+    assert int(vllm["shm_size"]) >= 8 * 2**30
+    assert "seccomp=unconfined" in vllm["security_opt"]
+    assert vllm["image"].endswith("/serve:dev")
+    assert vllm["command"] == ["serve"]
+
+
+def test_render_gid_is_required_and_named():
+    proc = compose_config(env={}, check=False)
+    assert proc.returncode != 0
+    assert "RENDER_GID" in proc.stderr and "getent group render" in proc.stderr
+
+
+def test_healthcheck_on_health_with_configurable_start_period():
+    vllm = compose_config(env=BASE_ENV)["services"]["vllm"]
+    hc = vllm["healthcheck"]
+    assert "/health" in " ".join(hc["test"])
+    assert hc["start_period"] == "30m0s"
+    assert compose_config(env={**BASE_ENV, "HEALTH_START_PERIOD": "5m"})["services"]["vllm"][
+        "healthcheck"]["start_period"] == "5m0s"
+
+
+def test_port_bound_to_loopback_by_default_and_configurable():
+    ports = compose_config(env=BASE_ENV)["services"]["vllm"]["ports"]
+    assert [(p["host_ip"], str(p["published"]), p["target"]) for p in ports] == [("127.0.0.1", "8000", 8000)]
+    ports = compose_config(env={**BASE_ENV, "VLLM_BIND_ADDRESS": "0.0.0.0", "VLLM_PORT": "9000"})[
+        "services"]["vllm"]["ports"]
+    assert [(p["host_ip"], str(p["published"])) for p in ports] == [("0.0.0.0", "9000")]
+
+
+def test_serving_settings_from_environment():
+    env = {**BASE_ENV, "SERVE_MODEL": "deepseek-ai/DeepSeek-R1", "SERVE_TENSOR_PARALLEL_SIZE": "8",
+           "SERVE_BLOCK_SIZE": "1", "SERVE_MAX_MODEL_LEN": "32768", "SERVE_EXTRA_ARGS": "--trust-remote-code",
+           "VLLM_API_KEY": "k-123"}
+    environment = compose_config(env=env)["services"]["vllm"]["environment"]
+    for key, value in env.items():
+        if key != "RENDER_GID":
+            assert environment[key] == value, key
+    defaults = compose_config(env=BASE_ENV)["services"]["vllm"]["environment"]
+    assert defaults["SERVE_MODEL"] == "" and defaults["VLLM_API_KEY"] == ""  # tiny model, no key
+    assert "AITER_JIT_DIR" not in defaults  # the entrypoint derives it
+
+
+def test_caches_are_named_volumes_and_server_policies():
+    cfg = compose_config(env=BASE_ENV)
+    vllm = cfg["services"]["vllm"]
+    mounts = {v["target"]: v for v in vllm["volumes"]}
+    assert mounts["/root/.cache/huggingface"]["type"] == "volume"
+    assert mounts["/var/cache/aiter-jit"]["type"] == "volume"
+    assert {v["name"] for v in cfg["volumes"].values()} == {"rocm-vllm-hf-cache", "rocm-vllm-aiter-jit"}
+    assert vllm["restart"] == "unless-stopped"
+    assert vllm["stop_grace_period"]
+
+
+def test_selftest_service_under_profile_with_same_devices():
+    proc = subprocess.run(["docker", "compose", "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
+                           "--env-file", os.devnull, "--profile", "selftest", "config", "--format", "json"],
+                          capture_output=True, text=True, env={**os.environ, **BASE_ENV}) \
+        if shutil.which("docker") else pytest.skip("no docker client")
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    selftest, vllm = services["selftest"], services["vllm"]
+    assert selftest["profiles"] == ["selftest"]
+    assert selftest["devices"] == vllm["devices"] and selftest["group_add"] == vllm["group_add"]
+    assert selftest["command"][0] == "selftest" and selftest["image"].endswith("/ci:dev")
+
+
+def test_env_example_documents_every_variable():
+    used = set()
+    for name in ("compose.yaml",):
+        used |= set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", (ROOT / name).read_text()))
+    documented = set(re.findall(r"^([A-Z_][A-Z0-9_]*)=", (ROOT / ".env.example").read_text(), re.M))
+    assert used - documented == set(), "variables of compose.yaml missing in .env.example"
+    assert documented - used == set(), ".env.example names variables compose.yaml does not read"
+
+
+def test_env_example_is_a_valid_env_file():
+    proc = subprocess.run(["docker", "compose", "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
+                           "--env-file", str(ROOT / ".env.example"), "config", "--format", "json"],
+                          capture_output=True, text=True, env={**os.environ, "RENDER_GID": "109"}) \
+        if shutil.which("docker") else pytest.skip("no docker client")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["services"]["vllm"]["ports"][0]["host_ip"] == "127.0.0.1"
+
+
+def test_cpu_override():
+    env = {**BASE_ENV, "SERVE_IMAGE": "localhost/t/serve:cpu", "SELFTEST_IMAGE": "localhost/t/ci:cpu"}
+    vllm = compose_config("compose.yaml", CPU_OVERRIDE, env=env)["services"]["vllm"]
+    assert vllm["network_mode"] == "host"
+    assert not vllm.get("devices") and not vllm.get("group_add") and not vllm.get("ports")
+    assert vllm["image"] == "localhost/t/serve:cpu"
+    e = vllm["environment"]
+    assert e["ROCM_VLLM_REQUIRE_GPU"] == "0" and e["AITER_MLA_KERNELS"] == "reference"
+    assert e["SERVE_HOST"] == "127.0.0.1"
+    assert vllm["restart"] == "no"
+    assert "/health" in " ".join(vllm["healthcheck"]["test"])
