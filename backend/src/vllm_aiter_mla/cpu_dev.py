@@ -6,8 +6,10 @@ ROCm backend's own (same decode planning on persistent buffers), the decode call
 the same ``mla_decode`` with the reference kernel standing in for AITER. KV-cache
 writes and prefill stay vLLM's CPU ones.
 
-``AITER_MLA_STATS`` (a file path) makes every process append one line per decode
-call count at exit, so tests can prove the backend really ran in the engine process.
+``AITER_MLA_STATS`` (a file path) makes every process that decodes append
+``PID decode_calls=N`` lines (at 1, 2, 4, 8, ... calls and at exit; the largest N per PID
+is the count), so tests can prove the backend really ran in the engine process, even
+when that process is stopped by a signal.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class CPUDevMLAImpl(DecodeKernelsMixin, CPUMLAImpl):
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata: AiterMLAMetadata, layer: AttentionLayer):
         global _decode_calls
         _decode_calls += 1
+        if _decode_calls & (_decode_calls - 1) == 0:
+            _write_stats()
         decode = attn_metadata.decode
         assert decode is not None and decode.plan is not None
         out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)

@@ -147,6 +147,7 @@ class PlanWorkspace:
     contiguous views). With one, planning allocates nothing; without one, the same
     scratch is taken from the allocator at the size of the current batch."""
 
+    scan: torch.Tensor  # int32 [4 * max_reqs]
     indptr64: torch.Tensor  # int64 [max_reqs + 1]
     block_base: torch.Tensor  # int32 [max_reqs * max_blocks]
     slots: torch.Tensor  # int32 [max_reqs * max_slots]
@@ -158,6 +159,7 @@ class PlanWorkspace:
         device = buffers.kv_indices.device
         n = buffers.capacity
         return cls(
+            scan=torch.zeros(4 * buffers.max_reqs, dtype=_INT, device=device),
             indptr64=torch.zeros(buffers.max_reqs + 1, dtype=torch.int64, device=device),
             block_base=torch.empty(buffers.max_reqs * buffers.max_blocks, dtype=_INT, device=device),
             slots=torch.empty(n, dtype=_INT, device=device),
@@ -204,8 +206,16 @@ def plan_decode_into(
 
     buffers.qo_indptr[: num_reqs + 1].copy_(query_start_loc)
     # Key offsets (kv_indptr[0] stays 0), and an int64 copy for the scatter index.
+    # The scan runs along dim 1 of a [2, n] tensor: a 1-D cumsum on CUDA takes
+    # temporary storage from the allocator, a batched one does not.
     kv_indptr = buffers.kv_indptr[: num_reqs + 1]
-    torch.cumsum(seq_lens, 0, dtype=_INT, out=kv_indptr[1:])
+    scan = _scratch(workspace, "scan", 4 * num_reqs, _INT, device)
+    scan_in = scan[: 2 * num_reqs].view(2, num_reqs)
+    scan_out = scan[2 * num_reqs :].view(2, num_reqs)
+    scan_in[0].copy_(seq_lens)
+    scan_in[1].zero_()
+    torch.cumsum(scan_in, 1, dtype=_INT, out=scan_out)
+    kv_indptr[1:].copy_(scan_out[0])
     indptr64 = _scratch(workspace, "indptr64", num_reqs + 1, torch.int64, device)
     indptr64.copy_(kv_indptr)
 

@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fault", choices=["none", "last-slot-off-by-one"], default="none")
     ap.add_argument("--load-format", default="safetensors")
+    ap.add_argument("--schedule", choices=["waves", "sequential"], default="waves",
+                    help="waves: the second half arrives while the first decodes; "
+                    "sequential: one request at a time (what a client sending one request after another sees)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -95,14 +98,20 @@ def main() -> None:
                     "logprobs": [lp[tok].logprob for lp, tok in zip(comp.logprobs, comp.token_ids)],
                 }
 
-    for i in range(FIRST_WAVE):
-        engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
-    for _ in range(STEPS_BEFORE_SECOND_WAVE):
-        collect(engine.step())
-    for i in range(FIRST_WAVE, len(all_prompts)):
-        engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
-    while engine.has_unfinished_requests():
-        collect(engine.step())
+    if args.schedule == "sequential":
+        for i, prompt in enumerate(all_prompts):
+            engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+            while engine.has_unfinished_requests():
+                collect(engine.step())
+    else:
+        for i in range(FIRST_WAVE):
+            engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
+        for _ in range(STEPS_BEFORE_SECOND_WAVE):
+            collect(engine.step())
+        for i in range(FIRST_WAVE, len(all_prompts)):
+            engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
+        while engine.has_unfinished_requests():
+            collect(engine.step())
 
     decode_calls = None
     if args.backend == "ours":

@@ -1,0 +1,63 @@
+"""Engine tests: tiny MLA model in vLLM's real CPU engine. Reports land in the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+DRIVER = HERE / "engine_driver.py"
+sys.path.insert(0, str(HERE))
+
+from engine_report import REPORT  # noqa: E402
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORT:
+        terminalreporter.section("engine comparison")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(REPO / "ci" / "models"))
+    from tiny_mla_weights import write_tiny_mla
+
+    return write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
+
+
+class EngineRuns:
+    """Runs engine_driver.py once per configuration and caches the result."""
+
+    def __init__(self, model: Path, workdir: Path):
+        self.model, self.workdir, self.cache = model, workdir, {}
+
+    def get(self, backend: str, dtype: str = "float32", fault: str = "none", schedule: str = "waves") -> dict:
+        key = (backend, dtype, fault, schedule)
+        if key not in self.cache:
+            name = "-".join(key)
+            out, log = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
+            cmd = [sys.executable, str(DRIVER), "--model", str(self.model), "--backend", backend,
+                   "--dtype", dtype, "--fault", fault, "--schedule", schedule, "--out", str(out)]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AITER_MLA_")}
+            with open(log, "w") as f:
+                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900)
+            if proc.returncode != 0:
+                tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+                pytest.fail(f"engine run {key} failed (exit {proc.returncode}):\n{tail}")
+            self.cache[key] = json.loads(out.read_text())
+            REPORT.append(f"{key}: engine start {self.cache[key]['engine_start_s']:.1f}s, "
+                          f"decode calls {self.cache[key]['decode_calls']}")
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def engine_runs(tiny_weights, tmp_path_factory) -> EngineRuns:
+    return EngineRuns(tiny_weights, tmp_path_factory.mktemp("engine-runs"))

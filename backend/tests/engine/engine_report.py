@@ -1,0 +1,3 @@
+"""Lines the engine tests add to pytest's terminal summary."""
+
+REPORT: list[str] = []
