@@ -40,6 +40,8 @@ from .planning import DecodePlan, DecodePlanBuffers, plan_decode_into
 logger = init_logger("vllm.aiter_mla")
 
 BACKEND_NAME = "ROCM_AITER_MLA"
+# vLLM's MLA prefill backend that calls aiter.flash_attn_varlen_func.
+AITER_PREFILL_BACKEND = "ROCM_AITER_FA"
 
 
 @dataclass
@@ -85,6 +87,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             block_size=self.page_size,
             device=device,
         )
+        prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd (KV as pages of 1 slot, block size %d), "
             "prefill=%s",
@@ -92,8 +95,17 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             __version__,
             load_kernels().name,
             self.page_size,
-            prefill_backend_name(vllm_config, layer_names),
+            prefill,
         )
+        if _on_rocm() and prefill != AITER_PREFILL_BACKEND:
+            logger.warning_once(
+                "%s: MLA prefill runs on %s, not AITER's flash_attn_varlen_func (%s). Set "
+                "VLLM_ROCM_USE_AITER=1 (and leave --attention-config.mla_prefill_backend unset) "
+                "to prefill with AITER.",
+                BACKEND_NAME,
+                prefill,
+                AITER_PREFILL_BACKEND,
+            )
 
     def _build_decode(
         self,
@@ -210,6 +222,12 @@ def _platform_fp8_dtype() -> torch.dtype:
     from vllm.platforms import current_platform  # noqa: PLC0415
 
     return current_platform.fp8_dtype()
+
+
+def _on_rocm() -> bool:
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    return current_platform.is_rocm()
 
 
 class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
