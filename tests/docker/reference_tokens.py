@@ -1,0 +1,33 @@
+"""Greedy tokens of vLLM's own CPU MLA backend for token-id prompts (the integration test's
+reference). Runs inside the serve image with AITER_MLA_KERNELS unset, so the backend plugin
+leaves CPU_MLA alone:
+
+    python3 reference_tokens.py MODEL_DIR PROMPTS_JSON MAX_TOKENS
+
+Prints one line: {"cpu_mla_path": ..., "tokens": [[...], ...]}. The engine settings match the
+CPU override of compose.yaml (dummy weights, float32, eager, max length 512).
+"""
+import json
+import os
+import sys
+
+
+def main() -> None:
+    model, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    if os.environ.get("AITER_MLA_KERNELS"):
+        sys.exit("reference_tokens: unset AITER_MLA_KERNELS (the reference is vLLM's own CPU_MLA)")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+              max_model_len=512, gpu_memory_utilization=0.5, enforce_eager=True, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    print(json.dumps({"cpu_mla_path": AttentionBackendEnum.CPU_MLA.get_path(),
+                      "tokens": [list(o.outputs[0].token_ids) for o in outputs]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

