@@ -102,7 +102,7 @@ def adds_backend_or_ci(c):
         return True
     if c.cmd.upper() == "COPY":
         src = flag(c, "--from=")
-        if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel"):
+        if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel", "backend-installed"):
             return True
         if not src and any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/") for p in c.value[:-1]):
             return True
@@ -137,7 +137,7 @@ def layer_order_problems(commands, target):
 
 def test_stage_names_say_what_they_produce(commands):
     names = list(stage_map(commands))
-    for required in ("vllm-src", "vllm-wheel", "vllm-built", "vllm", "backend-wheel", "app-files",
+    for required in ("vllm-src", "vllm-wheel", "vllm-built", "vllm", "backend-wheel", "backend-installed", "app-files",
                      "serve", "ci"):
         assert required in names, required
 
@@ -149,21 +149,22 @@ def test_layer_order_backend_and_ci_after_vllm(commands, target):
 
 @pytest.mark.parametrize("target", ["serve", "ci"])
 def test_targets_end_with_backend_and_app_layers(commands, target):
-    """Both targets add exactly the backend wheel and the app files as their last two layers."""
+    """Both targets add exactly the installed backend and the app files as their last two layers,
+    each with --link (independent of the layers below: a change to one rebuilds only that one)."""
     _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
     layers = [c for _, c in instructions if c.cmd.upper() in LAYER_CMDS]
-    assert "backend-wheel" in mounts_from(layers[-2])
+    assert flag(layers[-2], "--from=") == ["--from=backend-installed"] and flag(layers[-2], "--link")
     assert flag(layers[-1], "--from=") == ["--from=app-files"] and flag(layers[-1], "--link")
 
 
 def test_layer_order_check_can_fail(commands):
     """Moving the backend install of `serve` above the vLLM build is caught."""
     text = (ROOT / NAME).read_text()
-    backend_install = re.search(r"FROM serve-base AS serve\n(# .*\n)*(RUN --mount=type=bind,from=backend-wheel.*?\.whl\n)",
-                                text, re.S).group(2)
-    broken = text.replace(backend_install, "", 1).replace(
-        "FROM base AS vllm-built\n", "FROM base AS vllm-built\n" + backend_install.replace(
-            "RUN --mount=type=bind,from=backend-wheel", "RUN --mount=type=bind,from=backend-wheel"), 1)
+    backend_install = "COPY --link --from=backend-installed /staging/ /\n"
+    serve_part = text.index("FROM serve-base AS serve\n")
+    assert text.find(backend_install, serve_part) > 0
+    broken = text[:serve_part] + text[serve_part:].replace(backend_install, "", 1)
+    broken = broken.replace("FROM base AS vllm-built\n", "FROM base AS vllm-built\n" + backend_install, 1)
     assert broken != text
     problems = layer_order_problems(parse_text(broken), "serve")
     assert any("before the vLLM install" in p or "comes after the backend/ci layers" in p for p in problems), problems
@@ -194,12 +195,13 @@ def test_backend_wheel_stage_reads_backend_sources_only(commands):
 @pytest.mark.parametrize("target", ["serve", "ci"])
 def test_targets_carry_no_sources_or_build_stages(commands, target):
     chain, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
-    for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "app-files"):
+    for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "backend-installed", "app-files"):
         assert stage not in chain, f"{target} is built on {stage}"
     for stage, c in instructions:
         src = flag(c, "--from=")
         if c.cmd.upper() == "COPY":
-            assert not src or src[0] == "--from=app-files", f"{stage}:{c.start_line}: COPY {src}"
+            assert not src or src[0] in ("--from=app-files", "--from=backend-installed"), \
+                f"{stage}:{c.start_line}: COPY {src}"
             assert not any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/")
                            for p in c.value[:-1]) or stage == "app-files", f"{stage}:{c.start_line}"
         for f in flag(c, "--mount="):
