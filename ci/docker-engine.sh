@@ -27,6 +27,7 @@
 #   DOCKER_STORAGE_DRIVER  storage driver for dockerd (default: dockerd's choice)
 #   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer (default 60)
 #   DOCKER_ENGINE_NO_INSTALL=1  never install packages; fail if dockerd is absent
+#   DEBIAN_MIRROR          Debian archive for the trixie source (default: the one apt already uses)
 set -euo pipefail
 
 ROOT=${DOCKER_ENGINE_ROOT:-/var/lib/rocm-vllm-engine}
@@ -62,9 +63,11 @@ install_engine() {
   command -v apt-get >/dev/null 2>&1 || die "dockerd is not installed and apt-get is absent: install Docker Engine, buildx and compose yourself"
   log "installing docker.io, docker-buildx, docker-compose from Debian trixie (pinned low)"
   if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
-    as_root tee /etc/apt/sources.list.d/trixie.sources >/dev/null <<'EOF'
+    local mirror
+    mirror=$(bash "$(dirname "$0")/docker/debian-mirror.sh") || die "no Debian mirror for the trixie source: set DEBIAN_MIRROR"
+    as_root tee /etc/apt/sources.list.d/trixie.sources >/dev/null <<EOF
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

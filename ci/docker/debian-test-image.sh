@@ -5,7 +5,7 @@
 set -euo pipefail
 if [ -n "${TEST_BASE_IMAGE:-}" ]; then echo "$TEST_BASE_IMAGE"; exit 0; fi
 SUITE=${TEST_DEBIAN_SUITE:-bookworm}
-MIRROR=${TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+MIRROR=${TEST_DEBIAN_MIRROR:-$(bash "$(dirname "$0")/debian-mirror.sh")}
 TAG="localhost/rocm-vllm-test/debian-git:${SUITE}"
 if docker image inspect "$TAG" >/dev/null 2>&1; then echo "$TAG"; exit 0; fi
 if ! command -v debootstrap >/dev/null 2>&1; then
