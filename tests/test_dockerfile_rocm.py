@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ci.pins import model
+from dockerfile_model import global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "Dockerfile.rocm"
@@ -27,16 +28,8 @@ def commands():
 
 
 def stage_map(commands):
-    """{stage: (base, [commands])}, in order."""
-    out = {}
-    current = None
-    for c in commands:
-        if c.cmd.upper() == "FROM":
-            current = c.value[2] if len(c.value) >= 3 and c.value[1].upper() == "AS" else f"#{len(out)}"
-            out[current] = (c.value[0], [])
-        elif current is not None:
-            out[current][1].append(c)
-    return out
+    """{stage: (base, [commands])}, in order (unnamed stages as #index)."""
+    return {name or f"#{i}": (base, cmds) for i, (name, base, cmds) in enumerate(stages(commands))}
 
 
 def resolve_base(base, global_args):
@@ -46,18 +39,6 @@ def resolve_base(base, global_args):
         return base
     value = global_args.get(m.group(1), "")
     return value or (m.group(2) or "")
-
-
-def global_args(commands):
-    args = {}
-    for c in commands:
-        if c.cmd.upper() == "FROM":
-            break
-        if c.cmd.upper() == "ARG":
-            for token in c.value:
-                name, _, default = token.partition("=")
-                args[name] = default
-    return args
 
 
 def lineage(commands, target, overrides=None):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ci.pins import model
+from dockerfile_model import global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = [n for n in model.DOCKERFILES if (ROOT / n).exists()]
@@ -24,30 +25,6 @@ def hadolint_binary():
 def parse(name):
     dockerfile = pytest.importorskip("dockerfile", reason="pip install -r tests/requirements.txt (dockerfile)")
     return dockerfile.parse_file(str(ROOT / name))
-
-
-def stages(commands):
-    """[(name, base, [commands])] in order."""
-    out = []
-    for c in commands:
-        if c.cmd.upper() == "FROM":
-            name = c.value[2] if len(c.value) >= 3 and c.value[1].upper() == "AS" else None
-            out.append((name, c.value[0], []))
-        elif out:
-            out[-1][2].append(c)
-    return out
-
-
-def global_args(commands):
-    args = {}
-    for c in commands:
-        if c.cmd.upper() == "FROM":
-            break
-        if c.cmd.upper() == "ARG":
-            for token in c.value:
-                name, _, default = token.partition("=")
-                args[name] = default
-    return args
 
 
 @pytest.fixture(params=DOCKERFILES)

@@ -18,19 +18,13 @@ AITER_CK_PATH=${AITER_CK_PATH:-3rdparty/composable_kernel}
 ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
 [ -f /run/secrets/ca-bundle ] && export GIT_SSL_CAINFO=/run/secrets/ca-bundle
 
-check_pin() {  # check_pin NAME VALUE: a 40-hex commit, or UNRESOLVED when allowed
-  case "$2" in
-    UNRESOLVED)
-      [ "$ALLOW_UNRESOLVED" = 1 ] || fail "$1 is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve aiter --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)"
-      warn "$1 is UNRESOLVED; ALLOW_UNRESOLVED=1 records the commit found instead (not a release build)" ;;
-    *) [[ "$2" =~ ^[0-9a-f]{40}$ ]] || fail "$1='$2' is not a full 40-hex commit: fix it in versions.json" ;;
-  esac
-}
+# shellcheck source=pin_check.sh
+source "$(dirname "$0")/pin_check.sh"
 
 clone() {
   local dest=$1
-  check_pin AITER_COMMIT "$AITER_COMMIT"
-  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT"
+  check_pin AITER_COMMIT "$AITER_COMMIT" aiter
+  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
   git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" "$AITER_REPO" "$dest" \
     || fail "cannot clone tag $AITER_TAG of $AITER_REPO (AITER_REPO / AITER_TAG)"
   git -C "$dest" submodule update --quiet --init --recursive \
@@ -39,8 +33,8 @@ clone() {
 
 verify() {
   local src=$1 head ck_recorded ck_head
-  check_pin AITER_COMMIT "$AITER_COMMIT"
-  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT"
+  check_pin AITER_COMMIT "$AITER_COMMIT" aiter
+  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
   git config --global --add safe.directory '*'
   head=$(git -C "$src" rev-parse HEAD 2>/dev/null) || fail "$src is not a git checkout of AITER (the aiter-src build context must include .git)"
   if [ "$AITER_COMMIT" != UNRESOLVED ] && [ "$head" != "$AITER_COMMIT" ]; then

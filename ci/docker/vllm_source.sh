@@ -17,18 +17,12 @@ warn() { echo "vllm-src: WARNING: $*" >&2; }
 ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
 if [ -f /run/secrets/ca-bundle ]; then export GIT_SSL_CAINFO=/run/secrets/ca-bundle; fi
 
-check_pin() {
-  case "$VLLM_COMMIT" in
-    UNRESOLVED)
-      [ "$ALLOW_UNRESOLVED" = 1 ] || fail "VLLM_COMMIT is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve vllm --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)"
-      warn "VLLM_COMMIT is UNRESOLVED; ALLOW_UNRESOLVED=1 records the commit found instead (not a release build)" ;;
-    *) [[ "$VLLM_COMMIT" =~ ^[0-9a-f]{40}$ ]] || fail "VLLM_COMMIT='$VLLM_COMMIT' is not a full 40-hex commit: fix vllm.commit in versions.json" ;;
-  esac
-}
+# shellcheck source=pin_check.sh
+source "$(dirname "$0")/pin_check.sh"
 
 clone() {
   local dest=$1
-  check_pin
+  check_pin VLLM_COMMIT "$VLLM_COMMIT" vllm
   # Full history of the tag: setuptools-scm derives the version from it.
   git -c advice.detachedHead=false clone --quiet --branch "$VLLM_TAG" "$VLLM_REPO" "$dest" \
     || fail "cannot clone tag $VLLM_TAG of $VLLM_REPO (VLLM_REPO / VLLM_TAG)"
@@ -36,7 +30,7 @@ clone() {
 
 verify() {
   local src=$1 head
-  check_pin
+  check_pin VLLM_COMMIT "$VLLM_COMMIT" vllm
   git config --global --add safe.directory '*'
   head=$(git -C "$src" rev-parse HEAD 2>/dev/null) || fail "$src is not a git checkout of vLLM (the vllm-src build context must include .git)"
   if [ "$VLLM_COMMIT" != UNRESOLVED ] && [ "$head" != "$VLLM_COMMIT" ]; then
