@@ -2,7 +2,6 @@
 git server on 127.0.0.1 serving a tiny repository with a submodule (standing in for AITER and
 its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
 by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
-import os
 import socket
 import subprocess
 import time

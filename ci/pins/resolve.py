@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 
 from . import model
-from .model import COMMIT_RE, PinError
+from .model import PinError
 
 
 def _git(*args: str, cwd: str | None = None) -> str:

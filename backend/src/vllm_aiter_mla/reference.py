@@ -33,7 +33,7 @@ def _dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x
 
 
-def _gather_rows(n_reqs: int, starts: torch.Tensor, lens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_rows(starts: torch.Tensor, lens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row index [n_reqs, width] = starts[b] + i (clamped to >= 0) and validity i < lens[b]."""
     i = torch.arange(width, device=starts.device)
     idx = starts.to(torch.int64).unsqueeze(1) + i
@@ -134,7 +134,7 @@ def mla_decode_fwd(
     if max_seqlen_k is None:
         max_seqlen_k = int(k_lens.max()) if n_reqs > 0 else 0
 
-    q_idx, q_valid = _gather_rows(n_reqs, qo_indptr[:-1], q_lens, max_seqlen_q)
+    q_idx, q_valid = _gather_rows(qo_indptr[:-1], q_lens, max_seqlen_q)
     j = torch.arange(max_seqlen_k, device=q.device)
     k_valid = j < k_lens.to(torch.int64).unsqueeze(1)
     page_pos = (kv_indptr[:-1].to(torch.int64).unsqueeze(1) + j // page_size).clamp(0, max(kv_indices.shape[0] - 1, 0))
@@ -184,8 +184,8 @@ def flash_attn_varlen_func(
     n_reqs = cu_seqlens_q.shape[0] - 1
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     k_lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-    q_idx, q_valid = _gather_rows(n_reqs, cu_seqlens_q[:-1], q_lens, max_seqlen_q)
-    k_idx, k_valid = _gather_rows(n_reqs, cu_seqlens_k[:-1], k_lens, max_seqlen_k)
+    q_idx, q_valid = _gather_rows(cu_seqlens_q[:-1], q_lens, max_seqlen_q)
+    k_idx, k_valid = _gather_rows(cu_seqlens_k[:-1], k_lens, max_seqlen_k)
     group = num_heads // kv_heads
     kf = k.float().repeat_interleave(group, dim=1)[k_idx]
     vf = v.float().repeat_interleave(group, dim=1)[k_idx]
