@@ -81,3 +81,20 @@ def test_decode_rejects_mismatched_row_size():
     with pytest.raises(ValueError, match="row size"):
         mla_decode(case.absorbed_q()[..., :520], case.kv_cache, plan, kernels=REFERENCE, kv_lora_rank=KV_LORA_RANK,
                    scale=case.scale, max_seqlen_q=1, decode_heads=16, out_dtype=torch.float32)
+
+
+def test_scales_are_passed_only_for_fp8():
+    """AITER builds without fp8 MLA have no q_scale/kv_scale parameters."""
+    seen = []
+
+    def kernel(*args, **kwargs):
+        seen.append(sorted(k for k in kwargs if k.endswith("_scale")))
+
+    kernels = type(REFERENCE)("spy", kernel, REFERENCE.flash_attn_varlen_func)
+    case = make(DecodeCase([1], [4], 16, 16, torch.float32))
+    plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, 16)
+    common = dict(kernels=kernels, kv_lora_rank=KV_LORA_RANK, scale=case.scale, max_seqlen_q=1, decode_heads=16,
+                  out_dtype=torch.float32)
+    mla_decode(case.absorbed_q(), case.kv_cache, plan, **common)
+    mla_decode(case.absorbed_q(), case.kv_cache, plan, q_scale=torch.ones(1), kv_scale=torch.ones(1), **common)
+    assert seen == [[], ["kv_scale", "q_scale"]]

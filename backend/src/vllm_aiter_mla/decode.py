@@ -51,6 +51,8 @@ def mla_decode(
         raise ValueError(f"query row size {head_dim} != KV cache row size {kv_cache.shape[-1]}")
     q = pad_heads(q, decode_heads)
     o = torch.empty((num_tokens, decode_heads, kv_lora_rank), dtype=out_dtype, device=q.device)
+    # Scales only for fp8: AITER builds without fp8 MLA take no q_scale/kv_scale arguments.
+    scales = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
     kernels.mla_decode_fwd(
         q,
         kv_cache.view(-1, 1, 1, head_dim),
@@ -64,7 +66,6 @@ def mla_decode(
         nhead_kv=1,
         sm_scale=scale,
         logit_cap=0.0,
-        q_scale=q_scale,
-        kv_scale=kv_scale,
+        **scales,
     )
     return o[:, :num_heads]
