@@ -185,6 +185,18 @@ class DecodeKernelsMixin:
         self._decode_heads = decode_head_count(num_heads, total_heads)
         self._kernels = load_kernels()
 
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: AiterMLAMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decode = attn_metadata.decode
+        assert decode is not None and decode.plan is not None
+        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)
+        return out, None
+
     def _decode(
         self,
         q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -264,15 +276,3 @@ class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
             **mla_args,
         )
         self._init_decode(num_heads, kv_cache_dtype)
-
-    def forward_mqa(
-        self,
-        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: AiterMLAMetadata,
-        layer: AttentionLayer,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        decode = attn_metadata.decode
-        assert decode is not None and decode.plan is not None
-        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)
-        return out, None

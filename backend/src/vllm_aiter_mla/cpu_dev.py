@@ -39,10 +39,6 @@ def _write_stats() -> None:
 atexit.register(_write_stats)
 
 
-class CPUDevMLAMetadataBuilder(AiterMLAMetadataBuilder):
-    pass
-
-
 class CPUDevMLAImpl(DecodeKernelsMixin, CPUMLAImpl):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes, sliding_window,
                  kv_cache_dtype: str, logits_soft_cap, attn_type: str, kv_sharing_target_layer_name, **mla_args) -> None:
@@ -56,10 +52,7 @@ class CPUDevMLAImpl(DecodeKernelsMixin, CPUMLAImpl):
         _decode_calls += 1
         if _decode_calls & (_decode_calls - 1) == 0:
             _write_stats()
-        decode = attn_metadata.decode
-        assert decode is not None and decode.plan is not None
-        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)
-        return out, None
+        return super().forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
 
 
 class CPUDevMLABackend(CPUMLABackend):
@@ -68,5 +61,5 @@ class CPUDevMLABackend(CPUMLABackend):
         return CPUDevMLAImpl
 
     @staticmethod
-    def get_builder_cls() -> type[CPUDevMLAMetadataBuilder]:
-        return CPUDevMLAMetadataBuilder
+    def get_builder_cls() -> type[AiterMLAMetadataBuilder]:
+        return AiterMLAMetadataBuilder

@@ -42,10 +42,6 @@ class DecodePlan:
     kv_indices: torch.Tensor
     kv_last_page_lens: torch.Tensor
 
-    @property
-    def num_reqs(self) -> int:
-        return self.kv_last_page_lens.shape[0]
-
 
 def _check_inputs(
     block_table: torch.Tensor,
