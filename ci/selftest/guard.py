@@ -116,12 +116,14 @@ def _aiter_default(decision: Decision, env: Mapping[str, str], value: str, why: 
     decision.log.append(why)
 
 
-def _problem(decision: Decision, level: str, message: str, env: Mapping[str, str]) -> Decision:
+def _problem(decision: Decision, level: str, message: str, env: Mapping[str, str],
+             why: str = "AITER off: no usable AMD GPU (VLLM_ROCM_USE_AITER=0)") -> Decision:
+    """Strict: the message is fatal. Otherwise a warning, and AITER off (`why`)."""
     if level == "strict":
         decision.fatal = message
         return decision
     decision.log.append(f"warning: {message}")
-    _aiter_default(decision, env, "0", "AITER off: no usable AMD GPU (VLLM_ROCM_USE_AITER=0)")
+    _aiter_default(decision, env, "0", why)
     return decision
 
 
@@ -189,12 +191,7 @@ def decide(inputs: GuardInputs) -> Decision:
         if not inputs.aiter_installed and env.get(USE_AITER_ENV, "") != "0":
             message = ("the aiter package is not installed in this image; rebuild the base "
                        "image, or set VLLM_ROCM_USE_AITER=0 to serve without AITER")
-            if level == "strict":
-                decision.fatal = message
-                return decision
-            decision.log.append(f"warning: {message}")
-            _aiter_default(decision, env, "0", "AITER off: aiter not installed")
-            return decision
+            return _problem(decision, level, message, env, why="AITER off: aiter not installed")
         _aiter_default(decision, env, "1", f"AITER on for {';'.join(archs)} (VLLM_ROCM_USE_AITER=1)")
     elif len(archs) > 1:
         _aiter_default(decision, env, "0", (
