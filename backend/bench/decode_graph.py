@@ -222,16 +222,7 @@ def run_case(case: Case, replays: int, device: torch.device, use_graph: bool, se
     fill(0)
     if use_graph:
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                plan = step()
-            torch.cuda.synchronize()
+            graph, plan = capture(step, warmup=3)
         except Exception as exc:  # report the capture failure precisely
             print(f"  [{case.name}] capture FAIL: {type(exc).__name__}: {exc}")
             fail(f"capture {case.name}: {type(exc).__name__}: {exc}")
@@ -413,18 +404,20 @@ class Timer:
         return statistics.median(self.one(fn) for _ in range(reps))
 
 
-def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+def capture(fn: Callable[[], object], warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Warm `fn` up on a side stream, capture one call; return the graph and what
+    the captured call returned (its tensors are the graph's outputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        result = fn()
     torch.cuda.synchronize()
-    return graph
+    return graph, result
 
 
 @dataclass
@@ -466,7 +459,7 @@ def bench(
                 return plan_decode_into(buffers, table, lens, qsl, workspace=workspace)
 
             lens.fill_(max_len)
-            graph_full = capture(plan_full) if use_graph else None
+            graph_full = capture(plan_full)[0] if use_graph else None
 
             for seq_len in seq_lens:
                 nb = cdiv(seq_len, bs)
@@ -484,7 +477,7 @@ def bench(
                 checks = {"eager": plan_eager, "loop": lambda: plan_loop(table_cpu, lens_cpu, qsl_cpu, bs, device)}
                 graph = None
                 if use_graph:
-                    graph = capture(plan_eager)
+                    graph = capture(plan_eager)[0]
                     checks["graph"] = _replayed(graph, buffers, b)
                     checks["graph/full"] = _replayed(graph_full, buffers, b)
                 for name, fn in checks.items():
