@@ -25,3 +25,15 @@ def global_args(commands):
                 name, _, default = token.partition("=")
                 args[name] = default
     return args
+
+
+def buildkit_parser():
+    """BuildKit's Dockerfile parser (PyPI `dockerfile`). ci/test.sh installs it, as it installs
+    hadolint: a missing parser is a broken test environment, so the test fails (never skips)."""
+    import pytest
+
+    try:
+        import dockerfile
+    except ImportError as exc:
+        pytest.fail(f"BuildKit's Dockerfile parser is missing ({exc}): pip install -r tests/requirements.txt")
+    return dockerfile

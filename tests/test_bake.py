@@ -81,8 +81,6 @@ def test_unknown_aiter_pin_fails():
 
 
 def test_image_targets_use_dockerfile_rocm():
-    if not (ROOT / "Dockerfile.rocm").exists():
-        pytest.skip("Dockerfile.rocm not written yet")
     targets = printed("vllm", "serve", "ci")
     for name in ("vllm", "serve", "ci"):
         assert targets[name]["dockerfile"] == "Dockerfile.rocm"
