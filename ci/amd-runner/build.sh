@@ -25,8 +25,9 @@ export VCS_REF
 mkdir -p "$results"
 
 read -r -a extra <<<"${BAKE_ARGS:---load}"
-echo "== bake ${*} (REGISTRY=${REGISTRY:-<bake default>} TAG=${TAG:-<bake default>} GPU_ARCHS=${GPU_ARCHS:-<versions file>})"
+echo "== bake ${*} (REGISTRY=${REGISTRY:-<bake default>} TAG=${TAG:-<bake default>} GPU_ARCHS=${GPU_ARCHS:-<versions file>})" >&2
 start=$(date +%s)
-"$docker_cmd" buildx bake -f docker-bake.hcl --metadata-file "$results/bake-metadata.json" \
+# versions.json is the bake file that defines the pins (variables aiter, vllm, ...).
+"$docker_cmd" buildx bake -f docker-bake.hcl -f versions.json --metadata-file "$results/bake-metadata.json" \
   "${extra[@]}" "$@"
-echo "== built ${*} in $(( $(date +%s) - start ))s; metadata: $results/bake-metadata.json"
+echo "== built ${*} in $(( $(date +%s) - start ))s; metadata: $results/bake-metadata.json" >&2

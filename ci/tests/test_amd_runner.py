@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -48,23 +49,36 @@ def _flag_values(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
+def real_docker_accepts(argv: list[str]) -> None:
+    """The real docker client and engine take the `docker run` argv (every flag and value) up
+    to the point where the image is looked up: `docker create --pull never` with the same
+    arguments must fail only because the test image does not exist."""
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "version"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("no Docker engine answers to check the argv with (bash ci/docker-engine.sh start; "
+                    "eval \"$(bash ci/docker-engine.sh env)\")")
+    assert argv[0] == "run"
+    proc = subprocess.run([docker, "create", "--pull", "never", *argv[1:]], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert "No such image" in proc.stderr, proc.stderr
+
+
 def test_selftest_runs_image_with_device_flags(host, ci_dir: Path) -> None:
     proc = host.run(ci_dir / "amd-runner/selftest.sh", "smoke", "--", "-x",
                     BENCH_NUM_PROMPTS="10", TAG="t1", GITHUB_STEP_SUMMARY=str(host.root / "sum.md"))
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()
     gid = str(os.stat(host.dri / "renderD128").st_gid)
-    assert argv[0] == "run"
-    assert _flag_values(argv, "--device") == [f"{host.kfd}:/dev/kfd", f"{host.dri}:/dev/dri"]
-    assert _flag_values(argv, "--group-add") == ["video", gid]
-    for flag in ("--ipc=host", "seccomp=unconfined", "SYS_PTRACE", "--shm-size"):
-        assert flag in argv
-    assert f"{host.root / 'results'}:/results" in _flag_values(argv, "-v")
-    assert "rocm-vllm-aiter-jit:/var/cache/aiter-jit" in _flag_values(argv, "-v")
-    assert "BENCH_NUM_PROMPTS=10" in _flag_values(argv, "-e")
-    i = argv.index("localhost/rocm-vllm/ci:t1")
-    assert argv[i + 1:] == ["selftest", "smoke", "--json", "/results/selftest.json",
-                            "--junit", "/results/selftest.xml", "--", "-x"]
+    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
+                    "--group-add", "video", "--group-add", gid,
+                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
+                    "--shm-size", "16g", "-v", f"{host.root / 'results'}:/results",
+                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+                    "-e", "BENCH_NUM_PROMPTS=10",
+                    "localhost/rocm-vllm/ci:t1", "selftest", "smoke", "--json", "/results/selftest.json",
+                    "--junit", "/results/selftest.xml", "--", "-x"]
+    real_docker_accepts(argv)
     assert "selftest summary" in (host.root / "results/selftest.log").read_text()
     assert "result: PASSED" in (host.root / "sum.md").read_text()
 
@@ -87,10 +101,53 @@ def test_selftest_without_kfd_or_render_node_fails_clearly(host, ci_dir: Path) -
 
 
 def test_build_bakes_targets(host, ci_dir: Path) -> None:
+    """The whole argv: bake file, versions file, metadata file, extra arguments, targets."""
     proc = host.run(ci_dir / "amd-runner/build.sh", TAG="t2")
     assert proc.returncode == 0, proc.stderr
-    (argv,) = host.calls()
-    assert argv[:3] == ["buildx", "bake", "-f"] and argv[-3:] == ["--load", "ci", "serve"]
-    assert "--metadata-file" in argv
+    metadata = str(host.root / "results/bake-metadata.json")
+    assert host.calls() == [["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+                             "--metadata-file", metadata, "--load", "ci", "serve"]]
     host.run(ci_dir / "amd-runner/build.sh", "base", BAKE_ARGS="--push --progress plain")
-    assert host.calls()[1][-4:] == ["--push", "--progress", "plain", "base"]
+    assert host.calls()[1] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+                               "--metadata-file", metadata, "--push", "--progress", "plain", "base"]
+
+
+def _real_buildx() -> str:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client in PATH (bash ci/docker-engine.sh start installs one)")
+    if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode != 0:
+        pytest.skip("docker buildx plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+    return docker
+
+
+def test_build_resolves_the_graph_with_real_bake(tmp_path: Path, ci_dir: Path) -> None:
+    """The script's own argv through the real `docker buildx bake --print`."""
+    from ci.pins import model
+
+    _real_buildx()
+    repo = ci_dir.parent
+    env = {**os.environ, "BAKE_ARGS": "--print", "RESULTS_DIR": str(tmp_path / "results"),
+           "REGISTRY": "registry.example/team", "TAG": "t3", "VCS_REF": "0123abc"}
+    env.pop("DOCKER", None)
+    proc = subprocess.run(["bash", str(ci_dir / "amd-runner/build.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    targets = json.loads(proc.stdout)["target"]  # progress lines go to stderr
+    assert {"ci", "serve"} <= set(targets)
+    expected = model.build_args(model.load(repo / "versions.json"), allow_unresolved=True)
+    for name in ("ci", "serve"):
+        target = targets[name]
+        assert target["dockerfile"] == "Dockerfile.rocm" and target["target"] == name
+        assert target["tags"] == [f"registry.example/team/{name}:t3"]
+        assert target["args"]["VLLM_COMMIT"] == expected["VLLM_COMMIT"]
+        assert target["contexts"]["base"] == "target:base"
+    assert any("0123abc" in v for v in targets["serve"].get("labels", {}).values()), targets["serve"].get("labels")
+
+
+def test_build_without_versions_file_fails_through_real_bake(tmp_path: Path, ci_dir: Path) -> None:
+    """What the script used to do (bake without -f versions.json) is refused by the real bake."""
+    docker = _real_buildx()
+    proc = subprocess.run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "--print", "ci", "serve"],
+                          cwd=ci_dir.parent, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "variable" in proc.stderr.lower(), proc.stderr

@@ -11,6 +11,8 @@ import pytest
 
 LISTINGS = Path(__file__).parent / "listings"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# The device listings the guard reads: `amd-smi static --asic` (text) and plain `rocminfo`.
+TOOL_ARGV = {"amd-smi": "static --asic", "rocminfo": ""}
 
 
 @pytest.fixture
@@ -53,8 +55,12 @@ def box(tmp_path: Path, ci_dir: Path):
         root = tmp_path
 
         def tool(self, name: str, listing: str | None, rc: int = 0) -> None:
+            # The fake answers only the exact command line the guard must use.
+            expected = TOOL_ARGV[name]
+            check = (f'if [ "$*" != "{expected}" ]; then echo "fake {name}: unexpected arguments: $*" >&2; '
+                     "exit 2; fi\n")
             body = f"cat '{LISTINGS / listing}'\n" if listing else ""
-            (bin_dir / name).write_text(f"#!/bin/sh\n{body}exit {rc}\n")
+            (bin_dir / name).write_text(f"#!/bin/sh\n{check}{body}exit {rc}\n")
             (bin_dir / name).chmod(0o755)
 
         def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
