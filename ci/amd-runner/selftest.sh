@@ -17,7 +17,8 @@
 #   SHM_SIZE        shared memory of the container (default 16g)
 #   JIT_CACHE_VOLUME  Docker volume kept for AITER's JIT cache (default rocm-vllm-aiter-jit)
 #   HF_CACHE        host directory mounted as the Hugging Face cache (optional)
-#   HIP_VISIBLE_DEVICES, BENCH_*  passed into the container when set
+#   HIP_VISIBLE_DEVICES, PYTEST_ADDOPTS, BENCH_*  passed into the container when set
+#                   (PYTEST_ADDOPTS reaches every suite's pytest, e.g. -o junit_logging=system-out)
 #   DOCKER          docker command (default docker)
 set -euo pipefail
 
@@ -58,7 +59,7 @@ args=(run --rm
 if [ -n "${HF_CACHE:-}" ]; then
   args+=(-v "$HF_CACHE:/root/.cache/huggingface")
 fi
-for name in HIP_VISIBLE_DEVICES $(compgen -e | grep '^BENCH_' || true); do
+for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep '^BENCH_' || true); do
   if [ -n "${!name:-}" ]; then
     args+=(-e "$name=${!name}")
   fi

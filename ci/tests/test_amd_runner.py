@@ -151,3 +151,22 @@ def test_build_without_versions_file_fails_through_real_bake(tmp_path: Path, ci_
     proc = subprocess.run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "--print", "ci", "serve"],
                           cwd=ci_dir.parent, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "variable" in proc.stderr.lower(), proc.stderr
+
+
+def test_selftest_forwards_pytest_addopts(host, ci_dir: Path) -> None:
+    """The pipeline's pytest options reach the suites' pytest through PYTEST_ADDOPTS (the
+    self-test CLI takes `-- PYTEST_ARGS` only before its own options)."""
+    proc = host.run(ci_dir / "amd-runner/selftest.sh", "all", RENDER_GID="109",
+                    PYTEST_ADDOPTS="-o junit_logging=system-out")
+    assert proc.returncode == 0, proc.stderr
+    (argv,) = host.calls()
+    results = str(host.root / "results")
+    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
+                    "--group-add", "video", "--group-add", "109",
+                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
+                    "--shm-size", "16g", "-v", f"{results}:/results",
+                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+                    "-e", "PYTEST_ADDOPTS=-o junit_logging=system-out",
+                    "localhost/rocm-vllm/ci:dev", "selftest", "all", "--json", "/results/selftest.json",
+                    "--junit", "/results/selftest.xml"]
+    real_docker_accepts(argv)

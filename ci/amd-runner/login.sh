@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Run a command logged in to the image registry, and log out afterwards.
+#
+#   ci/amd-runner/login.sh COMMAND [ARGS...]
+#
+# Settings:
+#   REGISTRY           image repository prefix; its first component is the registry host
+#                      when it names one (has a '.' or ':', or is localhost), else docker.io
+#   REGISTRY_HOST      registry host to log in to (default: from REGISTRY)
+#   REGISTRY_USERNAME  user name (required with REGISTRY_PASSWORD)
+#   REGISTRY_PASSWORD  password or token, read from the environment and handed to
+#                      `docker login --password-stdin`; never printed, and removed from the
+#                      environment of COMMAND. Unset: COMMAND runs with the credentials the
+#                      runner already has.
+#   DOCKER             docker command (default docker)
+set -euo pipefail
+
+docker_cmd=${DOCKER:-docker}
+if [ "$#" -eq 0 ]; then
+  echo "error: no command given: ci/amd-runner/login.sh COMMAND [ARGS...]" >&2
+  exit 1
+fi
+host=${REGISTRY_HOST:-}
+if [ -z "$host" ]; then
+  first=${REGISTRY:-}
+  first=${first%%/*}
+  case "$first" in
+    *.*|*:*|localhost) host=$first ;;
+    *) host=docker.io ;;
+  esac
+fi
+
+password=${REGISTRY_PASSWORD:-}
+unset REGISTRY_PASSWORD
+if [ -z "$password" ]; then
+  echo "== REGISTRY_PASSWORD not set: using this runner's existing credentials for $host" >&2
+  exec "$@"
+fi
+if [ -z "${REGISTRY_USERNAME:-}" ]; then
+  echo "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME" >&2
+  exit 1
+fi
+printf '%s' "$password" | "$docker_cmd" login --username "$REGISTRY_USERNAME" --password-stdin "$host" >&2
+password=
+trap '"$docker_cmd" logout "$host" >/dev/null 2>&1 || echo "warning: docker logout $host failed" >&2' EXIT
+status=0
+"$@" || status=$?
+exit "$status"

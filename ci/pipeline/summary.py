@@ -1,0 +1,134 @@
+"""Markdown summary of a self-test run: one row per suite with its result, the attention
+backends vLLM selected and the throughput ratio AITER MLA / Triton MLA.
+
+Reads a results directory as ci/amd-runner/selftest.sh leaves it: selftest.json (the
+self-test report), selftest.xml (JUnit; the smoke suite prints the backends it saw, kept
+with `-o junit_logging=system-out`), and for bench the server logs named in its runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+
+# vLLM's selection log lines ("Using X backend (selected ...)", "Using X backend out of
+# potential backends ...", "Overriding with X out of potential backends ...") and the line
+# the smoke suite prints ("backends selected: ['X']").
+LOG_SELECTED = re.compile(r"(?:Using (\w+) backend|Overriding with (\w+)) (?:\(selected|out of potential)")
+PRINTED_SELECTED = re.compile(r"backends selected: \[([^\]]*)\]")
+AITER_RUNS = ("plugin", "vllm-aiter")
+TRITON_RUN = "triton"
+RATIO_METRIC = "total_token_throughput"
+NONE = "—"
+
+
+class SummaryError(Exception):
+    pass
+
+
+def load_report(results: Path) -> dict:
+    path = results / "selftest.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SummaryError(f"{path} not found: the self-test did not write its report "
+                           "(see selftest.log; set RESULTS_DIR to the self-test's results directory)") from None
+    except json.JSONDecodeError as exc:
+        raise SummaryError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(doc, dict) or "suites" not in doc or "result" not in doc:
+        raise SummaryError(f"{path} is not a self-test report (no 'result'/'suites')")
+    return doc
+
+
+def printed_backends(results: Path) -> dict[str, list[str]]:
+    """Suite name -> backends named in `backends selected: [...]` lines of the JUnit output."""
+    path = results / "selftest.xml"
+    if not path.is_file():
+        return {}
+    found: dict[str, list[str]] = {}
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        name = suite.get("name", "")
+        for node in suite.iter("system-out"):
+            for match in PRINTED_SELECTED.findall(node.text or ""):
+                for item in match.split(","):
+                    item = item.strip().strip("'\"")
+                    if item and item not in found.setdefault(name, []):
+                        found[name].append(item)
+    return found
+
+
+def log_backends(log: Path) -> list[str]:
+    seen: list[str] = []
+    for a, b in LOG_SELECTED.findall(log.read_text(errors="replace")):
+        if (a or b) not in seen:
+            seen.append(a or b)
+    return seen
+
+
+def bench_backends(bench: Mapping, results: Path) -> str:
+    cells = []
+    for name, run in (bench.get("runs") or {}).items():
+        log = run.get("server_log") if isinstance(run, Mapping) else None
+        if not log:
+            cells.append(f"{name}: (no server log)")
+            continue
+        local = results / Path(str(log)).name  # the log's path inside the container
+        if not local.is_file():
+            cells.append(f"{name}: ({local.name} missing)")
+            continue
+        cells.append(f"{name}: {', '.join(log_backends(local)) or '(none logged)'}")
+    return " · ".join(cells) or NONE
+
+
+def throughput_ratios(bench: Mapping) -> str:
+    runs = bench.get("runs") or {}
+    if TRITON_RUN not in runs:
+        return f"{NONE} (no {TRITON_RUN} run)" if runs else NONE
+    triton = float(runs[TRITON_RUN]["metrics"].get(RATIO_METRIC, 0.0))
+    cells = []
+    for name in AITER_RUNS:
+        if name not in runs:
+            continue
+        value = float(runs[name]["metrics"].get(RATIO_METRIC, 0.0))
+        ratio = value / triton if triton > 0 else math.nan
+        cells.append(f"{name} {ratio:.2f}x" if math.isfinite(ratio) else f"{name} n/a (Triton 0 tok/s)")
+    return " · ".join(cells) or f"{NONE} (no AITER run)"
+
+
+def _counts(suite: Mapping) -> str:
+    counts = suite.get("counts") or {}
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no checks"
+
+
+def render(results: Path, title: str = "Self-test") -> str:
+    doc = load_report(results)
+    printed = printed_backends(results)
+    bench = doc.get("bench")
+    if not isinstance(bench, Mapping) and (results / "bench.json").is_file():
+        bench = json.loads((results / "bench.json").read_text())
+    lines = [f"### {title}: {str(doc['result']).upper()} (exit {doc.get('exit_code')})", ""]
+    gpus = doc.get("gpus") or []
+    archs = sorted({str(g.get("target")) for g in gpus})
+    versions = doc.get("versions") or {}
+    lines.append(f"GPUs: {len(gpus)} ({', '.join(archs) or 'none found'})  ·  "
+                 + "  ·  ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items()))
+    lines += ["", "| suite | result | checks | selected backends | throughput AITER MLA / Triton MLA |",
+              "|---|---|---|---|---|"]
+    notes = []
+    for suite in doc["suites"]:
+        name = suite["name"]
+        selected = ", ".join(printed.get(name, [])) or NONE
+        ratio = NONE
+        if name == "bench" and isinstance(bench, Mapping):
+            selected = bench_backends(bench, results)
+            ratio = throughput_ratios(bench)
+        lines.append(f"| {name} | {suite['status']} | {_counts(suite)} | {selected} | {ratio} |")
+        if suite.get("reason"):
+            notes.append(f"- **{name}**: {suite['reason']}")
+    if notes:
+        lines += ["", *notes]
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,444 @@
+"""The pipeline's scripts in their CPU form: image tags and build cache from versions.json,
+publish.sh through the real `docker buildx bake --print` and with a docker that records its
+argv, registry login, the self-test summary table on a real self-test run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "0123456789abcdef0123456789abcdef01234567"
+KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
+
+
+def versions() -> dict:
+    return json.loads((REPO / "versions.json").read_text())
+
+
+def run(argv: list[str], cwd: Path = REPO, env: dict[str, str] | None = None,
+        timeout: int = 120, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, env=env if env is not None else dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def pipeline(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "ci.pipeline", *args], cwd=cwd)
+
+
+def copy_repo(dest: Path) -> Path:
+    """The files the pin, tag and bake tools read, in a directory of their own."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("docker-bake.hcl", "versions.json", "Dockerfile.rocm_base", "Dockerfile.rocm"):
+        shutil.copy(REPO / name, dest / name)
+    shutil.copytree(REPO / "ci", dest / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def fill_unresolved(node: object) -> None:
+    """Give every unresolved pin a well-formed value (what `ci.pins resolve` would write)."""
+    if isinstance(node, dict):
+        for name in list(node.get("unresolved") or []):
+            if "commit" in name:
+                node[name] = "c" * 40
+            elif name == "digest":
+                node[name] = "sha256:" + "d" * 64
+            elif name == "sha256":
+                node[name] = "e" * 64
+            elif name == "version":
+                node[name] = "3.8.0"
+            elif name == "package":  # the only package left open is the ROCm Triton wheel's
+                node[name] = "pytorch-triton-rocm"
+            else:
+                node[name] = f"resolved-{name}"
+        if "unresolved" in node:
+            node["unresolved"] = []
+        for value in node.values():
+            fill_unresolved(value)
+
+
+@pytest.fixture
+def resolved_repo(tmp_path: Path) -> Path:
+    root = copy_repo(tmp_path / "repo")
+    data = json.loads((root / "versions.json").read_text())
+    fill_unresolved(data)
+    if data["vllm"].get("commit_prefix"):
+        data["vllm"]["commit_prefix"] = data["vllm"]["commit"][:9]
+    (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    sync = run([sys.executable, "-m", "ci.pins", "sync"], cwd=root)
+    assert sync.returncode == 0, sync.stderr
+    strict = run([sys.executable, "-m", "ci.pins", "verify", "--strict"], cwd=root)
+    assert strict.returncode == 0, f"fixture could not resolve every pin: {strict.stderr}"
+    return root
+
+
+# ------------------------------------------------------------------ tags and cache keys
+
+def test_tag_rendered_from_versions_json() -> None:
+    data = versions()
+    proc = pipeline("tag", "--sha", SHA, "--aiter-pin", KNOWN_PIN)
+    assert proc.returncode == 0, proc.stderr
+    commit = data["aiter"]["pins"][KNOWN_PIN]["commit"]
+    assert proc.stdout.strip() == f"vllm{data['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", proc.stdout.strip())  # a valid image tag
+
+
+def test_tag_refuses_unresolved_aiter_commit_and_short_sha(tmp_path: Path) -> None:
+    data = versions()
+    name = data["aiter"]["default"]
+    data["aiter"]["pins"][name]["commit"] = None
+    (tmp_path / "versions.json").write_text(json.dumps(data))
+    proc = pipeline("--file", str(tmp_path / "versions.json"), "tag", "--sha", SHA)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: aiter.pins.{name}.commit is unresolved: run python3 -m ci.pins resolve aiter --write "
+        "(or set AITER_PIN to a resolved pin)"]
+    proc = pipeline("tag", "--sha", "abc123", "--aiter-pin", KNOWN_PIN)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "GIT_SHA" in proc.stderr
+
+
+def _bake_file(path: Path, *extra: str) -> dict:
+    proc = pipeline("--file", str(path), "bake-file", "--registry", "registry.example/team", "--sha", SHA,
+                    "--aiter-pin", KNOWN_PIN, *extra, "base", "serve", "ci")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["target"]
+
+
+def test_vllm_bump_keeps_the_base_cache_ref_and_an_aiter_bump_does_not(tmp_path: Path) -> None:
+    """The base image's cache ref (AITER layers) does not depend on the vLLM pin."""
+    data = versions()
+    before = _bake_file(REPO / "versions.json")
+    bumped = json.loads(json.dumps(data))
+    bumped["vllm"]["version"] = "0.33.0"
+    (tmp_path / "vllm.json").write_text(json.dumps(bumped))
+    after = _bake_file(tmp_path / "vllm.json")
+    assert after["base"]["cache-from"] == before["base"]["cache-from"]
+    assert after["base"]["cache-to"] == before["base"]["cache-to"]
+    for target in ("serve", "ci"):
+        assert after[target]["cache-from"] != before[target]["cache-from"]
+        assert "vllm0.33.0" in after[target]["cache-from"][0]
+    assert after["base"]["tags"] != before["base"]["tags"]  # the tag names the vLLM version
+
+    aiter = json.loads(json.dumps(data))
+    aiter["aiter"]["pins"][KNOWN_PIN]["commit"] = "f" * 40
+    (tmp_path / "aiter.json").write_text(json.dumps(aiter))
+    assert _bake_file(tmp_path / "aiter.json")["base"]["cache-from"] != before["base"]["cache-from"]
+    # the GPU archs are compiled into the AITER layers: another arch list, another cache ref
+    assert _bake_file(REPO / "versions.json", "--gpu-archs", "gfx942")["base"]["cache-from"] \
+        != before["base"]["cache-from"]
+
+
+def test_bake_file_refuses_a_registry_it_cannot_push_to() -> None:
+    for registry, word in (("localhost/rocm-vllm", "REGISTRY"), ("ghcr.io/Org/rocm-vllm", "lower case")):
+        proc = pipeline("bake-file", "--registry", registry, "--sha", SHA, "--aiter-pin", KNOWN_PIN, "base")
+        assert proc.returncode == 1 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ publish.sh
+
+def _real_buildx() -> str:
+    docker = shutil.which("docker")
+    if docker is None or run([docker, "buildx", "version"]).returncode != 0:
+        pytest.skip("docker buildx not found (bash ci/docker-engine.sh start; eval \"$(bash ci/docker-engine.sh env)\")")
+    return docker
+
+
+def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path: Path) -> None:
+    _real_buildx()
+    data = versions()
+    out = tmp_path / "github_output"
+    env = {**os.environ, "PUBLISH": "print", "REGISTRY": "registry.example/team", "GIT_SHA": SHA,
+           "GIT_REF": "refs/tags/v1.2.0", "AITER_PIN": KNOWN_PIN, "RESULTS_DIR": str(tmp_path / "results"),
+           "GITHUB_OUTPUT": str(out)}
+    for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG"):
+        env.pop(name, None)
+    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    targets = json.loads(proc.stdout)["target"]
+    assert set(targets) == {"base", "serve", "ci"}
+    commit12 = data["aiter"]["pins"][KNOWN_PIN]["commit"][:12]
+    tag = f"vllm{data['vllm']['version']}-aiter{commit12}-{SHA[:12]}"
+    archs = "-".join(data["gpu_archs"])
+    for name, target in targets.items():
+        assert target["tags"] == [f"registry.example/team/{name}:{tag}", f"registry.example/team/{name}:v1.2.0"]
+        key = (f"base-aiter{commit12}-{archs}" if name == "base"
+               else f"{name}-vllm{data['vllm']['version']}-aiter{commit12}-{archs}")
+        ref = f"registry.example/team/buildcache:{key}"
+        assert target["cache-from"] == [f"type=registry,ref={ref}"]
+        assert target["cache-to"] == [f"type=registry,ref={ref},mode=max"]
+        assert "type=sbom" in target["attest"] and "type=provenance,mode=max" in target["attest"]
+        assert target["args"]["AITER_COMMIT"] == data["aiter"]["pins"][KNOWN_PIN]["commit"]
+    assert out.read_text().splitlines() == [f"tag={tag}", "image-prefix=registry.example/team"]
+
+
+FAKE_DOCKER = """#!/usr/bin/env python3
+import json, os, sys
+argv = sys.argv[1:]
+record = {"argv": argv, "env": {k: os.environ.get(k) for k in ("TAG", "VCS_REF", "BUILDX_BUILDER", "REGISTRY_PASSWORD")}}
+if argv[:1] == ["login"]:
+    record["stdin"] = sys.stdin.read()
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps(record) + "\\n")
+if argv[:2] == ["buildx", "inspect"]:
+    sys.exit(int(os.environ.get("FAKE_INSPECT_RC", "0")))
+if argv[:1] == ["login"]:
+    print("Login Succeeded")
+"""
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path):
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    log = tmp_path / "docker.jsonl"
+
+    class Fake:
+        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_DOCKER_LOG": str(log)}
+
+        @staticmethod
+        def calls() -> list[dict]:
+            return [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+
+    return Fake
+
+
+def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA, "GIT_REF": "refs/heads/main",
+           "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1"}
+    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((resolved_repo / "versions.json").read_text())
+    tag = f"vllm{data['vllm']['version']}-aiter{data['aiter']['pins'][data['aiter']['default']]['commit'][:12]}-{SHA[:12]}"
+    calls = fake_docker.calls()
+    assert [c["argv"] for c in calls] == [
+        ["buildx", "inspect", "rocm-vllm"],
+        ["buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"],
+        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+         "--metadata-file", str(results / "bake-metadata.json"),
+         "--push", "-f", str(results / "publish.bake.json"), "base", "serve", "ci"],
+    ]
+    assert calls[2]["env"] == {"TAG": tag, "VCS_REF": SHA, "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
+    pushed = json.loads((results / "publish.bake.json").read_text())["target"]
+    assert pushed["serve"]["tags"] == [f"ghcr.io/team/rocm-vllm/serve:{tag}", "ghcr.io/team/rocm-vllm/serve:main"]
+
+    # an existing builder is used as it is
+    (tmp_path / "docker.jsonl").unlink()
+    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh"), "base"],
+               env={**env, "FAKE_INSPECT_RC": "0"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "inspect"], ["buildx", "bake"]]
+    assert fake_docker.calls()[1]["argv"][-1] == "base"
+
+
+def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
+    data = json.loads((resolved_repo / "versions.json").read_text())
+    data["vllm"]["commit"] = None
+    data["vllm"]["unresolved"] = ["commit"]
+    (resolved_repo / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA,
+           "RESULTS_DIR": str(tmp_path / "results")}
+    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "vllm.commit" in proc.stderr
+    assert fake_docker.calls() == []
+
+
+def test_publish_needs_a_registry(fake_docker, tmp_path: Path) -> None:
+    env = {**fake_docker.env, "GIT_SHA": SHA, "RESULTS_DIR": str(tmp_path / "results")}
+    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: REGISTRY is not set: set REGISTRY to the repository prefix to push to (e.g. ghcr.io/org/rocm-vllm)"]
+    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env={**env, "PUBLISH": "upload"}, cwd=tmp_path)
+    assert proc.returncode == 1 and "PUBLISH" in proc.stderr
+    assert fake_docker.calls() == []
+
+
+# ------------------------------------------------------------------ login.sh
+
+SECRET = "s3cr3t-t0ken-value"
+
+
+def test_login_hands_the_password_on_stdin_and_never_prints_it(fake_docker, tmp_path: Path) -> None:
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "REGISTRY_USERNAME": "bot",
+           "REGISTRY_PASSWORD": SECRET}
+    command = ["sh", "-c", 'echo "password in command env: ${REGISTRY_PASSWORD:-none}"; exit 3']
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), *command], env=env, cwd=REPO)
+    assert proc.returncode == 3  # the command's status
+    assert "password in command env: none" in proc.stdout
+    assert SECRET not in proc.stdout + proc.stderr
+    calls = fake_docker.calls()
+    assert [c["argv"] for c in calls] == [["login", "--username", "bot", "--password-stdin", "ghcr.io"],
+                                          ["logout", "ghcr.io"]]
+    assert calls[0]["stdin"] == SECRET
+    assert all(c["env"]["REGISTRY_PASSWORD"] is None for c in calls)
+
+
+def test_login_host_and_settings(fake_docker, tmp_path: Path) -> None:
+    base = {**fake_docker.env, "REGISTRY_USERNAME": "bot", "REGISTRY_PASSWORD": SECRET}
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"], env={**base, "REGISTRY": "team/rocm-vllm"})
+    assert proc.returncode == 0, proc.stderr
+    assert fake_docker.calls()[0]["argv"][-1] == "docker.io"
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"],
+               env={**base, "REGISTRY": "registry.example:5000/x", "REGISTRY_HOST": "other.example"})
+    assert fake_docker.calls()[2]["argv"][-1] == "other.example"
+    n = len(fake_docker.calls())
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"],
+               env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r", "REGISTRY_PASSWORD": SECRET})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME"]
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "echo", "ran"], env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r"})
+    assert proc.returncode == 0 and proc.stdout == "ran\n" and "existing credentials for ghcr.io" in proc.stderr
+    assert len(fake_docker.calls()) == n
+
+
+def test_login_argv_is_accepted_by_the_real_docker_client(tmp_path: Path) -> None:
+    """The same `docker login` argv, against a port nothing listens on: the real client takes
+    every flag and fails only at the connection."""
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client in PATH (bash ci/docker-engine.sh start installs one)")
+    env = {**os.environ, "DOCKER_CONFIG": str(tmp_path / "config")}
+    proc = run([docker, "login", "--username", "bot", "--password-stdin", "127.0.0.1:9"], env=env,
+               input=SECRET, timeout=60)
+    assert proc.returncode != 0
+    assert "unknown flag" not in proc.stderr and "127.0.0.1:9" in proc.stderr, proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------ summary table
+
+SELECTOR_SUITE = """
+def test_rule_one():
+    pass
+
+def test_rule_two():
+    pass
+"""
+
+SMOKE_SUITE = """
+import os
+
+def test_kernels():
+    pass
+
+def test_serves_tiny_model():
+    print("backends selected: ['ROCM_AITER_MLA']; usage: {'completion_tokens': 8}")
+    assert os.environ.get("SMOKE_FAIL") != "1", "expected ROCM_AITER_MLA only, log shows ['TRITON_MLA']"
+"""
+
+BENCH_SUITE = """
+import json, os
+from pathlib import Path
+
+import pytest
+from selftest import metrics
+
+# name: (seconds the 8 requests took, line the server logged)
+RUNS = __RUNS__
+
+def test_serving_benchmark():
+    if os.environ.get("BENCH_SKIP") == "1":
+        pytest.skip("no /dev/kfd: no AMD GPU in this container")
+    out = Path(os.environ["SELFTEST_RESULTS_DIR"])
+    runs = {}
+    for name, (seconds, line) in RUNS.items():
+        results = [metrics.RequestResult(ok=True, prompt_tokens=1024, output_tokens=128, ttft=0.1,
+                                         latency=seconds, itl=[0.01] * 127) for _ in range(8)]
+        (out / f"server-{name}.log").write_text("INFO starting\\n" + line + "\\nINFO ready\\n")
+        runs[name] = {"spec": {}, "metrics": metrics.summarize(results, seconds), "errors": [],
+                      "server_log": f"/results/server-{name}.log"}
+    (out / "bench.json").write_text(json.dumps({"runs": runs}))
+"""
+
+BENCH_RUNS = {
+    "plugin": (10.0, "INFO [cuda.py:1] Using ROCM_AITER_MLA backend out of potential backends: "
+                     "['ROCM_AITER_MLA', 'TRITON_MLA']"),
+    "vllm-aiter": (12.5, "INFO [cuda.py:1] Using ROCM_AITER_MLA backend out of potential backends: "
+                         "['ROCM_AITER_MLA', 'TRITON_MLA']"),
+    "triton": (13.0, "INFO [cuda.py:1] Using TRITON_MLA backend (selected via --attention-backend)."),
+}
+
+
+def run_selftest(tmp_path: Path, **env: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The real self-test CLI (report.to_json, JUnit merge) on small suites, as selftest.sh runs it."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_selector.py").write_text(SELECTOR_SUITE)
+    (suites / "test_smoke.py").write_text(SMOKE_SUITE)
+    (suites / "test_bench.py").write_text(BENCH_SUITE.replace("__RUNS__", repr(BENCH_RUNS)))
+    results = tmp_path / "results"
+    results.mkdir()
+    full_env = {**os.environ, "PYTHONPATH": str(REPO / "ci"), "SELFTEST_SUITES": str(suites),
+                "SELFTEST_RESULTS_DIR": str(results), **env}
+    # the pytest option the workflow passes (PYTEST_ADDOPTS, forwarded by selftest.sh)
+    full_env["PYTEST_ADDOPTS"] = "-o junit_logging=system-out"
+    proc = run([sys.executable, "-m", "selftest", "all", "--json", str(results / "selftest.json"),
+                "--junit", str(results / "selftest.xml")], env=full_env, cwd=tmp_path, timeout=300)
+    return results, proc
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    rows = [l for l in markdown.splitlines() if l.startswith("| ") and not l.startswith("| suite ")]
+    return {cells[0]: cells[1:] for cells in ([c.strip() for c in r.strip("|").split("|")] for r in rows)}
+
+
+def test_summary_of_a_passing_run(tmp_path: Path) -> None:
+    results, proc = run_selftest(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    summary = pipeline("summary", str(results), "--title", "Self-test of img")
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.startswith("### Self-test of img: PASSED (exit 0)\n")
+    rows = table_rows(summary.stdout)
+    assert list(rows) == ["selector", "smoke", "bench"]
+    assert rows["selector"] == ["passed", "2 passed", "—", "—"]
+    assert rows["smoke"] == ["passed", "2 passed", "ROCM_AITER_MLA", "—"]
+    # same tokens in each run: the throughput ratio is the inverse ratio of the durations
+    plugin, vllm_aiter, triton = (BENCH_RUNS[n][0] for n in ("plugin", "vllm-aiter", "triton"))
+    assert rows["bench"] == [
+        "passed", "1 passed",
+        "plugin: ROCM_AITER_MLA · vllm-aiter: ROCM_AITER_MLA · triton: TRITON_MLA",
+        f"plugin {triton / plugin:.2f}x · vllm-aiter {triton / vllm_aiter:.2f}x"]
+    assert rows["bench"][3] == "plugin 1.30x · vllm-aiter 1.04x"
+
+
+def test_summary_of_a_failed_and_a_not_run_suite(tmp_path: Path) -> None:
+    results, proc = run_selftest(tmp_path, SMOKE_FAIL="1", BENCH_SKIP="1")
+    assert proc.returncode == 1
+    summary = pipeline("summary", str(results))
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.startswith("### Self-test: FAILED (exit 1)\n")
+    rows = table_rows(summary.stdout)
+    assert rows["smoke"][:2] == ["failed", "1 failed, 1 passed"]
+    assert rows["smoke"][2] == "ROCM_AITER_MLA"  # what the suite printed before its check failed
+    assert rows["bench"] == ["not run", "1 skipped", "—", "—"]
+    notes = [l for l in summary.stdout.splitlines() if l.startswith("- **")]
+    assert len(notes) == 2
+    assert notes[0].startswith("- **smoke**: 1 check(s) failed: ") and "test_serves_tiny_model" in notes[0]
+    assert notes[1].startswith("- **bench**: could not run: ") and "no /dev/kfd" in notes[1]
+
+
+def test_summary_names_a_missing_server_log(tmp_path: Path) -> None:
+    results, proc = run_selftest(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (results / "server-triton.log").unlink()
+    rows = table_rows(pipeline("summary", str(results)).stdout)
+    assert rows["bench"][2].endswith("triton: (server-triton.log missing)")
+
+
+def test_summary_without_a_report_fails_in_one_line(tmp_path: Path) -> None:
+    proc = pipeline("summary", str(tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'selftest.json'} not found: the self-test did not write its report "
+        "(see selftest.log; set RESULTS_DIR to the self-test's results directory)"]
