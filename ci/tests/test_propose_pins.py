@@ -1,0 +1,166 @@
+"""ci/pipeline/propose-pins.sh in its CPU form: the real `python3 -m ci.pins resolve` against a
+local vLLM repository with the pinned tag, real git pushes to a local remote, and a `gh`
+that accepts only the exact commands the script may run."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main",
+       "-c", "protocol.file.allow=always"]
+
+
+def git(*args: str, cwd: Path) -> str:
+    proc = subprocess.run([*GIT, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+FAKE_GH = """#!/usr/bin/env python3
+import json, os, sys
+argv = sys.argv[1:]
+body = None
+ok = argv == ["pr", "list", "--head", "pins/resolve", "--base", "main", "--state", "open",
+              "--json", "number", "--jq", ".[0].number"]
+if argv[:2] == ["pr", "create"] and len(argv) == 10:
+    ok = argv[2:8] == ["--base", "main", "--head", "pins/resolve", "--title", argv[7]] and argv[8] == "--body-file"
+    body = open(argv[9]).read() if ok else None
+if argv[:2] == ["pr", "edit"] and len(argv) == 5:
+    ok = argv[2] == os.environ.get("FAKE_GH_OPEN_PR") and argv[3] == "--body-file"
+    body = open(argv[4]).read() if ok else None
+with open(os.environ["FAKE_GH_LOG"], "a") as log:
+    log.write(json.dumps({"argv": argv, "body": body}) + "\\n")
+if not ok:
+    print("fake gh: unexpected argv " + " ".join(argv), file=sys.stderr)
+    sys.exit(2)
+if argv[:2] == ["pr", "list"]:
+    print(os.environ.get("FAKE_GH_OPEN_PR", ""))
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path):
+    # upstream vLLM: one commit, tagged with the tag versions.json pins
+    data = json.loads((REPO / "versions.json").read_text())
+    upstream = tmp_path / "vllm-upstream"
+    upstream.mkdir()
+    git("init", "-q", cwd=upstream)
+    (upstream / "setup.py").write_text("# vllm\n")
+    git("add", "setup.py", cwd=upstream)
+    git("commit", "-q", "-m", "release", cwd=upstream)
+    git("tag", "-a", data["vllm"]["tag"], "-m", "release", cwd=upstream)
+    upstream_commit = git("rev-parse", "HEAD", cwd=upstream)
+
+    # this repository, with vLLM pointed at that upstream and its commit unresolved
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in ("versions.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    data["vllm"].update(repository=str(upstream), commit=None, unresolved=["commit"])
+    if "commit_prefix" in data["vllm"]:
+        data["vllm"]["commit_prefix"] = upstream_commit[:9]
+    (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    sync = subprocess.run([sys.executable, "-m", "ci.pins", "sync"], cwd=root, capture_output=True, text=True)
+    assert sync.returncode == 0, sync.stderr
+    git("init", "-q", cwd=root)
+    git("add", ".", cwd=root)
+    git("commit", "-q", "-m", "initial", cwd=root)
+    origin = tmp_path / "origin.git"
+    git("init", "-q", "--bare", str(origin), cwd=tmp_path)
+    git("remote", "add", "origin", str(origin), cwd=root)
+    git("push", "-q", "origin", "main", cwd=root)
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(FAKE_GH)
+    (bin_dir / "gh").chmod(0o755)
+    gh_log = tmp_path / "gh.jsonl"
+
+    class Project:
+        path = root
+        commit = upstream_commit
+        remote = origin
+
+        @staticmethod
+        def run(**env: str) -> subprocess.CompletedProcess[str]:
+            full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
+                    "PINS_WHAT": "vllm", "RESULTS_DIR": str(tmp_path / "pins-results"),
+                    "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), **env}
+            for name in ("GH", "PINS_BRANCH", "PINS_BASE", "PINS_REMOTE"):
+                if name not in env:
+                    full.pop(name, None)
+            return subprocess.run(["bash", str(root / "ci/pipeline/propose-pins.sh")], env=full, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+
+        @staticmethod
+        def gh_calls() -> list[dict]:
+            return [json.loads(l) for l in gh_log.read_text().splitlines()] if gh_log.exists() else []
+
+        @staticmethod
+        def remote_file(ref: str, path: str) -> str:
+            return git("show", f"{ref}:{path}", cwd=origin)
+
+    Project.summary = tmp_path / "summary.md"
+    return Project
+
+
+def test_resolved_pins_go_to_a_branch_and_a_pull_request(project) -> None:
+    main_before = git("rev-parse", "main", cwd=project.remote)
+    proc = project.run()
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    # main untouched; the proposal branch holds the resolved commit, Dockerfile defaults synced
+    assert git("rev-parse", "main", cwd=project.remote) == main_before
+    proposed = json.loads(project.remote_file("pins/resolve", "versions.json"))
+    assert proposed["vllm"]["commit"] == project.commit and "commit" not in proposed["vllm"]["unresolved"]
+    assert f"ARG VLLM_COMMIT={project.commit}" in project.remote_file("pins/resolve", "Dockerfile.rocm_base")
+    calls = project.gh_calls()
+    assert [c["argv"][:2] for c in calls] == [["pr", "list"], ["pr", "create"]]
+    assert calls[1]["argv"][7] == "pins: resolve vllm"
+    body = calls[1]["body"]
+    assert f"vllm.commit: None -> {project.commit}" in body
+    # other pins are still unresolved: verify --strict fails, and the body says so with its output
+    assert "`python3 -m ci.pins verify --strict` (exit 1):" in body and "base_image.digest" in body
+    assert body in project.summary.read_text()
+
+    # nothing new upstream: no second proposal
+    proc = project.run()
+    assert proc.returncode == 0, proc.stderr
+    assert "pins unchanged" in proc.stdout
+    assert len(project.gh_calls()) == 2
+
+
+def test_an_open_pull_request_is_updated(project) -> None:
+    proc = project.run(FAKE_GH_OPEN_PR="7")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    calls = project.gh_calls()
+    assert [c["argv"][:3] for c in calls] == [["pr", "list", "--head"], ["pr", "edit", "7"]]
+    assert project.commit in calls[1]["body"]
+
+
+def test_a_failed_resolve_proposes_nothing(project) -> None:
+    data = json.loads((project.path / "versions.json").read_text())
+    data["vllm"]["tag"] = "v9.9.9"
+    (project.path / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    git("commit", "-q", "-am", "unknown tag", cwd=project.path)
+    proc = project.run()
+    assert proc.returncode == 1
+    assert "has no tag 'v9.9.9'" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: python3 -m ci.pins resolve failed")
+    assert project.gh_calls() == []
+    assert "pins/resolve" not in git("branch", "--list", cwd=project.remote)
+
+
+def test_the_base_branch_is_never_the_proposal_branch(project) -> None:
+    proc = project.run(PINS_BRANCH="main")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: PINS_BRANCH is the base branch 'main': set PINS_BRANCH to a branch of its own"]
+    assert project.gh_calls() == []
