@@ -1,0 +1,159 @@
+"""The GitHub Actions workflows (.github/workflows): actionlint clean, every script they run
+exists and is exercised by this repository's tests, secrets reach scripts only through the
+environment, and every repository variable and secret they read is documented."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / ".github" / "workflows"
+TEST_DIRS = (REPO / "tests", REPO / "ci" / "tests")
+
+
+def actionlint() -> str:
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("actionlint", path=path)
+    if found is None:
+        pytest.skip("actionlint not installed (pip install -r tests/requirements.txt)")
+    return found
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    # shellcheck/pyflakes integration off: the result must not depend on what else the machine has
+    files = sorted(str(p.relative_to(root)) for p in (root / ".github" / "workflows").glob("*.yml"))
+    assert files
+    return subprocess.run([actionlint(), "-no-color", "-oneline", "-shellcheck=", "-pyflakes=", *files], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+
+
+def workflows() -> dict[str, dict]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(WORKFLOWS.glob("*.yml"))}
+
+
+def triggers(doc: dict) -> dict:
+    return doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as true
+
+
+def steps(doc: dict):
+    for job_name, job in doc["jobs"].items():
+        for step in job.get("steps", []):
+            yield job_name, step
+
+
+def test_actionlint_is_clean() -> None:
+    proc = lint(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {"ci.yml", "images.yml", "pins.yml"} <= set(workflows())
+
+
+def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
+    """The lint really reads these files: a wrong step id in a job output is reported."""
+    broken = tmp_path / ".github" / "workflows"
+    broken.mkdir(parents=True)
+    for path in WORKFLOWS.glob("*.yml"):
+        shutil.copy(path, broken / path.name)
+    text = (broken / "images.yml").read_text()
+    assert "steps.publish.outputs.tag" in text
+    (broken / "images.yml").write_text(text.replace("steps.publish.outputs.tag", "steps.publsh.outputs.tag"))
+    proc = lint(tmp_path)
+    assert proc.returncode == 1
+    assert "images.yml" in proc.stdout and "publsh" in proc.stdout, proc.stdout
+
+
+SCRIPT = re.compile(r"\bbash\s+((?:\.ci|ci)/[\w./-]+)")
+MODULE = re.compile(r"\bpython3\s+-m\s+(ci\.\w+)")
+
+
+def test_every_script_the_workflows_run_exists_and_is_tested() -> None:
+    scripts: set[str] = set()
+    modules: set[str] = set()
+    for doc in workflows().values():
+        for _, step in steps(doc):
+            scripts.update(SCRIPT.findall(step.get("run", "")))
+            modules.update(MODULE.findall(step.get("run", "")))
+    assert {"ci/amd-runner/publish.sh", "ci/amd-runner/selftest.sh", "ci/amd-runner/login.sh",
+            "ci/pipeline/propose-pins.sh", ".ci/run"} <= scripts
+    assert modules == {"ci.pipeline"}
+    tests_text = "\n".join(p.read_text() for d in TEST_DIRS for p in d.glob("test_*.py"))
+    for script in sorted(scripts):
+        assert (REPO / script).is_file(), f"{script} is run by a workflow but does not exist"
+        if script == ".ci/run":
+            continue  # the test command itself
+        assert script.removeprefix("ci/") in tests_text, f"no test runs {script}"
+    for module in modules:
+        assert (REPO / module.replace(".", "/") / "__main__.py").is_file()
+        assert f'"-m", "{module}"' in tests_text, f"no test runs python3 -m {module}"
+
+
+def test_secrets_reach_scripts_only_through_the_environment() -> None:
+    for name, doc in workflows().items():
+        for job_name, step in steps(doc):
+            assert "secrets." not in step.get("run", ""), f"{name} {job_name}: a secret inside a run script"
+    for script in ("ci/amd-runner/login.sh", "ci/amd-runner/publish.sh", "ci/amd-runner/build.sh",
+                   "ci/amd-runner/selftest.sh", "ci/pipeline/propose-pins.sh"):
+        text = (REPO / script).read_text()
+        assert not re.search(r"set\s+-\w*x|xtrace", text), f"{script} traces commands"
+
+
+def test_jobs_do_what_the_readme_says() -> None:
+    docs = workflows()
+    ci, images, pins = docs["ci.yml"], docs["images.yml"], docs["pins.yml"]
+    on = triggers(ci)
+    assert "pull_request" in on and on["push"]["branches"] == ["main"] and on["push"]["tags"]
+    assert "pull_request" in ci["jobs"]["tests"]["if"]
+    assert [s["run"] for _, s in steps({"jobs": {"tests": ci["jobs"]["tests"]}}) if "run" in s] == ["bash .ci/run"]
+    assert ci["jobs"]["images"]["uses"] == "./.github/workflows/images.yml"
+    assert "pull_request" in ci["jobs"]["images"]["if"]
+
+    build, selftest = images["jobs"]["build"], images["jobs"]["selftest"]
+    assert selftest["needs"] == "build"
+    runs = [s.get("run", "") for s in selftest["steps"]]
+    assert any("ci/amd-runner/selftest.sh" in r for r in runs)
+    assert any("python3 -m ci.pipeline summary" in r and "GITHUB_STEP_SUMMARY" in r for r in runs)
+    uploads = {s["with"]["path"] for s in selftest["steps"] if s.get("uses", "").startswith("actions/upload-artifact")}
+    assert "selftest-results/bench.json" in uploads
+    report = next(s for s in selftest["steps"] if s.get("uses", "").startswith("mikepenz/action-junit-report"))
+    assert report["with"]["report_paths"] == f"{selftest['env']['RESULTS_DIR']}/selftest.xml"
+    assert any("ci/amd-runner/publish.sh" in s.get("run", "") for s in build["steps"])
+
+    assert "schedule" in triggers(pins)
+    assert pins["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert [s["run"] for _, s in steps(pins) if "run" in s] == ["bash ci/pipeline/propose-pins.sh"]
+
+
+def test_every_variable_secret_and_input_is_documented() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert "## Use in your CI" in readme
+    section = readme.split("## Use in your CI", 1)[1].split("\n## ", 1)[0]
+    text = "\n".join(p.read_text() for p in WORKFLOWS.glob("*.yml"))
+    names = set(re.findall(r"\bvars\.(\w+)", text)) | set(re.findall(r"\bsecrets\.([\w-]+)", text))
+    names -= {"GITHUB_TOKEN"}
+    names |= set(triggers(workflows()["images.yml"])["workflow_call"]["inputs"])
+    missing = sorted(n for n in names if f"`{n}`" not in section)
+    assert not missing, f"not documented in README 'Use in your CI': {missing}"
+
+
+def test_the_readme_gitlab_wrapper_calls_the_same_scripts() -> None:
+    section = (REPO / "README.md").read_text().split("## Use in your CI", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    pipeline = yaml.safe_load(block)
+    lines = [l for job in pipeline.values() if isinstance(job, dict)
+             for key in ("script", "after_script") for l in job.get(key, [])]
+    called = {s for l in lines for s in SCRIPT.findall(l)}
+    assert called == {"ci/amd-runner/login.sh", "ci/amd-runner/publish.sh", "ci/amd-runner/selftest.sh"}
+    for script in called:
+        assert (REPO / script).is_file()
+    subcommands = {m for l in lines for m in re.findall(r"python3 -m ci\.pipeline (\w+)", l)}
+    assert subcommands == {"tag", "summary"}
+    help_text = subprocess.run([sys.executable, "-m", "ci.pipeline", "--help"], cwd=REPO, capture_output=True,
+                               text=True, timeout=60).stdout
+    assert all(c in help_text for c in subcommands)
+    assert pipeline["selftest"]["artifacts"]["reports"]["junit"] == "selftest-results/selftest.xml"
