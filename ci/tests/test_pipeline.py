@@ -239,6 +239,29 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     assert fake_docker.calls()[1]["argv"][-1] == "base"
 
 
+def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
+    """The builder argv publish.sh runs, through the real buildx client (a private client
+    config: the builder is recorded there and never started)."""
+    docker = _real_buildx()
+    plugins = [Path(os.environ[v]) / "cli-plugins" for v in ("DOCKER_CONFIG",) if os.environ.get(v)]
+    plugins += [Path.home() / ".docker" / "cli-plugins"]
+    config = tmp_path / "config"
+    config.mkdir()
+    source = next((p for p in plugins if (p / "docker-buildx").exists()), None)
+    if source is not None:
+        (config / "cli-plugins").symlink_to(source)
+    env = {**os.environ, "DOCKER_CONFIG": str(config)}
+    env.pop("BUILDX_BUILDER", None)
+    assert run([docker, "buildx", "version"], env=env).returncode == 0
+    missing = run([docker, "buildx", "inspect", "rocm-vllm"], env=env)
+    assert missing.returncode != 0 and "rocm-vllm" in missing.stderr, missing.stderr
+    create = run([docker, "buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"], env=env)
+    assert create.returncode == 0, create.stderr
+    found = run([docker, "buildx", "inspect", "rocm-vllm"], env=env)
+    assert found.returncode == 0 and "docker-container" in found.stdout, found.stdout + found.stderr
+    run([docker, "buildx", "rm", "rocm-vllm"], env=env)
+
+
 def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
     data = json.loads((resolved_repo / "versions.json").read_text())
     data["vllm"]["commit"] = None
