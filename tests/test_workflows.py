@@ -157,3 +157,16 @@ def test_the_readme_gitlab_wrapper_calls_the_same_scripts() -> None:
                                text=True, timeout=60).stdout
     assert all(c in help_text for c in subcommands)
     assert pipeline["selftest"]["artifacts"]["reports"]["junit"] == "selftest-results/selftest.xml"
+
+
+def test_build_and_selftest_name_the_same_registry() -> None:
+    """Both jobs compute the registry the same way (not passed as a job output, which GitHub
+    drops when it contains a secret's value)."""
+    jobs = workflows()["images.yml"]["jobs"]
+    computed = []
+    for name in ("build", "selftest"):
+        step = next(s for s in jobs[name]["steps"] if s.get("name") == "Registry")
+        computed.append([l for l in step["run"].splitlines() if "REGISTRY" in l])
+        assert jobs[name]["env"]["REGISTRY_INPUT"] == "${{ inputs.registry }}"
+    assert computed[0] == computed[1] and len(computed[0]) == 2
+    assert "image-prefix" not in str(jobs["selftest"])
