@@ -66,7 +66,7 @@ target "_versions" {
     TORCH_PACKAGE          = pytorch.wheels.torch.package
     TORCH_VERSION          = coalesce(pytorch.wheels.torch.version, "UNRESOLVED")
     TORCH_SHA256           = coalesce(pytorch.wheels.torch.sha256, "UNRESOLVED")
-    TRITON_PACKAGE         = pytorch.wheels.triton.package
+    TRITON_PACKAGE         = coalesce(pytorch.wheels.triton.package, "UNRESOLVED")
     TRITON_VERSION         = coalesce(pytorch.wheels.triton.version, "UNRESOLVED")
     TRITON_SHA256          = coalesce(pytorch.wheels.triton.sha256, "UNRESOLVED")
     TORCHVISION_PACKAGE    = pytorch.wheels.torchvision.package
@@ -85,6 +85,11 @@ target "_versions" {
     VLLM_VERSION           = vllm.version
     VLLM_TAG               = vllm.tag
     VLLM_COMMIT            = coalesce(vllm.commit, "UNRESOLVED")
+    HIPKITTENS_REPO        = aiter.hipkittens_repository
+    HIPKITTENS_COMMIT      = coalesce(aiter.pins[AITER_PIN].hipkittens_commit, "UNRESOLVED")
+    TRITON_KERNELS_REPO    = vllm.triton_kernels.repository
+    TRITON_KERNELS_COMMIT  = coalesce(vllm.triton_kernels.commit, "UNRESOLVED")
+    TRITON_KERNELS_PATH    = vllm.triton_kernels.path
   }
 }
 

@@ -1,6 +1,7 @@
 """versions.json and the pin tool (python3 -m ci.pins)."""
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from ci.pins import model, resolve, verify
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_AITER = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
 KNOWN_CK = "f33252cebe5a52362ec1ee12c124dde7800dda3a"
+HIPKITTENS = "d3cd9b31cb0ff611ff64b5701f57ccdeb7712f39"
 
 
 @pytest.fixture()
@@ -134,8 +136,9 @@ def test_dockerfile_default_drift_is_caught_and_sync_fixes_it(tree):
 
 
 def test_every_versions_build_arg_is_declared_in_dockerfile(data):
-    declared = {name for _, name, _ in model.dockerfile_arg_defaults((ROOT / "Dockerfile.rocm_base").read_text())}
-    needed = set(model.build_args(data)) - {"VLLM_REPO", "VLLM_TAG", "VLLM_VERSION", "VLLM_COMMIT"}
+    declared = {name for dockerfile in model.DOCKERFILES
+                for _, name, _ in model.dockerfile_arg_defaults((ROOT / dockerfile).read_text())}
+    needed = set(model.build_args(data))
     assert needed <= declared, needed - declared
 
 
@@ -176,6 +179,11 @@ def upstream(tmp_path):
     repo.mkdir()
     git("init", "-q", "-b", "main", cwd=repo)
     (repo / "setup.py").write_text("\n")
+    # AITER names the HipKittens commit its prebuild clones in aiter/jit/core.py
+    (repo / "aiter" / "jit").mkdir(parents=True)
+    (repo / "aiter" / "jit" / "core.py").write_text(
+        'info = {\n    "url": "https://github.com/HazyResearch/HipKittens.git",\n'
+        f'    "commit": "{HIPKITTENS}",\n}}\n')
     git("add", ".", cwd=repo)
     git("submodule", "add", "-q", ck.as_uri(), "3rdparty/composable_kernel", cwd=repo)
     git("commit", "-qm", "aiter", cwd=repo)
@@ -186,8 +194,9 @@ def upstream(tmp_path):
 def _aiter_data(data, upstream, commit=None, ck=None):
     d = copy.deepcopy(data)
     d["aiter"]["repository"] = upstream["url"]
-    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": commit, "ck_commit": ck,
-                                  "unresolved": [k for k, v in (("commit", commit), ("ck_commit", ck)) if v is None]}
+    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": commit, "ck_commit": ck, "hipkittens_commit": None,
+                                  "unresolved": [k for k, v in (("commit", commit), ("ck_commit", ck)) if v is None]
+                                  + ["hipkittens_commit"]}
     return d
 
 
@@ -197,7 +206,8 @@ def test_resolve_aiter_tag_and_ck_submodule(data, upstream):
     pin = d["aiter"]["pins"]["test"]
     assert pin["commit"] == upstream["commit"]  # the annotated tag is peeled to its commit
     assert pin["ck_commit"] == upstream["ck"]
-    assert pin["unresolved"] == [] and len(changes) == 2
+    assert pin["hipkittens_commit"] == HIPKITTENS  # read from the AITER commit's aiter/jit/core.py
+    assert pin["unresolved"] == [] and len(changes) == 3
     assert not verify.check_schema(d)
 
 
@@ -230,7 +240,8 @@ def test_resolve_vllm_checks_the_known_prefix(data, upstream):
 def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
     d = model.load(tree / "versions.json")
     d["aiter"]["repository"] = upstream["url"]
-    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "unresolved": ["commit", "ck_commit"]}
+    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "hipkittens_commit": None,
+                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
     d["aiter"]["default"] = "test"
     model.dump(d, tree / "versions.json")
     proc = run_tool("--file", str(tree / "versions.json"), "resolve", "aiter", "--write")
@@ -254,3 +265,146 @@ def test_wheel_picking_and_required_version():
     assert resolve.wheel_sha256("https://x/y.whl#sha256=" + "b" * 64) == "b" * 64
     meta = "Name: torch\nRequires-Dist: pytorch-triton-rocm==3.8.0+git669b31a; platform_system == \"Linux\"\n"
     assert resolve.required_version(meta, "pytorch-triton-rocm") == "3.8.0+git669b31a"
+
+
+# ---- writing, faults and bad input ------------------------------------------------------------
+
+def _with_test_pin(tree, upstream):
+    """The tree's versions file with an AITER pin `test` (default) on the local upstream."""
+    d = model.load(tree / "versions.json")
+    d["aiter"]["repository"] = upstream["url"]
+    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "hipkittens_commit": None,
+                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+    d["aiter"]["default"] = "test"
+    model.dump(d, tree / "versions.json")
+    return tree / "versions.json"
+
+
+def test_write_keeps_the_files_formatting():
+    """A two-value change of versions.json is a two-line diff; nothing else moves."""
+    import difflib
+
+    text = (ROOT / "versions.json").read_text()
+    d = json.loads(text)
+    d["vllm"]["commit"] = "5df63a720" + "0" * 31
+    d["vllm"]["unresolved"] = []
+    new = model.patch_json(text, d)
+    assert json.loads(new) == d
+    changed = [line for line in difflib.unified_diff(text.splitlines(), new.splitlines(), n=0, lineterm="")
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len(changed) == 4, changed  # two lines out, two lines in
+
+
+def test_write_is_all_or_nothing_when_the_disk_fills(tree, upstream):
+    """A file-size limit (a full disk) stops the write part-way: neither versions.json nor any
+    Dockerfile changes, and the error is one line naming the file."""
+    import resource
+
+    path = _with_test_pin(tree, upstream)
+    before = {p.name: p.read_text() for p in tree.iterdir() if p.is_file()}
+    # versions.json fits under the limit, Dockerfile.rocm_base does not
+    limit = (len(before["versions.json"]) + len(before["Dockerfile.rocm_base"])) // 2
+    assert len(before["Dockerfile.rocm_base"]) > limit + 400 and len(before["versions.json"]) < limit - 400
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), "resolve", "aiter", "--write"],
+                          cwd=ROOT, capture_output=True, text=True, preexec_fn=cap)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "nothing was written" in proc.stderr, proc.stderr
+    after = {p.name: p.read_text() for p in tree.iterdir() if p.is_file()}
+    assert after == before
+    assert not [p for p in tree.iterdir() if p.name.startswith(".")], "temporary files left behind"
+
+
+def test_nothing_changed_writes_nothing(tree, upstream):
+    path = _with_test_pin(tree, upstream)
+    assert run_tool("--file", str(path), "resolve", "aiter", "--write").returncode == 0
+    stamps = {p.name: p.stat().st_mtime_ns for p in tree.iterdir()}
+    proc = run_tool("--file", str(path), "resolve", "aiter", "--write")
+    assert proc.returncode == 0 and "nothing changed" in proc.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in tree.iterdir()} == stamps
+
+
+@pytest.fixture()
+def silent_server():
+    """A TCP server that accepts connections and never answers."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.parametrize("what", ["aiter", "base-image", "wheels"])
+def test_network_calls_are_bounded_and_fail_in_one_line(what, tree, silent_server):
+    import time
+
+    d = model.load(tree / "versions.json")
+    d["aiter"]["repository"] = f"http://{silent_server}/aiter.git"
+    d["pytorch"]["index_url"] = f"https://{silent_server}/whl"
+    model.dump(d, tree / "versions.json")
+    args = ["--file", str(tree / "versions.json"), "resolve", what]
+    if what == "base-image":
+        args += ["--registry", f"http://{silent_server}"]
+    env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and silent_server in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
+
+
+def _bad(data, mutate):
+    bad = copy.deepcopy(data)
+    mutate(bad)
+    return bad
+
+
+@pytest.mark.parametrize("command", [["verify"], ["args"], ["sync"], ["resolve", "vllm"]])
+@pytest.mark.parametrize("case", ["short commit", "unknown key comit", "unknown key sha265"])
+def test_every_subcommand_checks_the_schema(command, case, data, tree):
+    mutate, message = {
+        "short commit": (lambda d: d["aiter"]["pins"]["v0.1.20.post1"].update(commit="de07f38"), "40-hex"),
+        "unknown key comit": (lambda d: d["vllm"].update(comit="x"), "vllm.comit: unknown key"),
+        "unknown key sha265": (lambda d: d["pytorch"]["wheels"]["torch"].update(sha265="x"),
+                               "pytorch.wheels.torch.sha265: unknown key"),
+    }[case]
+    (tree / "versions.json").write_text(json.dumps(_bad(data, mutate), indent=2))
+    before = {p.name: p.read_text() for p in tree.iterdir()}
+    proc = run_tool("--file", str(tree / "versions.json"), *command)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "AITER_COMMIT=de07f38" not in proc.stdout
+    assert {p.name: p.read_text() for p in tree.iterdir()} == before
+
+
+@pytest.mark.parametrize("command", [["resolve", "--aiter-pin", "v9.9", "--write"], ["args", "--aiter-pin", "v9.9"],
+                                     ["verify", "--aiter-pin", "v9.9"], ["resolve", "nothing"]])
+def test_unknown_names_are_rejected(command, tree):
+    proc = run_tool("--file", str(tree / "versions.json"), *command)
+    assert proc.returncode == 1, proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1 and ("v9.9" in proc.stderr or "nothing" in proc.stderr)
+    assert "nothing changed" not in proc.stdout

@@ -34,68 +34,85 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     root = ns.file.resolve().parent
     try:
-        data = model.load(ns.file)
-        if ns.command == "verify":
-            errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin)
-            for line in errors:
-                print(f"error: {line}", file=sys.stderr)
-            if errors:
-                print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
-                return 1
-            if unresolved:
-                print(f"{ns.file.name}: OK, {len(unresolved)} unresolved pin(s) (verify --strict fails on them): "
-                      + ", ".join(unresolved))
-            else:
-                print(f"{ns.file.name}: OK, every pin resolved")
-            return 0
-        if ns.command == "resolve":
-            bad = [w for w in ns.what if w not in ("aiter", "vllm", "base-image", "wheels")]
-            if bad:
-                parser.error(f"resolve: unknown item(s) {', '.join(bad)}; choose from aiter, vllm, base-image, wheels")
-            name = ns.aiter_pin or data["aiter"]["default"]
-            what = ns.what or [w for w, todo in (
-                ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
-                ("vllm", bool(data["vllm"].get("unresolved"))),
-                ("base-image", bool(data["base_image"].get("unresolved"))),
-                ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
-            ) if todo]
-            changes: list[str] = []
-            for item in what:
-                if item == "aiter":
-                    changes += resolve.resolve_aiter(data, name, ns.force)
-                elif item == "vllm":
-                    changes += resolve.resolve_vllm(data, ns.force)
-                elif item == "base-image":
-                    changes += resolve.resolve_base_image(data, ns.registry, ns.force)
-                elif item == "wheels":
-                    changes += resolve.resolve_wheels(data, ns.force)
-            for line in changes:
-                print(line)
-            if not changes:
-                print("nothing changed")
-            if ns.write and changes:
-                model.dump(data, ns.file)
-                for line in resolve.sync_dockerfiles(data, root):
-                    print(line)
-            elif changes:
-                print("(dry run: add --write to record these)")
-            return 0
-        if ns.command == "sync":
-            errors = verify.check_schema(data)
-            if errors:
-                for line in errors:
-                    print(f"error: {line}", file=sys.stderr)
-                return 1
-            for line in resolve.sync_dockerfiles(data, root) or ["Dockerfiles already in sync"]:
-                print(line)
-            return 0
-        if ns.command == "args":
-            for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved).items():
-                print(f"{key}={value}")
-            return 0
+        return run(ns, parser, root)
     except PinError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+def run(ns, parser, root: Path) -> int:
+    data = model.load(ns.file)
+    # The schema first, in every subcommand: nothing reads a malformed file.
+    errors = verify.check_schema(data)
+    if errors:
+        for line in errors:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
+        return 1
+    if getattr(ns, "aiter_pin", None) is not None and ns.aiter_pin not in data["aiter"]["pins"]:
+        raise PinError(f"--aiter-pin {ns.aiter_pin}: not a key of aiter.pins (known: "
+                       f"{', '.join(sorted(data['aiter']['pins']))})")
+    if ns.command == "verify":
+        errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin)
+        for line in errors:
+            print(f"error: {line}", file=sys.stderr)
+        if errors:
+            print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
+            return 1
+        if unresolved:
+            print(f"{ns.file.name}: OK, {len(unresolved)} unresolved pin(s) (verify --strict fails on them): "
+                  + ", ".join(unresolved))
+        else:
+            print(f"{ns.file.name}: OK, every pin resolved")
+        return 0
+    if ns.command == "resolve":
+        bad = [w for w in ns.what if w not in ("aiter", "vllm", "base-image", "wheels")]
+        if bad:
+            raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from aiter, vllm, base-image, wheels")
+        name = ns.aiter_pin or data["aiter"]["default"]
+        what = ns.what or [w for w, todo in (
+            ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
+            ("vllm", bool(data["vllm"].get("unresolved"))),
+            ("base-image", bool(data["base_image"].get("unresolved"))),
+            ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
+        ) if todo]
+        changes: list[str] = []
+        for item in what:
+            if item == "aiter":
+                changes += resolve.resolve_aiter(data, name, ns.force)
+            elif item == "vllm":
+                changes += resolve.resolve_vllm(data, ns.force)
+            elif item == "base-image":
+                changes += resolve.resolve_base_image(data, ns.registry, ns.force)
+            elif item == "wheels":
+                changes += resolve.resolve_wheels(data, ns.force)
+        for line in changes:
+            print(line)
+        if not changes:
+            print("nothing changed")
+        if ns.write and changes:
+            # versions file and Dockerfiles together: all written, or none
+            docker_changes, texts = resolve.dockerfile_updates(data, root)
+            texts[ns.file] = model.patch_json(ns.file.read_text(), data)
+            model.write_files(texts)
+            for line in docker_changes:
+                print(line)
+        elif changes:
+            print("(dry run: add --write to record these)")
+        return 0
+    if ns.command == "sync":
+        for line in resolve.sync_dockerfiles(data, root) or ["Dockerfiles already in sync"]:
+            print(line)
+        return 0
+    if ns.command == "args":
+        for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved).items():
+            print(f"{key}={value}")
+        return 0
     return 2
 
 

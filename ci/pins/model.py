@@ -7,8 +7,10 @@ UNRESOLVED, which the build refuses unless ALLOW_UNRESOLVED=1 (development build
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +43,143 @@ def load(path: Path | str = VERSIONS_FILE) -> dict:
 
 
 def dump(data: dict, path: Path | str = VERSIONS_FILE) -> None:
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    """Write data to path, keeping the file's formatting (only changed values are rewritten),
+    atomically; nothing is written when nothing changed."""
+    path = Path(path)
+    try:
+        old = path.read_text()
+    except FileNotFoundError:
+        old = None
+    try:
+        text = patch_json(old, data) if old is not None else None
+    except (PinError, ValueError):  # keys added or removed, or the file was not JSON: write it whole
+        text = None
+    write_files({path: text if text is not None else json.dumps(data, indent=2) + "\n"})
+
+
+# ---- format-keeping JSON edits -----------------------------------------------------------
+
+_WS = re.compile(r"\s*")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+
+
+def _spans(text: str) -> dict[tuple, tuple[int, int]]:
+    """(start, end) of the text of every value, by path (tuple of keys and indices)."""
+    spans: dict[tuple, tuple[int, int]] = {}
+
+    def value(i: int, path: tuple) -> int:
+        i = _WS.match(text, i).end()
+        start = i
+        if text[i] == "{":
+            i = _WS.match(text, i + 1).end()
+            if text[i] == "}":
+                i += 1
+            else:
+                while True:
+                    m = _STRING.match(text, _WS.match(text, i).end())
+                    key = json.loads(m.group(0))
+                    i = _WS.match(text, m.end()).end()
+                    assert text[i] == ":"
+                    i = _WS.match(text, value(i + 1, path + (key,))).end()
+                    if text[i] == ",":
+                        i += 1
+                        continue
+                    assert text[i] == "}"
+                    i += 1
+                    break
+        elif text[i] == "[":
+            i = _WS.match(text, i + 1).end()
+            if text[i] == "]":
+                i += 1
+            else:
+                index = 0
+                while True:
+                    i = _WS.match(text, value(i, path + (index,))).end()
+                    index += 1
+                    if text[i] == ",":
+                        i += 1
+                        continue
+                    assert text[i] == "]"
+                    i += 1
+                    break
+        else:
+            m = _STRING.match(text, i) or _SCALAR.match(text, i)
+            i = m.end()
+        spans[path] = (start, i)
+        return i
+
+    value(0, ())
+    return spans
+
+
+def patch_json(text: str, new: dict) -> str:
+    """text (a JSON document) with the values that differ in new replaced in place: keys,
+    order, indentation and line layout of everything else stay as they are."""
+    old = json.loads(text)
+    spans = _spans(text)
+    edits: list[tuple[int, int, str]] = []
+
+    def diff(a, b, path):
+        if a == b:
+            return
+        if isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
+            for key in a:
+                diff(a[key], b[key], path + (key,))
+            return
+        if isinstance(b, dict) and b:
+            raise PinError(f"{'.'.join(map(str, path))}: keys changed; edit the versions file by hand")
+        edits.append((*spans[path], json.dumps(b)))
+
+    diff(old, new, ())
+    for start, end, rendered in sorted(edits, reverse=True):
+        text = text[:start] + rendered + text[end:]
+    if json.loads(text) != new:  # pragma: no cover - a bug in the patcher, never a silent write
+        raise PinError("internal error: the format-keeping edit of the versions file went wrong")
+    return text
+
+
+def write_files(contents: dict) -> list[Path]:
+    """Write every {path: text} atomically and all or nothing: each goes to a temporary file
+    beside it first; only when all are written are they renamed into place. Unchanged files
+    are not touched. Returns the paths written."""
+    todo = {}
+    for path, text in contents.items():
+        path = Path(path)
+        try:
+            if path.read_text() == text:
+                continue
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise PinError(f"{path}: cannot read ({exc.strerror}): fix its permissions") from None
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PinError(f"{path}: not writable: fix its permissions; nothing was written")
+        todo[path] = text
+    temps: dict[Path, str] = {}
+    current = None
+    try:
+        for path, text in todo.items():
+            current = path
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            temps[path] = tmp
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+    except OSError as exc:
+        for tmp in temps.values():
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise PinError(f"{current}: cannot write ({exc.strerror or exc}): free disk space or fix permissions; "
+                       "nothing was written") from None
+    for path, tmp in temps.items():
+        os.replace(tmp, path)
+    return list(temps)
 
 
 def render(value) -> str:
@@ -94,11 +232,16 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
         "VLLM_VERSION": data["vllm"]["version"],
         "VLLM_TAG": data["vllm"]["tag"],
         "VLLM_COMMIT": render(data["vllm"]["commit"]),
+        "HIPKITTENS_REPO": aiter["hipkittens_repository"],
+        "HIPKITTENS_COMMIT": render(pin["hipkittens_commit"]),
+        "TRITON_KERNELS_REPO": data["vllm"]["triton_kernels"]["repository"],
+        "TRITON_KERNELS_COMMIT": render(data["vllm"]["triton_kernels"]["commit"]),
+        "TRITON_KERNELS_PATH": data["vllm"]["triton_kernels"]["path"],
     }
     for key in WHEEL_KEYS:
         wheel = wheels[key]
         upper = key.upper()
-        args[f"{upper}_PACKAGE"] = wheel["package"]
+        args[f"{upper}_PACKAGE"] = render(wheel["package"])
         args[f"{upper}_VERSION"] = render(wheel["version"])
         args[f"{upper}_SHA256"] = render(wheel["sha256"])
     return args

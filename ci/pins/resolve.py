@@ -1,6 +1,10 @@
-"""`resolve`: turn tags into commits, the CK submodule commit, the base image digest and
-wheel sha256 sums. Needs the network (git remotes, a container registry, the wheel index);
-run it on a connected machine and commit the result."""
+"""`resolve`: turn tags into commits, the CK submodule commit, the HipKittens commit AITER
+names, the base image digest, the Triton distribution torch requires and wheel sha256 sums.
+Needs the network (git remotes, a container registry, the wheel index); run it on a connected
+machine and commit the result.
+
+Every git and HTTP call is bounded in time: PINS_TIMEOUT seconds (default 60) without an
+answer is an error naming the URL."""
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +12,10 @@ import html.parser
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -17,11 +23,33 @@ from . import model
 from .model import PinError
 
 
-def _git(*args: str, cwd: str | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+def timeout() -> float:
+    value = os.environ.get("PINS_TIMEOUT", "60")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise PinError(f"PINS_TIMEOUT={value!r}: must be a positive number of seconds")
+    return seconds
+
+
+def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
+    limit = timeout()
+    # lowSpeed*: a server that accepts the connection and then stalls is cut off as well.
+    cmd = ["git", "-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}", *args]
+    where = url or next((a for a in args if "://" in a), "")
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=limit,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except subprocess.TimeoutExpired:
+        raise PinError(f"git {args[0]} {where}: no answer within {limit:g}s: check the network or proxy "
+                       f"(or raise PINS_TIMEOUT)") from None
+    except OSError as exc:
+        raise PinError(f"cannot run git ({exc.strerror}): install git") from None
     if proc.returncode != 0:
-        raise PinError(f"git {' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
+        raise PinError(f"git {args[0]} {where} failed: {last}")
     return proc.stdout
 
 
@@ -35,26 +63,46 @@ def tag_commit(repository: str, tag: str) -> str:
     return commit
 
 
-def submodule_commit(repository: str, commit: str, path: str) -> str:
-    """The commit a superproject commit records for the submodule at path (fetches one commit, no blobs)."""
+HIPKITTENS_FILE = "aiter/jit/core.py"
+
+
+def aiter_commit_facts(repository: str, commit: str, ck_path: str) -> tuple[str, str]:
+    """(CK submodule commit, HipKittens commit or "none") that an AITER commit records: the
+    submodule entry at ck_path, and the HipKittens commit aiter/jit/core.py names for its
+    prebuild clone. Fetches that one commit (blobs on demand where the server allows)."""
     with tempfile.TemporaryDirectory(prefix="pins-") as tmp:
         _git("init", "--quiet", tmp)
+        _git("remote", "add", "origin", repository, cwd=tmp)
         try:
-            _git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", repository, commit, cwd=tmp)
+            _git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=tmp, url=repository)
         except PinError:  # servers that do not allow fetching a bare commit or filters
-            _git("fetch", "--quiet", repository, "+refs/tags/*:refs/tags/*", "+refs/heads/*:refs/heads/*", cwd=tmp)
-        out = _git("ls-tree", commit, "--", path, cwd=tmp).split()
-    if len(out) < 3 or out[1] != "commit":
-        raise PinError(f"{repository}@{commit} has no submodule at {path}: check aiter.ck_submodule_path")
-    return out[2]
+            _git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", "+refs/heads/*:refs/heads/*",
+                 cwd=tmp, url=repository)
+        out = _git("ls-tree", commit, "--", ck_path, cwd=tmp).split()
+        if len(out) < 3 or out[1] != "commit":
+            raise PinError(f"{repository}@{commit} has no submodule at {ck_path}: check aiter.ck_submodule_path")
+        listed = _git("ls-tree", "--name-only", commit, "--", HIPKITTENS_FILE, cwd=tmp).strip()
+        source = _git("show", f"{commit}:{HIPKITTENS_FILE}", cwd=tmp, url=repository) if listed else ""
+    return out[2], hipkittens_named(source)
+
+
+def hipkittens_named(source: str) -> str:
+    """The commit AITER's core.py names next to the HipKittens repository URL ("none": none)."""
+    m = re.search(r"HipKittens\.git.{0,200}?\b([0-9a-f]{40})\b", source, re.S)
+    return m.group(1) if m else "none"
+
+
+def submodule_commit(repository: str, commit: str, path: str) -> str:
+    """The commit a superproject commit records for the submodule at path."""
+    return aiter_commit_facts(repository, commit, path)[0]
 
 
 def resolve_aiter(data: dict, name: str, force: bool = False) -> list[str]:
     aiter = data["aiter"]
     pin = model.aiter_pin(data, name)
     commit = tag_commit(aiter["repository"], pin["tag"])
-    ck = submodule_commit(aiter["repository"], commit, aiter["ck_submodule_path"])
-    return _set(pin, f"aiter.pins.{name}", {"commit": commit, "ck_commit": ck}, force)
+    ck, hipkittens = aiter_commit_facts(aiter["repository"], commit, aiter["ck_submodule_path"])
+    return _set(pin, f"aiter.pins.{name}", {"commit": commit, "ck_commit": ck, "hipkittens_commit": hipkittens}, force)
 
 
 def resolve_vllm(data: dict, force: bool = False) -> list[str]:
@@ -67,9 +115,38 @@ def resolve_vllm(data: dict, force: bool = False) -> list[str]:
     return _set(vllm, "vllm", {"commit": commit}, force)
 
 
-def _http(url: str, headers: dict | None = None, method: str = "GET"):
+class _Response:
+    def __init__(self, headers, body: bytes):
+        self.headers, self.body = headers, body
+
+
+def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None) -> _Response:
+    """One HTTP request, bounded by PINS_TIMEOUT per read; the body is read here (or fed to
+    sink in chunks). HTTP errors other than 401 and every network failure become one-line
+    PinErrors naming the URL; a 401 is raised as HTTPError for the token dance."""
     req = urllib.request.Request(url, headers=headers or {}, method=method)
-    return urllib.request.urlopen(req, timeout=60)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout()) as resp:
+            if sink is None:
+                return _Response(resp.headers, resp.read())
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                sink(chunk)
+            return _Response(resp.headers, b"")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise
+        raise PinError(f"{url}: HTTP {exc.code} {exc.reason}: check the name/tag/version in versions.json") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise PinError(f"{url}: no answer within {timeout():g}s: check the network or proxy (or raise "
+                           "PINS_TIMEOUT)") from None
+        raise PinError(f"{url}: {reason}: check the network, proxy or CA bundle (SSL_CERT_FILE)") from None
+    except (TimeoutError, socket.timeout):
+        raise PinError(f"{url}: no answer within {timeout():g}s: check the network or proxy (or raise "
+                       "PINS_TIMEOUT)") from None
+    except OSError as exc:
+        raise PinError(f"{url}: {exc.strerror or exc}: check the network or proxy") from None
 
 
 def image_digest(name: str, tag: str, registry: str | None = None) -> str:
@@ -98,9 +175,18 @@ def image_digest(name: str, tag: str, registry: str | None = None) -> str:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         query = urllib.parse.urlencode({"service": params.get("service", ""),
                                         "scope": params.get("scope", f"repository:{name}:pull")})
-        token = json.load(_http(f"{params['realm']}?{query}"))
+        if "realm" not in params:
+            raise PinError(f"{url}: the registry asks for a token but names no realm: pass --registry")
+        realm = f"{params['realm']}?{query}"
+        try:
+            token = json.loads(_http(realm).body)
+        except ValueError:
+            raise PinError(f"{realm}: the token answer is not JSON") from None
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = _http(url, headers, "HEAD")
+        try:
+            resp = _http(url, headers, "HEAD")
+        except urllib.error.HTTPError as exc2:
+            raise PinError(f"{url}: HTTP {exc2.code} with a token: the image is private or the name is wrong") from None
     digest = resp.headers.get("Docker-Content-Digest")
     if not digest or not model.DIGEST_RE.match(digest):
         raise PinError(f"{url}: the registry gave no sha256 digest")
@@ -130,7 +216,7 @@ def wheel_links(index_url: str, package: str) -> list[tuple[str, str, dict]]:
     """(filename, absolute url, attributes) of every wheel on a PEP 503 simple-index page."""
     page = f"{index_url.rstrip('/')}/{re.sub(r'[-_.]+', '-', package).lower()}/"
     parser = _Links()
-    parser.feed(_http(page).read().decode())
+    parser.feed(_http(page).body.decode(errors="replace"))
     out = []
     for attrs in parser.links:
         href = attrs.get("href", "")
@@ -160,9 +246,7 @@ def wheel_sha256(url: str) -> str:
     if fragment.startswith("sha256="):
         return fragment.split("=", 1)[1]
     digest = hashlib.sha256()
-    with _http(url) as resp:
-        for chunk in iter(lambda: resp.read(1 << 20), b""):
-            digest.update(chunk)
+    _http(url, sink=digest.update)
     return digest.hexdigest()
 
 
@@ -175,25 +259,39 @@ def required_version(metadata: str, package: str) -> str | None:
     return None
 
 
+def triton_requirement(metadata: str) -> tuple[str, str] | None:
+    """(distribution, version) of the Triton a torch wheel's metadata requires with ==
+    (pytorch-triton-rocm, triton-rocm, triton, ... by release)."""
+    for line in metadata.splitlines():
+        match = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.-]+)\s*\(?==\s*([^\s;,)]+)", line)
+        if match and "triton" in match.group(1).lower():
+            return re.sub(r"[-_.]+", "-", match.group(1)).lower(), match.group(2)
+    return None
+
+
 def resolve_wheels(data: dict, force: bool = False) -> list[str]:
+    """torch first; Triton's distribution name and version from torch's own metadata (PEP 658
+    .metadata file beside the wheel); then every wheel's sha256."""
     torch = data["pytorch"]
     python = data["python"]["version"]
     changes: list[str] = []
     torch_url = None
     for key in model.WHEEL_KEYS:
         wheel = torch["wheels"][key]
-        version = wheel["version"]
-        if version is None:
-            if torch_url is None:
-                raise PinError(f"pytorch.wheels.{key}.version is unresolved and torch's metadata is not available")
-            with _http(torch_url.split("#")[0] + ".metadata") as resp:
-                version = required_version(resp.read().decode(), wheel["package"])
-            if version is None:
-                raise PinError(f"torch's metadata does not pin {wheel['package']}: set pytorch.wheels.{key}.version")
-        filename, url, _ = pick_wheel(wheel_links(torch["index_url"], wheel["package"]), wheel["package"], version, python)
+        if key == "triton":
+            metadata_url = torch_url.split("#")[0] + ".metadata"
+            found = triton_requirement(_http(metadata_url).body.decode(errors="replace"))
+            if found is None:
+                raise PinError(f"{metadata_url}: torch requires no Triton with ==: set pytorch.wheels.triton "
+                               "package and version by hand")
+            changes += _set(wheel, "pytorch.wheels.triton", {"package": found[0], "version": found[1]}, force)
+        if wheel["package"] is None or wheel["version"] is None:
+            raise PinError(f"pytorch.wheels.{key}: package and version must be set to resolve its sha256")
+        filename, url, _ = pick_wheel(wheel_links(torch["index_url"], wheel["package"]), wheel["package"],
+                                      wheel["version"], python)
         if key == "torch":
             torch_url = url
-        changes += _set(wheel, f"pytorch.wheels.{key}", {"version": version, "sha256": wheel_sha256(url)}, force)
+        changes += _set(wheel, f"pytorch.wheels.{key}", {"sha256": wheel_sha256(url)}, force)
     return changes
 
 
@@ -214,14 +312,26 @@ def _set(node: dict, path: str, values: dict, force: bool) -> list[str]:
 
 
 def sync_dockerfiles(data: dict, root=model.REPO_ROOT) -> list[str]:
-    """Rewrite the defaults of versions-defined ARGs in the Dockerfiles; returns what changed."""
+    """Rewrite the defaults of versions-defined ARGs in the Dockerfiles (atomically, all or
+    nothing); returns what changed."""
+    changes, texts = dockerfile_updates(data, root)
+    model.write_files(texts)
+    return changes
+
+
+def dockerfile_updates(data: dict, root=model.REPO_ROOT) -> tuple[list[str], dict]:
+    """(what changes, {path: new text}) of the Dockerfiles whose ARG defaults differ."""
     expected = model.build_args(data)
     changes = []
+    texts = {}
     for name in model.DOCKERFILES:
         path = root / name
         if not path.exists():
             continue
-        lines = path.read_text().splitlines(keepends=True)
+        try:
+            lines = path.read_text().splitlines(keepends=True)
+        except OSError as exc:
+            raise PinError(f"{path}: cannot read ({exc.strerror}): fix its permissions") from None
         for i, line in enumerate(lines):
             match = re.match(r"^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|\S*)(.*)$", line, re.S)
             if match and match.group(2) in expected:
@@ -231,5 +341,5 @@ def sync_dockerfiles(data: dict, root=model.REPO_ROOT) -> list[str]:
                     quoted = f'"{new}"' if (" " in new or match.group(3).startswith('"')) else new
                     lines[i] = f"{match.group(1)}{match.group(2)}={quoted}{match.group(4)}"
                     changes.append(f"{name}:{i + 1}: ARG {match.group(2)}={expected[match.group(2)]}")
-        path.write_text("".join(lines))
-    return changes
+        texts[path] = "".join(lines)
+    return changes, texts

@@ -30,10 +30,16 @@ def _check_format(node: dict, path: str, field: str, regex, what: str, errors: l
         errors.append(f"{path}.{field} = {value!r}: must be {what}")
 
 
-def _require(node, path: str, fields: dict, errors: list[str]) -> bool:
+def _require(node, path: str, fields: dict, errors: list[str], optional=()) -> bool:
+    """node is an object with every field of fields (of those types, or null) and no key other
+    than those, optional ones, "about" and "unresolved"."""
     if not isinstance(node, dict):
         errors.append(f"{path}: must be an object")
         return False
+    known = set(fields) | set(optional) | {"about", "unresolved"}
+    for key in node:
+        if key not in known:
+            errors.append(f"{path}.{key}: unknown key (known: {', '.join(sorted(known))}): fix the spelling")
     ok = True
     for field, types in fields.items():
         if field not in node:
@@ -52,6 +58,8 @@ def check_schema(data: dict) -> list[str]:
         "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict,
     }, errors):
         return errors
+    if any(data[k] is None for k in ("schema", "gpu_archs", "python", "rocm", "base_image", "pytorch", "aiter", "vllm")):
+        return errors + ["versions: schema, gpu_archs, python, rocm, base_image, pytorch, aiter and vllm must not be null"]
     if data["schema"] != 1:
         errors.append(f"schema = {data['schema']!r}: this tool reads schema 1")
     if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
@@ -82,35 +90,55 @@ def check_schema(data: dict) -> list[str]:
     if _require(torch, "pytorch", {"index_url": str, "wheels": dict}, errors):
         if not str(torch["index_url"]).startswith("https://"):
             errors.append("pytorch.index_url: must be an https:// URL")
+        for key in torch["wheels"]:
+            if key not in model.WHEEL_KEYS:
+                errors.append(f"pytorch.wheels.{key}: unknown wheel (known: {', '.join(model.WHEEL_KEYS)})")
         for key in model.WHEEL_KEYS:
             path = f"pytorch.wheels.{key}"
             wheel = torch["wheels"].get(key)
             if wheel is None:
                 errors.append(f"{path}: missing")
                 continue
+            if key == "triton" and isinstance(wheel, dict) and wheel.get("package") not in (None, "triton") \
+                    and "triton" not in str(wheel.get("package")):
+                errors.append(f"{path}.package = {wheel.get('package')!r}: not a Triton distribution")
             if _require(wheel, path, {"package": str, "version": str, "sha256": str}, errors):
                 _check_unresolved_list(wheel, path, errors)
                 _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
 
     aiter = data["aiter"]
     if _require(aiter, "aiter", {"default": str, "repository": str, "ck_submodule_path": str,
-                                 "required_modules": list, "pins": dict}, errors):
+                                 "hipkittens_repository": str, "required_modules": list, "pins": dict}, errors):
         if aiter["default"] not in aiter["pins"]:
             errors.append(f"aiter.default = {aiter['default']!r}: not a key of aiter.pins")
         if not aiter["required_modules"]:
             errors.append("aiter.required_modules: empty; list the prebuilt modules the image must hold")
         for name, pin in aiter["pins"].items():
             path = f"aiter.pins.{name}"
-            if _require(pin, path, {"tag": str, "commit": str, "ck_commit": str}, errors):
+            if _require(pin, path, {"tag": str, "commit": str, "ck_commit": str, "hipkittens_commit": str}, errors):
                 _check_unresolved_list(pin, path, errors)
                 _check_format(pin, path, "commit", COMMIT_RE, "a full 40-hex commit", errors)
                 _check_format(pin, path, "ck_commit", COMMIT_RE, "a full 40-hex commit", errors)
+                if pin["hipkittens_commit"] != "none":
+                    _check_format(pin, path, "hipkittens_commit", COMMIT_RE,
+                                  'a full 40-hex commit, or "none" (this AITER clones no HipKittens)', errors)
                 if pin["commit"] is None and pin["ck_commit"] is not None:
                     errors.append(f"{path}.ck_commit is set but commit is not: the CK commit comes from the AITER commit")
 
     vllm = data["vllm"]
-    if _require(vllm, "vllm", {"repository": str, "version": str, "tag": str, "commit": str}, errors):
+    if _require(vllm, "vllm", {"repository": str, "version": str, "tag": str, "commit": str,
+                               "sdist": dict, "triton_kernels": dict}, errors, optional=("commit_prefix",)):
         _check_unresolved_list(vllm, "vllm", errors)
+        sdist = vllm["sdist"]
+        if _require(sdist, "vllm.sdist", {"url": str, "sha256": str}, errors):
+            _check_unresolved_list(sdist, "vllm.sdist", errors)
+            _check_format(sdist, "vllm.sdist", "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+            if sdist["url"] and not sdist["url"].startswith("https://"):
+                errors.append("vllm.sdist.url: must be an https:// URL")
+        kernels = vllm["triton_kernels"]
+        if _require(kernels, "vllm.triton_kernels", {"repository": str, "commit": str, "path": str}, errors):
+            _check_unresolved_list(kernels, "vllm.triton_kernels", errors)
+            _check_format(kernels, "vllm.triton_kernels", "commit", COMMIT_RE, "a full 40-hex commit", errors)
         _check_format(vllm, "vllm", "commit", COMMIT_RE, "a full 40-hex commit", errors)
         prefix = vllm.get("commit_prefix")
         if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
