@@ -168,7 +168,8 @@ def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
 def test_backend_wheel_stage_reads_backend_sources_only(commands):
     _, cmds = stage_map(commands)["backend-wheel"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    assert sources and all(p.startswith("backend/") or p == "ci/docker/build_backend.sh" for p in sources), sources
+    assert sources and all(p.startswith("backend/") or p in ("ci/docker/build_backend.sh", "ci/docker/lib.sh")
+                           for p in sources), sources
     assert "backend/tests" not in " ".join(sources)
     assert any(p.startswith("backend/src") for p in sources) and "backend/pyproject.toml" in sources
 
@@ -264,10 +265,36 @@ def test_vllm_build_uses_pinned_commit_and_archs(commands):
     assert "native" not in re.sub(r"#.*", "", script)
 
 
-def test_vllm_built_keeps_the_base_torch(commands):
+def test_vllm_built_keeps_the_base_pins(commands):
+    """vLLM's runtime requirements are installed under constraints holding every pinned
+    distribution, and the step fails when one changed anyway (not torch's version alone)."""
     _, cmds = stage_map(commands)["vllm-built"]
     run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
-    assert "torch_before" in run and "torch_after" in run
+    assert "install_vllm.sh" in run
+    script = (ROOT / "ci/docker/install_vllm.sh").read_text()
+    assert "pinned_dists.py\" constraints" in script and "pinned_dists.py\" snapshot" in script
+    assert "pinned_dists.py\" compare" in script
+    assert re.search(r'pip install -c "\S+constraints.txt" -r "\S+/requirements/rocm.txt"', script)
+    assert "grep" not in script
+    fixed = (ROOT / "ci/docker/pinned_dists.py").read_text()
+    for name in ("torch", "torchvision", "torchaudio", "amdsmi", "amd-aiter", "triton"):
+        assert f'"{name}"' in fixed, name
+
+
+def test_vllm_build_fetches_nothing_itself(commands):
+    """triton_kernels comes from a source stage at the pinned commit (TRITON_KERNELS_SRC_DIR), so
+    vLLM's CMake clones nothing; the air-gapped context triton-kernels-src can replace it."""
+    stages_ = stage_map(commands)
+    assert stages_["triton-kernels-src"][0] == "scratch"
+    _, cmds = stages_["vllm-wheel"]
+    run = next(c for c in cmds if c.cmd.upper() == "RUN")
+    assert "triton-kernels-src" in mounts_from(run)
+    assert "TRITON_KERNELS_SRC_DIR=/opt/triton-kernels" in text_of(run)
+    args = {t.split("=")[0]: t.partition("=")[2] for c in stages_["triton-kernels-clone"][1]
+            if c.cmd.upper() == "ARG" for t in c.value}
+    expected = model.build_args(model.load())
+    for key in ("TRITON_KERNELS_REPO", "TRITON_KERNELS_COMMIT", "TRITON_KERNELS_PATH"):
+        assert args[key] == expected[key], key
 
 
 def test_vllm_manifest_step(tmp_path, monkeypatch):

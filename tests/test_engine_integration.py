@@ -412,3 +412,16 @@ def test_incremental_rebuild_after_backend_change(h, images, context_dir):
     assert all(s.split()[0] in ("backend-wheel", "backend-installed", "serve") for s in executed), executed
     # only the backend and app-file layers on top (both when the engine cannot merge --link layers)
     assert 1 <= new_layers <= 2 and len(after) == len(before), (before, after)
+
+
+def test_serving_images_carry_the_rocm_runtime_environment(h, images):
+    """Every ENV a serving image needs, on the built images (serve-base's layers are the ROCm
+    image's): upstream vLLM's ROCm runtime settings and this image's own."""
+    needed = {"HSA_NO_SCRATCH_RECLAIM": "1", "HIP_FORCE_DEV_KERNARG": "1", "SAFETENSORS_FAST_GPU": "1",
+              "HSA_ENABLE_IPC_MODE_LEGACY": "1", "ROCM_VLLM_JIT_CACHE": "/var/cache/aiter-jit",
+              "TINY_MLA_MODEL": "/opt/rocm-vllm/models/tiny-mla"}
+    for tag in (images["tags"]["serve"], images["tags"]["ci"]):
+        env = dict(e.split("=", 1) for e in json.loads(inspect(tag, "{{json .Config.Env}}")))
+        missing = {k: v for k, v in needed.items() if env.get(k) != v}
+        assert not missing, f"{tag}: ENV missing or different: {missing}"
+        assert "AITER_JIT_DIR" not in env

@@ -3,8 +3,16 @@
 #
 #   aiter_source.sh clone  DEST   clone AITER_REPO at AITER_TAG with submodules into DEST
 #   aiter_source.sh verify SRC    check SRC is AITER_COMMIT with CK at AITER_CK_COMMIT, write SRC/../aiter-pins.json
+#   aiter_source.sh hipkittens clone DEST AITER_SRC
+#                                 clone HIPKITTENS_REPO at HIPKITTENS_COMMIT (with submodules) into
+#                                 DEST: the checkout AITER's prebuild would clone at build time
+#   aiter_source.sh hipkittens verify SRC AITER_SRC
+#                                 check SRC is HIPKITTENS_COMMIT, the commit AITER_SRC names
+# HipKittens: AITER names the commit in aiter/jit/core.py; an AITER that names none gets an empty
+# DEST and SRC (nothing to fetch).
 #
 # Settings (build args): AITER_REPO, AITER_TAG, AITER_COMMIT, AITER_CK_COMMIT, AITER_CK_PATH,
+# HIPKITTENS_REPO, HIPKITTENS_COMMIT,
 # ALLOW_UNRESOLVED (1: accept UNRESOLVED commits and record what was found; development only).
 # A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
 set -euo pipefail
@@ -12,17 +20,21 @@ set -euo pipefail
 fail() { echo "aiter-src: ERROR: $*" >&2; exit 1; }
 warn() { echo "aiter-src: WARNING: $*" >&2; }
 
-: "${AITER_REPO:?set the AITER_REPO build arg}" "${AITER_TAG:?set the AITER_TAG build arg}"
-: "${AITER_COMMIT:?set the AITER_COMMIT build arg}" "${AITER_CK_COMMIT:?set the AITER_CK_COMMIT build arg}"
+need_aiter_args() {
+  : "${AITER_REPO:?set the AITER_REPO build arg}" "${AITER_TAG:?set the AITER_TAG build arg}"
+  : "${AITER_COMMIT:?set the AITER_COMMIT build arg}" "${AITER_CK_COMMIT:?set the AITER_CK_COMMIT build arg}"
+}
 AITER_CK_PATH=${AITER_CK_PATH:-3rdparty/composable_kernel}
 ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
-[ -f /run/secrets/ca-bundle ] && export GIT_SSL_CAINFO=/run/secrets/ca-bundle
-
 # shellcheck source=pin_check.sh
 source "$(dirname "$0")/pin_check.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+use_ca_bundle
 
 clone() {
   local dest=$1
+  need_aiter_args
   check_pin AITER_COMMIT "$AITER_COMMIT" aiter
   check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
   git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" "$AITER_REPO" "$dest" \
@@ -33,6 +45,7 @@ clone() {
 
 verify() {
   local src=$1 head ck_recorded ck_head
+  need_aiter_args
   check_pin AITER_COMMIT "$AITER_COMMIT" aiter
   check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
   git config --global --add safe.directory '*'
@@ -60,8 +73,59 @@ verify() {
   echo "aiter-src: OK AITER $AITER_TAG = $head, CK = $ck_head"
 }
 
+# The HipKittens commit AITER_SRC names (empty: this AITER does not use HipKittens).
+hipkittens_named() {
+  local core=$1/aiter/jit/core.py
+  [ -f "$core" ] || fail "$1 has no aiter/jit/core.py: not an AITER checkout"
+  grep -A4 'HipKittens\.git' "$core" | grep -oE '\b[0-9a-f]{40}\b' | head -n 1 || true
+}
+
+# The commit to use: HIPKITTENS_COMMIT, checked against what AITER names.
+hipkittens_commit() {
+  local named=$1
+  : "${HIPKITTENS_COMMIT:?set the HIPKITTENS_COMMIT build arg}"
+  check_pin HIPKITTENS_COMMIT "$HIPKITTENS_COMMIT" aiter
+  if [ "$HIPKITTENS_COMMIT" = UNRESOLVED ]; then
+    echo "$named"
+  elif [ "$HIPKITTENS_COMMIT" != "$named" ]; then
+    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins HIPKITTENS_COMMIT=$HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+  else
+    echo "$HIPKITTENS_COMMIT"
+  fi
+}
+
+hipkittens() {
+  local mode=$1 dir=$2 aiter_src=$3 named commit head
+  : "${HIPKITTENS_REPO:?set the HIPKITTENS_REPO build arg}"
+  named=$(hipkittens_named "$aiter_src")
+  commit=$(hipkittens_commit "$named")
+  mkdir -p "$dir"
+  if [ -z "$commit" ]; then
+    [ -z "$(ls -A "$dir")" ] || fail "this AITER does not use HipKittens but the hipkittens-src context is not empty"
+    echo "aiter-src: OK this AITER does not use HipKittens"
+    return
+  fi
+  if [ "$mode" = clone ]; then
+    git init -q "$dir"
+    git -C "$dir" remote add origin "$HIPKITTENS_REPO"
+    git -C "$dir" fetch -q --depth 1 origin "$commit" \
+      || fail "cannot fetch commit $commit of $HIPKITTENS_REPO (HIPKITTENS_REPO / HIPKITTENS_COMMIT)"
+    git -C "$dir" -c advice.detachedHead=false checkout -q FETCH_HEAD
+    git -C "$dir" submodule update -q --init --recursive --depth 1 \
+      || fail "cannot check out the submodules of $HIPKITTENS_REPO@$commit"
+  fi
+  git config --global --add safe.directory '*'
+  head=$(git -C "$dir" rev-parse HEAD 2>/dev/null) \
+    || fail "$dir is not a git checkout of HipKittens (the hipkittens-src build context must include .git)"
+  [ "$head" = "$commit" ] || fail "HipKittens is at $head but AITER and versions.json need $commit: supply that commit"
+  echo "aiter-src: OK HipKittens = $head"
+}
+
 case "${1:-}" in
   clone) clone "${2:?destination}" ;;
   verify) verify "${2:?source directory}" ;;
-  *) echo "usage: $0 clone DEST | verify SRC" >&2; exit 2 ;;
+  hipkittens)
+    case "${2:-}" in clone|verify) ;; *) echo "usage: $0 hipkittens clone|verify DIR AITER_SRC" >&2; exit 2 ;; esac
+    hipkittens "$2" "${3:?HipKittens directory}" "${4:?AITER source directory}" ;;
+  *) echo "usage: $0 clone DEST | verify SRC | hipkittens clone|verify DIR AITER_SRC" >&2; exit 2 ;;
 esac

@@ -1,49 +1,44 @@
 #!/usr/bin/env bash
 # Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR
 # Settings (build args): GPU_ARCHS (;-separated, required: the default "native" needs a GPU),
-# MAX_JOBS (empty: derived from CPUs and memory), AITER_MEM_PER_JOB_GIB (memory budget of one
-# compile job, default 4), AITER_TAG (wheel version).
+# MAX_JOBS (empty: derived from the CPUs and memory the build may use), AITER_MEM_PER_JOB_GIB
+# (memory budget of one compile job, default 4), AITER_TAG (wheel version), HIP_KITTENS_DIR
+# (the pinned HipKittens checkout, fetched by the source stages; empty directory: this AITER
+# does not use HipKittens).
+# MAX_JOBS bounds the compile jobs and AITER's FlyDSL AOT worker processes
+# (AITER_FLYDSL_AOT_WORKERS) alike.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 src=${1:?source directory} out=${2:?wheel directory}
 : "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?set AITER_TAG}"
-per_job=${AITER_MEM_PER_JOB_GIB:-4}
 
-cpus=$(nproc)
-mem_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
-for limit in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes; do
-  if [ -r "$limit" ] && [ "$(cat "$limit")" != max ]; then
-    lim_kib=$(( $(cat "$limit") / 1024 ))
-    [ "$lim_kib" -lt "$mem_kib" ] && mem_kib=$lim_kib
-  fi
-done
-mem_gib=$(( mem_kib / 1024 / 1024 ))
-by_mem=$(( mem_gib / per_job ))
-if [ -z "${MAX_JOBS:-}" ]; then
-  MAX_JOBS=$(( by_mem < cpus ? by_mem : cpus ))
-  source="derived"
-else
-  source="given"
-fi
-echo "aiter-wheel: MAX_JOBS=$MAX_JOBS ($source; builder: $cpus CPUs, $mem_gib GiB available, AITER_MEM_PER_JOB_GIB=$per_job), GPU_ARCHS=$GPU_ARCHS"
-if [ "$MAX_JOBS" -lt 1 ] || [ "$by_mem" -lt 1 ]; then
-  echo "aiter-wheel: ERROR: the builder has $mem_gib GiB available, less than one compile job needs ($per_job GiB, AITER_MEM_PER_JOB_GIB): give the builder more memory" >&2
-  exit 1
-fi
-if [ "$MAX_JOBS" -gt "$by_mem" ]; then
-  echo "aiter-wheel: WARNING: MAX_JOBS=$MAX_JOBS exceeds what memory allows ($by_mem jobs of $per_job GiB); expect OOM" >&2
-fi
-
-export PREBUILD_KERNELS=1 GPU_ARCHS MAX_JOBS AITER_USE_SYSTEM_TRITON=1
-export SETUPTOOLS_SCM_PRETEND_VERSION=${AITER_TAG#v}
+derive_max_jobs aiter-wheel AITER_MEM_PER_JOB_GIB
+export AITER_FLYDSL_AOT_WORKERS=${AITER_FLYDSL_AOT_WORKERS:-$MAX_JOBS}
+export PREBUILD_KERNELS=1 GPU_ARCHS AITER_USE_SYSTEM_TRITON=1
 export CCACHE_DIR=${CCACHE_DIR:-/root/.cache/ccache}
-[ -f /run/secrets/ca-bundle ] && export PIP_CERT=/run/secrets/ca-bundle
-cd "$src"
-# Build requirements from AITER's own list (at the pinned commit), without touching torch/triton.
-if [ -f requirements.txt ]; then
-  grep -viE '^(torch|triton|pytorch-triton)' requirements.txt >/tmp/aiter-build-reqs.txt || true
-  python -m pip install -r /tmp/aiter-build-reqs.txt
+if [ -n "${HIP_KITTENS_DIR:-}" ]; then
+  if [ -n "$(ls -A "$HIP_KITTENS_DIR" 2>/dev/null)" ]; then
+    export HIP_KITTENS_DIR
+  else
+    unset HIP_KITTENS_DIR
+  fi
 fi
-python -m pip install setuptools wheel setuptools_scm
+echo "aiter-wheel: GPU_ARCHS=$GPU_ARCHS, AITER_FLYDSL_AOT_WORKERS=$AITER_FLYDSL_AOT_WORKERS, HipKittens: ${HIP_KITTENS_DIR:-not used by this AITER}"
+use_ca_bundle
+work=$(mktemp -d)
+python "$here/pinned_dists.py" constraints "$work/constraints.txt"
+python "$here/pinned_dists.py" snapshot "$work/before.json"
+# Build tools, hash-pinned; then AITER's own requirements (its pinned list at the pinned commit),
+# read where they are, under the constraints: torch, Triton and amdsmi stay the base image's.
+python -m pip install --require-hashes --no-deps -r "$here/requirements-build.txt"
+if [ -f "$src/requirements.txt" ]; then
+  python -m pip install -c "$work/constraints.txt" -r "$src/requirements.txt"
+fi
+python "$here/pinned_dists.py" compare "$work/before.json" --step "aiter-wheel (build requirements)"
 start=$(date +%s)
-python setup.py bdist_wheel --dist-dir "$out"
+(cd "$src" && SETUPTOOLS_SCM_PRETEND_VERSION=${AITER_TAG#v} python setup.py bdist_wheel --dist-dir "$out")
+python "$here/pinned_dists.py" compare "$work/before.json" --step "aiter-wheel (setup.py)"
+rm -rf "$work"
 echo "aiter-wheel: built $(ls "$out"/*.whl) in $(( $(date +%s) - start ))s"

@@ -7,7 +7,9 @@
 set -euo pipefail
 src=${1:?source directory} out=${2:?wheel directory}
 python=${PYTHON:-python3}
-if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+use_ca_bundle
 find "$src" \( -name __pycache__ -o -name '*.egg-info' -o -name '*.pyc' \) -prune -exec rm -rf {} +
 if "$python" - <<'PY'
 import sys

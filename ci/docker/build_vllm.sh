@@ -1,49 +1,96 @@
 #!/usr/bin/env bash
-# Build the vLLM wheel for ROCm from a verified checkout: build_vllm.sh SRC WHEEL_DIR
-# Settings (build args): GPU_ARCHS (;-separated, becomes PYTORCH_ROCM_ARCH), MAX_JOBS (empty:
-# derived from CPUs and memory, VLLM_MEM_PER_JOB_GIB per compile job, default 4), VLLM_VERSION.
-# Runs in the base image: the ROCm compilers, the pinned torch and triton are there; the build
-# uses them (no build isolation), so pip never replaces the ROCm torch with another build.
+# Build the vLLM wheel for ROCm from a verified checkout, in the base image: the ROCm compilers
+# and the pinned torch, Triton, amdsmi and AITER are there, the build uses them (no build
+# isolation) and nothing installed here may replace them (constraints + before/after check).
+#
+#   build_vllm.sh check SRC OUT   no install, no compile: every file of SRC the build reads exists;
+#                                 vLLM's triton_kernels commit is the pinned one; the hash-pinned
+#                                 build tools satisfy vLLM's requirements/build/rocm.txt; vLLM's
+#                                 ROCm runtime requirements (requirements/rocm.txt, read where it
+#                                 is) resolve under OUT/constraints.txt without installing or
+#                                 replacing a pinned distribution (pip --dry-run --report)
+#   build_vllm.sh deps  SRC OUT   check, then install the hash-pinned build tools
+#   build_vllm.sh wheel SRC OUT   compile OUT/vllm-*.whl; copy vLLM's requirements/ folder to OUT
+#   build_vllm.sh all   SRC OUT   deps, then wheel
+#
+# Settings (build args): GPU_ARCHS (;-separated, becomes PYTORCH_ROCM_ARCH), VLLM_VERSION,
+# MAX_JOBS (empty: derived from the CPUs and memory the build may use, VLLM_MEM_PER_JOB_GIB per
+# compile job, default 4), TRITON_KERNELS_COMMIT (versions.json vllm.triton_kernels.commit) and
+# TRITON_KERNELS_SRC_DIR (that triton_kernels package, fetched by the source stage: vLLM's CMake
+# then clones nothing).
 set -euo pipefail
-src=${1:?source directory} out=${2:?wheel directory}
-: "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${VLLM_VERSION:?set VLLM_VERSION}"
-per_job=${VLLM_MEM_PER_JOB_GIB:-4}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+fail() { echo "vllm-wheel: ERROR: $*" >&2; exit 1; }
 
-cpus=$(nproc)
-mem_gib=$(( $(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / 1024 / 1024 ))
-by_mem=$(( mem_gib / per_job ))
-if [ -z "${MAX_JOBS:-}" ]; then
-  MAX_JOBS=$(( by_mem < cpus ? by_mem : cpus ))
-fi
-echo "vllm-wheel: MAX_JOBS=$MAX_JOBS (builder: $cpus CPUs, $mem_gib GiB available, VLLM_MEM_PER_JOB_GIB=$per_job), PYTORCH_ROCM_ARCH=$GPU_ARCHS"
-if [ "$MAX_JOBS" -lt 1 ]; then
-  echo "vllm-wheel: ERROR: the builder has $mem_gib GiB available, less than one compile job needs ($per_job GiB, VLLM_MEM_PER_JOB_GIB): give the builder more memory or set MAX_JOBS" >&2
-  exit 1
-fi
+step=${1:-} src=${2:-} out=${3:-}
+case "$step" in check|deps|wheel|all) ;; *) echo "usage: $0 check|deps|wheel|all SRC OUT" >&2; exit 2 ;; esac
+[ -n "$src" ] && [ -n "$out" ] || { echo "usage: $0 $step SRC OUT" >&2; exit 2; }
+[ -d "$src" ] || fail "$src: no vLLM source directory (the vllm-src build context)"
+mkdir -p "$out"
+use_ca_bundle
+tools=$here/requirements-build.txt
 
-python - <<'PY' || { echo "vllm-wheel: ERROR: the base image's torch is not a ROCm build: rebuild the base target (docker buildx bake base)" >&2; exit 1; }
-import torch, sys
+check() {
+  python "$here/vllm_requirements.py" files "$src"
+  case "${TRITON_KERNELS_COMMIT:-UNRESOLVED}" in
+    UNRESOLVED) echo "vllm-wheel: WARNING: TRITON_KERNELS_COMMIT is UNRESOLVED: the triton_kernels commit vLLM's CMake names is not checked" >&2 ;;
+    *) python "$here/vllm_requirements.py" triton-kernels "$src" "$TRITON_KERNELS_COMMIT" ;;
+  esac
+  python "$here/vllm_requirements.py" build-tools "$src" "$tools"
+  python "$here/pinned_dists.py" constraints "$out/constraints.txt"
+  echo "vllm-wheel: resolving vLLM's ROCm runtime requirements under $out/constraints.txt (dry run)"
+  python -m pip install --quiet --dry-run --report "$out/runtime-report.json" \
+      -c "$out/constraints.txt" -r "$src/requirements/rocm.txt" \
+    || fail "vLLM's requirements/rocm.txt does not resolve with the base image's pins (constraints: $out/constraints.txt): fix the pins in versions.json"
+  python "$here/pinned_dists.py" check-report "$out/runtime-report.json" --step "vllm-wheel (runtime requirements)"
+}
+
+deps() {
+  check
+  python "$here/pinned_dists.py" snapshot "$out/pins-before.json"
+  python -m pip install --require-hashes --no-deps -r "$tools"
+  python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (build tools)"
+  rm -f "$out/pins-before.json"
+}
+
+wheel() {
+  : "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${VLLM_VERSION:?set VLLM_VERSION}"
+  : "${TRITON_KERNELS_SRC_DIR:?set TRITON_KERNELS_SRC_DIR to the pinned ROCm triton_kernels package (the triton-kernels-src stage)}"
+  [ -f "$TRITON_KERNELS_SRC_DIR/__init__.py" ] \
+    || fail "TRITON_KERNELS_SRC_DIR=$TRITON_KERNELS_SRC_DIR is not the triton_kernels package (no __init__.py): check the triton-kernels-src build context"
+  derive_max_jobs vllm-wheel VLLM_MEM_PER_JOB_GIB
+  python - <<'PY' || fail "the base image's torch is not a ROCm build: rebuild the base target (docker buildx bake base)"
+import sys, torch
 sys.exit(0 if torch.version.hip else 1)
 PY
-
-export PYTORCH_ROCM_ARCH=$GPU_ARCHS MAX_JOBS VLLM_TARGET_DEVICE=rocm
-export CCACHE_DIR=${CCACHE_DIR:-/root/.cache/ccache}
-if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi
-cd "$src"
-# Build requirements other than torch (cmake, ninja, setuptools-scm, ...); torch stays as installed.
-grep -v -E '^\s*(torch|triton|pytorch-triton)' requirements/rocm-build.txt > /tmp/vllm-build-reqs.txt
-python -m pip install -r /tmp/vllm-build-reqs.txt
-python -m pip wheel --no-deps --no-build-isolation --wheel-dir "$out" .
-ls "$out"/vllm-*.whl >/dev/null || { echo "vllm-wheel: ERROR: no vLLM wheel in $out" >&2; exit 1; }
-# Runtime requirements of the ROCm build, for the installing stage (torch lines dropped).
-grep -v -E '^\s*(torch|triton|pytorch-triton)' requirements/rocm.txt > "$out/requirements-rocm.txt"
-if [ -f requirements/common.txt ]; then cp requirements/common.txt "$out/common.txt"; fi
-python - "$out" "$VLLM_VERSION" <<'PY'
+  export PYTORCH_ROCM_ARCH=$GPU_ARCHS VLLM_TARGET_DEVICE=rocm TRITON_KERNELS_SRC_DIR
+  export CCACHE_DIR=${CCACHE_DIR:-/root/.cache/ccache}
+  echo "vllm-wheel: PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH, triton_kernels from $TRITON_KERNELS_SRC_DIR"
+  python "$here/pinned_dists.py" snapshot "$out/pins-before.json"
+  (cd "$src" && python -m pip wheel --no-deps --no-build-isolation --wheel-dir "$out" .)
+  python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (compile)"
+  rm -f "$out/pins-before.json"
+  # The runtime requirements travel as vLLM's whole requirements/ folder: its -r includes are
+  # relative to their own folder.
+  rm -rf "$out/requirements" && cp -r "$src/requirements" "$out/requirements"
+  python - "$out" "$VLLM_VERSION" <<'PY'
 import pathlib, sys
 out, want = pathlib.Path(sys.argv[1]), sys.argv[2]
-wheel = next(out.glob("vllm-*.whl")).name
-found = wheel.split("-")[1]
+wheels = sorted(out.glob("vllm-*.whl"))
+if len(wheels) != 1:
+    sys.exit(f"vllm-wheel: ERROR: expected one vLLM wheel in {out}, found {len(wheels)}")
+found = wheels[0].name.split("-")[1]
 if found.split("+")[0] != want:
     sys.exit(f"vllm-wheel: ERROR: built vLLM {found} but versions.json pins VLLM_VERSION={want}: check vllm.tag/commit")
-print(f"vllm-wheel: OK {wheel}")
+print(f"vllm-wheel: OK {wheels[0].name}")
 PY
+}
+
+case "$step" in
+  check) check ;;
+  deps) deps ;;
+  wheel) wheel ;;
+  all) deps && wheel ;;
+esac

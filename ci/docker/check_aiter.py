@@ -8,12 +8,15 @@
         every prebuilt .so of the installed package resolves its libraries and symbol
         versions (GLIBCXX included) with ldd in this image
     check_aiter.py modules WHEEL    print the prebuilt module names, one per line
+    check_aiter.py amdsmi           the AMD SMI Python package imports in this image (vLLM
+                                    detects ROCm through it; no GPU needed to import it)
 
 Exit status 1 with one line per problem naming what is missing and the setting to change.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import subprocess
@@ -60,6 +63,17 @@ def check_libs(site: Path, lib_paths: list[str]) -> list[str]:
     return problems
 
 
+def check_amdsmi() -> list[str]:
+    try:
+        module = importlib.import_module("amdsmi")
+    except Exception as exc:  # ImportError, or OSError when libamd_smi.so cannot be loaded
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return [f"import amdsmi failed ({detail}): vLLM would fail with 'Failed to infer device type'; "
+                f"install it from the ROCm image (ci/docker/install_amdsmi.sh in the torch stage)"]
+    print(f"aiter-check: amdsmi from {getattr(module, '__file__', '?')}")
+    return []
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -72,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--lib-path", action="append", default=[])
     p = sub.add_parser("modules")
     p.add_argument("wheel", type=Path)
+    sub.add_parser("amdsmi")
     ns = parser.parse_args(argv)
 
     if ns.cmd == "modules":
@@ -80,6 +95,8 @@ def main(argv=None) -> int:
         return 0
     if ns.cmd == "wheel":
         problems = check_wheel(ns.wheel, ns.modules.split(), [a for a in ns.archs.split(";") if a])
+    elif ns.cmd == "amdsmi":
+        problems = check_amdsmi()
     else:
         problems = check_libs(ns.site, ns.lib_path)
     for line in problems:

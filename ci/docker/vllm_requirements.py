@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""vLLM's requirement files, read where they are (their `-r` includes are relative to their own
+folder), against this project's pins.
+
+    vllm_requirements.py files SRC
+        every file of SRC that the vLLM build scripts name exists (one line per missing file)
+    vllm_requirements.py build-tools SRC TOOLS
+        the build tools pinned in TOOLS (a hash-pinned requirements file) satisfy what vLLM's
+        requirements/build/rocm.txt asks of them; its lines for the base image's pinned
+        distributions (torch, Triton, amdsmi, ...) are reported, never installed: the base
+        image's builds are kept
+    vllm_requirements.py triton-kernels SRC COMMIT
+        vLLM's CMake fetches ROCm triton_kernels at COMMIT (versions.json vllm.triton_kernels)
+
+Errors: one line each naming the file and the setting to change; exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import re
+import sys
+from pathlib import Path
+
+try:
+    from packaging.requirements import InvalidRequirement, Requirement
+except ImportError:  # pip always carries a copy
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+
+BUILD_REQUIREMENTS = "requirements/build/rocm.txt"
+RUNTIME_REQUIREMENTS = "requirements/rocm.txt"
+# Every file of the vLLM source the scripts of this directory name.
+NAMED_FILES = (
+    BUILD_REQUIREMENTS,
+    RUNTIME_REQUIREMENTS,
+    "requirements/common.txt",
+    "cmake/external_projects/triton_kernels.cmake",
+    "setup.py",
+    "CMakeLists.txt",
+)
+PINNED = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", "triton-rocm", "amdsmi", "amd-aiter"}
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_requirements(path: Path, seen=None) -> list[tuple[Path, Requirement]]:
+    """(file, requirement) of every requirement line, `-r` includes followed relative to the
+    including file's folder; options (--extra-index-url, ...) skipped."""
+    seen = set() if seen is None else seen
+    path = path.resolve()
+    if path in seen:
+        return []
+    seen.add(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such requirements file")
+    out = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        if not line:
+            continue
+        include = re.match(r"^(-r|--requirement)\s*=?\s*(\S+)$", line)
+        if include:
+            out += read_requirements(path.parent / include.group(2), seen)
+            continue
+        if line.startswith("-"):
+            continue
+        try:
+            out.append((path, Requirement(line)))
+        except InvalidRequirement as exc:
+            raise ValueError(f"{path}:{number}: cannot parse {line!r}: {exc}") from None
+    return out
+
+
+def pinned_versions(tools: Path) -> dict[str, str]:
+    pins = {}
+    for raw in tools.read_text().splitlines():
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)==(\S+)", raw)
+        if m:
+            pins[norm(m.group(1))] = m.group(2)
+    return pins
+
+
+def check_files(src: Path) -> list[str]:
+    return [f"{src}/{name}: missing: this vLLM source (VLLM_TAG/VLLM_COMMIT) does not have the layout "
+            f"the vLLM 0.32 build scripts (ci/docker) read; pin vLLM 0.32 or update the scripts" for name in NAMED_FILES if not (src / name).is_file()]
+
+
+def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:
+    pins = pinned_versions(tools)
+    problems, notes = [], []
+    for origin, req in read_requirements(src / BUILD_REQUIREMENTS):
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        name = norm(req.name)
+        where = origin.relative_to(src.resolve())
+        if name in PINNED:
+            try:
+                have = md.version(name)
+            except md.PackageNotFoundError:
+                have = "not installed"
+            notes.append(f"{where} asks for {req}; the base image's {name} ({have}) is kept")
+        elif name in pins and not req.specifier.contains(pins[name], prereleases=True):
+            problems.append(f"{where} needs {req} but {tools.name} pins {name}=={pins[name]}: "
+                            f"change the pin in {tools.name}")
+    return problems, notes
+
+
+def check_triton_kernels(src: Path, commit: str) -> list[str]:
+    cmake = src / "cmake/external_projects/triton_kernels.cmake"
+    text = cmake.read_text()
+    m = re.search(r'VLLM_TARGET_DEVICE STREQUAL "rocm".*?set\(TRITON_KERNELS_TAG "([^"]+)"\)', text, re.S)
+    if not m:
+        return [f"{cmake}: no ROCm TRITON_KERNELS_TAG found: this vLLM fetches triton_kernels differently; "
+                "update ci/docker/vllm_source.sh"]
+    if m.group(1) != commit:
+        return [f"{cmake} fetches ROCm triton_kernels at {m.group(1)} but versions.json pins "
+                f"vllm.triton_kernels.commit={commit}: set the pin to vLLM's"]
+    return []
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("files").add_argument("src", type=Path)
+    p = sub.add_parser("build-tools")
+    p.add_argument("src", type=Path)
+    p.add_argument("tools", type=Path)
+    p = sub.add_parser("triton-kernels")
+    p.add_argument("src", type=Path)
+    p.add_argument("commit")
+    ns = parser.parse_args(argv)
+    notes: list[str] = []
+    try:
+        problems = check_files(ns.src)
+        if not problems and ns.cmd == "build-tools":
+            problems, notes = check_build_tools(ns.src, ns.tools)
+        elif not problems and ns.cmd == "triton-kernels":
+            problems = check_triton_kernels(ns.src, ns.commit)
+    except (OSError, ValueError) as exc:
+        problems = [str(exc)]
+    for line in notes:
+        print(f"vllm-requirements: {line}")
+    for line in problems:
+        print(f"vllm-requirements: ERROR: {line}", file=sys.stderr)
+    if not problems:
+        print(f"vllm-requirements: OK ({ns.cmd})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The vLLM build scripts (ci/docker) against vLLM 0.32.0's released source: its PyPI sdist,
+downloaded once (sha256 from versions.json vllm.sdist) and cached between runs in
+VLLM_SDIST_CACHE (default ~/.cache/rocm-vllm-test).
+
+What runs here is everything of build_vllm.sh before the compile: the files it names exist, the
+build tools satisfy vLLM's build requirements, and vLLM's ROCm runtime requirements resolve
+(pip --dry-run --report, needs PyPI) in an environment that holds the base image's pinned
+distributions, under the constraints the script writes, without touching any of them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ci.pins import model
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "ci" / "docker"
+# Versions versions.json does not know yet (unresolved pins) get stand-ins, marked as such.
+STAND_IN = {"triton": "3.8.0+stand.in", "amdsmi": "26.0.0+stand.in"}
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("VLLM_SDIST_CACHE") or Path.home() / ".cache" / "rocm-vllm-test")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def versions():
+    return model.load(ROOT / "versions.json")
+
+
+@pytest.fixture(scope="module")
+def vllm_src(versions) -> Path:
+    """vLLM's sdist, downloaded once, checked against versions.json, unpacked once."""
+    sdist = versions["vllm"]["sdist"]
+    name = sdist["url"].rsplit("/", 1)[-1]
+    cache = cache_dir()
+    archive = cache / name
+    if not archive.is_file() or sha256(archive) != sdist["sha256"]:
+        partial = archive.with_suffix(".part")
+        try:
+            with urllib.request.urlopen(sdist["url"], timeout=120) as resp, partial.open("wb") as f:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    f.write(chunk)
+        except OSError as exc:
+            pytest.fail(f"cannot download {sdist['url']} ({exc}): this test needs PyPI, or the file in {cache}")
+        partial.replace(archive)
+    assert sha256(archive) == sdist["sha256"], f"{archive}: sha256 differs from versions.json vllm.sdist.sha256"
+    top = name[: -len(".tar.gz")]
+    src = cache / top
+    if not (src / ".unpacked").is_file():
+        with tarfile.open(archive) as tar:
+            tar.extractall(cache, filter="data")
+        (src / ".unpacked").write_text(sdist["sha256"] + "\n")
+    return src
+
+
+def run(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+# ------------------------------------------------------------------ files the scripts name
+
+def named_vllm_paths() -> set[str]:
+    """vLLM source paths (requirements/..., cmake/...) that the scripts of ci/docker name."""
+    found = set()
+    for script in DOCKER.iterdir():
+        if script.suffix in (".sh", ".py"):
+            text = script.read_text()
+            found |= set(re.findall(r"\b(requirements/[A-Za-z0-9_./-]+\.txt|cmake/[A-Za-z0-9_./-]+\.cmake)\b", text))
+    return found
+
+
+def test_every_vllm_file_the_scripts_name_exists(vllm_src):
+    named = named_vllm_paths()
+    assert "requirements/build/rocm.txt" in named and "requirements/rocm.txt" in named
+    missing = sorted(p for p in named if not (vllm_src / p).is_file())
+    assert not missing, f"named by ci/docker but not in vLLM 0.32.0: {missing}"
+    proc = run([sys.executable, DOCKER / "vllm_requirements.py", "files", vllm_src])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_requirement_includes_are_relative_to_their_folder(vllm_src, tmp_path):
+    """requirements/build/rocm.txt includes ../common.txt: read in place it resolves, copied
+    elsewhere it does not (the scripts keep the files where they are)."""
+    sys.path.insert(0, str(DOCKER))
+    try:
+        import vllm_requirements as vr
+    finally:
+        sys.path.remove(str(DOCKER))
+    names = {r.name for _, r in vr.read_requirements(vllm_src / "requirements/build/rocm.txt")}
+    assert "xgrammar" in names and "cmake" in names  # xgrammar comes from ../common.txt
+    copy = tmp_path / "rocm.txt"
+    copy.write_text((vllm_src / "requirements/build/rocm.txt").read_text())
+    with pytest.raises(FileNotFoundError):
+        vr.read_requirements(copy)
+
+
+def test_build_tools_satisfy_vllms_build_requirements(vllm_src):
+    proc = run([sys.executable, DOCKER / "vllm_requirements.py", "build-tools", vllm_src,
+                DOCKER / "requirements-build.txt"])
+    assert proc.returncode == 0, proc.stderr
+    # vLLM's build file pins its own torch/Triton/amdsmi builds: reported, never installed
+    assert re.search(r"asks for torch==.*the base image's torch", proc.stdout), proc.stdout
+
+
+def test_build_tools_check_can_fail(vllm_src, tmp_path):
+    tools = tmp_path / "requirements-build.txt"
+    tools.write_text("setuptools==80.9.0 --hash=sha256:" + "0" * 64 + "\n")
+    proc = run([sys.executable, DOCKER / "vllm_requirements.py", "build-tools", vllm_src, tools])
+    assert proc.returncode == 1 and "setuptools" in proc.stderr and "requirements-build.txt" in proc.stderr
+
+
+def test_triton_kernels_pin_is_the_commit_vllm_names(vllm_src, versions):
+    commit = versions["vllm"]["triton_kernels"]["commit"]
+    proc = run([sys.executable, DOCKER / "vllm_requirements.py", "triton-kernels", vllm_src, commit])
+    assert proc.returncode == 0, proc.stderr
+    proc = run([sys.executable, DOCKER / "vllm_requirements.py", "triton-kernels", vllm_src, "0" * 40])
+    assert proc.returncode == 1 and "vllm.triton_kernels.commit" in proc.stderr
+
+
+# ------------------------------------------------------------------ dependency resolution
+
+def stub_wheel(directory: Path, name: str, version: str, requires=()) -> Path:
+    """A wheel holding only the metadata of NAME VERSION (no code): stands for a pinned build."""
+    dist = re.sub(r"[-_.]+", "_", name)
+    info = f"{dist}-{version}.dist-info"
+    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    files = {
+        f"{info}/METADATA": "Metadata-Version: 2.1\n" f"Name: {name}\nVersion: {version}\n"
+                            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: stub\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    records = [f"{n},sha256=,{len(t)}" for n, t in files.items()] + [f"{info}/RECORD,,"]
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, t in files.items():
+            zf.writestr(n, t)
+        zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pinned_env(versions, tmp_path_factory):
+    """A virtual environment holding the base image's pinned distributions as metadata-only
+    wheels (torch and its Triton, torchvision, torchaudio, amdsmi, amd-aiter)."""
+    wheels = versions["pytorch"]["wheels"]
+    triton_pkg = wheels["triton"]["package"] or "pytorch-triton-rocm"
+    triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
+    torch_ver = wheels["torch"]["version"]
+    pins = {
+        "torch": (torch_ver, [f"{triton_pkg}=={triton_ver}"]),
+        triton_pkg: (triton_ver, []),
+        "torchvision": (wheels["torchvision"]["version"], [f"torch=={torch_ver}"]),
+        "torchaudio": (wheels["torchaudio"]["version"], [f"torch=={torch_ver}"]),
+        "amdsmi": (STAND_IN["amdsmi"], []),
+        "amd-aiter": (versions["aiter"]["default"].lstrip("v"), []),
+    }
+    base = tmp_path_factory.mktemp("pinned-env")
+    env = base / "venv"
+    assert run([sys.executable, "-m", "venv", env]).returncode == 0
+    stubs = base / "stubs"
+    stubs.mkdir()
+    paths = [stub_wheel(stubs, n, v, r) for n, (v, r) in pins.items()]
+    proc = run([env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *paths])
+    assert proc.returncode == 0, proc.stderr
+    return {"python": env / "bin/python", "bin": env / "bin", "pins": {n: v for n, (v, _) in pins.items()},
+            "triton": triton_pkg}
+
+
+def installs(report_path: Path) -> dict[str, str]:
+    report = json.loads(report_path.read_text())
+    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in report["install"]}
+
+
+def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned_env, versions, tmp_path):
+    """build_vllm.sh check: the triton alias (install_torch.sh's step), then the constraints and
+    a dry-run resolution of requirements/rocm.txt: nothing pinned is installed or replaced."""
+    py = pinned_env["python"]
+    proc = run([py, DOCKER / "pinned_dists.py", "triton-alias"])
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
+           "TRITON_PACKAGE": pinned_env["triton"], "TRITON_KERNELS_COMMIT": versions["vllm"]["triton_kernels"]["commit"]}
+    proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    constraints = (out / "constraints.txt").read_text()
+    for name, ver in pinned_env["pins"].items():
+        assert f"{name}=={ver}" in constraints
+    touched = installs(out / "runtime-report.json")
+    assert "xgrammar" in touched  # the requirement that pulls `triton` was resolved
+    pinned = set(pinned_env["pins"]) | {"triton"}
+    assert not pinned & set(touched), {n: touched[n] for n in pinned & set(touched)}
+
+
+def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src, versions, tmp_path_factory):
+    """The same resolution as the old build did it (no constraints, no alias): pip brings PyPI's
+    triton over the ROCm one, and the report check names it."""
+    wheels = versions["pytorch"]["wheels"]
+    base = tmp_path_factory.mktemp("bare-env")
+    env = base / "venv"
+    assert run([sys.executable, "-m", "venv", env]).returncode == 0
+    triton_pkg = wheels["triton"]["package"] or "pytorch-triton-rocm"
+    triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
+    stubs = [stub_wheel(base, "torch", wheels["torch"]["version"], [f"{triton_pkg}=={triton_ver}"]),
+             stub_wheel(base, triton_pkg, triton_ver), stub_wheel(base, "amdsmi", STAND_IN["amdsmi"])]
+    assert run([env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]).returncode == 0
+    report = base / "report.json"
+    proc = run([env / "bin/python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", report,
+                "-r", vllm_src / "requirements/rocm.txt"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "triton" in installs(report)
+    proc = run([env / "bin/python", DOCKER / "pinned_dists.py", "check-report", report, "--step", "test"])
+    assert proc.returncode == 1 and "triton" in proc.stderr
+
+
+def test_constraints_missing_a_pinned_distribution_fail(tmp_path_factory):
+    env = tmp_path_factory.mktemp("empty-env") / "venv"
+    assert run([sys.executable, "-m", "venv", "--without-pip", env]).returncode == 0
+    proc = run([env / "bin/python", DOCKER / "pinned_dists.py", "constraints", env / "c.txt"])
+    assert proc.returncode == 1 and "torch is not installed" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ runtime environment
+
+# The runtime settings of vLLM 0.32.0's own ROCm serving image that a serving image of ours
+# needs (the others upstream sets: UCX_* and KINETO_CONFIG configure components this image does
+# not carry; PYTORCH_NVML_BASED_CUDA_CHECK is set by vLLM itself at import, vllm/env_override.py;
+# TOKENIZERS_PARALLELISM only silences a warning).
+SERVING_ENV = ("HSA_NO_SCRATCH_RECLAIM", "HIP_FORCE_DEV_KERNARG", "SAFETENSORS_FAST_GPU", "HSA_ENABLE_IPC_MODE_LEGACY")
+
+
+def env_of(text: str) -> dict[str, str]:
+    found = {}
+    for m in re.finditer(r"^ENV\s+(.*?)(?<!\\)$", re.sub(r"\\\n\s*", " ", text), re.M):
+        for token in re.findall(r'([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)', m.group(1)):
+            found[token[0]] = token[1].strip('"')
+    return found
+
+
+def test_serving_image_sets_upstreams_rocm_runtime_environment(vllm_src):
+    upstream = {**env_of((vllm_src / "docker/Dockerfile.rocm_base").read_text()),
+                **env_of((vllm_src / "docker/Dockerfile.rocm").read_text())}
+    text = (ROOT / "Dockerfile.rocm").read_text()
+    serve_base = text[text.index("FROM vllm AS serve-base"):text.index("FROM serve-base AS serve\n")]
+    ours = env_of(serve_base)
+    for name in SERVING_ENV:
+        assert name in upstream, f"vLLM 0.32.0's ROCm Dockerfiles no longer set {name}"
+        assert ours.get(name) == upstream[name], f"serve-base: ENV {name}={upstream[name]} (as upstream) missing"
+    lines = serve_base.splitlines()
+    for i, line in enumerate(lines):  # one comment each
+        if re.match(rf"^ENV ({'|'.join(SERVING_ENV)})=", line):
+            assert lines[i - 1].startswith("#"), line
