@@ -198,7 +198,8 @@ def run_case(case: Case, replays: int, device: torch.device, use_graph: bool, se
         block_table.copy_(table)
         q.copy_(torch.randn(q.shape, generator=gen).to(case.dtype))
         kv_cache.copy_(torch.randn(kv_cache.shape, generator=gen).to(case.dtype))
-        o.fill_(float("nan"))  # every row must be rewritten
+        # Every row must be rewritten; the non-persistent multi-token contract wants a zeroed o.
+        o.fill_(float("nan") if ql == 1 else 0.0)
 
     def step() -> DecodePlan:
         plan = plan_decode_into(buffers, block_table, seq_lens, query_start_loc, workspace=workspace)

@@ -28,7 +28,7 @@ def _run(case: DecodeCase, kv_cache: torch.Tensor, q, layer) -> torch.Tensor:
 
 
 def test_bf16_cache_and_split_query():
-    case = make(DecodeCase([1, 1, 3], [17, 90, 41], 16, 16, torch.bfloat16), seed=2)
+    case = make(DecodeCase([4, 4, 4], [17, 90, 41], 16, 16, torch.bfloat16), seed=2)
     q = case.absorbed_q()
     out = _run(case, case.kv_cache, (q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]), layer=None)
     torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=2e-2, rtol=2e-2)
@@ -37,7 +37,7 @@ def test_bf16_cache_and_split_query():
 @pytest.mark.parametrize("as_uint8", [True, False], ids=["uint8-storage", "fp8-dtype"])
 def test_fp8_cache_quantises_query_and_passes_scales(as_uint8):
     fp8 = torch.float8_e4m3fn
-    case = make(DecodeCase([1, 1, 2], [9, 64, 33], 16, 16, torch.float32), seed=4)
+    case = make(DecodeCase([2, 2, 2], [9, 64, 33], 16, 16, torch.float32), seed=4)
     q_scale, k_scale = torch.tensor([0.05]), torch.tensor([0.01])
     kv8 = (case.kv_cache / k_scale).to(fp8)
     layer = types.SimpleNamespace(_q_scale=q_scale, _k_scale=k_scale)

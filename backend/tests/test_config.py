@@ -1,49 +1,94 @@
-"""Start-up checks: head counts, KV-cache dtypes, unsupported features."""
+"""Start-up checks: head counts (padding to a head count AITER has a kernel for), query
+lengths per KV dtype and decode mode, KV-cache dtypes, unsupported features."""
 
 import pytest
 
+from vllm_aiter_mla import contract
 from vllm_aiter_mla.config import (
+    DecodeShape,
     check_kv_cache_dtype,
     check_unsupported_features,
     decode_head_count,
-    is_supported_head_count,
+    decode_mode,
 )
 
-
-@pytest.mark.parametrize("heads,expected", [(16, 16), (128, 128), (32, 128), (64, 128), (96, 128), (112, 128)])
-def test_supported_head_counts(heads, expected):
-    assert decode_head_count(heads) == expected
+NP = contract.NON_PERSISTENT
+P = contract.PERSISTENT
 
 
-@pytest.mark.parametrize("heads", [1, 8, 12, 24, 129, 144, 256])
-def test_unsupported_head_counts_fail_with_tensor_parallel_hint(heads):
+def shape(max_qlen=1, dtype=contract.BF16, mode=P):
+    return DecodeShape(max_qlen=max_qlen, q_dtype=dtype, kv_dtype=dtype, mode=mode)
+
+
+@pytest.mark.parametrize("heads,mode,expected", [
+    # Fewer than 16 heads per GPU (DeepSeek-V2-Lite at TP 2, Kimi-K2 at TP 8: 8 heads) pad to 16.
+    (1, P, 16), (8, P, 16), (8, NP, 16), (12, NP, 16),
+    (16, P, 16), (128, NP, 128), (128, P, 128),
+    # Persistent mode folds multiples of 16 onto the 16-head kernels: no padding to 128.
+    (32, P, 32), (64, P, 64), (24, P, 32), (100, P, 112),
+    # Non-persistent has only 16 and 128.
+    (32, NP, 128), (64, NP, 128), (17, NP, 128),
+])
+def test_head_count_is_the_nearest_with_a_kernel(heads, mode, expected):
+    assert decode_head_count(heads, shape=shape(mode=mode)) == expected
+
+
+def test_query_length_changes_the_head_count():
+    # 16 heads bf16 non-persistent: kernels up to query length 8; 128 heads: any length.
+    assert decode_head_count(16, shape=shape(max_qlen=2, mode=NP)) == 16
+    assert decode_head_count(16, shape=shape(max_qlen=2, dtype=contract.FP8, mode=NP)) == 16
+
+
+@pytest.mark.parametrize("heads", [129, 144, 256])
+def test_too_many_heads_fail_with_tensor_parallel_hint(heads):
     with pytest.raises(ValueError, match="--tensor-parallel-size") as err:
-        decode_head_count(heads)
-    assert f"{heads} heads per GPU" in str(err.value)
+        decode_head_count(heads, shape=shape())
+    assert f"{heads} attention heads per GPU" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_hint_lists_tensor_parallel_sizes_that_work():
-    # DeepSeek-V3: 128 heads. TP16 leaves 8 per GPU; TP 1/2/4/8 give 128/64/32/16.
     with pytest.raises(ValueError) as err:
-        decode_head_count(8, total_heads=128)
-    assert "[1, 2, 4, 8]" in str(err.value)
+        decode_head_count(256, total_heads=256, shape=shape(mode=NP))
+    assert "[2, 4, 8, 16, 32, 64, 128, 256]" in str(err.value)
 
 
-def test_is_supported_head_count_matches_decode_head_count():
-    for h in range(1, 300):
-        if is_supported_head_count(h):
-            assert decode_head_count(h) in (16, 128)
-        else:
-            with pytest.raises(ValueError):
-                decode_head_count(h)
+@pytest.mark.parametrize("qlen", [5, 6, 8])
+@pytest.mark.parametrize("mode", [P, NP])
+def test_fp8_cache_with_four_or_more_speculative_tokens_fails_at_start_up(qlen, mode):
+    """ROCm/aiter#2760: AITER raises a KeyError mid-run; we refuse at start-up in one line."""
+    with pytest.raises(ValueError) as err:
+        decode_head_count(16, shape=shape(max_qlen=qlen, dtype=contract.FP8, mode=mode))
+    message = str(err.value)
+    assert "--kv-cache-dtype" in message and "num_speculative_tokens" in message and "\n" not in message
+    assert "ROCm/aiter#2760" in message
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3"])
+@pytest.mark.parametrize("heads", [8, 16, 128])
+def test_fp8_cache_up_to_three_speculative_tokens_runs(heads):
+    assert decode_head_count(heads, shape=shape(max_qlen=4, dtype=contract.FP8)) in (16, 128)
+
+
+def test_non_persistent_mode_refuses_query_length_three():
+    """ROCm/aiter#2720: non-power-of-two max_seqlen_q is wrong on the non-persistent path."""
+    with pytest.raises(ValueError, match="AITER_MLA_DECODE_MODE=persistent"):
+        decode_head_count(16, shape=shape(max_qlen=3, mode=NP))
+    assert decode_head_count(16, shape=shape(max_qlen=3, mode=P)) == 16
+
+
+def test_decode_mode_setting():
+    assert decode_mode({}) == P
+    assert decode_mode({"AITER_MLA_DECODE_MODE": "non-persistent"}) == NP
+    with pytest.raises(ValueError, match="AITER_MLA_DECODE_MODE"):
+        decode_mode({"AITER_MLA_DECODE_MODE": "fast"})
+
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "fp8", "fp8_e4m3"])
 def test_supported_kv_cache_dtypes(dtype):
     check_kv_cache_dtype(dtype)
 
 
-@pytest.mark.parametrize("dtype", ["fp8_e5m2", "int8", "fp8_ds_mla"])
+@pytest.mark.parametrize("dtype", ["float16", "fp8_e5m2", "int8", "fp8_ds_mla"])
 def test_unsupported_kv_cache_dtypes_name_the_setting(dtype):
     with pytest.raises(ValueError, match="--kv-cache-dtype"):
         check_kv_cache_dtype(dtype)

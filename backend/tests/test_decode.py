@@ -7,20 +7,29 @@ import pytest
 import torch
 
 from mla_cases import KV_LORA_RANK, MATRIX, TOLERANCE, DecodeCase, dense_mla, make
-from vllm_aiter_mla.config import decode_head_count
+from vllm_aiter_mla import contract
+from vllm_aiter_mla.config import DecodeShape, decode_head_count
 from vllm_aiter_mla.decode import mla_decode, pad_heads
 from vllm_aiter_mla.kernels import load_kernels
+from vllm_aiter_mla.persistent import allocate_work, plan_work
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode, plan_decode_into
 
 REFERENCE = load_kernels("reference")
 
 
-def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | None = None, split_q: bool = False):
+def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | None = None, split_q: bool = False,
+                       mode: str = contract.PERSISTENT):
     if persistent:
         buffers = DecodePlanBuffers.allocate(80, case.block_table.shape[1] + 2, case.block_size, "cpu")
         plan = plan_decode_into(buffers, case.block_table, case.seq_lens_t, case.query_start_loc)
     else:
         plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, case.block_size)
+    qlen = max(case.q_lens)
+    heads = decode_heads or case.num_heads
+    work = None
+    if mode == contract.PERSISTENT:
+        work = allocate_work(REFERENCE, 80, qlen, heads, case.dtype, case.dtype, "cpu")
+        plan_work(REFERENCE, work, plan, qlen)
     q = case.absorbed_q()
     if split_q:
         q = (q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:])
@@ -31,29 +40,41 @@ def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | N
         kernels=REFERENCE,
         kv_lora_rank=KV_LORA_RANK,
         scale=case.scale,
-        max_seqlen_q=max(case.q_lens),
-        decode_heads=decode_heads or case.num_heads,
+        max_seqlen_q=qlen,
+        decode_heads=heads,
         out_dtype=case.dtype,
+        work=work,
     )
 
 
+# alloc-plan + non-persistent decode, plan buffers + persistent decode. Query length 3 is
+# refused on the non-persistent path (ROCm/aiter#2720).
+PLAN_MATRIX = [(persistent, mode, *m) for persistent, mode in ((False, contract.NON_PERSISTENT),
+                                                                 (True, contract.PERSISTENT))
+               for m in MATRIX if not (mode == contract.NON_PERSISTENT and max(m[1]) == 3)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case_id,q_lens,seq_lens,block_size,heads", MATRIX, ids=[m[0] for m in MATRIX])
-@pytest.mark.parametrize("persistent", [False, True], ids=["alloc-plan", "persistent-plan"])
-def test_backend_decode_matches_dense(case_id, q_lens, seq_lens, block_size, heads, dtype, persistent):
+@pytest.mark.parametrize("persistent,mode,case_id,q_lens,seq_lens,block_size,heads", PLAN_MATRIX,
+                         ids=[f"{'buffers' if m[0] else 'alloc'}-{m[1]}-{m[2]}" for m in PLAN_MATRIX])
+def test_backend_decode_matches_dense(case_id, q_lens, seq_lens, block_size, heads, dtype, persistent, mode):
     case = make(DecodeCase(q_lens, seq_lens, block_size, heads, dtype), seed=11)
-    out = run_backend_decode(case, persistent)
+    out = run_backend_decode(case, persistent, mode=mode)
     assert out.shape == (sum(q_lens), heads, KV_LORA_RANK) and out.dtype == dtype
     torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("heads", [32, 48, 64, 112])
-def test_padded_head_counts_give_the_unpadded_result(heads):
-    decode_heads = decode_head_count(heads)
-    assert decode_heads == 128
-    case = make(DecodeCase([1, 2, 2], [9, 70, 33], 16, heads, torch.float32), seed=3)
-    out = run_backend_decode(case, persistent=True, decode_heads=decode_heads, split_q=True)
-    assert out.shape == (5, heads, KV_LORA_RANK)
+@pytest.mark.parametrize("heads,mode,expected", [
+    (8, contract.PERSISTENT, 16), (8, contract.NON_PERSISTENT, 16), (12, contract.NON_PERSISTENT, 16),
+    (32, contract.NON_PERSISTENT, 128), (48, contract.NON_PERSISTENT, 128), (24, contract.PERSISTENT, 32),
+    (112, contract.NON_PERSISTENT, 128),
+])
+def test_padded_head_counts_give_the_unpadded_result(heads, mode, expected):
+    decode_heads = decode_head_count(heads, shape=DecodeShape(max_qlen=2, mode=mode))
+    assert decode_heads == expected
+    case = make(DecodeCase([2, 2, 2], [9, 70, 33], 16, heads, torch.float32), seed=3)
+    out = run_backend_decode(case, persistent=True, decode_heads=decode_heads, split_q=True, mode=mode)
+    assert out.shape == (6, heads, KV_LORA_RANK)
     torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=1e-5, rtol=1e-5)
 
 

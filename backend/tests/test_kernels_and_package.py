@@ -71,3 +71,16 @@ def test_vllm_version_gate(found, ok):
     else:
         with pytest.raises(RuntimeError):
             check_vllm_version(found)
+
+
+def test_float16_models_are_not_offered_to_this_backend():
+    """AITER's MLA decode rejects fp16 queries: vLLM must pick another backend for fp16
+    models (with its usual message), not select this one and fail at the first decode."""
+    import torch
+
+    from vllm_aiter_mla.backend import AiterMLABackend
+
+    assert AiterMLABackend.supported_dtypes == [torch.bfloat16]
+    assert not AiterMLABackend.supports_dtype(torch.float16)
+    assert AiterMLABackend.supports_dtype(torch.bfloat16)
+    assert "float16" not in AiterMLABackend.supported_kv_cache_dtypes

@@ -11,6 +11,26 @@ import torch
 from mla_cases import KV_LORA_RANK, LATENT, MATRIX, TOLERANCE, DecodeCase, dense_mla, make
 from vllm_aiter_mla import reference
 
+MODES = ["persistent", "non-persistent"]
+
+
+def work_kwargs(qo_indptr, kv_indptr, last, heads: int, qlen: int) -> dict:
+    """Persistent-mode work buffers, sized and filled through the reference's own
+    get_mla_metadata_info_v1 / get_mla_metadata_v1 (as the backend does with AITER's)."""
+    names = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map",
+             "reduce_partial_map")
+    specs = reference.get_mla_metadata_info_v1(len(kv_indptr) - 1, qlen, heads, torch.bfloat16, torch.bfloat16, False)
+    work = {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in zip(names, specs)}
+    reference.get_mla_metadata_v1(qo_indptr, kv_indptr, last, heads, 1, True, work["work_meta_data"],
+                                  work["work_info_set"], work["work_indptr"], work["reduce_indptr"],
+                                  work["reduce_final_map"], work["reduce_partial_map"], max_seqlen_qo=qlen,
+                                  uni_seqlen_qo=qlen)
+    return work
+
+
+def mode_kwargs(mode: str, qo_indptr, kv_indptr, last, heads: int, qlen: int) -> dict:
+    return work_kwargs(qo_indptr, kv_indptr, last, heads, qlen) if mode == "persistent" else {}
+
 
 def loop_indices(case: DecodeCase, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """kv_indptr / kv_indices / last_page_lens by a plain loop (pages of `page_size`)."""
@@ -30,15 +50,20 @@ def loop_indices(case: DecodeCase, page_size: int) -> tuple[torch.Tensor, torch.
     return as_t(indptr), as_t(indices), as_t(last)
 
 
+# Query length 3 is refused on the non-persistent path (ROCm/aiter#2720; see the refusal tests).
+MODE_MATRIX = [(mode, *m) for mode in MODES for m in MATRIX if not (mode == "non-persistent" and max(m[1]) == 3)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("case_id,q_lens,seq_lens,block_size,heads", MATRIX, ids=[m[0] for m in MATRIX])
+@pytest.mark.parametrize("mode,case_id,q_lens,seq_lens,block_size,heads", MODE_MATRIX,
+                         ids=[f"{m[0]}-{m[1]}" for m in MODE_MATRIX])
 @pytest.mark.parametrize("paging", ["page1", "native-pages"])
-def test_mla_decode_reference_matches_dense(case_id, q_lens, seq_lens, block_size, heads, dtype, paging):
+def test_mla_decode_reference_matches_dense(case_id, q_lens, seq_lens, block_size, heads, dtype, paging, mode):
     case = make(DecodeCase(q_lens, seq_lens, block_size, heads, dtype))
     page_size = 1 if paging == "page1" else block_size
     kv_indptr, kv_indices, last = loop_indices(case, page_size)
     q = case.absorbed_q()
-    o = torch.empty(q.shape[0], heads, KV_LORA_RANK, dtype=dtype)
+    o = torch.zeros(q.shape[0], heads, KV_LORA_RANK, dtype=dtype)
     reference.mla_decode_fwd(
         q,
         case.kv_cache.view(-1, page_size, 1, LATENT),
@@ -50,6 +75,7 @@ def test_mla_decode_reference_matches_dense(case_id, q_lens, seq_lens, block_siz
         max(q_lens),
         page_size=page_size,
         sm_scale=case.scale,
+        **mode_kwargs(mode, case.query_start_loc, kv_indptr, last, heads, max(q_lens)),
     )
     torch.testing.assert_close(case.project_out(o), dense_mla(case), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -78,21 +104,21 @@ def test_mla_decode_reference_rejects_soft_cap():
 
 def test_mla_decode_reference_fp8_matches_dequantized():
     fp8 = torch.float8_e4m3fn
-    case = make(DecodeCase([1, 1, 2], [5, 40, 17], 16, 16, torch.float32))
+    case = make(DecodeCase([2, 2, 2], [5, 40, 17], 16, 16, torch.float32))
     kv_indptr, kv_indices, last = loop_indices(case, 1)
     q = case.absorbed_q()
     q_scale, kv_scale = torch.tensor([0.05]), torch.tensor([0.01])
     q8 = (q / q_scale).to(fp8)
     kv8 = (case.kv_cache / kv_scale).to(fp8)
-    o = torch.empty(q.shape[0], 16, KV_LORA_RANK, dtype=torch.bfloat16)
+    o = torch.zeros(q.shape[0], 16, KV_LORA_RANK, dtype=torch.bfloat16)
     reference.mla_decode_fwd(q8, kv8.view(-1, 1, 1, LATENT), o, case.query_start_loc, kv_indptr, kv_indices, last, 2,
                              sm_scale=case.scale, q_scale=q_scale, kv_scale=kv_scale)
-    expected = torch.empty_like(o, dtype=torch.float32)
+    expected = torch.zeros_like(o, dtype=torch.float32)
     reference.mla_decode_fwd(q8.float() * q_scale, (kv8.float() * kv_scale).view(-1, 1, 1, LATENT), expected,
                              case.query_start_loc, kv_indptr, kv_indices, last, 2, sm_scale=case.scale)
     torch.testing.assert_close(o.float(), expected, atol=2e-2, rtol=2e-2)
     # And the quantised result is still close to the unquantised one.
-    exact = torch.empty_like(expected)
+    exact = torch.zeros_like(expected)
     reference.mla_decode_fwd(q, case.kv_cache.view(-1, 1, 1, LATENT), exact, case.query_start_loc, kv_indptr, kv_indices, last, 2, sm_scale=case.scale)
     assert (o.float() - exact).abs().max() < 0.25
 
@@ -141,3 +167,68 @@ def test_flash_attn_varlen_reference_matches_dense(q_lens, k_lens, heads, kv_hea
     torch.testing.assert_close(lse, exp_lse, atol=tol * 10, rtol=tol)
     plain = reference.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), softmax_scale=scale, causal=causal)
     torch.testing.assert_close(plain, out)
+
+
+def _valid_call(heads: int = 16, q_lens=(2, 2, 2), seq_lens=(9, 30, 17), dtype=torch.bfloat16, mode="non-persistent"):
+    """A call that satisfies AITER's contract; each refusal test breaks one thing."""
+    case = make(DecodeCase(list(q_lens), list(seq_lens), 16, heads, dtype))
+    kv_indptr, kv_indices, last = loop_indices(case, 1)
+    q = case.absorbed_q()
+    qlen = max(q_lens)
+    args = dict(q=q, kv_buffer=case.kv_cache.view(-1, 1, 1, LATENT), o=torch.zeros(q.shape[0], heads, KV_LORA_RANK, dtype=dtype),
+                qo_indptr=case.query_start_loc, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_lens=last,
+                max_seqlen_q=qlen, sm_scale=case.scale)
+    args.update(mode_kwargs(mode, case.query_start_loc, kv_indptr, last, heads, qlen))
+    return args
+
+
+def _int64(args, name):
+    args[name] = args[name].to(torch.int64)
+
+
+def _fp8(args):
+    args["q"] = args["q"].to(torch.float8_e4m3fn)
+    args["kv_buffer"] = args["kv_buffer"].to(torch.float8_e4m3fn)
+
+
+REFUSALS = {
+    # name: (call overrides, mutation, expected message part)
+    "non-uniform-query-lengths": (dict(q_lens=(1, 3), seq_lens=(9, 30)), lambda a: a.update(max_seqlen_q=2),
+                                  "not uniform"),
+    "rows-not-requests-x-max-seqlen-q": (dict(q_lens=(1, 4), seq_lens=(9, 30)), None, "rows per request"),
+    "max-seqlen-q-3-non-persistent-aiter-2720": (dict(q_lens=(3, 3), seq_lens=(9, 30)), None, "ROCm/aiter#2720"),
+    "fp8-qlen-8-aiter-2760": (dict(q_lens=(8, 8), seq_lens=(9, 30), dtype=torch.float32), _fp8, "ROCm/aiter#2760"),
+    "fp16-queries": (dict(dtype=torch.float16), None, "float16"),
+    "8-heads": (dict(heads=8), None, "8 heads"),
+    "32-heads-non-persistent": (dict(heads=32), None, "32 heads"),
+    "qlen-5-persistent-bf16": (dict(q_lens=(5, 5), seq_lens=(9, 30), mode="persistent"), None, "persistent"),
+    "int64-kv-indices": ({}, lambda a: _int64(a, "kv_indices"), "int32"),
+    "int64-qo-indptr": ({}, lambda a: _int64(a, "qo_indptr"), "int32"),
+    "non-contiguous-q": ({}, lambda a: a.update(q=a["q"].transpose(0, 1).contiguous().transpose(0, 1)), "contiguous"),
+    "kv-index-outside-cache": ({}, lambda a: a.update(kv_indices=a["kv_indices"] + 10_000), "outside the cache"),
+    "fewer-keys-than-queries": (dict(seq_lens=(9, 1, 17)), None, "at least max_seqlen_q"),
+    "non-zero-output-non-persistent-multi-token": ({}, lambda a: a["o"].fill_(1.0), "zero-filled"),
+    "soft-cap": ({}, lambda a: a.update(logit_cap=30.0), "logit_cap"),
+    "two-kv-heads": ({}, lambda a: a.update(nhead_kv=2), "one KV head"),
+    "stale-persistent-work": (dict(mode="persistent"), lambda a: a["kv_indptr"].__setitem__(-1, a["kv_indptr"][-1] - 1),
+                              "planned for another batch"),
+    "persistent-work-for-other-heads": (dict(mode="persistent"),
+                                        lambda a: a["work_meta_data"].__setitem__(1, 128), "planned for another batch"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_reference_refuses_what_aiter_gets_wrong(name):
+    overrides, mutate, message = REFUSALS[name]
+    args = _valid_call(**overrides)
+    if mutate is not None:
+        mutate(args)
+    with pytest.raises(ValueError, match=message):
+        reference.mla_decode_fwd(**args)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_valid_call_is_accepted(mode):
+    """The refusal tests start from a call the reference accepts."""
+    reference.mla_decode_fwd(**_valid_call(mode=mode))
+

@@ -1,7 +1,7 @@
 """vLLM 0.32 adapters: the ROCM_AITER_MLA backend, its metadata, builder and impl.
 
 Thin classes over vLLM's MLA common classes. The work is done by plain functions:
-``planning.plan_decode_into`` (block table -> AITER's index tensors, on persistent
+``planning.plan_decode_step`` (block table -> AITER's index tensors, on persistent
 buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's MLA
 prefill-backend mechanism, which on ROCm with AITER enabled routes to
 ``aiter.flash_attn_varlen_func`` (ROCM_AITER_FA); the chosen path is logged.
@@ -23,19 +23,28 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonMetadataBuilder,
     QueryLenSupport,
 )
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionLayer,
+    AttentionType,
+    MultipleOf,
+    max_decode_query_len,
+)
 
-from . import __version__
+from . import __version__, contract
 from .config import (
     SUPPORTED_KV_CACHE_DTYPES,
     SUPPORTED_LATENT_SIZES,
+    DecodeShape,
     check_kv_cache_dtype,
     check_unsupported_features,
     decode_head_count,
+    decode_mode,
 )
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
-from .planning import DecodePlan, DecodePlanBuffers, plan_decode_into
+from .persistent import PersistentWork, allocate_work, plan_work
+from .planning import DecodePlan, DecodePlanBuffers, plan_decode_step
 
 logger = init_logger("vllm.aiter_mla")
 
@@ -47,7 +56,8 @@ AITER_PREFILL_BACKEND = "ROCM_AITER_FA"
 @dataclass
 class AiterMLADecodeMetadata(MLACommonDecodeMetadata):
     plan: DecodePlan | None = None
-    max_query_len: int = 1
+    max_query_len: int = 1  # the decode rows' own (uniform) query length = max_seqlen_q
+    work: PersistentWork | None = None  # persistent mode's get_mla_metadata_v1 buffers
     attn_out_dtype: torch.dtype = torch.bfloat16
 
 
@@ -60,6 +70,29 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _is_fp8_cache(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype.startswith("fp8")
+
+
+def _gpu_archs() -> tuple[str, ...]:
+    """The ROCm GPU's arch (e.g. gfx942); every supported arch where there is none (CPU
+    development mode checks the rules of all of them)."""
+    if not _on_rocm():
+        return contract.ARCHS
+    return (torch.cuda.get_device_properties(0).gcnArchName.split(":")[0],)
+
+
+def decode_shape(vllm_config, kv_cache_dtype: str) -> DecodeShape:
+    dtype = contract.FP8 if _is_fp8_cache(kv_cache_dtype) else contract.BF16
+    return DecodeShape(max_qlen=max_decode_query_len(vllm_config), q_dtype=dtype, kv_dtype=dtype,
+                       mode=decode_mode(), archs=_gpu_archs())
+
+
+def _total_heads(vllm_config) -> int | None:
+    model_config = vllm_config.model_config
+    return model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
+
+
 def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
     layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
     backend = getattr(layer, "prefill_backend", None)
@@ -68,7 +101,8 @@ def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
 
 class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     """Plans every decode step into persistent buffers (fixed addresses, so a
-    captured decode graph reads each step's plan)."""
+    captured decode graph reads each step's plan), and in persistent mode fills AITER's
+    work buffers for it."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     # Speculative / MTP decode with uniform query lengths (2-4) runs as decode.
@@ -81,6 +115,15 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 f"{BACKEND_NAME} (vllm-aiter-mla) does not support decode context parallelism; "
                 "remove --decode-context-parallel-size."
             )
+        kv_cache_dtype = vllm_config.cache_config.cache_dtype
+        shape = decode_shape(vllm_config, kv_cache_dtype)
+        self._decode_heads = decode_head_count(self.num_heads, _total_heads(vllm_config), shape)
+        self._kernels = load_kernels()
+        self._work: PersistentWork | None = None
+        if shape.mode == contract.PERSISTENT:
+            dtype = _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else self.model_config.dtype
+            self._work = allocate_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
+                                       self._decode_heads, dtype, dtype, device)
         self._plan_buffers = DecodePlanBuffers.allocate(
             max_reqs=vllm_config.scheduler_config.max_num_seqs,
             max_blocks=_cdiv(vllm_config.model_config.max_model_len, self.page_size),
@@ -89,11 +132,15 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         )
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
-            "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd (KV as pages of 1 slot, block size %d), "
-            "prefill=%s",
+            "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "
+            "<= %d (KV as pages of 1 slot, block size %d), prefill=%s",
             BACKEND_NAME,
             __version__,
-            load_kernels().name,
+            self._kernels.name,
+            shape.mode,
+            self.num_heads,
+            self._decode_heads,
+            shape.max_qlen,
             self.page_size,
             prefill,
         )
@@ -118,26 +165,28 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         max_query_len: int,
         dcp_tot_seq_lens_device: torch.Tensor | None,
     ) -> AiterMLADecodeMetadata:
-        # Only the blocks the longest request needs (max_seq_len is known on the host).
-        num_blocks = min(block_table_tensor.shape[1], _cdiv(max(max_seq_len, 1), self.page_size))
-        plan = plan_decode_into(
-            self._plan_buffers,
-            block_table_tensor[:, :num_blocks],
-            seq_lens_device,
-            query_start_loc_device,
+        # max_query_len is min(longest query of the whole batch, reorder threshold): prefill
+        # rows count too. AITER needs the decode rows' own uniform length.
+        step = plan_decode_step(
+            self._plan_buffers, block_table_tensor, seq_lens_device, query_start_loc_cpu, num_decode_tokens,
+            max_seq_len,
         )
+        if self._work is not None:
+            plan_work(self._kernels, self._work, step.plan, step.max_seqlen_q)
         return AiterMLADecodeMetadata(
             block_table=block_table_tensor,
             seq_lens=seq_lens_device,
             dcp_tot_seq_lens=dcp_tot_seq_lens_device,
-            plan=plan,
-            max_query_len=max_query_len,
+            plan=step.plan,
+            max_query_len=step.max_seqlen_q,
+            work=self._work,
             attn_out_dtype=self.model_config.dtype,
         )
 
 
 class AiterMLABackend(MLACommonBackend):
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    # No float16: AITER's MLA decode rejects fp16 queries (vLLM then picks another backend).
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16]
     supported_kv_cache_dtypes: ClassVar[list[str]] = list(SUPPORTED_KV_CACHE_DTYPES)
 
     @staticmethod
@@ -180,9 +229,8 @@ class DecodeKernelsMixin:
 
     def _init_decode(self, num_heads: int, kv_cache_dtype: str) -> None:
         check_kv_cache_dtype(kv_cache_dtype)
-        model_config = get_current_vllm_config().model_config
-        total_heads = model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
-        self._decode_heads = decode_head_count(num_heads, total_heads)
+        vllm_config = get_current_vllm_config()
+        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config), decode_shape(vllm_config, kv_cache_dtype))
         self._kernels = load_kernels()
 
     def forward_mqa(
@@ -194,7 +242,8 @@ class DecodeKernelsMixin:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert decode is not None and decode.plan is not None
-        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer)
+        out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer,
+                           decode.work)
         return out, None
 
     def _decode(
@@ -205,6 +254,7 @@ class DecodeKernelsMixin:
         max_query_len: int,
         out_dtype: torch.dtype,
         layer: AttentionLayer,
+        work: PersistentWork | None = None,
     ) -> torch.Tensor:
         q_scale = kv_scale = None
         if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
@@ -227,6 +277,7 @@ class DecodeKernelsMixin:
             out_dtype=out_dtype,
             q_scale=q_scale,
             kv_scale=kv_scale,
+            work=work,
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import MLAKernels
+from .persistent import PersistentWork
 from .planning import DecodePlan
 
 
@@ -35,13 +36,17 @@ def mla_decode(
     out_dtype: torch.dtype,
     q_scale: torch.Tensor | None = None,
     kv_scale: torch.Tensor | None = None,
+    work: PersistentWork | None = None,
 ) -> torch.Tensor:
     """Run MLA decode for the rows described by ``plan``.
 
     q: [T, H, kv_lora_rank + rope] (absorbed q_nope followed by q_pe), or the pair
     (q_nope [T, H, kv_lora_rank], q_pe [T, H, rope]). kv_cache: [num_blocks,
-    block_size, kv_lora_rank + rope], read as pages of one slot. Returns
-    [T, H, kv_lora_rank] in ``out_dtype``.
+    block_size, kv_lora_rank + rope], read as pages of one slot. T = requests x
+    ``max_seqlen_q`` (the plan is uniform). With ``work`` (persistent mode) the
+    get_mla_metadata_v1 buffers are passed; without it and for ``max_seqlen_q > 1`` the
+    output is zero-filled first (the non-persistent kernel may leave lanes unwritten).
+    Returns [T, H, kv_lora_rank] in ``out_dtype``.
     """
     if isinstance(q, tuple):
         q = torch.cat(q, dim=-1)
@@ -50,9 +55,12 @@ def mla_decode(
     if kv_cache.shape[-1] != head_dim:
         raise ValueError(f"query row size {head_dim} != KV cache row size {kv_cache.shape[-1]}")
     q = pad_heads(q, decode_heads)
-    o = torch.empty((num_tokens, decode_heads, kv_lora_rank), dtype=out_dtype, device=q.device)
+    alloc = torch.zeros if work is None and max_seqlen_q > 1 else torch.empty
+    o = alloc((num_tokens, decode_heads, kv_lora_rank), dtype=out_dtype, device=q.device)
     # Scales only for fp8: AITER builds without fp8 MLA take no q_scale/kv_scale arguments.
-    scales = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
+    extra = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
+    if work is not None:
+        extra.update(work.kernel_kwargs())
     kernels.mla_decode_fwd(
         q,
         kv_cache.view(-1, 1, 1, head_dim),
@@ -66,6 +74,6 @@ def mla_decode(
         nhead_kv=1,
         sm_scale=scale,
         logit_cap=0.0,
-        **scales,
+        **extra,
     )
     return o[:, :num_heads]

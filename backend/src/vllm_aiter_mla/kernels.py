@@ -28,6 +28,9 @@ class MLAKernels:
     name: str
     mla_decode_fwd: Callable[..., object]
     flash_attn_varlen_func: Callable[..., object]
+    # Persistent-mode scheduling (None when the AITER build lacks it).
+    get_mla_metadata_info_v1: Callable[..., object] | None = None
+    get_mla_metadata_v1: Callable[..., object] | None = None
 
 
 def kernel_mode(environ: Mapping[str, str] = os.environ) -> str:
@@ -49,7 +52,13 @@ def _import_aiter() -> MLAKernels:
             "backend with --attention-backend TRITON_MLA. For CPU development only, set "
             f"{KERNELS_ENV}=reference."
         ) from exc
-    return MLAKernels("aiter", mla_decode_fwd, aiter.flash_attn_varlen_func)
+    return MLAKernels(
+        "aiter",
+        mla_decode_fwd,
+        aiter.flash_attn_varlen_func,
+        getattr(aiter, "get_mla_metadata_info_v1", None),
+        getattr(aiter, "get_mla_metadata_v1", None),
+    )
 
 
 @functools.cache
@@ -58,5 +67,11 @@ def load_kernels(mode: str | None = None) -> MLAKernels:
     if mode == "reference":
         from . import reference  # noqa: PLC0415
 
-        return MLAKernels("reference", reference.mla_decode_fwd, reference.flash_attn_varlen_func)
+        return MLAKernels(
+            "reference",
+            reference.mla_decode_fwd,
+            reference.flash_attn_varlen_func,
+            reference.get_mla_metadata_info_v1,
+            reference.get_mla_metadata_v1,
+        )
     return _import_aiter()

@@ -103,33 +103,44 @@ class DecodePlanBuffers:
     block_size: int
     qo_indptr: torch.Tensor  # [max_reqs + 1]
     kv_indptr: torch.Tensor  # [max_reqs + 1]
-    kv_indices: torch.Tensor  # [max_reqs * max_blocks * block_size + 1]
+    kv_indices: torch.Tensor  # [capacity + 1]
     kv_last_page_lens: torch.Tensor  # [max_reqs]
     # Constants, kept as tensors so that no operation has to wrap a Python scalar.
     block_size_t: torch.Tensor  # int32 [1]
     offsets: torch.Tensor  # int32 [block_size]  0..block_size-1
     positions: torch.Tensor  # int64 [max_blocks * block_size]  0..max_slots-1
+    req_ids: torch.Tensor  # int32 [max_reqs + 1]  0..max_reqs
 
     @classmethod
     def allocate(
-        cls, max_reqs: int, max_blocks: int, block_size: int, device: torch.device | str
+        cls,
+        max_reqs: int,
+        max_blocks: int,
+        block_size: int,
+        device: torch.device | str,
+        max_keys: int | None = None,
     ) -> "DecodePlanBuffers":
+        """``max_keys``: the most keys one step can reference, e.g. the KV cache's slot count
+        plus ``max_reqs x`` the longest query (padding rows); bounds ``kv_indices``
+        instead of ``max_reqs x max_blocks x block_size``."""
         if max_reqs < 1 or max_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"max_reqs, max_blocks and block_size must be >= 1, got {max_reqs}, {max_blocks}, {block_size}"
             )
         max_slots = max_blocks * block_size
+        capacity = max_reqs * max_slots if max_keys is None else min(max_keys, max_reqs * max_slots)
         return cls(
             max_reqs=max_reqs,
             max_blocks=max_blocks,
             block_size=block_size,
             qo_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
             kv_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
-            kv_indices=torch.zeros(max_reqs * max_slots + 1, dtype=_INT, device=device),
+            kv_indices=torch.zeros(capacity + 1, dtype=_INT, device=device),
             kv_last_page_lens=torch.ones(max_reqs, dtype=_INT, device=device),
             block_size_t=torch.tensor([block_size], dtype=_INT, device=device),
             offsets=torch.arange(block_size, dtype=_INT, device=device),
             positions=torch.arange(max_slots, dtype=torch.int64, device=device),
+            req_ids=torch.arange(max_reqs + 1, dtype=_INT, device=device),
         )
 
     @property
@@ -153,7 +164,7 @@ class PlanWorkspace:
     @classmethod
     def allocate(cls, buffers: DecodePlanBuffers) -> "PlanWorkspace":
         device = buffers.kv_indices.device
-        n = buffers.capacity
+        n = buffers.max_reqs * buffers.max_blocks * buffers.block_size
         return cls(
             scan=torch.zeros(4 * buffers.max_reqs, dtype=_INT, device=device),
             indptr64=torch.zeros(buffers.max_reqs + 1, dtype=torch.int64, device=device),
@@ -174,10 +185,17 @@ def plan_decode_into(
     buffers: DecodePlanBuffers,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    query_start_loc: torch.Tensor | None,
     workspace: PlanWorkspace | None = None,
+    *,
+    uniform_qlen: int | None = None,
 ) -> DecodePlan:
     """Write the plan into ``buffers`` and return views of them.
+
+    With ``uniform_qlen`` (the layout AITER's decode needs) ``query_start_loc`` is not
+    read: ``qo_indptr`` becomes ``[0, q, 2q, ...]`` and every sequence length is raised
+    to at least ``q``, so padding rows of a CUDA-graph batch (query length 0, sequence
+    length 0) become ordinary rows whose output is dropped.
 
     Inputs are int32 (as vLLM keeps them); other integer dtypes work but cost a cast.
 
@@ -189,7 +207,12 @@ def plan_decode_into(
     ``kv_indptr[-1]`` entries are meaningful, which is what the kernel reads.
     """
     bs = buffers.block_size
-    num_reqs = _check_inputs(block_table, seq_lens, query_start_loc, bs)
+    if uniform_qlen is None:
+        if query_start_loc is None:
+            raise ValueError("plan_decode_into needs query_start_loc or uniform_qlen")
+        num_reqs = _check_inputs(block_table, seq_lens, query_start_loc, bs)
+    else:
+        num_reqs = _check_inputs(block_table, seq_lens, buffers.req_ids[: block_table.shape[0] + 1], bs)
     num_blocks = block_table.shape[1]
     if num_reqs > buffers.max_reqs or num_blocks > buffers.max_blocks:
         raise ValueError(
@@ -200,7 +223,10 @@ def plan_decode_into(
     n = num_reqs * num_slots
     device = block_table.device
 
-    buffers.qo_indptr[: num_reqs + 1].copy_(query_start_loc)
+    if uniform_qlen is None:
+        buffers.qo_indptr[: num_reqs + 1].copy_(query_start_loc)
+    else:
+        torch.mul(buffers.req_ids[: num_reqs + 1], uniform_qlen, out=buffers.qo_indptr[: num_reqs + 1])
     # Key offsets (kv_indptr[0] stays 0), and an int64 copy for the scatter index.
     # The scan runs along dim 1 of a [2, n] tensor: a 1-D cumsum on CUDA takes
     # temporary storage from the allocator, a batched one does not.
@@ -209,6 +235,8 @@ def plan_decode_into(
     scan_in = scan[: 2 * num_reqs].view(2, num_reqs)
     scan_out = scan[2 * num_reqs :].view(2, num_reqs)
     scan_in[0].copy_(seq_lens)
+    if uniform_qlen is not None:
+        scan_in[0].clamp_(min=uniform_qlen)
     scan_in[1].zero_()
     torch.cumsum(scan_in, 1, dtype=_INT, out=scan_out)
     kv_indptr[1:].copy_(scan_out[0])
@@ -238,3 +266,46 @@ def plan_decode_into(
         kv_indices=buffers.kv_indices,
         kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
     )
+
+
+def decode_query_len(query_start_loc_cpu: torch.Tensor, num_decode_tokens: int) -> int:
+    """The decode rows' own query length, from the decode slice of vLLM's host
+    ``query_start_loc`` (not the builder's ``max_query_len``, which also counts prefill rows
+    up to the reorder threshold). Rows of length 0 are CUDA-graph padding; the batch must be
+    laid out as ``num_reqs x qlen`` query rows (AITER places request b's queries at
+    ``b * max_seqlen_q``)."""
+    lens = (query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]).tolist()
+    live = [n for n in lens if n > 0]
+    if not live:
+        raise ValueError("decode batch without query rows")
+    qlen = max(live)
+    if any(n != qlen for n in live) or num_decode_tokens != len(lens) * qlen:
+        raise ValueError(
+            f"decode rows with query lengths {sorted(set(lens))} in {num_decode_tokens} tokens cannot be laid out "
+            f"as {len(lens)} x {qlen} rows, which AITER's MLA decode needs"
+        )
+    return qlen
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    plan: DecodePlan
+    max_seqlen_q: int
+
+
+def plan_decode_step(
+    buffers: DecodePlanBuffers,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc_cpu: torch.Tensor,
+    num_decode_tokens: int,
+    max_seq_len: int,
+    workspace: PlanWorkspace | None = None,
+) -> DecodeStep:
+    """One decode step as vLLM's metadata builder hands it over: the uniform plan and
+    ``max_seqlen_q``. ``max_seq_len`` (known on the host) narrows the block table."""
+    qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
+    bs = buffers.block_size
+    num_blocks = min(block_table.shape[1], -(-max(max_seq_len, qlen, 1) // bs))
+    plan = plan_decode_into(buffers, block_table[:, :num_blocks], seq_lens, None, workspace, uniform_qlen=qlen)
+    return DecodeStep(plan=plan, max_seqlen_q=qlen)

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from . import contract
+
 _FP8_DTYPES = tuple(
     getattr(torch, name)
     for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
@@ -80,6 +82,173 @@ def _scatter_rows(dst: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, vali
     dst.copy_(staging[:spare])
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"mla_decode_fwd contract: {message}")
+
+
+def _check_decode_contract(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    o: torch.Tensor,
+    indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    max_seqlen_q: int,
+    page_size: int,
+    nhead_kv: int,
+    logit_cap: float,
+    work: tuple[torch.Tensor | None, ...],
+    arch: str | None,
+) -> str:
+    """AITER's host-side checks plus the kernel table and known defects (contract.py).
+    Returns the decode mode. Value checks (which read tensors) are skipped only while a
+    CUDA graph is being captured; shape and dtype checks always run."""
+    if logit_cap > 0:
+        _fail(f"logit_cap must be <= 0 (no soft cap), got {logit_cap}")
+    if nhead_kv != 1 or kv_buffer.dim() != 4 or kv_buffer.shape[2] != 1:
+        _fail(f"MLA decode takes one KV head: kv_buffer [pages, page_size, 1, D], got {tuple(kv_buffer.shape)}")
+    if kv_buffer.shape[1] != page_size:
+        _fail(f"kv_buffer page dimension {kv_buffer.shape[1]} != page_size {page_size}")
+    if q.dim() != 3 or o.dim() != 3:
+        _fail(f"q and o must be 3-D [tokens, heads, dim], got {tuple(q.shape)} and {tuple(o.shape)}")
+    total_q, num_heads, head_dim = q.shape
+    if kv_buffer.shape[-1] != head_dim:
+        _fail(f"q head dim {head_dim} != kv_buffer head dim {kv_buffer.shape[-1]}")
+    if o.shape[:2] != (total_q, num_heads) or o.shape[2] > head_dim:
+        _fail(f"o must be [{total_q}, {num_heads}, Dv<= {head_dim}], got {tuple(o.shape)}")
+    for name, t in (("q", q), ("kv_buffer", kv_buffer), ("o", o)):
+        if not t.is_contiguous():
+            _fail(f"{name} must be contiguous (the kernel reads raw strides)")
+    names = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_lens")
+    for name, t in zip(names, indices):
+        if t.dtype != torch.int32 or t.dim() != 1:
+            _fail(f"{name} must be a 1-D int32 tensor, got {t.dtype} {tuple(t.shape)}")
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_lens = indices
+    n_reqs = kv_indptr.shape[0] - 1
+    if qo_indptr.shape[0] != n_reqs + 1 or kv_last_page_lens.shape[0] < n_reqs:
+        _fail(f"qo_indptr [{qo_indptr.shape[0]}] / kv_last_page_lens [{kv_last_page_lens.shape[0]}] "
+              f"do not match kv_indptr [{kv_indptr.shape[0]}]")
+    # The kernel places request b's queries at b * max_seqlen_q (stride(0) * max_seqlen_q):
+    # every request must have exactly max_seqlen_q query rows.
+    if max_seqlen_q < 1 or total_q != n_reqs * max_seqlen_q:
+        _fail(f"{total_q} query rows for {n_reqs} requests: AITER needs exactly max_seqlen_q={max_seqlen_q} "
+              "rows per request")
+    mode = contract.PERSISTENT if work[0] is not None else contract.NON_PERSISTENT
+    if mode == contract.PERSISTENT and any(w is None for w in work):
+        _fail("persistent mode needs all six get_mla_metadata_v1 buffers")
+    q_class, kv_class = contract.dtype_class(q.dtype), contract.dtype_class(kv_buffer.dtype)
+    # float32 is the CPU development stand-in for bf16 (the reference only): it gets bf16's rules.
+    q_rule = contract.BF16 if q_class == "float32" else q_class
+    kv_rule = contract.BF16 if kv_class == "float32" else kv_class
+    if q_class == "float32" and kv_class not in ("float32", contract.FP8):
+        _fail(f"float32 queries (development stand-in for bf16) need a float32 or fp8 cache, got {kv_class}")
+    archs = contract.ARCHS if arch is None else (arch,)
+    problem = contract.first_problem(archs, mode, num_heads, (max_seqlen_q,), q_rule, kv_rule)
+    if problem is not None:
+        _fail(problem)
+    if _capturing(q):
+        return mode
+    q_lens = qo_indptr[1:] - qo_indptr[:-1]
+    if int(qo_indptr[0]) != 0 or not bool((q_lens == max_seqlen_q).all()):
+        _fail(f"qo_indptr {qo_indptr.tolist()[:9]}... is not uniform with max_seqlen_q={max_seqlen_q}")
+    n_pages = kv_indptr[1:] - kv_indptr[:-1]
+    if int(kv_indptr[0]) != 0 or bool((n_pages < 0).any()) or int(kv_indptr[-1]) > kv_indices.shape[0]:
+        _fail("kv_indptr must start at 0, not decrease, and stay within kv_indices")
+    last = kv_last_page_lens[:n_reqs]
+    if bool(((last < 1) | (last > page_size)).any()):
+        _fail(f"kv_last_page_lens must lie in [1, page_size={page_size}]")
+    k_lens = (n_pages - 1) * page_size + last
+    if bool((k_lens < max_seqlen_q).any()):
+        _fail(f"every request needs at least max_seqlen_q={max_seqlen_q} keys (its own query tokens), "
+              f"got key lengths {k_lens.tolist()[:9]}")
+    used = kv_indices[: int(kv_indptr[-1])]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv_buffer.shape[0]):
+        _fail(f"kv_indices outside the cache's {kv_buffer.shape[0]} pages")
+    if mode == contract.NON_PERSISTENT and max_seqlen_q > 1 and bool(o.ne(0).any()):
+        # Non-persistent multi-token decode may leave output lanes unwritten
+        # (vLLM 0.32's built-in zero-fills o before the call for this reason).
+        _fail("non-persistent decode with max_seqlen_q > 1 needs a zero-filled o")
+    if mode == contract.PERSISTENT:
+        _check_work_fingerprint(work[0], qo_indptr, kv_indptr, num_heads, max_seqlen_q)
+    return mode
+
+
+# Persistent-mode metadata. The reference cannot reproduce AITER's work schedule; its
+# get_mla_metadata_v1 writes a fingerprint of the batch it planned, and decode refuses a
+# schedule planned for another batch, head count or query length (stale or missized work).
+_FINGERPRINT = 6
+
+
+def _fingerprint(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, heads: int, qlen: int, out: torch.Tensor) -> None:
+    out[0] = kv_indptr.shape[0] - 1
+    out[1] = heads
+    out[2] = qlen
+    out[3:4].copy_(qo_indptr[-1:])
+    out[4:5].copy_(kv_indptr[-1:])
+    torch.sum(kv_indptr.to(torch.int64), 0, keepdim=True, out=out[5:6])
+
+
+def _check_work_fingerprint(
+    work_meta_data: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, heads: int, qlen: int
+) -> None:
+    expected = torch.empty(_FINGERPRINT, dtype=torch.int64, device=kv_indptr.device)
+    _fingerprint(qo_indptr, kv_indptr, heads, qlen, expected)
+    if not torch.equal(work_meta_data[:_FINGERPRINT].to(torch.int64), expected):
+        _fail("persistent work buffers were planned for another batch (call get_mla_metadata_v1 with this "
+              "step's qo_indptr/kv_indptr, head count and max_seqlen_q)")
+
+
+def get_mla_metadata_info_v1(
+    batch_size: int,
+    max_seqlen_qo: int,
+    num_head_qo: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    is_sparse: bool,
+    fast_mode: bool = True,
+    **_unused: object,
+) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """Reference of ``aiter.get_mla_metadata_info_v1``: (shape, dtype) of the six work buffers."""
+    if num_head_qo % 8 != 0:
+        raise ValueError(f"get_mla_metadata_info_v1: num_head_qo {num_head_qo} must be a multiple of 8")
+    small = ((1,), torch.int32)
+    return (((_FINGERPRINT,), torch.int64), small, small, small, small, small)
+
+
+def get_mla_metadata_v1(
+    seqlens_qo_indptr: torch.Tensor,
+    seqlens_kv_indptr: torch.Tensor,
+    kv_last_page_lens: torch.Tensor,
+    num_heads_per_head_k: int,
+    num_heads_k: int,
+    is_causal: bool,
+    work_metadata_ptrs: torch.Tensor,
+    work_info_set: torch.Tensor,
+    work_indptr: torch.Tensor,
+    reduce_indptr: torch.Tensor,
+    reduce_final_map: torch.Tensor,
+    reduce_partial_map: torch.Tensor,
+    page_size: int = 1,
+    kv_granularity: int = 16,
+    max_seqlen_qo: int = -1,
+    uni_seqlen_qo: int = -1,
+    fast_mode: bool = True,
+    **_unused: object,
+) -> None:
+    """Reference of ``aiter.get_mla_metadata_v1`` (fills the work buffers in place)."""
+    if num_heads_k != 1 or not is_causal:
+        raise ValueError("get_mla_metadata_v1: MLA decode plans one KV head, causal")
+    for name, t in (("qo", seqlens_qo_indptr), ("kv", seqlens_kv_indptr), ("last_page", kv_last_page_lens)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"get_mla_metadata_v1: {name} must be int32, got {t.dtype}")
+    if max_seqlen_qo < 1:
+        raise ValueError(f"get_mla_metadata_v1: max_seqlen_qo must be >= 1, got {max_seqlen_qo}")
+    _fingerprint(seqlens_qo_indptr, seqlens_kv_indptr, num_heads_per_head_k, max_seqlen_qo,
+                 work_metadata_ptrs[:_FINGERPRINT])
+
+
 def mla_decode_fwd(
     q: torch.Tensor,
     kv_buffer: torch.Tensor,
@@ -94,39 +263,44 @@ def mla_decode_fwd(
     sm_scale: float | None = None,
     logit_cap: float = 0.0,
     num_kv_splits: int | None = None,
+    num_kv_splits_indptr: torch.Tensor | None = None,
+    work_meta_data: torch.Tensor | None = None,
+    work_indptr: torch.Tensor | None = None,
+    work_info_set: torch.Tensor | None = None,
+    reduce_indptr: torch.Tensor | None = None,
+    reduce_final_map: torch.Tensor | None = None,
+    reduce_partial_map: torch.Tensor | None = None,
     q_scale: torch.Tensor | None = None,
     kv_scale: torch.Tensor | None = None,
     *,
     max_seqlen_k: int | None = None,
+    arch: str | None = None,
     **_unused: object,
 ) -> tuple[None, torch.Tensor]:
-    """Reference of ``aiter.mla.mla_decode_fwd``.
+    """Reference of ``aiter.mla.mla_decode_fwd`` that refuses what AITER would refuse or
+    get wrong (see :mod:`contract`).
 
-    q [T, H, D] (D = kv_lora_rank + rope), kv_buffer [num_pages, page_size, 1, D],
-    o [T, H, Dv] written in place (Dv = o.shape[-1], V is the first Dv values of each
-    KV row). Returns ``(None, lse [T, H])``.
+    q [B * max_seqlen_q, H, D] (D = kv_lora_rank + rope), kv_buffer [num_pages, page_size,
+    1, D], o [B * max_seqlen_q, H, Dv] written in place (V is the first Dv values of each
+    KV row). Request b's query rows are b * max_seqlen_q + i, as in AITER. Returns
+    ``(None, lse [T, H])``.
 
-    ``max_seqlen_k`` is a reference-only extension: a static bound on keys per request
-    that avoids the one host synchronisation otherwise used to size the key grid.
+    Reference-only extensions: ``max_seqlen_k``, a static bound on keys per request
+    that avoids the one host synchronisation otherwise used to size the key grid, and
+    ``arch`` (check one arch's kernel table; default: every supported arch).
     """
-    if logit_cap > 0:
-        raise ValueError(f"logit_cap must be <= 0 (no soft cap), got {logit_cap}")
-    if nhead_kv != 1 or kv_buffer.dim() != 4 or kv_buffer.shape[2] != 1:
-        raise ValueError(f"MLA decode takes one KV head: kv_buffer [pages, page_size, 1, D], got {tuple(kv_buffer.shape)}")
-    if kv_buffer.shape[1] != page_size:
-        raise ValueError(f"kv_buffer page dimension {kv_buffer.shape[1]} != page_size {page_size}")
-    total_q, num_heads, head_dim = q.shape
-    if kv_buffer.shape[-1] != head_dim:
-        raise ValueError(f"q head dim {head_dim} != kv_buffer head dim {kv_buffer.shape[-1]}")
-    if o.shape[:2] != (total_q, num_heads) or o.shape[2] > head_dim:
-        raise ValueError(f"o must be [{total_q}, {num_heads}, Dv<= {head_dim}], got {tuple(o.shape)}")
+    work = (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map)
+    _check_decode_contract(q, kv_buffer, o, (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens),
+                           max_seqlen_q, page_size, nhead_kv, logit_cap, work, arch)
     if (q.dtype in _FP8_DTYPES) != (kv_buffer.dtype in _FP8_DTYPES):
-        raise ValueError("fp8 decode needs both q and kv_buffer in fp8")
+        _fail("fp8 decode needs both q and kv_buffer in fp8 (bf16 q with an fp8 cache is persistent-only "
+              "and not used by this backend)")
+    total_q, num_heads, head_dim = q.shape
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     v_dim = o.shape[2]
     n_reqs = kv_indptr.shape[0] - 1
 
-    q_lens = qo_indptr[1:] - qo_indptr[:-1]
+    q_lens = torch.full((n_reqs,), max_seqlen_q, dtype=torch.int64, device=q.device)
     n_pages = kv_indptr[1:] - kv_indptr[:-1]
     k_lens = torch.where(
         n_pages > 0, (n_pages - 1) * page_size + kv_last_page_lens[:n_reqs], torch.zeros_like(n_pages)
@@ -134,7 +308,8 @@ def mla_decode_fwd(
     if max_seqlen_k is None:
         max_seqlen_k = int(k_lens.max()) if n_reqs > 0 else 0
 
-    q_idx, q_valid = _gather_rows(qo_indptr[:-1], q_lens, max_seqlen_q)
+    q_starts = torch.arange(n_reqs, device=q.device) * max_seqlen_q
+    q_idx, q_valid = _gather_rows(q_starts, q_lens, max_seqlen_q)
     j = torch.arange(max_seqlen_k, device=q.device)
     k_valid = j < k_lens.to(torch.int64).unsqueeze(1)
     page_pos = (kv_indptr[:-1].to(torch.int64).unsqueeze(1) + j // page_size).clamp(0, max(kv_indices.shape[0] - 1, 0))

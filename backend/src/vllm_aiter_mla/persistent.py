@@ -1,0 +1,83 @@
+"""Persistent-mode decode scheduling: AITER's ``get_mla_metadata_v1`` work buffers.
+
+In persistent mode ``mla_decode_fwd`` takes six extra tensors describing how the batch's
+(request, KV split) work items map onto the GPU's compute units. They are sized once by
+``get_mla_metadata_info_v1`` for the largest batch and query length, and filled every
+decode step from the step's plan. Plain PyTorch; the AITER functions (or the reference's)
+come from :class:`~vllm_aiter_mla.kernels.MLAKernels`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kernels import MLAKernels
+from .planning import DecodePlan
+
+_NAMES = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+
+
+@dataclass(frozen=True)
+class PersistentWork:
+    heads: int
+    max_qlen: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    work_meta_data: torch.Tensor
+    work_indptr: torch.Tensor
+    work_info_set: torch.Tensor
+    reduce_indptr: torch.Tensor
+    reduce_final_map: torch.Tensor
+    reduce_partial_map: torch.Tensor
+
+    def kernel_kwargs(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in _NAMES}
+
+
+def allocate_work(
+    kernels: MLAKernels,
+    max_reqs: int,
+    max_qlen: int,
+    heads: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    device: torch.device | str,
+) -> PersistentWork:
+    if kernels.get_mla_metadata_info_v1 is None or kernels.get_mla_metadata_v1 is None:
+        raise ValueError(
+            "This AITER build has no get_mla_metadata_v1 (persistent MLA decode); "
+            "set AITER_MLA_DECODE_MODE=non-persistent or install the AITER build of this project's image."
+        )
+    specs = kernels.get_mla_metadata_info_v1(max_reqs, max_qlen, heads, q_dtype, kv_dtype, is_sparse=False,
+                                             fast_mode=True)
+    tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in zip(_NAMES, specs)}
+    return PersistentWork(heads=heads, max_qlen=max_qlen, q_dtype=q_dtype, kv_dtype=kv_dtype, **tensors)
+
+
+def plan_work(kernels: MLAKernels, work: PersistentWork, plan: DecodePlan, max_seqlen_q: int) -> None:
+    """Fill the work buffers for this step (uniform query length ``max_seqlen_q``)."""
+    if max_seqlen_q > work.max_qlen:
+        raise ValueError(f"query length {max_seqlen_q} exceeds the persistent work buffers' {work.max_qlen}")
+    kernels.get_mla_metadata_v1(
+        plan.qo_indptr,
+        plan.kv_indptr,
+        plan.kv_last_page_lens,
+        work.heads,
+        1,
+        True,
+        work.work_meta_data,
+        work.work_info_set,
+        work.work_indptr,
+        work.reduce_indptr,
+        work.reduce_final_map,
+        work.reduce_partial_map,
+        page_size=1,
+        kv_granularity=16,
+        max_seqlen_qo=max_seqlen_q,
+        uni_seqlen_qo=max_seqlen_q,
+        fast_mode=True,
+        dtype_q=work.q_dtype,
+        dtype_kv=work.kv_dtype,
+    )
