@@ -100,7 +100,7 @@ def test_selftest_service_under_profile_with_same_devices():
     proc = subprocess.run(["docker", "compose", "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
                            "--env-file", os.devnull, "--profile", "selftest", "config", "--format", "json"],
                           capture_output=True, text=True, env={**os.environ, **BASE_ENV}) \
-        if shutil.which("docker") else pytest.skip("no docker client")
+        if shutil.which("docker") else pytest.skip("no docker client in PATH")
     assert proc.returncode == 0, proc.stderr
     services = json.loads(proc.stdout)["services"]
     selftest, vllm = services["selftest"], services["vllm"]
@@ -122,7 +122,7 @@ def test_env_example_is_a_valid_env_file():
     proc = subprocess.run(["docker", "compose", "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
                            "--env-file", str(ROOT / ".env.example"), "config", "--format", "json"],
                           capture_output=True, text=True, env={**os.environ, "RENDER_GID": "109"}) \
-        if shutil.which("docker") else pytest.skip("no docker client")
+        if shutil.which("docker") else pytest.skip("no docker client in PATH")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["services"]["vllm"]["ports"][0]["host_ip"] == "127.0.0.1"
 
@@ -136,5 +136,10 @@ def test_cpu_override():
     e = vllm["environment"]
     assert e["ROCM_VLLM_REQUIRE_GPU"] == "0" and e["AITER_MLA_KERNELS"] == "reference"
     assert e["SERVE_HOST"] == "127.0.0.1"
+    # The backend is named: on CPUs with AMX tiles vLLM would otherwise pick AMX_MLA.
+    assert e["SERVE_ATTENTION_BACKEND"] == "CPU_MLA"
+    assert e["ROCM_VLLM_FAKE_AMX"] == "1" and e["PYTHONPATH"] == "/opt/fake_amx"
+    assert any(v["source"] == str(ROOT / "tests/fake_amx") and v["target"] == "/opt/fake_amx"
+               for v in vllm["volumes"])
     assert vllm["restart"] == "no"
     assert "/health" in " ".join(vllm["healthcheck"]["test"])

@@ -14,6 +14,7 @@ only what the user's arguments leave out:
   SERVE_MAX_MODEL_LEN            --max-model-len
   SERVE_GPU_MEMORY_UTILIZATION   --gpu-memory-utilization
   SERVE_SERVED_MODEL_NAME        --served-model-name
+  SERVE_ATTENTION_BACKEND        --attention-backend (empty: vLLM's own selection)
   SERVE_EXTRA_ARGS               further arguments, shell-quoted
 The API key comes from vLLM's own VLLM_API_KEY.
 """
@@ -37,6 +38,7 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("SERVE_MAX_MODEL_LEN", "--max-model-len", ""),
     ("SERVE_GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization", ""),
     ("SERVE_SERVED_MODEL_NAME", "--served-model-name", ""),
+    ("SERVE_ATTENTION_BACKEND", "--attention-backend", ""),
 )
 
 

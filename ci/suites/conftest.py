@@ -10,3 +10,9 @@ if not Path(os.environ.get("ROCM_VLLM_KFD_PATH", "/dev/kfd")).exists():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 # Helpers of the suites (e.g. rocm_fake) import by bare name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_configure(config) -> None:
+    # Inside the image the suites run without this repository's pytest.ini.
+    config.addinivalue_line("markers", "gpu: needs an AMD GPU with AITER (skipped elsewhere)")
+    config.addinivalue_line("markers", "image: runs inside the built image (needs its manifest)")

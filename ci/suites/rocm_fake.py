@@ -33,12 +33,24 @@ def _device_properties(arch: str) -> types.SimpleNamespace:
     )
 
 
+def _stand_in_for_cpu_kernels() -> None:
+    """Where vLLM runs on its CPU platform (no AMD GPU), the library holding its kernels depends
+    on the CPU: `_C` (AVX-512 with bf16), `_C_AVX512` or `_C_AVX2`. The ROCm platform module (and
+    `vllm._aiter_ops`, lazily) imports `vllm._C` unconditionally: on a CPU without AVX-512 that
+    library dies of an illegal instruction, and after another one it registers the same
+    operators twice. Selection needs no kernels: for the rest of this process an empty module
+    stands in for `vllm._C` when it is not loaded yet (CPU platform only)."""
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
+
+
 @contextlib.contextmanager
 def rocm_platform(arch: str, env: dict[str, str], aiter_found: bool) -> Iterator[object]:
     """vLLM with a RocmPlatform for ``arch`` as current platform, the AITER switches
     of ``env`` (others unset) and AITER reported importable or not."""
     import torch
 
+    _stand_in_for_cpu_kernels()
     with mock.patch.object(torch.cuda, "get_device_properties", return_value=_device_properties(arch)):
         if "vllm.platforms.rocm" in sys.modules:
             rocm = importlib.reload(sys.modules["vllm.platforms.rocm"])

@@ -150,6 +150,7 @@ def _manifest() -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.image
 def test_installed_vllm_matches_image_manifest():
     from vllm_aiter_mla.plugin import _installed_vllm_version
 
@@ -159,6 +160,7 @@ def test_installed_vllm_matches_image_manifest():
     assert _installed_vllm_version().split("+")[0] == expected.split("+")[0]
 
 
+@pytest.mark.image
 def test_installed_aiter_matches_image_manifest():
     expected = (_manifest().get("aiter") or {}).get("version")
     if not expected:

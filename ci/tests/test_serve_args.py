@@ -30,6 +30,15 @@ def test_settings_fill_options_user_wins() -> None:
         assert argv[i:i + 2] == pair
 
 
+def test_attention_backend_setting_user_wins() -> None:
+    argv = build_argv([], {"SERVE_ATTENTION_BACKEND": "CPU_MLA"})
+    i = argv.index("--attention-backend")
+    assert argv[i + 1] == "CPU_MLA"
+    argv = build_argv(["--attention-backend", "TRITON_MLA"], {"SERVE_ATTENTION_BACKEND": "CPU_MLA"})
+    assert argv.count("--attention-backend") == 1 and "CPU_MLA" not in argv
+    assert "--attention-backend" not in build_argv([], {})
+
+
 def test_tiny_model_path_setting() -> None:
     argv = build_argv(["--model", "/m/tiny/"], {"TINY_MLA_MODEL": "/m/tiny"})
     assert "--load-format" in argv and "--skip-tokenizer-init" in argv

@@ -16,6 +16,7 @@ DRIVER = HERE / "engine_driver.py"
 sys.path.insert(0, str(HERE))
 
 from engine_report import REPORT  # noqa: E402
+from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -46,15 +47,20 @@ class EngineRuns:
             out, log = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
             cmd = [sys.executable, str(DRIVER), "--model", str(self.model), "--backend", backend,
                    "--dtype", dtype, "--fault", fault, "--schedule", schedule, "--out", str(out)]
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AITER_MLA_")}
             with open(log, "w") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900)
+                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=engine_env(), timeout=900)
             if proc.returncode != 0:
                 tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
                 pytest.fail(f"engine run {key} failed (exit {proc.returncode}):\n{tail}")
-            self.cache[key] = json.loads(out.read_text())
-            REPORT.append(f"{key}: engine start {self.cache[key]['engine_start_s']:.1f}s, "
-                          f"decode calls {self.cache[key]['decode_calls']}")
+            run = json.loads(out.read_text())
+            # The backend that really ran, on a platform that would have picked AMX_MLA.
+            expected = OUR_CPU_DEV_IMPL if backend == "ours" else CPU_MLA_IMPL
+            assert run["auto_choice"] == AMX_MLA_BACKEND, f"AMX not faked: {run['auto_choice']}"
+            assert run["attention_impls"] == [expected], f"{key}: ran {run['attention_impls']}, expected {expected}"
+            self.cache[key] = run
+            REPORT.append(f"{key}: engine start {run['engine_start_s']:.1f}s, attention "
+                          f"{run['attention_impls'][0].rsplit('.', 1)[-1]} (auto would be AMX_MLA), "
+                          f"decode calls {run['decode_calls']}")
         return self.cache[key]
 
 

@@ -8,6 +8,12 @@
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the decode-call counter and the fault
 injection act on the engine that serves the requests. Requests arrive in two waves:
 the second while the first is decoding.
+
+Both sides name their attention backend explicitly (``CPU_MLA``): vLLM's CPU platform
+would pick ``AMX_MLA`` on CPUs with AMX tiles, and in CPU development mode the plugin
+points the ``CPU_MLA`` entry at this package. The result records the attention
+implementation classes that really ran and what vLLM's CPU platform would have picked
+with no backend named (``auto_choice``), so a test sees the selection it relies on.
 """
 
 from __future__ import annotations
@@ -29,20 +35,39 @@ def prompts(vocab: int = 1024, seed: int = 1234) -> list[list[int]]:
 
 
 def install_fault() -> None:
-    """Replace the newest key of every request with the slot before it."""
+    """Replace the newest key of every request with the slot before it (in the plan the
+    metadata builder gets from planning)."""
     import vllm_aiter_mla.backend as backend
 
-    real = backend.plan_decode_into
+    real = backend.plan_decode_step
 
-    def off_by_one(buffers, block_table, seq_lens, query_start_loc, workspace=None):
-        plan = real(buffers, block_table, seq_lens, query_start_loc, workspace)
+    def off_by_one(buffers, block_table, seq_lens, *args, **kwargs):
+        step = real(buffers, block_table, seq_lens, *args, **kwargs)
+        plan = step.plan
         last = plan.kv_indptr[1:].long() - 1
-        long_enough = seq_lens > 1
-        idx = last[long_enough]
+        idx = last[seq_lens > 1]
         plan.kv_indices[idx] = plan.kv_indices[idx - 1]
-        return plan
+        return step
 
-    backend.plan_decode_into = off_by_one
+    backend.plan_decode_step = off_by_one
+
+
+def attention_impls(worker) -> list[str]:
+    """Classes of the attention implementations of a worker's model (run in the worker)."""
+    layers = worker.model_runner.vllm_config.compilation_config.static_forward_context.values()
+    return sorted({f"{type(layer.impl).__module__}.{type(layer.impl).__qualname__}"
+                   for layer in layers if getattr(layer, "impl", None) is not None})
+
+
+def platform_auto_choice(dtype: str) -> str:
+    """The MLA backend vLLM's CPU platform picks when none is named (AMX_MLA on AMX CPUs)."""
+    import torch
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    config = AttentionSelectorConfig(head_size=576, dtype=getattr(torch, dtype), kv_cache_dtype="auto",
+                                     block_size=16, use_mla=True)
+    return CpuPlatform.get_attn_backend_cls(None, config)
 
 
 def main() -> None:
@@ -82,6 +107,7 @@ def main() -> None:
         gpu_memory_utilization=0.5,
         seed=0,
         enforce_eager=True,
+        attention_config={"backend": "CPU_MLA"},
     )
     start_s = time.monotonic() - t0
     engine = llm.llm_engine
@@ -119,7 +145,9 @@ def main() -> None:
 
         decode_calls = cpu_dev._decode_calls
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"results": results, "decode_calls": decode_calls, "engine_start_s": start_s}, f)
+        json.dump({"results": results, "decode_calls": decode_calls, "engine_start_s": start_s,
+                   "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
+                   "auto_choice": platform_auto_choice(args.dtype)}, f)
 
 
 if __name__ == "__main__":

@@ -53,11 +53,28 @@ def test_fp32_tokens_identical_and_logprobs_within_1e4(engine_runs):
     assert max_diff <= 1e-4
 
 
-def test_bf16_agreement_is_reported(engine_runs):
-    agree, max_diff, n = compare(engine_runs.get("ours", "bfloat16"), engine_runs.get("cpu_mla", "bfloat16"))
-    REPORT.append(f"bf16: {agree:.0%} of {n} requests identical, max logprob diff (common prefix) {max_diff:.2e}")
-    # bf16 rounding may flip a near-tie; most requests still agree token for token.
-    assert agree >= 0.5
+def common_prefix_lengths(a: dict, b: dict) -> list[int]:
+    lengths = []
+    for rid, x in a["results"].items():
+        y, n = b["results"][rid]["token_ids"], 0
+        while n < len(x["token_ids"]) and x["token_ids"][n] == y[n]:
+            n += 1
+        lengths.append(n)
+    return lengths
+
+
+def test_bf16_agrees_within_bf16_rounding(engine_runs):
+    """bf16 rounds differently in the two decode paths (and per CPU instruction set), so a
+    near-tie may flip a token and the two continuations part. Until they part, logprobs differ
+    only by bf16 rounding (measured: at most 0.12); on average a request keeps well over a
+    quarter of its tokens in common (measured: 19 of 32)."""
+    ours, theirs = engine_runs.get("ours", "bfloat16"), engine_runs.get("cpu_mla", "bfloat16")
+    agree, max_diff, n = compare(ours, theirs)
+    lengths = common_prefix_lengths(ours, theirs)
+    REPORT.append(f"bf16: {agree:.0%} of {n} requests identical, common prefix {sum(lengths) / n:.1f} of "
+                  f"{MAX_TOKENS} tokens on average, max logprob diff (common prefix) {max_diff:.2e}")
+    assert max_diff <= 0.25
+    assert sum(lengths) / n >= MAX_TOKENS / 4
 
 
 def test_comparison_catches_a_wrong_decode(engine_runs):

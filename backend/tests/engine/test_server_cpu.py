@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_setup import engine_env
 from engine_driver import prompts
 from engine_report import REPORT
 
@@ -66,14 +67,16 @@ def group_alive(pgid: int) -> bool:
 def server(tiny_weights, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("server")
     port, log, stats = free_port(), workdir / "server.log", workdir / "stats.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AITER_MLA_")}
-    env.update(AITER_MLA_KERNELS="reference", AITER_MLA_STATS=str(stats), VLLM_CPU_KVCACHE_SPACE="1")
+    env = engine_env(AITER_MLA_KERNELS="reference", AITER_MLA_STATS=str(stats), VLLM_CPU_KVCACHE_SPACE="1")
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(tiny_weights), "--load-format", "safetensors", "--skip-tokenizer-init",
         "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "16",
         "--gpu-memory-utilization", "0.5", "--enforce-eager", "--seed", "0",
         "--host", "127.0.0.1", "--port", str(port),
+        # CPU_MLA named: the (faked) AMX CPU would otherwise get AMX_MLA; the plugin's CPU
+        # development mode points CPU_MLA at this backend.
+        "--attention-backend", "CPU_MLA",
     ]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -121,3 +124,6 @@ def test_server_completions_equal_offline_engine_and_stop_cleanly(server, engine
     REPORT.append(f"server: healthy after {server['start_s']:.1f}s, {len(prompts())} completions equal offline, "
                   f"decode calls {calls}, exit code {proc.returncode}")
     assert calls > 0
+    log = server["log"].read_text()
+    assert "Using CPU_MLA backend" in log and "AMX_MLA" not in log, "the server did not run CPU_MLA"
+    assert "vllm-aiter-mla CPU development mode" in log
