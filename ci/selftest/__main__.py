@@ -76,8 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("suite", nargs="?", default="all", choices=(*ORDER, "all"))
     parser.add_argument("--json", metavar="PATH", help="write the summary as JSON")
     parser.add_argument("--junit", metavar="PATH", help="write pytest's JUnit XML")
-    parser.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
-    args = parser.parse_args(argv)
+    parser.epilog = "Arguments after -- go to pytest (e.g. selftest smoke --json r.json -- -x)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first -- is pytest's, wherever the options stand (argparse alone
+    # refuses `SUITE --json X -- ARGS`).
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.pytest_args = pytest_args
 
     names = ORDER if args.suite == "all" else (args.suite,)
     directory = suites_dir()
