@@ -165,8 +165,8 @@ def _new_lens(replay: int, case: Case, gen: torch.Generator) -> torch.Tensor:
         edges = torch.tensor([bs, bs + 1, 2 * bs - 1, max_slots]).clamp(ql, max_slots)
         lens[: min(b, 4)] = edges[torch.randperm(4, generator=gen)][: min(b, 4)]
         lens = lens[torch.randperm(b, generator=gen)]
-        if replay == 3 and ql == 1:
-            lens[-1] = 0  # a padding request (no keys): output rows are zero
+        if replay == 3:
+            lens[-1] = ql  # a CUDA-graph padding row as the builder plans it: qlen keys (AITER needs keys >= queries)
     return lens.to(torch.int32)
 
 

@@ -28,6 +28,7 @@ def builder(mode: str, block_size: int, max_blocks: int, max_qlen: int, heads: i
     """The real builder class with the state its __init__ derives from a vLLM config."""
     b = object.__new__(AiterMLAMetadataBuilder)
     b._plan_buffers = DecodePlanBuffers.allocate(MAX_REQS, max_blocks, block_size, "cpu")
+    b._plan_triton = None
     b._kernels = REFERENCE
     b._work = (allocate_work(REFERENCE, MAX_REQS, max_qlen, heads, torch.float32, torch.float32, "cpu")
                if mode == contract.PERSISTENT else None)

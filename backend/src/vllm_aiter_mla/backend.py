@@ -44,7 +44,7 @@ from .config import (
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, allocate_work, plan_work
-from .planning import DecodePlan, DecodePlanBuffers, plan_decode_step
+from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
 
 logger = init_logger("vllm.aiter_mla")
 
@@ -124,12 +124,22 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             dtype = _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else self.model_config.dtype
             self._work = allocate_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
                                        self._decode_heads, dtype, dtype, device)
+        max_reqs = vllm_config.scheduler_config.max_num_seqs
+        num_gpu_blocks = vllm_config.cache_config.num_gpu_blocks
         self._plan_buffers = DecodePlanBuffers.allocate(
-            max_reqs=vllm_config.scheduler_config.max_num_seqs,
+            max_reqs=max_reqs,
             max_blocks=_cdiv(vllm_config.model_config.max_model_len, self.page_size),
             block_size=self.page_size,
             device=device,
+            # A step references at most every slot of the KV cache, plus padding rows.
+            max_keys=None if not num_gpu_blocks else num_gpu_blocks * self.page_size + max_reqs * shape.max_qlen,
         )
+        # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
+        self._plan_triton = None
+        if torch.device(device).type == "cuda":
+            from .planning_triton import plan_decode_triton  # noqa: PLC0415
+
+            self._plan_triton = plan_decode_triton
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "
@@ -167,18 +177,19 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     ) -> AiterMLADecodeMetadata:
         # max_query_len is min(longest query of the whole batch, reorder threshold): prefill
         # rows count too. AITER needs the decode rows' own uniform length.
-        step = plan_decode_step(
-            self._plan_buffers, block_table_tensor, seq_lens_device, query_start_loc_cpu, num_decode_tokens,
-            max_seq_len,
-        )
+        qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
+        if self._plan_triton is not None:
+            plan = self._plan_triton(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len)
+        else:
+            plan = plan_decode_step(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len).plan
         if self._work is not None:
-            plan_work(self._kernels, self._work, step.plan, step.max_seqlen_q)
+            plan_work(self._kernels, self._work, plan, qlen)
         return AiterMLADecodeMetadata(
             block_table=block_table_tensor,
             seq_lens=seq_lens_device,
             dcp_tot_seq_lens=dcp_tot_seq_lens_device,
-            plan=step.plan,
-            max_query_len=step.max_seqlen_q,
+            plan=plan,
+            max_query_len=qlen,
             work=self._work,
             attn_out_dtype=self.model_config.dtype,
         )

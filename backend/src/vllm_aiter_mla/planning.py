@@ -297,14 +297,13 @@ def plan_decode_step(
     buffers: DecodePlanBuffers,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
-    query_start_loc_cpu: torch.Tensor,
-    num_decode_tokens: int,
+    qlen: int,
     max_seq_len: int,
     workspace: PlanWorkspace | None = None,
 ) -> DecodeStep:
-    """One decode step as vLLM's metadata builder hands it over: the uniform plan and
-    ``max_seqlen_q``. ``max_seq_len`` (known on the host) narrows the block table."""
-    qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
+    """One decode step with the PyTorch planner (the CPU path): the uniform plan for query
+    length ``qlen`` (:func:`decode_query_len`). ``max_seq_len`` (known on the host)
+    narrows the block table."""
     bs = buffers.block_size
     num_blocks = min(block_table.shape[1], -(-max(max_seq_len, qlen, 1) // bs))
     plan = plan_decode_into(buffers, block_table[:, :num_blocks], seq_lens, None, workspace, uniform_qlen=qlen)
