@@ -237,9 +237,18 @@ def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     # a pin that is not what AITER names stops with one line naming the setting
-    proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "verify", dest, aiter],
-                          env={**env, "HIPKITTENS_COMMIT": "1" * 40}, capture_output=True, text=True)
-    assert proc.returncode == 1 and "hipkittens_commit" in proc.stderr
+    for pin in ("1" * 40, "none"):
+        proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "verify", dest, aiter],
+                              env={**env, "HIPKITTENS_COMMIT": pin}, capture_output=True, text=True)
+        assert proc.returncode == 1 and "hipkittens_commit" in proc.stderr, proc.stderr
+    # an AITER that names no HipKittens: pin "none", nothing fetched, an empty directory
+    (aiter / "aiter/jit/core.py").write_text("# no third-party clones\n")
+    empty = tmp_path / "empty"
+    for mode in ("clone", "verify"):
+        proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", mode, empty, aiter],
+                              env={**env, "HIPKITTENS_COMMIT": "none"}, capture_output=True, text=True)
+        assert proc.returncode == 0 and "does not use HipKittens" in proc.stdout, proc.stderr
+    assert list(empty.iterdir()) == []
 
 
 def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):

@@ -79,3 +79,12 @@ def test_manifest_keys(tmp_path):
     assert m["vllm"]["commit"] is None and m["vllm"]["version"] == "0.32.0"
     assert {"ROCM_IMAGE", "TORCH_SHA256", "VLLM_COMMIT"} <= set(m["unresolved"])
     json.dumps(m)
+
+
+def test_manifest_names_the_triton_torch_requires_when_unresolved(monkeypatch):
+    monkeypatch.setattr(manifest.importlib.metadata, "requires",
+                        lambda name: ["filelock", 'triton-rocm==3.8.0; platform_system == "Linux"'])
+    monkeypatch.setattr(manifest, "installed", lambda package: {"triton-rocm": "3.8.0"}.get(package))
+    m = manifest.build_manifest({"TRITON_PACKAGE": "UNRESOLVED", "GPU_ARCHS": "gfx942"}, {}, [])
+    assert m["pytorch"]["wheels"]["triton"]["package"] == "triton-rocm"
+    assert m["pytorch"]["wheels"]["triton"]["installed"] == "3.8.0"

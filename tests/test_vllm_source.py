@@ -212,8 +212,9 @@ def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned
 
 
 def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src, versions, tmp_path_factory):
-    """The same resolution as the old build did it (no constraints, no alias): pip brings PyPI's
-    triton over the ROCm one, and the report check names it."""
+    """The resolution as the old build did it (no constraints, no alias), of vLLM's own xgrammar
+    requirement line (requirements/common.txt): pip brings PyPI's triton beside the ROCm one,
+    and the report check names it."""
     wheels = versions["pytorch"]["wheels"]
     base = tmp_path_factory.mktemp("bare-env")
     env = base / "venv"
@@ -223,9 +224,12 @@ def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src
     stubs = [stub_wheel(base, "torch", wheels["torch"]["version"], [f"{triton_pkg}=={triton_ver}"]),
              stub_wheel(base, triton_pkg, triton_ver), stub_wheel(base, "amdsmi", STAND_IN["amdsmi"])]
     assert run([env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]).returncode == 0
+    line = next(raw for raw in (vllm_src / "requirements/common.txt").read_text().splitlines()
+                if raw.startswith("xgrammar"))
+    (base / "xgrammar.txt").write_text(line + "\n")
     report = base / "report.json"
     proc = run([env / "bin/python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", report,
-                "-r", vllm_src / "requirements/rocm.txt"], timeout=900)
+                "-r", base / "xgrammar.txt"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "triton" in installs(report)
     proc = run([env / "bin/python", DOCKER / "pinned_dists.py", "check-report", report, "--step", "test"])

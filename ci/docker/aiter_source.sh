@@ -80,10 +80,14 @@ hipkittens_named() {
   grep -A4 'HipKittens\.git' "$core" | grep -oE '\b[0-9a-f]{40}\b' | head -n 1 || true
 }
 
-# The commit to use: HIPKITTENS_COMMIT, checked against what AITER names.
+# The commit to use: HIPKITTENS_COMMIT, checked against what AITER names ("none": AITER names none).
 hipkittens_commit() {
   local named=$1
   : "${HIPKITTENS_COMMIT:?set the HIPKITTENS_COMMIT build arg}"
+  if [ "$HIPKITTENS_COMMIT" = none ]; then
+    [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins HIPKITTENS_COMMIT=none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+    return
+  fi
   check_pin HIPKITTENS_COMMIT "$HIPKITTENS_COMMIT" aiter
   if [ "$HIPKITTENS_COMMIT" = UNRESOLVED ]; then
     echo "$named"

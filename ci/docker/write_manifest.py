@@ -32,6 +32,19 @@ def installed(package: str):
         return None
 
 
+def torch_triton() -> str | None:
+    """The Triton distribution the installed torch requires (its name changes between releases)."""
+    try:
+        requires = importlib.metadata.requires("torch") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        name = req.split(";")[0].split("=")[0].split("<")[0].split(">")[0].split("(")[0].strip()
+        if "triton" in name.lower():
+            return name
+    return None
+
+
 def build_manifest(env: dict, aiter_pins: dict, modules: list[str]) -> dict:
     def pin(name):
         value = env.get(name, "UNRESOLVED")
@@ -41,6 +54,8 @@ def build_manifest(env: dict, aiter_pins: dict, modules: list[str]) -> dict:
     wheels = {}
     for key, (pkg_arg, ver_arg, sha_arg) in WHEEL_ARGS.items():
         package = env.get(pkg_arg, key)
+        if package in ("", "UNRESOLVED"):  # development build: what torch requires
+            package = (torch_triton() if key == "triton" else None) or key
         wheels[key] = {"package": package, "version": pin(ver_arg), "sha256": pin(sha_arg),
                        "installed": installed(package)}
     return {
