@@ -280,16 +280,23 @@ def _with_test_pin(tree, upstream):
     return tree / "versions.json"
 
 
-def test_write_keeps_the_files_formatting():
-    """A two-value change of versions.json is a two-line diff; nothing else moves."""
+def test_write_keeps_the_files_formatting(tree, upstream):
+    """resolve --write of one pin (vllm.commit: a value and its unresolved list) is a two-line
+    diff of versions.json; nothing else moves."""
     import difflib
 
-    text = (ROOT / "versions.json").read_text()
+    path = tree / "versions.json"
+    text = path.read_text()
     d = json.loads(text)
-    d["vllm"]["commit"] = "5df63a720" + "0" * 31
-    d["vllm"]["unresolved"] = []
-    new = model.patch_json(text, d)
-    assert json.loads(new) == d
+    for field, value in (("repository", upstream["url"]), ("tag", "v1.0"), ("commit_prefix", upstream["commit"][:9])):
+        old = json.dumps(d["vllm"][field])
+        assert text.count(f'"{field}": {old}') == 1, field
+        text = text.replace(f'"{field}": {old}', f'"{field}": {json.dumps(value)}')
+    path.write_text(text)
+    proc = run_tool("--file", str(path), "resolve", "vllm", "--write")
+    assert proc.returncode == 0, proc.stderr
+    new = path.read_text()
+    assert json.loads(new)["vllm"]["commit"] == upstream["commit"]
     changed = [line for line in difflib.unified_diff(text.splitlines(), new.splitlines(), n=0, lineterm="")
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert len(changed) == 4, changed  # two lines out, two lines in
@@ -408,3 +415,22 @@ def test_unknown_names_are_rejected(command, tree):
     assert proc.returncode == 1, proc.stdout
     assert len(proc.stderr.strip().splitlines()) == 1 and ("v9.9" in proc.stderr or "nothing" in proc.stderr)
     assert "nothing changed" not in proc.stdout
+
+
+def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
+    import signal
+    import time
+
+    d = model.load(tree / "versions.json")
+    d["aiter"]["repository"] = f"http://{silent_server}/aiter.git"
+    model.dump(d, tree / "versions.json")
+    before = (tree / "versions.json").read_text()
+    env = {**os.environ, "PINS_TIMEOUT": "60", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+                             "aiter", "--write"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["error: interrupted; nothing was written"], err
+    assert (tree / "versions.json").read_text() == before
