@@ -1,5 +1,6 @@
 """versions.json and the pin tool (python3 -m ci.pins)."""
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -434,3 +435,50 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and err.strip().splitlines() == ["error: interrupted; nothing was written"], err
     assert (tree / "versions.json").read_text() == before
+
+
+def test_resolve_wheels_reads_tritons_name_and_version_from_torchs_metadata(data, tmp_path):
+    """A PEP 503 index with PEP 658 metadata: torch requires triton-rocm (not the recorded
+    pytorch-triton-rocm): resolve records torch's name and version, then the wheel's sha256."""
+    import functools
+    import http.server
+    import threading
+
+    sha = {n: hashlib.sha256(n.encode()).hexdigest() for n in ("torch", "tr", "tv", "ta")}
+    files = {
+        "torch": ("torch-2.13.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", sha["torch"]),
+        "triton-rocm": ("triton_rocm-3.8.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", sha["tr"]),
+        "torchvision": ("torchvision-0.28.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", sha["tv"]),
+        "torchaudio": ("torchaudio-2.11.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", sha["ta"]),
+    }
+    for name, (filename, digest) in files.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "index.html").write_text(f'<a href="{filename}#sha256={digest}">{filename}</a>\n')
+    (tmp_path / "torch" / (files["torch"][0] + ".metadata")).write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+rocm7.2\nRequires-Dist: filelock\n"
+        'Requires-Dist: triton-rocm==3.8.0+rocm7.2; platform_system == "Linux"\n')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        d = copy.deepcopy(data)
+        d["pytorch"]["index_url"] = f"http://127.0.0.1:{server.server_address[1]}"
+        d["pytorch"]["wheels"]["triton"] = {"package": None, "version": None, "sha256": None,
+                                            "unresolved": ["package", "version", "sha256"]}
+        resolve.resolve_wheels(d)
+    finally:
+        server.shutdown()
+    triton = d["pytorch"]["wheels"]["triton"]
+    assert (triton["package"], triton["version"], triton["sha256"]) == ("triton-rocm", "3.8.0+rocm7.2", sha["tr"])
+    assert triton["unresolved"] == [] and d["pytorch"]["wheels"]["torch"]["sha256"] == sha["torch"]
+    # a recorded name torch does not require is a moved pin, not silently replaced
+    d["pytorch"]["wheels"]["triton"].update(package="pytorch-triton-rocm")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        d["pytorch"]["index_url"] = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(model.PinError, match="pytorch.wheels.triton.package"):
+            resolve.resolve_wheels(d)
+    finally:
+        server.shutdown()
