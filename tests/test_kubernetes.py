@@ -1,0 +1,303 @@
+"""deploy/kubernetes: every overlay renders with `kubectl kustomize` and validates offline against
+the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail), and the settings a
+ROCm server needs are in the rendered objects.
+
+LeaderWorkerSet is a custom resource whose CRD schema is not packaged on PyPI, Debian or npm:
+its pod templates (leader and worker) are validated as core PodTemplates, and its own fields
+against the small hand-written schema below (field names and enums of leaderworkerset.x-k8s.io/v1).
+kubectl: `bash ci/k8s-tools.sh install`."""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -r tests/requirements.txt")
+yaml = pytest.importorskip("yaml", reason="pip install -r tests/requirements.txt")
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy/kubernetes"
+OVERLAYS = ("replicas", "multinode")
+# kubectl 1.32 (Debian trixie's kubernetes-client) and the newest schemas kubernetes-validate ships.
+KUBERNETES_VERSIONS = ("1.32", "1.37")
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+STARTUP_BUDGET_S = 1800  # a DeepSeek-size model loads for many minutes (compose's HEALTH_START_PERIOD)
+CACHES = {"/var/cache/huggingface", "/var/cache/aiter-jit"}
+VIDEO_GID = 44
+
+# Hand-written: the fields of LeaderWorkerSet v1 this project uses and their allowed values; any
+# other field fails (the pod templates themselves are validated with the core schemas).
+LWS_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": LWS_API},
+        "kind": {"const": "LeaderWorkerSet"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["leaderWorkerTemplate"],
+            "additionalProperties": False,
+            "properties": {
+                "replicas": {"type": "integer", "minimum": 0},
+                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+                "rolloutStrategy": {"type": "object"},
+                "networkConfig": {"type": "object"},
+                "leaderWorkerTemplate": {
+                    "type": "object",
+                    "required": ["workerTemplate", "size"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "size": {"type": "integer", "minimum": 1},
+                        "restartPolicy": {"enum": ["RecreateGroupOnPodRestart", "None", "Default"]},
+                        "leaderTemplate": {"type": "object"},
+                        "workerTemplate": {"type": "object"},
+                        "subGroupPolicy": {"type": "object"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if not path:
+        pytest.skip("kubectl not found: bash ci/k8s-tools.sh install")
+    return path
+
+
+def kustomize(directory: Path, check: bool = True):
+    proc = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    if not check:
+        return proc
+    assert proc.returncode == 0, f"kubectl kustomize {directory}: {proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: kustomize(K8S / "overlays" / name) for name in OVERLAYS}
+
+
+def by_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [o for o in by_kind(objs, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} rendered"
+    return found[0]
+
+
+def pod_templates(obj: dict) -> dict[str, dict]:
+    """{role: PodTemplateSpec} of a workload."""
+    if obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        return {"leader": lwt["leaderTemplate"], "worker": lwt["workerTemplate"]}
+    return {"pod": obj["spec"]["template"]}
+
+
+def schema_errors(obj: dict) -> list[str]:
+    """Offline validation against the Kubernetes API schemas of every version in KUBERNETES_VERSIONS.
+    A LeaderWorkerSet: LWS_SCHEMA for its own fields, each pod template as a core v1 PodTemplate."""
+    if obj.get("apiVersion") == LWS_API:
+        errors = [f"LeaderWorkerSet: {e.message} at {list(e.absolute_path)}"
+                  for e in jsonschema.Draft202012Validator(LWS_SCHEMA).iter_errors(obj)]
+        for role, template in pod_templates(obj).items():
+            wrapped = {"apiVersion": "v1", "kind": "PodTemplate",
+                       "metadata": {"name": f"{obj['metadata']['name']}-{role}"}, "template": template}
+            errors += [f"{role} template: {e}" for e in schema_errors(wrapped)]
+        return errors
+    errors = []
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{obj['kind']}/{obj['metadata'].get('name')} (Kubernetes {version}): "
+                          f"{exc.message} at {list(exc.absolute_path)}")
+    return errors
+
+
+def reference_errors(objs: list[dict]) -> list[str]:
+    """Names a pod refers to that the render does not define: Secrets and their keys, claims,
+    volumes; and Services that select no API-server pod."""
+    secrets = {s["metadata"]["name"]: set(s.get("data", {})) | set(s.get("stringData", {}))
+               for s in by_kind(objs, "Secret")}
+    claims = {c["metadata"]["name"] for c in by_kind(objs, "PersistentVolumeClaim")}
+    errors, pod_labels = [], []
+    for obj in objs:
+        if obj["kind"] not in ("StatefulSet", "Deployment", "LeaderWorkerSet"):
+            continue
+        templates_claims = {t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])}
+        for role, template in pod_templates(obj).items():
+            pod_labels.append(template["metadata"].get("labels", {}))
+            spec = template["spec"]
+            volumes = {v["name"] for v in spec.get("volumes", [])} | templates_claims
+            for v in spec.get("volumes", []):
+                claim = v.get("persistentVolumeClaim", {}).get("claimName")
+                if claim and claim not in claims:
+                    errors.append(f"{role}: volume {v['name']} claims {claim}, which is not rendered")
+            for c in spec["containers"]:
+                for m in c.get("volumeMounts", []):
+                    if m["name"] not in volumes:
+                        errors.append(f"{role}/{c['name']}: mount of undefined volume {m['name']}")
+                for e in c.get("env", []):
+                    ref = e.get("valueFrom", {}).get("secretKeyRef")
+                    if ref and ref["key"] not in secrets.get(ref["name"], set()):
+                        errors.append(f"{role}/{c['name']}: {e['name']} refers to secret {ref['name']} "
+                                      f"key {ref['key']}, which is not rendered")
+    for svc in by_kind(objs, "Service"):
+        selector = svc["spec"]["selector"]
+        if not any(selector.items() <= labels.items() for labels in pod_labels):
+            errors.append(f"Service {svc['metadata']['name']} selects no pod ({selector})")
+    return errors
+
+
+def container(template: dict, name: str | None = None) -> dict:
+    containers = template["spec"]["containers"]
+    return containers[0] if name is None else next(c for c in containers if c["name"] == name)
+
+
+def env_of(c: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def probe_budget_s(probe: dict) -> int:
+    return probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+
+# ----------------------------------------------------------------- rendering and schemas
+
+def test_every_overlay_is_tested():
+    assert sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir()) == sorted(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_and_validates_against_kubernetes_schemas(rendered, overlay):
+    objs = rendered[overlay]
+    assert objs, f"{overlay} rendered nothing"
+    errors = [e for obj in objs for e in schema_errors(obj)]
+    assert not errors, "\n".join(errors)
+    assert not reference_errors(objs), reference_errors(objs)
+
+
+def test_a_broken_manifest_is_rejected(rendered):
+    """The checks above can fail: a misspelled field, a wrong type, a dangling reference, a
+    malformed LeaderWorkerSet and a kustomization naming a missing file are each rejected."""
+    sts = one(rendered["replicas"], "StatefulSet")
+    misspelled = copy.deepcopy(sts)
+    misspelled["spec"]["replica"] = misspelled["spec"].pop("replicas")
+    assert any("replica" in e for e in schema_errors(misspelled))
+    wrong_type = copy.deepcopy(sts)
+    container(wrong_type["spec"]["template"])["ports"][0]["containerPort"] = "eight thousand"
+    assert schema_errors(wrong_type)
+
+    lws = one(rendered["multinode"], "LeaderWorkerSet")
+    bad_pod = copy.deepcopy(lws)
+    container(bad_pod["spec"]["leaderWorkerTemplate"]["workerTemplate"])["resources"]["limits"] = ["amd.com/gpu"]
+    assert any(e.startswith("worker template") for e in schema_errors(bad_pod))
+    bad_field = copy.deepcopy(lws)
+    bad_field["spec"]["leaderWorkerTemplate"]["groupSize"] = 2
+    assert any("groupSize" in e for e in schema_errors(bad_field))
+
+    dangling = copy.deepcopy(rendered["multinode"])
+    one(dangling, "Secret")["metadata"]["name"] = "renamed"
+    one(dangling, "PersistentVolumeClaim", "rocm-vllm-aiter-jit")["metadata"]["name"] = "renamed-too"
+    problems = reference_errors(dangling)
+    assert any("rocm-vllm-secrets" in p for p in problems) and any("rocm-vllm-aiter-jit" in p for p in problems)
+
+
+def test_kustomize_refuses_a_broken_kustomization(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources:\n  - missing.yaml\n")
+    proc = kustomize(tmp_path, check=False)
+    assert proc.returncode != 0 and "missing.yaml" in proc.stderr
+
+
+# ----------------------------------------------------------------- what a ROCm server needs
+
+def check_pod(template: dict, c: dict) -> None:
+    sc = template["spec"]["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0 and sc["runAsGroup"] > 0 and sc["fsGroup"] > 0
+    groups = sc["supplementalGroups"]
+    assert VIDEO_GID in groups and len(groups) == 2, f"video and render groups expected: {groups}"
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    gpus = c["resources"]["limits"]["amd.com/gpu"]
+    assert gpus == c["resources"]["requests"]["amd.com/gpu"] == "8"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert CACHES <= set(mounts) and "/dev/shm" in mounts
+    env = env_of(c)
+    assert env["HF_HOME"] == "/var/cache/huggingface"
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "HF_TOKEN"}}
+
+
+def check_api_server(c: dict) -> None:
+    env = env_of(c)
+    assert env["SERVE_MODEL"] == "", "the default is the tiny model in the image (no download)"
+    assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "VLLM_API_KEY"}}
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
+    assert env["SERVE_PORT"] == str(port)
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[kind]["httpGet"] == {"path": "/health", "port": "http"}, kind
+    assert probe_budget_s(c["startupProbe"]) >= STARTUP_BUDGET_S
+    assert probe_budget_s(c["livenessProbe"]) < STARTUP_BUDGET_S  # the startup probe guards the load
+
+
+def test_replicas_one_per_8_gpu_node_behind_one_service(rendered):
+    objs = rendered["replicas"]
+    sts = one(objs, "StatefulSet")
+    template = sts["spec"]["template"]
+    c = container(template, "vllm")
+    assert sts["spec"]["replicas"] >= 2
+    assert c["args"] == ["serve"]
+    check_pod(template, c)
+    check_api_server(c)
+    (term,) = template["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    claims = {t["metadata"]["name"]: t for t in sts["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert {mounts[p] for p in CACHES} == set(claims)
+    service = one(objs, "Service", "rocm-vllm")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+
+
+def test_multinode_leader_is_ray_head_and_api_server_workers_join(rendered):
+    objs = rendered["multinode"]
+    lws = one(objs, "LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] >= 2
+    assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+    templates = pod_templates(lws)
+    leader, worker = container(templates["leader"], "vllm"), container(templates["worker"], "ray-worker")
+    for role, c in (("leader", leader), ("worker", worker)):
+        check_pod(templates[role], c)
+        script = c["args"][2]
+        assert c["args"][:2] == ["bash", "-c"]
+        syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+        assert syntax.returncode == 0, f"{role} script: {syntax.stderr}"
+    check_api_server(leader)
+    assert "ray start --head --port=6379" in leader["args"][2]
+    assert "entrypoint.sh serve --distributed-executor-backend ray" in leader["args"][2]
+    assert "--pipeline-parallel-size \"$LWS_GROUP_SIZE\"" in leader["args"][2]
+    assert 'ray start --address="$LWS_LEADER_ADDRESS:6379"' in worker["args"][2]
+    service = one(objs, "Service", "rocm-vllm")
+    assert service["spec"]["selector"].items() <= templates["leader"]["metadata"]["labels"].items()
+    assert not service["spec"]["selector"].items() <= templates["worker"]["metadata"]["labels"].items()
+    for pvc in by_kind(objs, "PersistentVolumeClaim"):
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_secret_has_the_api_key_and_token_and_a_stable_name(rendered):
+    for objs in rendered.values():
+        secret = one(objs, "Secret")
+        assert secret["metadata"]["name"] == "rocm-vllm-secrets"  # the custom resource refers to it by name
+        assert set(secret["data"]) == {"VLLM_API_KEY", "HF_TOKEN"}
+        assert json.dumps(secret["data"]) == json.dumps({"HF_TOKEN": "", "VLLM_API_KEY": ""})
