@@ -235,6 +235,9 @@ def check_pod(template: dict, c: dict) -> None:
     assert CACHES <= set(mounts) and "/dev/shm" in mounts
     env = env_of(c)
     assert env["HF_HOME"] == "/var/cache/huggingface"
+    if template["metadata"]["labels"]["app.kubernetes.io/component"] != "api-server" or c.get("args") != ["serve"]:
+        # not the serve command: the guard only warns unless told a GPU is required
+        assert env["ROCM_VLLM_REQUIRE_GPU"] == "1"
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "HF_TOKEN"}}
 
 
