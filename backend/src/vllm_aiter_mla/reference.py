@@ -1,6 +1,9 @@
 """Pure-PyTorch reference of the two AITER kernel contracts this backend calls.
 
-* :func:`mla_decode_fwd` mirrors ``aiter.mla.mla_decode_fwd``
+* :func:`mla_decode_fwd` mirrors ``aiter.mla.mla_decode_fwd`` and refuses every call
+  AITER would refuse or compute wrongly (:mod:`contract`: kernel table, known defects,
+  AITER's host-side checks); :func:`get_mla_metadata_info_v1` /
+  :func:`get_mla_metadata_v1` stand in for AITER's persistent-mode scheduling
 * :func:`flash_attn_varlen_func` mirrors ``aiter.flash_attn_varlen_func``
 
 Same argument names, shapes and in-place semantics, so the backend calls either one
@@ -9,8 +12,9 @@ through the same code. Used by the tests and by the explicit CPU development mod
 
 Both are vectorised over a padded [requests, rows, keys] grid whose sizes come from
 static bounds (``max_seqlen_q`` and, for decode, ``max_seqlen_k``), so they run
-without host synchronisation when those bounds are given (e.g. inside a CUDA graph).
-Softmax is computed in float32.
+without host synchronisation when those bounds are given (e.g. inside a CUDA graph;
+while a graph is captured the decode contract's value checks are skipped, its shape and
+dtype checks are not). Softmax is computed in float32.
 """
 
 from __future__ import annotations
