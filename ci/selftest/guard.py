@@ -7,18 +7,22 @@ directory and prints the decided variables as shell `export` lines for
 `entrypoint.sh` to evaluate. Log lines go to stderr, one line each; a fatal
 decision prints one `error:` line and exits 1.
 
-Settings (environment):
+Settings (environment; a value outside the listed ones stops the container with one line):
   ROCM_VLLM_MANIFEST     image manifest (default /opt/rocm-vllm/manifest.json)
   ROCM_VLLM_REQUIRE_GPU  1: every mode needs a usable GPU; 0: skip the GPU check
-                         (CPU runs); unset: only `serve` needs one
+                         (CPU runs); unset or empty: only `serve` needs one
   ROCM_VLLM_KFD_PATH     the ROCm compute device node (default /dev/kfd)
+  ROCM_VLLM_DRI_PATH     the directory of the GPUs' render nodes renderD* (default /dev/dri);
+                         each must open read-write (the container needs the host's render group)
   ROCM_VLLM_JIT_CACHE    mount point of the AITER JIT cache (default /var/cache/aiter-jit)
   AITER_JIT_DIR          used as given when set
-  VLLM_ROCM_USE_AITER    used as given when set; else 1 on gfx942/gfx950, 0 elsewhere
+  VLLM_ROCM_USE_AITER    as vLLM reads it: 1 or true (any case) on, 0 or false off; kept when
+                         set; unset or empty: 1 on gfx942/gfx950, 0 elsewhere
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shlex
 import shutil
@@ -35,8 +39,25 @@ AITER_ARCHS = ("gfx942", "gfx950")
 REQUIRE_GPU_ENV = "ROCM_VLLM_REQUIRE_GPU"
 KFD_ENV = "ROCM_VLLM_KFD_PATH"
 DEFAULT_KFD = "/dev/kfd"
+DRI_ENV = "ROCM_VLLM_DRI_PATH"
+DEFAULT_DRI = "/dev/dri"
 USE_AITER_ENV = "VLLM_ROCM_USE_AITER"
 LOG_PREFIX = "[rocm-vllm]"
+# vLLM 0.32 (vllm/envs.py): on for "1"/"true", any case; every other value is off. Only the
+# values vLLM gives a meaning to are accepted: anything else would be silently off.
+AITER_VALUES = {"1": True, "true": True, "0": False, "false": False}
+REQUIRE_GPU_VALUES = ("0", "1")
+RENDER_GID_HINT = ("set RENDER_GID to the host's render group id "
+                   "(echo RENDER_GID=$(getent group render | cut -d: -f3) >> .env; "
+                   "docker run: --group-add <that id>)")
+
+
+@dataclass(frozen=True)
+class RenderNode:
+    """A render node under the DRI directory; `error` empty when it opened read-write."""
+
+    path: str
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,7 @@ class GuardInputs:
     manifest: Manifest | None = None
     manifest_error: str = ""
     aiter_installed: bool = True
+    render_nodes: Sequence[RenderNode] | None = None  # None: not checked
 
 
 @dataclass
@@ -90,9 +112,28 @@ def find_gpus(listings: Sequence[Listing]) -> tuple[list[Gpu], str, list[str]]:
     return [], "", problems
 
 
+def user_aiter(env: Mapping[str, str]) -> bool | None:
+    """VLLM_ROCM_USE_AITER as vLLM reads it; None when unset or empty (the guard decides)."""
+    value = env.get(USE_AITER_ENV, "")
+    return None if value == "" else AITER_VALUES.get(value.lower())
+
+
+def setting_problem(env: Mapping[str, str]) -> str:
+    """One line naming the first setting whose value is not one of its documented values."""
+    value = env.get(USE_AITER_ENV, "")
+    if value != "" and value.lower() not in AITER_VALUES:
+        return (f"{USE_AITER_ENV}={shlex.quote(value)} is not a value vLLM reads (it would silently mean off): "
+                "set 1 or true for AITER on, 0 or false for off, or leave it empty for the guard's choice")
+    value = env.get(REQUIRE_GPU_ENV, "")
+    if value != "" and value not in REQUIRE_GPU_VALUES:
+        return (f"{REQUIRE_GPU_ENV}={shlex.quote(value)} is not one of its values: set 1 (every mode needs a GPU), "
+                "0 (no GPU check, CPU runs) or leave it empty (only serve needs one)")
+    return ""
+
+
 def strictness(mode: str, env: Mapping[str, str]) -> str:
     """'strict' (problems are fatal), 'warn' (problems are logged) or 'off'."""
-    value = env.get(REQUIRE_GPU_ENV, "").strip()
+    value = env.get(REQUIRE_GPU_ENV, "")
     if value == "0":
         return "off"
     if value == "1" or mode == "serve":
@@ -109,8 +150,10 @@ def describe(gpus: Sequence[Gpu]) -> str:
 
 
 def _aiter_default(decision: Decision, env: Mapping[str, str], value: str, why: str) -> None:
-    if env.get(USE_AITER_ENV, "") != "":
-        decision.log.append(f"{USE_AITER_ENV}={env[USE_AITER_ENV]} set by the user: kept")
+    user = user_aiter(env)
+    if user is not None:
+        decision.log.append(f"{USE_AITER_ENV}={env[USE_AITER_ENV]} set by the user: kept "
+                            f"(AITER {'on' if user else 'off'})")
         return
     decision.env[USE_AITER_ENV] = value
     decision.log.append(why)
@@ -142,6 +185,9 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
 def decide(inputs: GuardInputs) -> Decision:
     env = inputs.env
     decision = Decision()
+    decision.fatal = setting_problem(env)
+    if decision.fatal:
+        return decision
     level = strictness(inputs.mode, env)
     _jit_cache(decision, inputs)
 
@@ -156,6 +202,21 @@ def decide(inputs: GuardInputs) -> Decision:
             f"no {kfd} in the container, so no AMD GPU can be used: run it with "
             f"--device /dev/kfd --device /dev/dri (or set {REQUIRE_GPU_ENV}=0 for a CPU run)"
         ), env)
+
+    if inputs.render_nodes is not None:
+        dri = env.get(DRI_ENV) or DEFAULT_DRI
+        if not inputs.render_nodes:
+            return _problem(decision, level, (
+                f"no render node (renderD*) under {dri} in the container: run it with "
+                f"--device /dev/dri (or set {REQUIRE_GPU_ENV}=0 for a CPU run)"
+            ), env)
+        closed = [node for node in inputs.render_nodes if node.error]
+        if closed:
+            more = f" and {len(closed) - 1} more" if len(closed) > 1 else ""
+            return _problem(decision, level, (
+                f"cannot open the render node {closed[0].path} ({closed[0].error}){more}: the "
+                f"container lacks the host's render group; {RENDER_GID_HINT}"
+            ), env)
 
     gpus, tool, problems = find_gpus(inputs.listings)
     if not gpus:
@@ -188,7 +249,7 @@ def decide(inputs: GuardInputs) -> Decision:
 
     archs = sorted({g.arch for g in gpus})
     if set(archs) <= set(AITER_ARCHS):
-        if not inputs.aiter_installed and env.get(USE_AITER_ENV, "") != "0":
+        if not inputs.aiter_installed and user_aiter(env) is not False:
             message = ("the aiter package is not installed in this image; rebuild the base "
                        "image, or set VLLM_ROCM_USE_AITER=0 to serve without AITER")
             return _problem(decision, level, message, env, why="AITER off: aiter not installed")
@@ -203,7 +264,7 @@ def decide(inputs: GuardInputs) -> Decision:
             f"AITER off: {archs[0]} is not supported by AITER (needs "
             f"{' or '.join(AITER_ARCHS)}); vLLM uses its Triton attention backends"
         ))
-    if env.get(USE_AITER_ENV) == "1" and not set(archs) <= set(AITER_ARCHS):
+    if user_aiter(env) is True and not set(archs) <= set(AITER_ARCHS):
         decision.log.append(
             f"warning: {USE_AITER_ENV}=1 but {';'.join(archs)} is not supported by AITER; "
             "vLLM will not use it there"
@@ -231,6 +292,25 @@ def run_tool(argv: Sequence[str], timeout: float = 60.0) -> Listing:
     return Listing(tool, proc.stdout)
 
 
+def render_nodes(env: Mapping[str, str]) -> list[RenderNode]:
+    """Open each renderD* node under the DRI directory read-write, as the ROCm runtime does."""
+    dri = env.get(DRI_ENV) or DEFAULT_DRI
+    try:
+        names = sorted(n for n in os.listdir(dri) if n.startswith("renderD"))
+    except OSError:
+        return []
+    nodes = []
+    for name in names:
+        path = os.path.join(dri, name)
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        except OSError as exc:
+            nodes.append(RenderNode(path, exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))))
+        else:
+            nodes.append(RenderNode(path))
+    return nodes
+
+
 def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
     manifest, manifest_error = None, ""
     try:
@@ -238,8 +318,10 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
     except ManifestError as exc:
         manifest_error = str(exc)
     listings: list[Listing] = []
-    if strictness(mode, env) != "off":
+    nodes: list[RenderNode] | None = None
+    if not setting_problem(env) and strictness(mode, env) != "off":
         listings = [run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])]
+        nodes = render_nodes(env)
     return GuardInputs(
         mode=mode,
         listings=listings,
@@ -248,6 +330,7 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
         manifest=manifest,
         manifest_error=manifest_error,
         aiter_installed=jitcache.aiter_prebuilt_dir() is not None,
+        render_nodes=nodes,
     )
 
 
@@ -262,8 +345,12 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
                    f"({exc.strerror or exc}): set AITER_JIT_DIR to a writable directory")
         if level == "strict":
             decision.fatal = message
-        else:
-            decision.log.append(f"warning: {message}")
+            return
+        # A directory that could not be prepared is not handed to AITER (it would fail at its
+        # first JIT compile, or rebuild every prebuilt module).
+        if decision.env.pop(jitcache.JIT_DIR_ENV, None) is not None:
+            message += f"; {jitcache.JIT_DIR_ENV} not set (AITER uses its default, ~/.aiter/jit)"
+        decision.log.append(f"warning: {message}")
         return
     decision.log.append(
         f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked; mount a "

@@ -48,14 +48,29 @@ def prebuilt_modules(prebuilt_dir: Path) -> list[Path]:
     return sorted(p for p in prebuilt_dir.glob("*.so") if p.is_file())
 
 
+def _owner_to_keep(existing: Path) -> tuple[int, int] | None:
+    """(uid, gid) of `existing` when running as root in a directory another user owns."""
+    if os.geteuid() != 0:
+        return None
+    info = os.stat(existing)
+    return (info.st_uid, info.st_gid) if info.st_uid != 0 else None
+
+
 def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
     """Create the directory and link prebuilt modules into it; returns the link count.
 
     Real files (modules compiled at run time) are left alone; our own links are
-    refreshed so they follow the image's current AITER.
+    refreshed so they follow the image's current AITER. Run as root, directories and links
+    created here take the owner of the directory they are created in (the cache volume is
+    owned by the server's user).
     """
     target = Path(jit_dir)
+    missing = [p for p in (target, *target.parents) if not os.path.lexists(p)]
+    owner = _owner_to_keep(target.parents[len(missing) - 1] if missing else target)
     target.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        if owner:
+            os.chown(created, *owner)
     if prebuilt_dir is None or target.resolve() == prebuilt_dir.resolve():
         return 0
     linked = 0
@@ -66,6 +81,8 @@ def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
         elif link.exists():
             continue
         os.symlink(module, link)
+        if owner:
+            os.chown(link, *owner, follow_symlinks=False)
         linked += 1
     return linked
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from selftest import guard
 from selftest.guard import GuardInputs, Listing, decide, shell_exports, strictness
 from selftest.manifest import parse_manifest
 
@@ -30,9 +31,10 @@ ABSENT = (Listing("amd-smi", None, "not installed"), Listing("rocminfo", None, "
 
 
 def inputs(listings=ABSENT, mode="serve", env=None, kfd=True, manifest=MANIFEST,
-           manifest_error="", aiter=True) -> GuardInputs:
+           manifest_error="", aiter=True, render_nodes=None) -> GuardInputs:
+    extra = {} if render_nodes is None else {"render_nodes": render_nodes}
     return GuardInputs(mode=mode, listings=listings, env=env or {}, has_kfd=kfd,
-                       manifest=manifest, manifest_error=manifest_error, aiter_installed=aiter)
+                       manifest=manifest, manifest_error=manifest_error, aiter_installed=aiter, **extra)
 
 
 @pytest.mark.parametrize("listing", [
@@ -180,3 +182,87 @@ def test_missing_manifest_is_fatal_for_serve_with_setting_named() -> None:
 
 def test_shell_exports_are_quoted() -> None:
     assert shell_exports({"B": "x y", "A": "1"}) == "export A=1\nexport B='x y'\n"
+
+
+# ------------------------------------------------- settings read as vLLM reads them
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("TRUE", True), ("True", True),
+                                       ("0", False), ("false", False), ("FALSE", False)])
+def test_aiter_values_vllm_reads_are_kept_and_interpreted_as_vllm_does(value: str, on: bool) -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"VLLM_ROCM_USE_AITER": value}))
+    assert decision.ok, decision.fatal
+    assert "VLLM_ROCM_USE_AITER" not in decision.env
+    kept = [line for line in decision.log if "set by the user" in line]
+    assert len(kept) == 1 and ("AITER on" if on else "AITER off") in kept[0]
+
+
+@pytest.mark.parametrize("value", ["yes", "on", "2", " 1", "enabled", "-1"])
+def test_aiter_values_vllm_ignores_are_rejected_in_one_line(value: str) -> None:
+    for mode in ("serve", "selftest", "exec"):
+        decision = decide(inputs([smi("amdsmi_gfx942.txt")], mode=mode, env={"VLLM_ROCM_USE_AITER": value}))
+        assert not decision.ok
+        assert decision.fatal.startswith("VLLM_ROCM_USE_AITER=") and "\n" not in decision.fatal
+        assert "1" in decision.fatal and "0" in decision.fatal
+
+
+def test_aiter_false_without_aiter_installed_serves_with_aiter_off() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], aiter=False, env={"VLLM_ROCM_USE_AITER": "false"}))
+    assert decision.ok, decision.fatal
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], aiter=False, env={"VLLM_ROCM_USE_AITER": "True"}))
+    assert not decision.ok and "aiter" in decision.fatal
+
+
+def test_aiter_true_any_case_on_unsupported_arch_is_warned() -> None:
+    manifest = parse_manifest({"gpu_archs": ["gfx90a"], "aiter": None})
+    decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")], manifest=manifest,
+                             env={"VLLM_ROCM_USE_AITER": "TRUE"}))
+    assert decision.ok
+    assert any(line.startswith("warning:") and "gfx90a" in line for line in decision.log)
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", "off", " 0"])
+def test_require_gpu_accepts_only_its_documented_values(value: str) -> None:
+    for mode in ("serve", "selftest"):
+        decision = decide(inputs(kfd=False, mode=mode, env={"ROCM_VLLM_REQUIRE_GPU": value}))
+        assert not decision.ok
+        assert decision.fatal.startswith("ROCM_VLLM_REQUIRE_GPU=") and "\n" not in decision.fatal
+
+
+def test_require_gpu_empty_means_unset() -> None:
+    assert strictness("serve", {"ROCM_VLLM_REQUIRE_GPU": ""}) == "strict"
+    assert strictness("selftest", {"ROCM_VLLM_REQUIRE_GPU": ""}) == "warn"
+
+
+# ------------------------------------------------- render nodes (the render group)
+
+def test_render_node_not_openable_names_render_gid() -> None:
+    nodes = (guard.RenderNode("/dev/dri/renderD128", "Permission denied"),)
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], render_nodes=nodes))
+    assert not decision.ok
+    assert "/dev/dri/renderD128" in decision.fatal and "Permission denied" in decision.fatal
+    assert "RENDER_GID" in decision.fatal and "getent group render" in decision.fatal
+    assert "\n" not in decision.fatal
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], mode="selftest", render_nodes=nodes))
+    assert decision.ok and decision.env["VLLM_ROCM_USE_AITER"] == "0"
+    assert any(line.startswith("warning:") and "RENDER_GID" in line for line in decision.log)
+
+
+def test_no_render_node_asks_for_dev_dri() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], render_nodes=(), env={"ROCM_VLLM_DRI_PATH": "/x/dri"}))
+    assert not decision.ok
+    assert "/x/dri" in decision.fatal and "--device /dev/dri" in decision.fatal
+
+
+def test_render_nodes_that_open_pass() -> None:
+    nodes = (guard.RenderNode("/dev/dri/renderD128", ""), guard.RenderNode("/dev/dri/renderD129", ""))
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], render_nodes=nodes))
+    assert decision.ok and decision.env["VLLM_ROCM_USE_AITER"] == "1"
+
+
+def test_render_nodes_are_opened_under_the_configured_directory(tmp_path: Path) -> None:
+    (tmp_path / "renderD128").write_text("")
+    (tmp_path / "renderD129").symlink_to(tmp_path / "gone")  # cannot be opened, even by root
+    (tmp_path / "card0").symlink_to(tmp_path / "gone")  # not a render node: not checked
+    nodes = guard.render_nodes({"ROCM_VLLM_DRI_PATH": str(tmp_path)})
+    assert [(Path(n.path).name, bool(n.error)) for n in nodes] == [("renderD128", False), ("renderD129", True)]
+    assert guard.render_nodes({"ROCM_VLLM_DRI_PATH": str(tmp_path / "absent")}) == []
