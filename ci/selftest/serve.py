@@ -16,10 +16,18 @@ only what the user's arguments leave out:
   SERVE_SERVED_MODEL_NAME        --served-model-name
   SERVE_ATTENTION_BACKEND        --attention-backend (empty: vLLM's own selection)
   SERVE_EXTRA_ARGS               further arguments, shell-quoted
-The API key comes from vLLM's own VLLM_API_KEY.
+The API key comes from vLLM's own VLLM_API_KEY (or --api-key); the start-up line masks it.
+
+A server reachable from other machines needs an API key. The address that counts is the
+one the port is published on when it is known (ROCM_VLLM_PUBLISHED_ADDRESS: compose sets it
+from VLLM_BIND_ADDRESS; a server bound to a loopback --host is never reachable through it),
+else --host itself (`docker run` with --network host or -p). Without a key on a
+non-loopback address the launcher stops with one line, unless:
+  ROCM_VLLM_ALLOW_NO_API_KEY=1   serve without a key anyway (0 or empty: refuse)
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 import sys
@@ -28,6 +36,15 @@ from collections.abc import Mapping, Sequence
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TINY_MODEL_ENV = "TINY_MLA_MODEL"
 DEFAULT_TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
+PUBLISHED_ENV = "ROCM_VLLM_PUBLISHED_ADDRESS"
+ALLOW_NO_KEY_ENV = "ROCM_VLLM_ALLOW_NO_API_KEY"
+API_KEY_ENV = "VLLM_API_KEY"
+MASK = "***"
+LOG_PREFIX = "[rocm-vllm]"
+
+
+class ServeError(Exception):
+    """A setting that stops the launcher; the message is one line naming it."""
 
 # (environment variable, option, default)
 _OPTIONS: tuple[tuple[str, str, str], ...] = (
@@ -59,12 +76,20 @@ def _option_value(args: Sequence[str], option: str) -> str | None:
     return None
 
 
+def extra_args(env: Mapping[str, str]) -> list[str]:
+    try:
+        return shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
+    except ValueError as exc:
+        raise ServeError(f"SERVE_EXTRA_ARGS cannot be split as shell words ({exc}): "
+                         "fix its quoting") from None
+
+
 def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """Arguments for the API server module (without the interpreter)."""
     args = list(user_args)
     if args and not args[0].startswith("-"):
         args = ["--model", args[0], *args[1:]]
-    extra = shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
+    extra = extra_args(env)
     given = args + extra
     defaults: list[str] = []
     model = _option_value(given, "--model")
@@ -83,11 +108,87 @@ def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     return defaults + extra + args
 
 
+def _api_keys(args: Sequence[str]) -> list[str]:
+    """Values of --api-key (vLLM takes one or more after the option, or --api-key=KEY)."""
+    keys: list[str] = []
+    taking = False
+    for arg in args:
+        if arg.startswith("--api-key="):
+            keys.append(arg.split("=", 1)[1])
+            taking = False
+        elif arg == "--api-key":
+            taking = True
+        elif taking and not arg.startswith("-"):
+            keys.append(arg)
+        else:
+            taking = False
+    return keys
+
+
+def masked(args: Sequence[str]) -> list[str]:
+    """`args` with every API key replaced by ***."""
+    out: list[str] = []
+    taking = False
+    for arg in args:
+        if arg.startswith("--api-key="):
+            out.append("--api-key=" + MASK)
+            taking = False
+        elif arg == "--api-key":
+            out.append(arg)
+            taking = True
+        elif taking and not arg.startswith("-"):
+            out.append(MASK)
+        else:
+            out.append(arg)
+            taking = False
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name or an empty --host (every address): counts as reachable
+
+
+def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
+    """'' when serving is allowed; else the reason as one line. Warnings start with 'warning:'."""
+    allow = env.get(ALLOW_NO_KEY_ENV, "")
+    if allow not in ("", "0", "1"):
+        raise ServeError(f"{ALLOW_NO_KEY_ENV}={shlex.quote(allow)} is not one of its values: set 1 to serve "
+                         "without an API key on a reachable address, or 0 (or leave it empty) to refuse")
+    host = _option_value(server_args, "--host")
+    host = "" if host is None else host
+    published = env.get(PUBLISHED_ENV, "").strip()
+    address = published or host
+    if is_loopback(host) or is_loopback(address):
+        return ""
+    if env.get(API_KEY_ENV) or any(_api_keys(server_args)):
+        return ""
+    where = (f"{address or 'every address'} (" + (f"published there: {PUBLISHED_ENV}, from "
+             "VLLM_BIND_ADDRESS" if published else "--host / SERVE_HOST") + ")")
+    if allow == "1":
+        return (f"warning: serving without an API key on {where}: anyone who reaches it can use "
+                f"the server ({ALLOW_NO_KEY_ENV}=1)")
+    raise ServeError(f"refusing to serve without an API key on {where}: set {API_KEY_ENV}, "
+                     "publish on 127.0.0.1 (VLLM_BIND_ADDRESS) or bind --host/SERVE_HOST to "
+                     f"127.0.0.1, or set {ALLOW_NO_KEY_ENV}=1 to serve without a key anyway")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     user_args = list(sys.argv[1:] if argv is None else argv)
-    server_args = build_argv(user_args, os.environ)
+    try:
+        server_args = build_argv(user_args, os.environ)
+        warning = exposure(server_args, os.environ)
+    except ServeError as exc:
+        print(f"{LOG_PREFIX} error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if warning:
+        print(f"{LOG_PREFIX} {warning}", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", SERVER_MODULE, *server_args]
-    print("[rocm-vllm] serve: " + shlex.join(command[1:]), file=sys.stderr, flush=True)
+    print(f"{LOG_PREFIX} serve: " + shlex.join(masked(command[1:])), file=sys.stderr, flush=True)
     os.execv(sys.executable, command)
     return 127  # not reached
 

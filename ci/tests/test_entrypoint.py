@@ -23,6 +23,9 @@ def box(tmp_path: Path, ci_dir: Path):
     bin_dir.mkdir()
     kfd = tmp_path / "kfd"
     kfd.write_text("")
+    dri = tmp_path / "dri"
+    dri.mkdir()
+    (dri / "renderD128").write_text("")
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"gpu_archs": ["gfx90a", "gfx942", "gfx950"],
                                     "aiter": {"version": "0.1.20", "commit": COMMIT, "ck_commit": ""},
@@ -46,6 +49,9 @@ def box(tmp_path: Path, ci_dir: Path):
         "PYTHONPATH": str(pkgs),
         "ROCM_VLLM_PYTHON": sys.executable,
         "ROCM_VLLM_KFD_PATH": str(kfd),
+        "ROCM_VLLM_DRI_PATH": str(dri),
+        # as compose passes VLLM_BIND_ADDRESS (default 127.0.0.1) in
+        "ROCM_VLLM_PUBLISHED_ADDRESS": "127.0.0.1",
         "ROCM_VLLM_MANIFEST": str(manifest),
         "ROCM_VLLM_JIT_CACHE": str(tmp_path / "jit-cache"),
         "TINY_MLA_MODEL": str(tmp_path / "tiny-mla"),
@@ -69,6 +75,7 @@ def box(tmp_path: Path, ci_dir: Path):
 
     box = Box()
     box.kfd = kfd
+    box.dri = dri
     return box
 
 
@@ -166,3 +173,132 @@ def test_unwritable_jit_cache_is_fatal_for_serve(box) -> None:
     proc = box.run("serve", ROCM_VLLM_JIT_CACHE=cache)
     assert proc.returncode == 1
     assert "AITER_JIT_DIR" in proc.stderr and "API_SERVER" not in proc.stdout
+
+
+def _errors(stderr: str) -> list[str]:
+    return [l for l in stderr.splitlines() if "error:" in l]
+
+
+def test_aiter_value_vllm_ignores_stops_with_one_line(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    for mode in (("serve",), ("sh", "-c", "true")):
+        proc = box.run(*mode, VLLM_ROCM_USE_AITER="yes")
+        assert proc.returncode == 1
+        assert len(_errors(proc.stderr)) == 1 and "VLLM_ROCM_USE_AITER=yes" in proc.stderr
+        assert "API_SERVER" not in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_require_gpu_value_out_of_its_set_stops_with_one_line(box) -> None:
+    box.kfd.unlink()
+    proc = box.run("serve", ROCM_VLLM_REQUIRE_GPU="false")
+    assert proc.returncode == 1
+    assert len(_errors(proc.stderr)) == 1 and "ROCM_VLLM_REQUIRE_GPU=false" in proc.stderr
+
+
+# ------------------------------------------------- API key on a reachable address
+
+@pytest.mark.parametrize("extra", [
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "0.0.0.0"},                       # compose, VLLM_BIND_ADDRESS=0.0.0.0
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "192.168.1.7"},
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "", "SERVE_HOST": ""},            # docker run: binds every address
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "", "SERVE_HOST": "10.1.2.3"},
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "0.0.0.0", "VLLM_API_KEY": ""},
+])
+def test_reachable_address_without_api_key_is_refused(box, extra) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", **extra)
+    assert proc.returncode == 1, proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and "API_SERVER" not in proc.stdout
+    assert "VLLM_API_KEY" in errors[0] and "ROCM_VLLM_ALLOW_NO_API_KEY=1" in errors[0]
+
+
+def test_host_option_on_the_command_line_counts(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", "--host", "0.0.0.0", ROCM_VLLM_PUBLISHED_ADDRESS="")
+    assert proc.returncode == 1 and "ROCM_VLLM_ALLOW_NO_API_KEY" in proc.stderr
+    proc = box.run("serve", "--host=127.0.0.1", ROCM_VLLM_PUBLISHED_ADDRESS="")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("extra", [
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "0.0.0.0", "VLLM_API_KEY": "k-env"},
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "0.0.0.0", "SERVE_EXTRA_ARGS": "--api-key k-arg"},
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "0.0.0.0", "ROCM_VLLM_ALLOW_NO_API_KEY": "1"},
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "127.0.0.1"},                     # compose default: loopback only
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "", "SERVE_HOST": "127.0.0.1"},   # host network, loopback
+    {"ROCM_VLLM_PUBLISHED_ADDRESS": "", "SERVE_HOST": "::1"},
+])
+def test_key_opt_out_or_loopback_serves(box, extra) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", **extra)
+    assert proc.returncode == 0, proc.stderr
+    assert _server_call(proc.stdout)
+    if "ROCM_VLLM_ALLOW_NO_API_KEY" in extra:
+        assert any("warning:" in l and "without an API key" in l for l in proc.stderr.splitlines())
+
+
+def test_opt_out_takes_only_one_or_zero(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", ROCM_VLLM_PUBLISHED_ADDRESS="0.0.0.0", ROCM_VLLM_ALLOW_NO_API_KEY="yes")
+    assert proc.returncode == 1
+    assert len(_errors(proc.stderr)) == 1 and "ROCM_VLLM_ALLOW_NO_API_KEY=yes" in proc.stderr
+
+
+def test_api_key_is_masked_in_the_start_line(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", "--api-key=k-cli", ROCM_VLLM_PUBLISHED_ADDRESS="0.0.0.0",
+                   SERVE_EXTRA_ARGS="--api-key k-extra1 k-extra2 --max-num-seqs 4", VLLM_API_KEY="k-env")
+    assert proc.returncode == 0, proc.stderr
+    for secret in ("k-cli", "k-extra1", "k-extra2", "k-env"):
+        assert secret not in proc.stderr
+    start = next(l for l in proc.stderr.splitlines() if "serve:" in l)
+    assert "--api-key '***' '***'" in start and "--api-key=***" in start and "--max-num-seqs 4" in start
+    argv = _server_call(proc.stdout)["argv"]
+    assert argv[argv.index("--api-key"):argv.index("--api-key") + 3] == ["--api-key", "k-extra1", "k-extra2"]
+    assert "--api-key=k-cli" in argv
+
+
+def test_unclosed_quote_in_extra_args_is_one_line(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("serve", SERVE_EXTRA_ARGS="--served-model-name 'my model")
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "API_SERVER" not in proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and "SERVE_EXTRA_ARGS" in errors[0]
+
+
+# ------------------------------------------------- render nodes and the JIT cache
+
+def test_render_node_that_cannot_be_opened_names_render_gid(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    node = box.dri / "renderD128"
+    node.unlink()
+    if os.geteuid() == 0:
+        node.symlink_to(box.root / "no-such-device")  # root opens any file: only a missing target fails
+    else:
+        node.write_text("")
+        node.chmod(0)
+    proc = box.run("serve")
+    assert proc.returncode == 1 and "API_SERVER" not in proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and str(node) in errors[0]
+    assert "RENDER_GID" in errors[0] and "getent group render" in errors[0]
+
+
+def test_no_render_node_asks_for_dev_dri(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    (box.dri / "renderD128").unlink()
+    proc = box.run("serve")
+    assert proc.returncode == 1 and "--device /dev/dri" in proc.stderr
+
+
+def test_jit_dir_not_exported_when_the_cache_cannot_be_prepared(box) -> None:
+    blocker = box.root / "file"
+    blocker.write_text("")
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("sh", "-c", "echo jit=${AITER_JIT_DIR-unset}", ROCM_VLLM_JIT_CACHE=str(blocker / "sub"))
+    assert proc.returncode == 0, proc.stderr
+    assert "jit=unset" in proc.stdout
+    warnings = [l for l in proc.stderr.splitlines() if "AITER JIT cache" in l]
+    assert len(warnings) == 1 and "AITER_JIT_DIR not set" in warnings[0]

@@ -1,7 +1,9 @@
 """`serve` fills in defaults only where the user's arguments leave them out."""
 from __future__ import annotations
 
-from selftest.serve import build_argv
+import pytest
+
+from selftest.serve import ServeError, build_argv, exposure, masked
 
 TINY = "/opt/rocm-vllm/models/tiny-mla"
 
@@ -44,3 +46,35 @@ def test_tiny_model_path_setting() -> None:
     assert "--load-format" in argv and "--skip-tokenizer-init" in argv
     argv = build_argv(["--model", "/m/tiny", "--load-format", "auto"], {"TINY_MLA_MODEL": "/m/tiny"})
     assert argv.count("--load-format") == 1
+
+
+def test_unclosed_quote_names_the_setting() -> None:
+    with pytest.raises(ServeError, match=r"^SERVE_EXTRA_ARGS .*fix its quoting$"):
+        build_argv([], {"SERVE_EXTRA_ARGS": "--served-model-name 'my model"})
+
+
+@pytest.mark.parametrize("host, published, reachable", [
+    ("0.0.0.0", "", True), ("", "", True), ("10.0.0.5", "", True), ("my-host", "", True),
+    ("127.0.0.1", "", False), ("localhost", "", False), ("::1", "", False), ("[::1]", "", False),
+    ("0.0.0.0", "127.0.0.1", False), ("0.0.0.0", "0.0.0.0", True), ("0.0.0.0", "::", True),
+    ("127.0.0.1", "0.0.0.0", False),  # a loopback-bound server is not reachable through the port
+])
+def test_reachable_addresses_need_a_key(host: str, published: str, reachable: bool) -> None:
+    env = {"ROCM_VLLM_PUBLISHED_ADDRESS": published}
+    args = ["--host", host]
+    if reachable:
+        with pytest.raises(ServeError, match="VLLM_API_KEY.*ROCM_VLLM_ALLOW_NO_API_KEY=1"):
+            exposure(args, env)
+        assert exposure(args, {**env, "VLLM_API_KEY": "k"}) == ""
+        assert exposure([*args, "--api-key", "k"], env) == ""
+        assert exposure([*args, "--api-key=k"], env) == ""
+        assert exposure(args, {**env, "ROCM_VLLM_ALLOW_NO_API_KEY": "1"}).startswith("warning:")
+        with pytest.raises(ServeError):
+            exposure([*args, "--api-key="], env)  # an empty key is no key
+    else:
+        assert exposure(args, env) == ""
+
+
+def test_masked_hides_every_key_form() -> None:
+    assert masked(["--api-key", "a", "b", "--port", "1", "--api-key=c", "m"]) == \
+        ["--api-key", "***", "***", "--port", "1", "--api-key=***", "m"]
