@@ -4,8 +4,10 @@ Runs the pytest suites under the suites directory (env SELFTEST_SUITES, default
 ../suites next to this package), then prints each check with its outcome, the
 installed versions and the GPU archs found, and writes the same as JSON
 (--json) and JUnit XML (--junit, pytest's own). Exit status: 0 every suite
-passed; 1 a check failed; 2 a suite could not run (e.g. `smoke` on a machine
-without an AMD GPU: a skipped GPU check is not a pass).
+passed; 1 a check failed; 2 a suite could not run (its files are missing, or e.g.
+`smoke` on a machine without an AMD GPU: a skipped GPU check is not a pass), or
+an output path (--json, --junit) cannot be written: that is checked before any
+suite runs.
 
 Suites:
   selector  backend selection rules against the installed vLLM, plugin, image manifest (no GPU)
@@ -47,7 +49,7 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
     present = [str(directory / f) for f in files if (directory / f).is_file()]
     missing = [f for f in files if not (directory / f).is_file()]
     if not present:
-        return report.SuiteResult(name, report.FAILED,
+        return report.SuiteResult(name, report.NOT_RUN,
                                   f"suite files missing in {directory}: {', '.join(missing)} "
                                   "(set SELFTEST_SUITES)"), ""
     junit = workdir / f"{name}.xml"
@@ -59,10 +61,25 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
     xml_text = junit.read_text() if junit.is_file() else ""
     checks = report.parse_junit(xml_text) if xml_text else []
     result = report.judge(name, checks, needs_gpu, rc)
-    if missing and result.status == report.PASSED:
-        result.status = report.FAILED
+    if missing and result.status != report.FAILED:
+        result.status = report.NOT_RUN
         result.reason = f"suite files missing in {directory}: {', '.join(missing)}"
     return result, xml_text
+
+
+def output_problem(option: str, path: str) -> str:
+    """'' when `path` can be written (its folder is created); else one line naming the option."""
+    target = Path(path)
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        return f"cannot write {option} {path} ({exc.strerror or exc}): choose a writable path"
+    if not existed:
+        target.unlink()
+    return ""
 
 
 def detect_gpus() -> tuple[list[dict[str, object]], str]:
@@ -84,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.pytest_args = pytest_args
 
+    for option, path in (("--json", args.json), ("--junit", args.junit)):
+        problem = output_problem(option, path) if path else ""
+        if problem:
+            print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
+            return report.EXIT_NOT_RUN
     names = ORDER if args.suite == "all" else (args.suite,)
     directory = suites_dir()
     if args.json and not os.environ.get("SELFTEST_RESULTS_DIR"):

@@ -60,10 +60,32 @@ def test_failure_exits_one_and_all_merges_junit(ci_dir: Path, suites: Path, tmp_
     assert (tmp_path / "all.xml").read_text().count("<testsuite ") == 3
 
 
-def test_missing_suite_file_fails_and_names_setting(ci_dir: Path, suites: Path) -> None:
+def test_missing_suite_file_could_not_run_and_names_setting(ci_dir: Path, suites: Path) -> None:
     (suites / "test_smoke.py").unlink()
     proc = run(ci_dir, suites, "smoke")
-    assert proc.returncode == 1 and "SELFTEST_SUITES" in proc.stdout
+    assert proc.returncode == 2 and "SELFTEST_SUITES" in proc.stdout
+    assert "[smoke] NOT RUN" in proc.stdout
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+def test_unwritable_output_path_stops_before_any_suite(ci_dir: Path, suites: Path, tmp_path: Path,
+                                                       option: str) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = blocker / "out" / "r.out"  # below a regular file: never writable, not even by root
+    proc = run(ci_dir, suites, "selector", option, str(target))
+    assert proc.returncode == 2
+    assert "== selftest" not in proc.stdout and "PASSED" not in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and option in lines[0] and str(target) in lines[0]
+
+
+def test_output_path_that_is_a_directory_stops_before_any_suite(ci_dir: Path, suites: Path,
+                                                                 tmp_path: Path) -> None:
+    proc = run(ci_dir, suites, "selector", "--json", str(tmp_path))
+    assert proc.returncode == 2 and "== selftest" not in proc.stdout
+    assert "--json" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_pytest_args_pass_through(ci_dir: Path, suites: Path) -> None:
