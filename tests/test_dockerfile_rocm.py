@@ -182,8 +182,7 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
     for stage, c in instructions:
         src = flag(c, "--from=")
         if c.cmd.upper() == "COPY":
-            assert not src or src[0] in ("--from=app-files", "--from=backend-installed"), \
-                f"{stage}:{c.start_line}: COPY {src}"
+            assert not src or src[0].split("=", 1)[1] in STAGED_ROOTS, f"{stage}:{c.start_line}: COPY {src}"
             assert not any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/")
                            for p in c.value[:-1]) or stage == "app-files", f"{stage}:{c.start_line}"
         for f in flag(c, "--mount="):
@@ -203,11 +202,69 @@ def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
+def copied_stages(instructions) -> list[str]:
+    return [flag(c, "--from=")[0].split("=", 1)[1] for _, c in instructions
+            if c.cmd.upper() == "COPY" and flag(c, "--from=")]
+
+
 def test_pytest_only_in_ci(commands):
+    stages = stage_map(commands)
     _, serve = lineage(commands, "serve", {"VLLM_IMAGE": ""})
     _, ci = lineage(commands, "ci", {"VLLM_IMAGE": ""})
-    assert not any("requirements-ci.txt" in text_of(c) for _, c in serve)
-    assert any("requirements-ci.txt" in text_of(c) and "--require-hashes" in text_of(c) for _, c in ci)
+    serve_text = [text_of(c) for _, c in serve] + [text_of(c) + " ".join(c.flags) for s in copied_stages(serve)
+                                                   for c in stages[s][1]]
+    assert not any("requirements-ci.txt" in x for x in serve_text)
+    assert "ci-tools" in copied_stages(ci)
+    assert any("requirements-ci.txt" in " ".join(c.flags) and "--require-hashes" in text_of(c)
+               for c in stages["ci-tools"][1])
+
+
+# Stages whose /staging (or /opt/app) root the targets take as --link layers.
+STAGED_ROOTS = {"serve-files": "/staging", "ci-tools": "/staging", "backend-installed": "/staging",
+                "app-files": "/opt/app"}
+NORMALISE = re.compile(r'find (\S+) -exec touch -h -d "@\$\{SOURCE_DATE_EPOCH\}" \{\} \+')
+
+
+def reproducibility_problems(commands, target):
+    """Why a target's own layers would carry build-time or working-tree file times (empty: none):
+    each layer above vllm is a COPY --link --from a staged stage; that stage declares
+    SOURCE_DATE_EPOCH and its last RUN sets every mtime under the copied root to it."""
+    stages = stage_map(commands)
+    chain, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    problems = []
+    for stage, c in instructions:
+        if stage not in chain[:chain.index("vllm")] or c.cmd.upper() not in LAYER_CMDS:
+            continue
+        src = flag(c, "--from=")
+        source = src[0].split("=", 1)[1] if src else None
+        if c.cmd.upper() != "COPY" or source not in STAGED_ROOTS or not flag(c, "--link"):
+            problems.append(f"{target}: {stage}:{c.start_line} {c.cmd} {text_of(c)[:50]}: not a COPY --link "
+                            "from a staged stage")
+            continue
+        cmds = stages[source][1]
+        if not any(x.cmd.upper() == "ARG" and any(v.split("=")[0] == "SOURCE_DATE_EPOCH" for v in x.value)
+                   for x in cmds):
+            problems.append(f"{source}: no ARG SOURCE_DATE_EPOCH")
+        runs = [x for x in cmds if x.cmd.upper() == "RUN"]
+        roots = NORMALISE.findall(text_of(runs[-1])) if runs else []
+        if STAGED_ROOTS[source] not in roots:
+            problems.append(f"{source}: its last RUN does not set every mtime under {STAGED_ROOTS[source]} "
+                            "to SOURCE_DATE_EPOCH")
+    return problems
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_owned_layers_carry_no_build_times(commands, target):
+    assert reproducibility_problems(commands, target) == []
+
+
+def test_reproducibility_check_can_fail():
+    text = (ROOT / NAME).read_text()
+    unnormalised = text.replace(' \\\n && find /opt/app -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +', "", 1)
+    assert unnormalised != text
+    assert any("app-files" in p for p in reproducibility_problems(parse_text(unnormalised), "serve"))
+    direct = text.replace("FROM serve-base AS serve\n", "FROM serve-base AS serve\nCOPY ci/bin/ /opt/x/\n", 1)
+    assert any("not a COPY --link" in p for p in reproducibility_problems(parse_text(direct), "serve"))
 
 
 def test_ci_requirements_pinned_with_hashes():
