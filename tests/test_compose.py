@@ -12,9 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CPU_OVERRIDE = "tests/compose.cpu.yaml"
 BASE_ENV = {"RENDER_GID": "109"}
+SERVE_USER = "1000:1000"  # the serve image's non-root user (Dockerfile.rocm, serve-files/serve-base)
 
 
-def compose_config(*files, env=None, check=True):
+def compose_config(*files, env=None, check=True, profiles=()):
     if not shutil.which("docker"):
         pytest.skip("no docker client in PATH")
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
@@ -25,6 +26,8 @@ def compose_config(*files, env=None, check=True):
     # Only what the test sets: no .env of a developer, no variables of the calling shell.
     clean = {k: v for k, v in os.environ.items()
              if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")}
+    for profile in profiles:
+        cmd += ["--profile", profile]
     proc = subprocess.run(cmd + ["--env-file", os.devnull, "config", "--format", "json"],
                           capture_output=True, text=True, env={**clean, **(env or {})})
     if not check:
@@ -44,9 +47,48 @@ def test_rocm_devices_groups_and_runtime_settings():
     assert vllm["group_add"] == ["video", "109"]
     assert vllm["ipc"] == "host"
     assert int(vllm["shm_size"]) >= 8 * 2**30
-    assert "seccomp=unconfined" in vllm["security_opt"]
     assert vllm["image"].endswith("/serve:dev")
     assert vllm["command"] == ["serve"]
+
+
+def test_server_runs_unprivileged_as_the_images_serve_user():
+    """The server: the image's non-root user, the video and render groups, no seccomp or ptrace
+    exceptions; those stay with the self-test service."""
+    cfg = compose_config(env=BASE_ENV)
+    vllm = cfg["services"]["vllm"]
+    assert vllm["user"] == SERVE_USER
+    assert vllm["group_add"] == ["video", "109"]
+    assert not vllm.get("security_opt") and not vllm.get("cap_add") and not vllm.get("privileged")
+    selftest = compose_config(env=BASE_ENV, profiles=("selftest",))["services"]["selftest"]
+    assert "seccomp=unconfined" in selftest["security_opt"] and "SYS_PTRACE" in selftest["cap_add"]
+
+
+def test_serve_user_owns_the_cache_mount_points_in_the_image():
+    """compose's user is the one serve-base sets, and the image stages the mount points of both
+    cache volumes owned by it (a fresh named volume takes the mount point's owner)."""
+    text = (ROOT / "Dockerfile.rocm").read_text()
+    serve_base = text[text.index("FROM vllm AS serve-base"):text.index("FROM serve-base AS serve\n")]
+    assert re.search(rf"^USER {re.escape(SERVE_USER)}$", serve_base, re.M), "serve-base: USER"
+    files = text[text.index("FROM vllm AS serve-files"):text.index("FROM vllm AS ci-tools")]
+    uid, gid = SERVE_USER.split(":")
+    mounts = {v["target"] for v in compose_config(env=BASE_ENV)["services"]["vllm"]["volumes"]
+              if v["type"] == "volume"}
+    assert mounts == {"/var/cache/huggingface", "/var/cache/aiter-jit"}
+    chown = re.search(rf"chown (?:-h )?{uid}:{gid} ([^&\\]+)", files)
+    assert chown, "serve-files: chown of the mount points"
+    owned = set(chown.group(1).split())
+    for mount in mounts:
+        assert f"/staging{mount}" in owned, mount
+    assert re.search(rf"vllm:x:{uid}:{gid}:[^:]*:(/home/vllm):", files), "serve-files: passwd entry"
+    assert "/staging/home/vllm" in owned
+
+
+def test_published_address_and_no_key_opt_out_reach_the_launcher():
+    e = compose_config(env=BASE_ENV)["services"]["vllm"]["environment"]
+    assert e["ROCM_VLLM_PUBLISHED_ADDRESS"] == "127.0.0.1" and e["ROCM_VLLM_ALLOW_NO_API_KEY"] == ""
+    e = compose_config(env={**BASE_ENV, "VLLM_BIND_ADDRESS": "0.0.0.0", "ROCM_VLLM_ALLOW_NO_API_KEY": "1"})[
+        "services"]["vllm"]["environment"]
+    assert e["ROCM_VLLM_PUBLISHED_ADDRESS"] == "0.0.0.0" and e["ROCM_VLLM_ALLOW_NO_API_KEY"] == "1"
 
 
 def test_render_gid_is_required_and_named():
@@ -89,7 +131,8 @@ def test_caches_are_named_volumes_and_server_policies():
     cfg = compose_config(env=BASE_ENV)
     vllm = cfg["services"]["vllm"]
     mounts = {v["target"]: v for v in vllm["volumes"]}
-    assert mounts["/root/.cache/huggingface"]["type"] == "volume"
+    assert mounts["/var/cache/huggingface"]["type"] == "volume"
+    assert vllm["environment"]["HF_HOME"] == "/var/cache/huggingface"
     assert mounts["/var/cache/aiter-jit"]["type"] == "volume"
     assert {v["name"] for v in cfg["volumes"].values()} == {"rocm-vllm-hf-cache", "rocm-vllm-aiter-jit"}
     assert vllm["restart"] == "unless-stopped"
@@ -135,7 +178,8 @@ def test_cpu_override():
     assert vllm["image"] == "localhost/t/serve:cpu"
     e = vllm["environment"]
     assert e["ROCM_VLLM_REQUIRE_GPU"] == "0" and e["AITER_MLA_KERNELS"] == "reference"
-    assert e["SERVE_HOST"] == "127.0.0.1"
+    assert e["SERVE_HOST"] == "127.0.0.1" and e["ROCM_VLLM_PUBLISHED_ADDRESS"] == "127.0.0.1"
+    assert vllm["user"] == SERVE_USER  # the CPU run serves as the same non-root user
     # The backend is named: on CPUs with AMX tiles vLLM would otherwise pick AMX_MLA.
     assert e["SERVE_ATTENTION_BACKEND"] == "CPU_MLA"
     assert e["ROCM_VLLM_FAKE_AMX"] == "1" and e["PYTHONPATH"] == "/opt/fake_amx"
