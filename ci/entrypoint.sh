@@ -8,8 +8,11 @@
 # First the runtime guard (python3 -m selftest.guard) checks the GPUs against
 # the archs the image was built for and decides VLLM_ROCM_USE_AITER and
 # AITER_JIT_DIR; its decisions are exported here, then the command runs.
-# `serve` stops with one error line when no usable GPU is found
-# (ROCM_VLLM_REQUIRE_GPU=0 skips the check for CPU runs).
+# `serve` stops with one error line when no usable GPU is found, or a render
+# node under /dev/dri cannot be opened (ROCM_VLLM_REQUIRE_GPU=0 skips the check
+# for CPU runs), and when it would listen on a reachable address without an
+# API key (ROCM_VLLM_ALLOW_NO_API_KEY=1 allows it). A setting with a value
+# outside its documented ones stops every command with one line.
 set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
