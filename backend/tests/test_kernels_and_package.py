@@ -84,3 +84,19 @@ def test_float16_models_are_not_offered_to_this_backend():
     assert not AiterMLABackend.supports_dtype(torch.float16)
     assert AiterMLABackend.supports_dtype(torch.bfloat16)
     assert "float16" not in AiterMLABackend.supported_kv_cache_dtypes
+
+
+@pytest.mark.parametrize("dtype_name,rejected", [("float16", True), ("bfloat16", False)])
+def test_vllm_validation_names_the_dtype_for_fp16(dtype_name, rejected):
+    """vLLM's own validation (what its selector reports) refuses fp16 for this backend."""
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+
+    from vllm_aiter_mla.backend import AiterMLABackend
+
+    reasons = AiterMLABackend.validate_configuration(
+        head_size=576, dtype=getattr(torch, dtype_name), kv_cache_dtype="auto", block_size=16, use_mla=True,
+        has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+        device_capability=DeviceCapability(9, 4), attn_type="decoder",
+    )
+    assert ("dtype not supported" in reasons) == rejected, reasons
