@@ -122,12 +122,13 @@ def setting_problem(env: Mapping[str, str]) -> str:
     """One line naming the first setting whose value is not one of its documented values."""
     value = env.get(USE_AITER_ENV, "")
     if value != "" and value.lower() not in AITER_VALUES:
-        return (f"{USE_AITER_ENV}={shlex.quote(value)} is not a value vLLM reads (it would silently mean off): "
-                "set 1 or true for AITER on, 0 or false for off, or leave it empty for the guard's choice")
+        return (f"{USE_AITER_ENV}={shlex.quote(value)} is not a value vLLM reads (it would "
+                "silently mean off): set 1 or true for AITER on, 0 or false for off, or leave it "
+                "empty for the guard's choice")
     value = env.get(REQUIRE_GPU_ENV, "")
     if value != "" and value not in REQUIRE_GPU_VALUES:
-        return (f"{REQUIRE_GPU_ENV}={shlex.quote(value)} is not one of its values: set 1 (every mode needs a GPU), "
-                "0 (no GPU check, CPU runs) or leave it empty (only serve needs one)")
+        return (f"{REQUIRE_GPU_ENV}={shlex.quote(value)} is not one of its values: set 1 (every "
+                "mode needs a GPU), 0 (no GPU check, CPU runs) or leave it empty (only serve needs one)")
     return ""
 
 
