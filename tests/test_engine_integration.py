@@ -24,6 +24,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import tempfile
 import time
 import urllib.error
@@ -41,6 +42,11 @@ CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME":
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
 CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "ci")
+CPU_MLA_IMPL = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLAImpl"
+# vLLM's CPU platform told the CPU has AMX tiles (tests/fake_amx): the same selection on every CI
+# machine; every engine here names CPU_MLA (tests/compose.cpu.yaml mounts the same hook).
+FAKE_AMX_ARGS = ("-v", f"{ROOT / 'tests/fake_amx'}:/opt/fake_amx:ro", "-e", "PYTHONPATH=/opt/fake_amx",
+                 "-e", "ROCM_VLLM_FAKE_AMX=1")
 
 
 # ----------------------------------------------------------------- harness
@@ -178,16 +184,25 @@ def cpu_vllm_image(h):
     return tag
 
 
-@pytest.fixture(scope="module")
-def context_dir(h, tmp_path_factory):
-    """A copy of the build context (the repository's build inputs), so changes never touch the repo."""
-    dest = tmp_path_factory.mktemp("context")
+def copy_context(dest: Path, mtime: float | None = None, source: Path = ROOT) -> Path:
+    """The build inputs (of the repository, or of an earlier copy) copied to dest; mtime: every
+    file and directory gets it (a clone made at another time), else the source's times are kept."""
     for name in CONTEXT_PATHS:
-        src = ROOT / name
+        src = source / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         else:
             shutil.copy2(src, dest / name)
+    if mtime is not None:
+        for path in [*dest.rglob("*"), dest]:
+            os.utime(path, (mtime, mtime), follow_symlinks=False)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def context_dir(h, tmp_path_factory):
+    """A copy of the build context (the repository's build inputs), so changes never touch the repo."""
+    dest = copy_context(tmp_path_factory.mktemp("context"))
     files = [p for p in dest.rglob("*") if p.is_file()]
     h.note(f"build context copy: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e3:.0f} kB "
            f"({', '.join(CONTEXT_PATHS)})")
@@ -201,11 +216,14 @@ def bake_settings(h, cpu_image: str, context: Path) -> dict:
     return json.loads(proc.stdout)["target"]
 
 
-def build_command(target: dict, tag: str, extra=()) -> list[str]:
+def build_command(target: dict, tag: str | None, extra=(), stage: str | None = None,
+                  output: str | None = None) -> list[str]:
     """`docker buildx build --network host` with a bake target's settings (bake 0.13 has no network
-    attribute). contexts.base=target:base is left out: the existing-image path never reads it."""
-    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
-           "-f", target["dockerfile"], "--target", target["target"], "-t", tag]
+    attribute). contexts.base=target:base is left out: the existing-image path never reads it.
+    stage/output: build another stage with the target's settings and export it (e.g. type=local)."""
+    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
+           *(["--output", output] if output else ["--load"]),
+           "-f", target["dockerfile"], "--target", stage or target["target"], *(["-t", tag] if tag else [])]
     for key, value in sorted(target.get("args", {}).items()):
         cmd += ["--build-arg", f"{key}={value}"]
     for key, value in sorted(target.get("labels", {}).items()):
@@ -237,6 +255,10 @@ def images(h, cpu_vllm_image, context_dir):
            f"{len(cached)} cached")
     for name, tag in tags.items():
         h.note(f"  image {tag}: {int(inspect(tag, '{{.Size}}')) / 1e9:.2f} GB")
+    # Layers as built (the incremental-rebuild test later rebuilds serve under the same tag).
+    result["layers"] = {name: json.loads(inspect(tag, "{{json .RootFS.Layers}}")) for name, tag in tags.items()}
+    result["vllm_layers"] = json.loads(inspect(cpu_vllm_image, "{{json .RootFS.Layers}}"))
+    result["ci_s"] = proc.seconds
     return result
 
 
@@ -314,10 +336,12 @@ def test_compose_serves_equal_tokens_under_load_and_cleans_up(h, images, tmp_pat
 
     ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", "-e", "ROCM_VLLM_REQUIRE_GPU=0",
                  "-v", f"{ROOT / 'tests/docker/reference_tokens.py'}:/opt/reference_tokens.py:ro",
+                 *FAKE_AMX_ARGS,
                  images["tags"]["serve"], "python3", "/opt/reference_tokens.py", TINY_MODEL,
                  json.dumps(prompts), str(max_tokens)], timeout=900, what="reference (vLLM CPU_MLA, offline)")
     reference = json.loads(ref.stdout.strip().splitlines()[-1])
     assert "vllm_aiter_mla" not in reference["cpu_mla_path"], reference["cpu_mla_path"]
+    assert reference["attention_impls"] == [CPU_MLA_IMPL], reference["attention_impls"]
     h.note(f"step 4a reference: vLLM's own {reference['cpu_mla_path'].rsplit('.', 1)[-1]}, offline engine, "
            f"{len(prompts)} prompts: {ref.seconds:.1f}s")
 
@@ -355,6 +379,8 @@ def test_compose_serves_equal_tokens_under_load_and_cleans_up(h, images, tmp_pat
 
         logs = h.run(compose("logs", "--no-color"), env=env, check=False).stdout
         assert "vllm-aiter-mla CPU development mode" in logs, "the backend's CPU development mode did not start"
+        # vLLM's CPU platform logs its choice; the (faked) AMX CPU would have taken AMX_MLA.
+        assert "Using CPU_MLA backend" in logs and "AMX_MLA" not in logs, "the server did not select CPU_MLA"
         stop = h.run(compose("stop"), env=env, what="compose stop")
         # a tar stream of the one file, read from the stopped container
         stats = subprocess.run(["docker", "cp", f"{PROJECT}-vllm-1:/tmp/aiter-mla-stats.txt", "-"],
@@ -383,6 +409,85 @@ def _attempt(base: str, prompt: list[int]):
         return complete(base, prompt, 8)
     except (urllib.error.URLError, OSError, AssertionError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+# ----------------------------------------------------------------- reproducibility
+
+def layer_entries(h, tag: str, workdir: Path) -> list[dict[str, tuple]]:
+    """Per layer of the image (in RootFS order): {path: (type, mode, uid, gid, mtime, size, link,
+    content sha256)}, read from `docker save`."""
+    archive = workdir / (re.sub(r"[^A-Za-z0-9]+", "-", tag) + ".tar")
+    h.run(["docker", "save", "-o", archive, tag], timeout=1800, what=f"docker save {tag}")
+    out = []
+    with tarfile.open(archive) as image:
+        manifest = json.load(image.extractfile("manifest.json"))[0]
+        for name in manifest["Layers"]:
+            entries = {}
+            with tarfile.open(fileobj=image.extractfile(name)) as layer:
+                for m in layer:
+                    digest = hashlib.sha256(layer.extractfile(m).read()).hexdigest()[:12] if m.isfile() else ""
+                    entries[m.name] = (m.type, oct(m.mode), m.uid, m.gid, m.mtime, m.size, m.linkname, digest)
+            out.append(entries)
+    archive.unlink()
+    return out
+
+
+def differing_paths(a: dict[str, tuple], b: dict[str, tuple], limit: int = 15) -> list[str]:
+    fields = ("type", "mode", "uid", "gid", "mtime", "size", "link", "sha256")
+    lines = []
+    for path in sorted(set(a) | set(b)):
+        x, y = a.get(path), b.get(path)
+        if x != y:
+            what = "only in one build" if x is None or y is None else ", ".join(
+                f"{f} {u}!={v}" for f, u, v in zip(fields, x, y) if u != v)
+            lines.append(f"{path}: {what}")
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+def test_owned_layers_identical_across_cold_builds(h, images, cpu_vllm_image, context_dir, tmp_path_factory):
+    """Same commit and pins, a second clone made at another time, no build cache: every layer this
+    project adds above the vLLM image is byte-identical (same diff ID), and so is the backend wheel."""
+    # The same inputs as the first build (its context copy, not the working tree, which may have
+    # changed since), every file and directory dated differently.
+    second = copy_context(tmp_path_factory.mktemp("context-second"), mtime=946684800 + random.randrange(10**8),
+                          source=context_dir)
+    targets = images["targets"]
+    rebuilt, report = {}, []
+    for name in ("serve", "ci"):
+        tag = f"{IMAGE_PREFIX}/{name}:cpu-rebuild"
+        proc = h.run(build_command(targets[name], tag, ["--no-cache"]), cwd=second,
+                     what=f"{name} build (second clone, --no-cache)")
+        rebuilt[name] = (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)
+    base = images["vllm_layers"]
+    failures = []
+    for name in ("serve", "ci"):
+        first, (tag, again, seconds) = images["layers"][name], rebuilt[name]
+        assert first[:len(base)] == base and again[:len(base)] == base, f"{name} is not built on the vLLM image"
+        owned_a, owned_b = first[len(base):], again[len(base):]
+        same = sum(x == y for x, y in zip(owned_a, owned_b))
+        first_s = images["cold_s"] if name == "serve" else images["ci_s"]
+        h.note(f"step 6 {name}: {same} of {len(owned_a)} owned layers identical across two builds "
+               f"(first {first_s:.1f}s, second cold {seconds:.1f}s)")
+        report.append(f"{name} {same}/{len(owned_a)}")
+        if owned_a != owned_b:
+            workdir = tmp_path_factory.mktemp(f"layers-{name}")
+            entries_a = layer_entries(h, images["tags"][name], workdir)
+            entries_b = layer_entries(h, tag, workdir)
+            for i, (x, y) in enumerate(zip(owned_a, owned_b)):
+                if x != y:
+                    diff = differing_paths(entries_a[len(base) + i], entries_b[len(base) + i])
+                    h.note(f"  {name} layer {len(base) + i}: " + "; ".join(diff))
+                    failures.append(f"{name} layer {len(base) + i}: {diff}")
+    wheels = []
+    for context in (context_dir, second):
+        dest = tmp_path_factory.mktemp("backend-wheel")
+        h.run(build_command(targets["serve"], None, ["--no-cache"], stage="backend-wheel-out",
+                            output=f"type=local,dest={dest}"), cwd=context, what="backend wheel (--no-cache)")
+        (wheel,) = dest.glob("vllm_aiter_mla-*.whl")
+        wheels.append((wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest()))
+    h.note(f"  backend wheel: {wheels[0][0]} sha256 {wheels[0][1][:16]} / {wheels[1][1][:16]}")
+    assert not failures, failures
+    assert wheels[0] == wheels[1], wheels
 
 
 def test_incremental_rebuild_after_backend_change(h, images, context_dir):
