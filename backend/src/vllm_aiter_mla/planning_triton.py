@@ -117,7 +117,9 @@ def plan_decode_triton(
 
     ``block_table`` [B, W] and ``seq_lens`` [B] are int32 on the plan buffers' device;
     the table may be wider than needed (only the blocks holding keys are read).
-    ``max_seq_len`` (host), if given, caps the grid for small batches.
+    ``max_seq_len`` (host), if given, caps the grid for small batches. The buffers'
+    ``capacity`` must hold the step's keys (the builder sizes it by the KV cache's slot
+    count plus ``qlen`` per padding row, which no batch can exceed).
     """
     num_reqs = block_table.shape[0]
     if buffers.max_reqs > MAX_REQS:
