@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
@@ -174,3 +176,19 @@ def _has_dist(name: str) -> bool:
     except Exception:
         return False
     return True
+
+
+@pytest.mark.gpu
+def test_vllm_platform_is_rocm_on_an_amd_host():
+    """Inside the image on an AMD host vLLM must detect ROCm (it does so through `import amdsmi`);
+    otherwise it fails later with "Failed to infer device type". Run in a fresh process: the
+    tests above replace vLLM's current platform."""
+    kfd = os.environ.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
+    if not os.path.exists(kfd):
+        pytest.skip(f"no {kfd}: no AMD GPU in this container")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    probe = "from vllm.platforms import current_platform as p; print(type(p).__name__, p.is_rocm())"
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1:] == ["True"], (
+        "vLLM's platform is not ROCm (amdsmi missing, or no GPU visible): "
+        + (proc.stdout + proc.stderr)[-1500:])
