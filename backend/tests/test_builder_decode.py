@@ -134,3 +134,19 @@ def test_non_persistent_multi_token_output_is_zero_filled(monkeypatch):
     monkeypatch.setattr(torch, "empty", dirty_empty)
     case, _, out = run_step(contract.NON_PERSISTENT, [4, 4, 0, 0], [40, 70, 0, 0], 16, 4)
     torch.testing.assert_close(case.project_out(out[:8]), dense_mla(case), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lens,tokens,expected", [
+    ([4, 4, 4], 12, 4), ([1], 1, 1), ([4, 4, 0, 0], 16, 4), ([1, 1, 0], 3, 1),
+    ([2, 3], 5, None),  # decode rows of different lengths: no layout AITER can read
+    ([4, 4, 0, 0], 8, None),  # padding rows without padded tokens
+])
+def test_decode_query_len(lens, tokens, expected):
+    from vllm_aiter_mla.planning import decode_query_len
+
+    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    if expected is None:
+        with pytest.raises(ValueError, match="cannot be laid out"):
+            decode_query_len(qsl, tokens)
+    else:
+        assert decode_query_len(qsl, tokens) == expected
