@@ -2,6 +2,7 @@
 git server on 127.0.0.1 serving a tiny repository with a submodule (standing in for AITER and
 its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
 by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
+import json
 import socket
 import subprocess
 import time
@@ -104,9 +105,10 @@ def git_server(tmp_path_factory):
     daemon.wait(10)
 
 
-def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0"):
+def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", target="aiter-verified",
+          output=("--output", "type=cacheonly"), extra=()):
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
-           "-f", "Dockerfile.rocm_base", "--target", "aiter-verified", "--output", "type=cacheonly",
+           "-f", "Dockerfile.rocm_base", "--target", target, *output, *extra,
            "--build-arg", f"AITER_SRC_BASE={base_image}",
            # BuildKit parses every FROM, used or not: an unresolved ROCm digest would stop it.
            "--build-arg", f"ROCM_IMAGE={base_image}",
@@ -170,3 +172,25 @@ def test_air_gapped_named_context_with_wrong_ck_fails(base_image, git_server, ch
     proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"], context_dir=checkout)
     assert proc.returncode != 0
     assert f"CK submodule is checked out at {git_server['ck_later']} but AITER" in proc.stderr, proc.stderr[-3000:]
+
+
+def layers(tag):
+    proc = subprocess.run(["docker", "image", "inspect", "-f", "{{json .RootFS.Layers}}", tag],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_source_stages_are_byte_identical_across_cold_builds(base_image, git_server):
+    """Two clones of the same commits, no build cache: aiter-src and aiter-verified have the same
+    layers (no index stat data, reflog times or checkout times in them)."""
+    found = {}
+    for target in ("aiter-src", "aiter-verified"):
+        for n in (1, 2):
+            tag = f"localhost/rocm-vllm-test/{target}:repro-{n}"
+            proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"], target=target,
+                         output=("--load", "-t", tag), extra=("--no-cache",))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            found[(target, n)] = layers(tag)
+        print(f"{target}: {len(found[(target, 1)])} layer(s), identical: {found[(target, 1)] == found[(target, 2)]}")
+    assert found[("aiter-src", 1)] == found[("aiter-src", 2)]
+    assert found[("aiter-verified", 1)] == found[("aiter-verified", 2)]

@@ -3,6 +3,9 @@
 #
 #   aiter_source.sh clone  DEST   clone AITER_REPO at AITER_TAG with submodules into DEST
 #   aiter_source.sh verify SRC    check SRC is AITER_COMMIT with CK at AITER_CK_COMMIT, write SRC/../aiter-pins.json
+#   aiter_source.sh normalise DIR drop what differs between two clones of the same commits (index
+#                                 files, reflogs, FETCH_HEAD/ORIG_HEAD) and set every mtime under DIR
+#                                 to SOURCE_DATE_EPOCH: the same commits give the same bytes
 #   aiter_source.sh hipkittens clone DEST AITER_SRC
 #                                 clone HIPKITTENS_REPO at HIPKITTENS_COMMIT (with submodules) into
 #                                 DEST: the checkout AITER's prebuild would clone at build time
@@ -32,6 +35,27 @@ source "$(dirname "$0")/pin_check.sh"
 source "$(dirname "$0")/lib.sh"
 use_ca_bundle
 
+# A checkout as every clone of the same commits has it. Index files hold this clone's stat data
+# (times, inodes), reflogs and FETCH_HEAD/ORIG_HEAD its times; git rebuilds an index on demand
+# (verify does). Then every mtime under DIR is set to SOURCE_DATE_EPOCH.
+normalise() {
+  local dir=$1
+  : "${SOURCE_DATE_EPOCH:?set the SOURCE_DATE_EPOCH build arg}"
+  # every git directory under DIR: the checkout's, its submodules' (.git/modules/...), nested ones
+  find "$dir" -path '*/.git/*' \( \( -type d -name logs -prune -exec rm -rf {} + \) \
+    -o \( -type f \( -name index -o -name FETCH_HEAD -o -name ORIG_HEAD \) -exec rm -f {} + \) \)
+  find "$dir" -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +
+}
+
+# Index files for a checkout that has none (normalised): the superproject's, then each
+# submodule's, read from HEAD; `git status` then compares the files with HEAD.
+ensure_index() {
+  local src=$1
+  [ -f "$src/.git/index" ] && return 0
+  git -C "$src" read-tree HEAD
+  git -C "$src" submodule --quiet foreach --recursive 'test -f "$(git rev-parse --git-dir)/index" || git read-tree HEAD'
+}
+
 clone() {
   local dest=$1
   need_aiter_args
@@ -41,6 +65,7 @@ clone() {
     || fail "cannot clone tag $AITER_TAG of $AITER_REPO (AITER_REPO / AITER_TAG)"
   git -C "$dest" submodule update --quiet --init --recursive \
     || fail "cannot check out the submodules of $AITER_REPO@$AITER_TAG"
+  normalise "$dest"
 }
 
 verify() {
@@ -63,6 +88,7 @@ verify() {
   if [ "$AITER_CK_COMMIT" != UNRESOLVED ] && [ "$ck_head" != "$AITER_CK_COMMIT" ]; then
     fail "CK submodule is at $ck_head but versions.json pins AITER_CK_COMMIT=$AITER_CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
   fi
+  ensure_index "$src"
   if [ -n "$(git -C "$src" status --porcelain --ignore-submodules=none 2>/dev/null)" ]; then
     fail "the AITER checkout has local changes: supply a clean checkout"
   fi
@@ -128,8 +154,9 @@ hipkittens() {
 case "${1:-}" in
   clone) clone "${2:?destination}" ;;
   verify) verify "${2:?source directory}" ;;
+  normalise) normalise "${2:?directory}" ;;
   hipkittens)
     case "${2:-}" in clone|verify) ;; *) echo "usage: $0 hipkittens clone|verify DIR AITER_SRC" >&2; exit 2 ;; esac
     hipkittens "$2" "${3:?HipKittens directory}" "${4:?AITER source directory}" ;;
-  *) echo "usage: $0 clone DEST | verify SRC | hipkittens clone|verify DIR AITER_SRC" >&2; exit 2 ;;
+  *) echo "usage: $0 clone DEST | verify SRC | normalise DIR | hipkittens clone|verify DIR AITER_SRC" >&2; exit 2 ;;
 esac
