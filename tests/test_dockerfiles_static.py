@@ -140,14 +140,57 @@ def test_every_arg_is_used(name):
                     assert re.search(rf"\b{arg}\b", body), f"{name}:{c.start_line}: ARG {arg} unused in stage {stage}"
 
 
+def arg_problems(commands):
+    """Why a Dockerfile's ARGs are not declared once (empty: none): a default belongs to the ARG
+    before the first FROM; a stage re-declares it by name only (ARG NAME), and only names
+    declared there."""
+    declared = global_args(commands)
+    problems = []
+    for stage, _, cmds in stages(commands):
+        for c in cmds:
+            if c.cmd.upper() != "ARG":
+                continue
+            for token in c.value:
+                arg, sep, _ = token.partition("=")
+                if sep:
+                    problems.append(f"line {c.start_line}: ARG {token} in stage {stage}: give the default once, "
+                                    f"before the first FROM, and declare `ARG {arg}` here")
+                elif arg not in declared:
+                    problems.append(f"line {c.start_line}: ARG {arg} in stage {stage} has no declaration before "
+                                    "the first FROM: add one there with its default")
+    return problems
+
+
+def test_arg_defaults_are_declared_once_before_the_first_from(name):
+    assert arg_problems(parse(name)) == []
+
+
+def test_arg_check_can_fail():
+    parser = buildkit_parser()
+    good = "ARG TAG=v1\nARG EPOCH=1\nFROM scratch AS a\nARG TAG\nARG EPOCH\nLABEL t=${TAG} e=${EPOCH}\n"
+    assert arg_problems(parser.parse_string(good)) == []
+    repeated = good.replace("ARG TAG\n", "ARG TAG=v1\n")
+    assert [p for p in arg_problems(parser.parse_string(repeated)) if "ARG TAG=v1 in stage a" in p]
+    undeclared = good.replace("ARG EPOCH=1\n", "")
+    assert [p for p in arg_problems(parser.parse_string(undeclared)) if "ARG EPOCH in stage a has no" in p]
+
+
+def test_pin_tool_reads_global_args_as_buildkit_does(name):
+    """ci.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
+    Python): what it reads is what BuildKit reads."""
+    buildkit = {arg: default.strip('"') for arg, default in global_args(parse(name)).items()}
+    pins = {arg: default for arg, (_, default) in model.global_arg_defaults((ROOT / name).read_text()).items()}
+    assert pins == buildkit
+
+
 def test_git_refs_are_pinned_commits_from_versions_file(name):
     expected = model.build_args(model.load())
     text = (ROOT / name).read_text()
     for match in re.finditer(r"\b[0-9a-f]{40}\b", text):
         assert match.group(0) in expected.values(), f"{name}: commit {match.group(0)} is not in versions.json"
-    for line, arg, default in model.dockerfile_arg_defaults(text):
-        if arg.endswith("_COMMIT") and default is not None:
-            assert default == model.UNRESOLVED or re.fullmatch(r"[0-9a-f]{40}", default), f"{name}:{line}"
+    for arg, default in global_args(parse(name)).items():
+        if arg.endswith("_COMMIT"):
+            assert default == model.UNRESOLVED or re.fullmatch(r"[0-9a-f]{40}", default), f"{name}: ARG {arg}"
     assert not re.search(r"git\s+(clone|checkout|fetch)[^\n]*\b(main|master|HEAD)\b", text)
 
 

@@ -124,21 +124,33 @@ def test_verify_rejects(name, data, tree):
     assert proc.returncode == 1 and message in proc.stderr
 
 
-def test_dockerfile_default_drift_is_caught_and_sync_fixes_it(tree):
+def test_global_arg_default_drift_is_caught(tree):
+    """verify checks the Dockerfiles' global ARG defaults (the only ones) against versions.json;
+    the writer of resolve --write puts the versions file's value back, on that line only."""
     path = tree / "Dockerfile.rocm_base"
     text = path.read_text()
-    assert "ARG GPU_ARCHS=gfx942;gfx950\n" in text
-    path.write_text(text.replace("ARG GPU_ARCHS=gfx942;gfx950\n", "ARG GPU_ARCHS=gfx942\n", 1))
+    assert text.count("ARG GPU_ARCHS=gfx942;gfx950\n") == 1
+    drifted = text.replace("ARG GPU_ARCHS=gfx942;gfx950\n", "ARG GPU_ARCHS=gfx942\n")
+    path.write_text(drifted)
     proc = run_tool("--file", str(tree / "versions.json"), "verify")
-    assert proc.returncode == 1 and "ARG GPU_ARCHS" in proc.stderr
-    assert run_tool("--file", str(tree / "versions.json"), "sync").returncode == 0
-    assert path.read_text() == text
-    assert run_tool("--file", str(tree / "versions.json"), "verify").returncode == 0
+    line = drifted[:drifted.index("ARG GPU_ARCHS=gfx942\n")].count("\n") + 1
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr.splitlines()[0] == (f"error: Dockerfile.rocm_base:{line}: ARG GPU_ARCHS defaults to 'gfx942' "
+                                           "but versions.json gives 'gfx942;gfx950': change that ARG default")
+    changes, texts = model.global_arg_updates(model.load(tree / "versions.json"), tree)
+    assert changes == [f"Dockerfile.rocm_base:{line}: ARG GPU_ARCHS=gfx942;gfx950"]
+    assert texts[path] == text and texts[tree / "Dockerfile.rocm"] == (tree / "Dockerfile.rocm").read_text()
+
+
+def test_only_global_arg_lines_are_read_and_written():
+    """An ARG inside a stage is neither a default the pin tool reads nor a line it rewrites."""
+    text = "ARG A=1\nARG Q=\"x y\"\nARG E=\nARG N\nFROM scratch AS s\nARG A=2\nARG A\n"
+    assert model.global_arg_defaults(text) == {"A": (1, "1"), "Q": (2, "x y"), "E": (3, ""), "N": (4, None)}
 
 
 def test_every_versions_build_arg_is_declared_in_dockerfile(data):
     declared = {name for dockerfile in model.DOCKERFILES
-                for _, name, _ in model.dockerfile_arg_defaults((ROOT / dockerfile).read_text())}
+                for name in model.global_arg_defaults((ROOT / dockerfile).read_text())}
     needed = set(model.build_args(data))
     assert needed <= declared, needed - declared
 
@@ -250,8 +262,9 @@ def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
     after = model.load(tree / "versions.json")
     assert after["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
     text = (tree / "Dockerfile.rocm_base").read_text()
-    assert f"ARG AITER_COMMIT={upstream['commit']}" in text
-    assert f"ARG AITER_CK_COMMIT={upstream['ck']}" in text
+    assert text.count(f"ARG AITER_COMMIT={upstream['commit']}\n") == 1  # the global default, once
+    assert text.count(f"ARG AITER_CK_COMMIT={upstream['ck']}\n") == 1
+    assert text.count("ARG AITER_COMMIT\n") == (ROOT / "Dockerfile.rocm_base").read_text().count("ARG AITER_COMMIT\n")
     assert run_tool("--file", str(tree / "versions.json"), "verify").returncode == 0
 
 
@@ -392,7 +405,7 @@ def _bad(data, mutate):
     return bad
 
 
-@pytest.mark.parametrize("command", [["verify"], ["args"], ["sync"], ["resolve", "vllm"]])
+@pytest.mark.parametrize("command", [["verify"], ["args"], ["resolve", "vllm"]])
 @pytest.mark.parametrize("case", ["short commit", "unknown key comit", "unknown key sha265"])
 def test_every_subcommand_checks_the_schema(command, case, data, tree):
     mutate, message = {

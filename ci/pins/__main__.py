@@ -1,4 +1,4 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | sync | args"""
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args"""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", type=Path, default=model.VERSIONS_FILE, help="versions file (default: versions.json)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("verify", help="check the versions file and the Dockerfile ARG defaults")
+    p = sub.add_parser("verify", help="check the versions file and the Dockerfiles' global ARG defaults")
     p.add_argument("--strict", action="store_true", help="also fail on unresolved pins (release builds)")
     p.add_argument("--aiter-pin", help="the AITER pin being built (default: aiter.default)")
 
@@ -23,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="what to resolve (default: everything unresolved)")
     p.add_argument("--aiter-pin", help="AITER pin to resolve (default: aiter.default)")
     p.add_argument("--registry", help="registry base URL for the base image (default: from the image name)")
-    p.add_argument("--write", action="store_true", help="write the results to the versions file and Dockerfiles")
+    p.add_argument("--write", action="store_true",
+                   help="write the results to the versions file and the Dockerfiles' global ARG defaults")
     p.add_argument("--force", action="store_true", help="replace pins that are already set when upstream differs")
 
-    sub.add_parser("sync", help="rewrite Dockerfile ARG defaults from the versions file")
     p = sub.add_parser("args", help="print the build args the versions file defines (NAME=value)")
     p.add_argument("--aiter-pin")
     p.add_argument("--allow-unresolved", action="store_true")
@@ -97,17 +97,13 @@ def run(ns, parser, root: Path) -> int:
             print("nothing changed")
         if ns.write and changes:
             # versions file and Dockerfiles together: all written, or none
-            docker_changes, texts = resolve.dockerfile_updates(data, root)
+            docker_changes, texts = model.global_arg_updates(data, root)
             texts[ns.file] = model.patch_json(ns.file.read_text(), data)
             model.write_files(texts)
             for line in docker_changes:
                 print(line)
         elif changes:
             print("(dry run: add --write to record these)")
-        return 0
-    if ns.command == "sync":
-        for line in resolve.sync_dockerfiles(data, root) or ["Dockerfiles already in sync"]:
-            print(line)
         return 0
     if ns.command == "args":
         for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved).items():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import tempfile
 from pathlib import Path
 
@@ -267,28 +266,49 @@ def unresolved_pins(data: dict, aiter_name: str | None = None) -> list[str]:
     return found
 
 
-_ARG_RE = re.compile(r"^\s*ARG\s+(.*)$", re.IGNORECASE)
+# A global ARG as the pin tool reads and writes it: one name, an optional default (double quotes
+# when it holds spaces), one line. tests/test_dockerfiles_static.py holds this reading equal to
+# BuildKit's own parser's.
+_GLOBAL_ARG_RE = re.compile(r'^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)(?:=("[^"]*"|[^\s"]*))?(\s*)$', re.IGNORECASE)
+_FROM_RE = re.compile(r"^\s*FROM\s", re.IGNORECASE)
 
 
-def dockerfile_arg_defaults(text: str) -> list[tuple[int, str, str | None]]:
-    """(line number, name, default) of every ARG instruction (line continuations joined)."""
-    out = []
-    logical, start = "", 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if not logical:
-            start = number
-        if line.rstrip().endswith("\\"):
-            logical += line.rstrip()[:-1] + " "
+def _global_lines(text: str):
+    """(index, line, match) of the lines before the first FROM; match: a global ARG, or None."""
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        if _FROM_RE.match(line):
+            return
+        yield i, line, _GLOBAL_ARG_RE.match(line)
+
+
+def global_arg_defaults(text: str) -> dict[str, tuple[int, str | None]]:
+    """{name: (line number, default)} of the ARGs before the first FROM: the only ARGs that
+    carry defaults (a stage re-declares an ARG by name)."""
+    return {m.group(2): (i + 1, None if m.group(3) is None else m.group(3).strip('"'))
+            for i, _, m in _global_lines(text) if m}
+
+
+def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
+    """(what changes, {path: new text}) of the Dockerfiles whose global ARG defaults differ from
+    the versions file; every other byte stays as it is."""
+    expected = build_args(data)
+    changes: list[str] = []
+    texts: dict[Path, str] = {}
+    for name in DOCKERFILES:
+        path = root / name
+        if not path.exists():
             continue
-        logical += line
-        match = _ARG_RE.match(logical)
-        if match:
-            try:
-                tokens = shlex.split(match.group(1), comments=True)
-            except ValueError:
-                tokens = match.group(1).split()
-            for token in tokens:
-                name, sep, default = token.partition("=")
-                out.append((start, name, default if sep else None))
-        logical = ""
-    return out
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise PinError(f"{path}: cannot read ({exc.strerror}): fix its permissions") from None
+        lines = text.splitlines(keepends=True)
+        for i, line, m in _global_lines(text):
+            if m and m.group(2) in expected and m.group(3) is not None:
+                new = expected[m.group(2)]
+                if m.group(3).strip('"') != new:
+                    value = f'"{new}"' if (" " in new or m.group(3).startswith('"')) else new
+                    lines[i] = f"{m.group(1)}{m.group(2)}={value}{m.group(4)}"
+                    changes.append(f"{name}:{i + 1}: ARG {m.group(2)}={new}")
+        texts[path] = "".join(lines)
+    return changes, texts

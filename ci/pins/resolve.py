@@ -309,37 +309,3 @@ def _set(node: dict, path: str, values: dict, force: bool) -> list[str]:
             node["unresolved"].remove(field)
         changes.append(f"{path}.{field}: {old} -> {new}")
     return changes
-
-
-def sync_dockerfiles(data: dict, root=model.REPO_ROOT) -> list[str]:
-    """Rewrite the defaults of versions-defined ARGs in the Dockerfiles (atomically, all or
-    nothing); returns what changed."""
-    changes, texts = dockerfile_updates(data, root)
-    model.write_files(texts)
-    return changes
-
-
-def dockerfile_updates(data: dict, root=model.REPO_ROOT) -> tuple[list[str], dict]:
-    """(what changes, {path: new text}) of the Dockerfiles whose ARG defaults differ."""
-    expected = model.build_args(data)
-    changes = []
-    texts = {}
-    for name in model.DOCKERFILES:
-        path = root / name
-        if not path.exists():
-            continue
-        try:
-            lines = path.read_text().splitlines(keepends=True)
-        except OSError as exc:
-            raise PinError(f"{path}: cannot read ({exc.strerror}): fix its permissions") from None
-        for i, line in enumerate(lines):
-            match = re.match(r"^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|\S*)(.*)$", line, re.S)
-            if match and match.group(2) in expected:
-                value = match.group(3).strip("\"'")
-                new = expected[match.group(2)]
-                if value != new:
-                    quoted = f'"{new}"' if (" " in new or match.group(3).startswith('"')) else new
-                    lines[i] = f"{match.group(1)}{match.group(2)}={quoted}{match.group(4)}"
-                    changes.append(f"{name}:{i + 1}: ARG {match.group(2)}={expected[match.group(2)]}")
-        texts[path] = "".join(lines)
-    return changes, texts

@@ -1,4 +1,4 @@
-"""`verify`: the versions file is well formed and every Dockerfile ARG default agrees with it."""
+"""`verify`: the versions file is well formed and every global Dockerfile ARG default agrees with it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -147,18 +147,18 @@ def check_schema(data: dict) -> list[str]:
 
 
 def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """Every ARG whose name the versions file defines must default to the versions file's value."""
+    """Every global ARG (before the first FROM) whose name the versions file defines defaults to
+    the versions file's value. Stages re-declare ARGs by name only, so these are the defaults."""
     errors: list[str] = []
     expected = model.build_args(data)
     for name in model.DOCKERFILES:
         path = root / name
         if not path.exists():
             continue
-        for line, arg, default in model.dockerfile_arg_defaults(path.read_text()):
-            # An ARG without a default inside a stage takes the global ARG's value (checked there).
-            if arg in expected and default is not None and default != expected[arg]:
+        for arg, (line, default) in model.global_arg_defaults(path.read_text()).items():
+            if arg in expected and default != expected[arg]:
                 errors.append(f"{name}:{line}: ARG {arg} defaults to {default!r} but versions.json gives "
-                              f"{expected[arg]!r}: change the ARG default (or run python3 -m ci.pins sync)")
+                              f"{expected[arg]!r}: change that ARG default")
     return errors
 
 

@@ -18,6 +18,9 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
 
 
+SYNC_DOCKERFILES = "from ci.pins import model; model.write_files(model.global_arg_updates(model.load())[1])"
+
+
 def versions() -> dict:
     return json.loads((REPO / "versions.json").read_text())
 
@@ -71,7 +74,8 @@ def resolved_repo(tmp_path: Path) -> Path:
     if data["vllm"].get("commit_prefix"):
         data["vllm"]["commit_prefix"] = data["vllm"]["commit"][:9]
     (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
-    sync = run([sys.executable, "-m", "ci.pins", "sync"], cwd=root)
+    # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
+    sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)
     assert sync.returncode == 0, sync.stderr
     strict = run([sys.executable, "-m", "ci.pins", "verify", "--strict"], cwd=root)
     assert strict.returncode == 0, f"fixture could not resolve every pin: {strict.stderr}"

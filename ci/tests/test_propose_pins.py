@@ -68,7 +68,10 @@ def project(tmp_path: Path):
     if "commit_prefix" in data["vllm"]:
         data["vllm"]["commit_prefix"] = upstream_commit[:9]
     (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
-    sync = subprocess.run([sys.executable, "-m", "ci.pins", "sync"], cwd=root, capture_output=True, text=True)
+    # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
+    sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; "
+                           "model.write_files(model.global_arg_updates(model.load())[1])"],
+                          cwd=root, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
     git("init", "-q", cwd=root)
     git("add", ".", cwd=root)
