@@ -83,7 +83,8 @@ def test_head_serves_the_tiny_model_behind_a_health_check():
     assert head["healthcheck"]["start_period"] == "30m0s"
     env = compose_config("head", env={**BASE_ENV, "RAY_NODES": "4", "SERVE_TENSOR_PARALLEL_SIZE": "8",
                                       "SERVE_MODEL": "deepseek-ai/DeepSeek-R1"})["services"]["ray-head"]["environment"]
-    assert (env["RAY_NODES"], env["SERVE_TENSOR_PARALLEL_SIZE"], env["SERVE_MODEL"]) == ("4", "8", "deepseek-ai/DeepSeek-R1")
+    assert (env["RAY_NODES"], env["SERVE_TENSOR_PARALLEL_SIZE"], env["SERVE_MODEL"]) == \
+        ("4", "8", "deepseek-ai/DeepSeek-R1")
 
 
 @pytest.mark.parametrize("missing", ["RAY_HEAD_ADDRESS", "RENDER_GID"])
@@ -173,7 +174,8 @@ def test_head_refuses_a_node_that_differs_and_a_cluster_that_never_fills(stand_i
     assert proc.returncode == 1 and "ENTRYPOINT" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("error: Ray node 10.0.0.5 runs ['rocm-vllm-ffffffffffff")
     proc = run_node("head", {**env, "FAKE_RAY_NODES": json.dumps([node(me)])})
-    assert proc.returncode == 1 and "1 of 2 Ray nodes joined within 0s" in proc.stderr and "RAY_JOIN_TIMEOUT" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "1 of 2 Ray nodes joined within 0s" in proc.stderr and "RAY_JOIN_TIMEOUT" in proc.stderr
 
 
 def test_worker_joins_the_head_and_exits_when_it_is_gone(stand_ins):

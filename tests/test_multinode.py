@@ -25,8 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from test_engine_integration import (FAKE_AMX_ARGS, ROOT, context_dir, cpu_vllm_image, free_port, h,  # noqa: F401
-                                     http_json, images, load_prompts)
+import test_engine_integration as integration
+from test_engine_integration import FAKE_AMX_ARGS, ROOT, free_port, http_json, load_prompts
+
+# The integration test's fixtures (pytest collects fixtures among a module's globals): the harness,
+# the CPU vLLM image and the serve/ci images built on it.
+h, cpu_vllm_image, context_dir, images = (integration.h, integration.cpu_vllm_image, integration.context_dir,
+                                          integration.images)
 
 pytestmark = pytest.mark.docker
 MODEL_DIR = "/opt/tiny-mla-32"
@@ -202,7 +207,8 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, im
         assert answered == [MAX_TOKENS] * len(load)
         all_logs = {n: logs(n, tail=100000) for n in NAMES}
         for name, text in all_logs.items():
-            assert "vllm-aiter-mla CPU development mode" in text, f"{name}: the backend's CPU development mode did not run"
+            assert "vllm-aiter-mla CPU development mode" in text, \
+                f"{name}: the backend's CPU development mode did not run"
         h.note(f"multinode 3: {len(prompts)} requests equal to the single node, then {len(load)} concurrent "
                f"requests answered ({len(prompts) + len(load)} served)")
 

@@ -47,10 +47,12 @@ def check(nodes: Iterable[Mapping], expected: int, head_identity: str) -> tuple[
     for node in alive:
         ids = sorted(r for r in node.get("Resources", {}) if r.startswith(PREFIX))
         if ids != [head_identity]:
-            return False, (f"error: Ray node {node.get('NodeManagerAddress', '?')} runs {ids or 'no rocm-vllm identity'}, "
-                           f"the head {head_identity}: run the same SERVE_IMAGE on GPUs of the same kind on every node")
+            return False, (f"error: Ray node {node.get('NodeManagerAddress', '?')} runs "
+                           f"{ids or 'no rocm-vllm identity'}, the head {head_identity}: "
+                           "run the same SERVE_IMAGE on GPUs of the same kind on every node")
     if len(alive) > expected:
-        return False, f"error: {len(alive)} Ray nodes joined, RAY_NODES says {expected}: set RAY_NODES to the node count"
+        return False, (f"error: {len(alive)} Ray nodes joined, RAY_NODES says {expected}: "
+                       "set RAY_NODES to the node count")
     return len(alive) == expected, ""
 
 
