@@ -111,7 +111,7 @@ def test_scales_are_passed_only_for_fp8():
     def kernel(*args, **kwargs):
         seen.append(sorted(k for k in kwargs if k in ("q_scale", "kv_scale")))
 
-    kernels = type(REFERENCE)("spy", kernel, REFERENCE.flash_attn_varlen_func)
+    kernels = type(REFERENCE)("spy", kernel)
     case = make(DecodeCase([1], [4], 16, 16, torch.float32))
     plan = plan_decode(case.block_table, case.seq_lens_t, case.query_start_loc, 16)
     common = dict(kernels=kernels, kv_lora_rank=KV_LORA_RANK, scale=case.scale, max_seqlen_q=1, decode_heads=16,

@@ -85,11 +85,3 @@ def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
             os.chown(link, *owner, follow_symlinks=False)
         linked += 1
     return linked
-
-
-def compiled_here(jit_dir: str) -> list[str]:
-    """Module names compiled at run time in `jit_dir` (real .so files, not links)."""
-    root = Path(jit_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p.stem for p in root.glob("*.so") if p.is_file() and not p.is_symlink())

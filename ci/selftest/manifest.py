@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST_ENV = "ROCM_VLLM_MANIFEST"
@@ -31,7 +31,6 @@ class Manifest:
     aiter: Mapping[str, str] | None
     vllm: Mapping[str, str]
     prebuilt_modules: tuple[str, ...] = ()
-    raw: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def aiter_commit(self) -> str:
@@ -66,7 +65,6 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
         aiter=None if aiter is None else _str_map(aiter, "aiter", where),
         vllm=_str_map(vllm, "vllm", where),
         prebuilt_modules=tuple(str(m) for m in modules),
-        raw=data,
     )
 
 

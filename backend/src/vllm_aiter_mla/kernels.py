@@ -2,7 +2,7 @@
 
 ``AITER_MLA_KERNELS`` selects the kernels:
 
-* ``aiter`` (default): AITER's ``mla_decode_fwd`` / ``flash_attn_varlen_func``. If
+* ``aiter`` (default): AITER's ``mla_decode_fwd`` (and its persistent-mode metadata). If
   ``aiter`` cannot be imported the backend fails with a message saying how to fix it.
 * ``reference``: the package's pure-PyTorch reference (tests, CPU development mode).
   Chosen only by this setting, never as a fallback.
@@ -27,7 +27,6 @@ class AiterUnavailableError(RuntimeError):
 class MLAKernels:
     name: str
     mla_decode_fwd: Callable[..., object]
-    flash_attn_varlen_func: Callable[..., object]
     # Persistent-mode scheduling (None when the AITER build lacks it).
     get_mla_metadata_info_v1: Callable[..., object] | None = None
     get_mla_metadata_v1: Callable[..., object] | None = None
@@ -55,7 +54,6 @@ def _import_aiter() -> MLAKernels:
     return MLAKernels(
         "aiter",
         mla_decode_fwd,
-        aiter.flash_attn_varlen_func,
         getattr(aiter, "get_mla_metadata_info_v1", None),
         getattr(aiter, "get_mla_metadata_v1", None),
     )
@@ -70,7 +68,6 @@ def load_kernels(mode: str | None = None) -> MLAKernels:
         return MLAKernels(
             "reference",
             reference.mla_decode_fwd,
-            reference.flash_attn_varlen_func,
             reference.get_mla_metadata_info_v1,
             reference.get_mla_metadata_v1,
         )
