@@ -87,7 +87,8 @@ def test_aiter_flydsl_workers_bounded_by_max_jobs():
 
 def test_scm_version_only_on_aiters_setup_command():
     text = (DOCKER / "build_aiter.sh").read_text()
-    lines = [line for line in text.splitlines() if "SETUPTOOLS_SCM_PRETEND_VERSION" in line and not line.lstrip().startswith("#")]
+    lines = [line for line in text.splitlines()
+             if "SETUPTOOLS_SCM_PRETEND_VERSION" in line and not line.lstrip().startswith("#")]
     assert len(lines) == 1 and "setup.py bdist_wheel" in lines[0] and "export" not in lines[0], lines
 
 
@@ -104,7 +105,8 @@ def test_build_tools_are_hash_pinned_and_installed_from_our_file():
     assert int(scm.split("==")[1].split(".")[0]) < 10  # AITER's release workflow: setuptools_scm<10
     for script in ("build_aiter.sh", "build_vllm.sh"):
         text = (DOCKER / script).read_text()
-        assert re.search(r"pip install --require-hashes --no-deps -r \"\$(here/requirements-build.txt|tools)\"", text), script
+        assert re.search(r"pip install --require-hashes --no-deps -r \"\$(here/requirements-build.txt|tools)\"",
+                         text), script
         assert not re.search(r"pip install (-U )?setuptools|grep -v", text), script
 
 
@@ -180,7 +182,8 @@ def test_compare_names_every_changed_pinned_distribution(venv, tmp_path):
 
 def test_aiter_check_imports_amdsmi(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, DOCKER / "check_aiter.py", "amdsmi"], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, DOCKER / "check_aiter.py", "amdsmi"], capture_output=True, text=True,
+                          env=env)
     assert proc.returncode == 1 and "import amdsmi failed" in proc.stderr and "install_amdsmi.sh" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     (tmp_path / "amdsmi").mkdir()

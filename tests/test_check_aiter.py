@@ -54,7 +54,8 @@ def test_libs_check_finds_unresolved_library(tmp_path):
     site = tmp_path / "site"
     (site / "aiter" / "jit").mkdir(parents=True)
     assert check.check_libs(site, []), "an empty jit directory must fail"
-    real = next(p for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1") if Path(p).exists())
+    real = next(p for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1")
+                if Path(p).exists())
     good = site / "aiter" / "jit" / "module_ok.so"
     good.write_bytes(Path(real).read_bytes())
     assert check.check_libs(site, []) == []

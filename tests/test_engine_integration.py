@@ -97,7 +97,8 @@ def h(engine_report, tmp_path_factory):
                     "eval \"$(bash ci/docker-engine.sh env)\")")
     for plugin in ("buildx", "compose"):
         if subprocess.run(["docker", plugin, "version"], capture_output=True).returncode != 0:
-            pytest.fail(f"docker {plugin} plugin not found: eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG")
+            pytest.fail(f"docker {plugin} plugin not found: "
+                        "eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG")
     log = Path(os.environ.get("ENGINE_TEST_LOG") or tmp_path_factory.mktemp("engine") / "engine-integration.log")
     return Harness(engine_report, log)
 

@@ -199,7 +199,8 @@ def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
-           "TRITON_PACKAGE": pinned_env["triton"], "TRITON_KERNELS_COMMIT": versions["vllm"]["triton_kernels"]["commit"]}
+           "TRITON_PACKAGE": pinned_env["triton"],
+           "TRITON_KERNELS_COMMIT": versions["vllm"]["triton_kernels"]["commit"]}
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     constraints = (out / "constraints.txt").read_text()
@@ -223,7 +224,8 @@ def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src
     triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
     stubs = [stub_wheel(base, "torch", wheels["torch"]["version"], [f"{triton_pkg}=={triton_ver}"]),
              stub_wheel(base, triton_pkg, triton_ver), stub_wheel(base, "amdsmi", STAND_IN["amdsmi"])]
-    assert run([env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]).returncode == 0
+    install = [env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]
+    assert run(install).returncode == 0
     line = next(raw for raw in (vllm_src / "requirements/common.txt").read_text().splitlines()
                 if raw.startswith("xgrammar"))
     (base / "xgrammar.txt").write_text(line + "\n")

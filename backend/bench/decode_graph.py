@@ -507,7 +507,8 @@ def bench(
                     flush=True,
                 )
                 del graph
-            del graph_full, buffers, workspace, table
+            # frees them (plan_full and plan_eager share these variables, so rebinding, not del)
+            graph_full = buffers = workspace = table = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -570,7 +571,8 @@ def main() -> int:
     if not use_graph:
         print("(CPU: CUDA graph capture, allocation and sync checks are skipped)")
 
-    print("\n== Correctness: plan_decode_into + reference decode " + ("captured in one CUDA graph ==" if use_graph else "eager on persistent buffers =="))
+    how = "captured in one CUDA graph ==" if use_graph else "eager on persistent buffers =="
+    print("\n== Correctness: plan_decode_into + reference decode " + how)
     replays = 4 if args.quick else 8
     for i, case in enumerate(CASES):
         run_case(case, replays, device, use_graph, seed=args.seed + i)

@@ -12,8 +12,8 @@ Plain PyTorch + Triton on a GPU (no vLLM). For each batch:
 Both plans are checked equal first. Times are device time per step (CUDA events around
 each call, the GPU kept busy while the host launches it, synchronised between calls,
 median of N after warm-up) and host time per call until it returns (what the eager
-metadata builder pays each step; vLLM builds metadata eagerly, then replays the graph). Scratch is the caching allocator's
-peak above the persistent buffers during one call.
+metadata builder pays each step; vLLM builds metadata eagerly, then replays the graph).
+Scratch is the caching allocator's peak above the persistent buffers during one call.
 
 Usage::
 
@@ -107,6 +107,10 @@ def scratch_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def _mib(*tensors: torch.Tensor) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
 def run(case: Case, device: torch.device, reps: int) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
     table, seq, qsl, slots = make_batch(case, device, gen)
@@ -136,10 +140,11 @@ def run(case: Case, device: torch.device, reps: int) -> dict[str, object]:
         "new_host_ms": host_ms(new, reps),
         "old_scratch": scratch_mb(old),
         "new_scratch": scratch_mb(new),
-        "old_persistent": sum(t.numel() * t.element_size() for t in (old_buffers.kv_indices, old_buffers.positions)) / 2**20,
-        "new_persistent": sum(t.numel() * t.element_size() for t in (new_buffers.kv_indices, new_buffers.positions)) / 2**20,
+        "old_persistent": _mib(old_buffers.kv_indices, old_buffers.positions),
+        "new_persistent": _mib(new_buffers.kv_indices, new_buffers.positions),
     }
-    del table, seq, qsl, narrow, old_buffers, new_buffers, a, b
+    # frees them (old and new share these variables, so rebinding, not del)
+    table = seq = qsl = narrow = old_buffers = new_buffers = a = b = None
     torch.cuda.empty_cache()
     return row
 
@@ -154,7 +159,9 @@ def main() -> int:
     for _ in range(50):
         warm @ warm  # clocks up before the first case
     rows = [run(c, device, args.reps) for c in cases()]
-    print("| batch | PyTorch planner: GPU / host ms per step | scratch per step | Triton planner: GPU / host ms per step | scratch per step | plan buffers (PyTorch -> Triton) | plans equal |")
+    print("| batch | PyTorch planner: GPU / host ms per step | scratch per step "
+          "| Triton planner: GPU / host ms per step | scratch per step "
+          "| plan buffers (PyTorch -> Triton) | plans equal |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['old_ms']:.3f} / {r['old_host_ms']:.3f} | {r['old_scratch']:.0f} MB "

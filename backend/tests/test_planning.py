@@ -99,7 +99,8 @@ def test_replanning_into_same_buffers_changes_contents_not_addresses():
     p2 = plan_decode_into(buffers, t2, torch.tensor([17, 32], dtype=torch.int32), qsl)
     assert p1.kv_indices.data_ptr() == p2.kv_indices.data_ptr()
     assert not torch.equal(first, p2.kv_indices[:23])
-    assert p2.kv_indices[:49].tolist() == expected_slots(t2, torch.tensor([17, 32]), 16)[0] + expected_slots(t2, torch.tensor([17, 32]), 16)[1]
+    rows = expected_slots(t2, torch.tensor([17, 32]), 16)
+    assert p2.kv_indices[:49].tolist() == rows[0] + rows[1]
 
 
 def test_plan_into_rejects_batch_larger_than_buffers():

@@ -87,7 +87,8 @@ def test_mla_decode_reference_default_scale_is_one_over_sqrt_576():
     outs = []
     for scale in (None, 1.0 / math.sqrt(LATENT)):
         o = torch.empty(1, 16, KV_LORA_RANK)
-        reference.mla_decode_fwd(q, case.kv_cache.view(-1, 1, 1, LATENT), o, case.query_start_loc, kv_indptr, kv_indices, last, 1, sm_scale=scale)
+        reference.mla_decode_fwd(q, case.kv_cache.view(-1, 1, 1, LATENT), o, case.query_start_loc, kv_indptr,
+                                 kv_indices, last, 1, sm_scale=scale)
         outs.append(o)
     torch.testing.assert_close(outs[0], outs[1])
 
@@ -119,7 +120,8 @@ def test_mla_decode_reference_fp8_matches_dequantized():
     torch.testing.assert_close(o.float(), expected, atol=2e-2, rtol=2e-2)
     # And the quantised result is still close to the unquantised one.
     exact = torch.zeros_like(expected)
-    reference.mla_decode_fwd(q, case.kv_cache.view(-1, 1, 1, LATENT), exact, case.query_start_loc, kv_indptr, kv_indices, last, 2, sm_scale=case.scale)
+    reference.mla_decode_fwd(q, case.kv_cache.view(-1, 1, 1, LATENT), exact, case.query_start_loc, kv_indptr,
+                             kv_indices, last, 2, sm_scale=case.scale)
     assert (o.float() - exact).abs().max() < 0.25
 
 
@@ -165,7 +167,8 @@ def test_flash_attn_varlen_reference_matches_dense(q_lens, k_lens, heads, kv_hea
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), exp_out, atol=tol, rtol=tol)
     torch.testing.assert_close(lse, exp_lse, atol=tol * 10, rtol=tol)
-    plain = reference.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), softmax_scale=scale, causal=causal)
+    plain = reference.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), softmax_scale=scale,
+                                             causal=causal)
     torch.testing.assert_close(plain, out)
 
 
@@ -175,7 +178,8 @@ def _valid_call(heads: int = 16, q_lens=(2, 2, 2), seq_lens=(9, 30, 17), dtype=t
     kv_indptr, kv_indices, last = loop_indices(case, 1)
     q = case.absorbed_q()
     qlen = max(q_lens)
-    args = dict(q=q, kv_buffer=case.kv_cache.view(-1, 1, 1, LATENT), o=torch.zeros(q.shape[0], heads, KV_LORA_RANK, dtype=dtype),
+    args = dict(q=q, kv_buffer=case.kv_cache.view(-1, 1, 1, LATENT),
+                o=torch.zeros(q.shape[0], heads, KV_LORA_RANK, dtype=dtype),
                 qo_indptr=case.query_start_loc, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_lens=last,
                 max_seqlen_q=qlen, sm_scale=case.scale)
     args.update(mode_kwargs(mode, case.query_start_loc, kv_indptr, last, heads, qlen))

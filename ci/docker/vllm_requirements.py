@@ -84,7 +84,8 @@ def pinned_versions(tools: Path) -> dict[str, str]:
 
 def check_files(src: Path) -> list[str]:
     return [f"{src}/{name}: missing: this vLLM source (VLLM_TAG/VLLM_COMMIT) does not have the layout "
-            f"the vLLM 0.32 build scripts (ci/docker) read; pin vLLM 0.32 or update the scripts" for name in NAMED_FILES if not (src / name).is_file()]
+            f"the vLLM 0.32 build scripts (ci/docker) read; pin vLLM 0.32 or update the scripts"
+            for name in NAMED_FILES if not (src / name).is_file()]
 
 
 def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:

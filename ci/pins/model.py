@@ -197,7 +197,8 @@ def aiter_pin(data: dict, name: str | None = None) -> dict:
         return aiter["pins"][name]
     except KeyError:
         known = ", ".join(sorted(aiter.get("pins", {})))
-        raise PinError(f"aiter.pins has no pin named {name!r} (known: {known}); set AITER_PIN or aiter.default") from None
+        raise PinError(f"aiter.pins has no pin named {name!r} (known: {known}); "
+                       "set AITER_PIN or aiter.default") from None
 
 
 def image_ref(base: dict, allow_unresolved: bool = False) -> str:

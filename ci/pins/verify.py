@@ -58,8 +58,10 @@ def check_schema(data: dict) -> list[str]:
         "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict,
     }, errors):
         return errors
-    if any(data[k] is None for k in ("schema", "gpu_archs", "python", "rocm", "base_image", "pytorch", "aiter", "vllm")):
-        return errors + ["versions: schema, gpu_archs, python, rocm, base_image, pytorch, aiter and vllm must not be null"]
+    sections = ("schema", "gpu_archs", "python", "rocm", "base_image", "pytorch", "aiter", "vllm")
+    if any(data[k] is None for k in sections):
+        return errors + ["versions: schema, gpu_archs, python, rocm, base_image, pytorch, aiter and vllm "
+                         "must not be null"]
     if data["schema"] != 1:
         errors.append(f"schema = {data['schema']!r}: this tool reads schema 1")
     if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
@@ -70,7 +72,8 @@ def check_schema(data: dict) -> list[str]:
         errors.append("gpu_archs: empty; list at least one of " + ", ".join(model.ALLOWED_GPU_ARCHS))
     for arch in archs:
         if arch not in model.ALLOWED_GPU_ARCHS:
-            errors.append(f"gpu_archs: {arch!r} is not supported by AITER MLA; allowed: {', '.join(model.ALLOWED_GPU_ARCHS)}")
+            errors.append(f"gpu_archs: {arch!r} is not supported by AITER MLA; "
+                          f"allowed: {', '.join(model.ALLOWED_GPU_ARCHS)}")
     if len(set(archs)) != len(archs):
         errors.append("gpu_archs: duplicate entries")
 
@@ -123,7 +126,8 @@ def check_schema(data: dict) -> list[str]:
                     _check_format(pin, path, "hipkittens_commit", COMMIT_RE,
                                   'a full 40-hex commit, or "none" (this AITER clones no HipKittens)', errors)
                 if pin["commit"] is None and pin["ck_commit"] is not None:
-                    errors.append(f"{path}.ck_commit is set but commit is not: the CK commit comes from the AITER commit")
+                    errors.append(f"{path}.ck_commit is set but commit is not: "
+                                  "the CK commit comes from the AITER commit")
 
     vllm = data["vllm"]
     if _require(vllm, "vllm", {"repository": str, "version": str, "tag": str, "commit": str,

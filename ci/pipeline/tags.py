@@ -78,7 +78,8 @@ def bake_override(data: Mapping, registry: str, sha: str, targets: Sequence[str]
     if not registry or registry.startswith("localhost/"):
         raise PinError(f"REGISTRY {registry!r} is not a registry to push to: set REGISTRY (e.g. ghcr.io/org/rocm-vllm)")
     if registry != registry.lower():
-        raise PinError(f"REGISTRY {registry!r} has upper-case letters, which image names cannot have: set REGISTRY in lower case")
+        raise PinError(f"REGISTRY {registry!r} has upper-case letters, which image names cannot have: "
+                       "set REGISTRY in lower case")
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
         raise PinError(f"unknown target(s) {unknown or '(none)'}: choose from {', '.join(TARGETS)}")

@@ -69,7 +69,8 @@ DECISION_TABLE = [
 def _row_id(row: tuple) -> str:
     arch, env, found, backend, block, expected = row
     env_s = ",".join(f"{k.removeprefix('VLLM_ROCM_USE_')}={v}" for k, v in env.items()) or "env-unset"
-    return f"{arch}-{env_s}-{'aiter' if found else 'no-aiter'}-{backend or 'auto'}-bs{block}-{expected.rsplit('.', 1)[-1]}"
+    aiter = "aiter" if found else "no-aiter"
+    return f"{arch}-{env_s}-{aiter}-{backend or 'auto'}-bs{block}-{expected.rsplit('.', 1)[-1]}"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,9 +6,7 @@ exact and no assertion depends on how fast this machine is.
 from __future__ import annotations
 
 import json
-import math
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -16,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from selftest import bench, metrics
-from selftest.metrics import RequestResult
 
 
 @pytest.fixture

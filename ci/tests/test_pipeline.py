@@ -149,7 +149,8 @@ def test_bake_file_refuses_a_registry_it_cannot_push_to() -> None:
 def _real_buildx() -> str:
     docker = shutil.which("docker")
     if docker is None or run([docker, "buildx", "version"]).returncode != 0:
-        pytest.skip("docker buildx not found (bash ci/docker-engine.sh start; eval \"$(bash ci/docker-engine.sh env)\")")
+        pytest.skip("docker buildx not found "
+                    "(bash ci/docker-engine.sh start; eval \"$(bash ci/docker-engine.sh env)\")")
     return docker
 
 
@@ -184,7 +185,8 @@ def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path
 FAKE_DOCKER = """#!/usr/bin/env python3
 import json, os, sys
 argv = sys.argv[1:]
-record = {"argv": argv, "env": {k: os.environ.get(k) for k in ("TAG", "VCS_REF", "BUILDX_BUILDER", "REGISTRY_PASSWORD")}}
+names = ("TAG", "VCS_REF", "BUILDX_BUILDER", "REGISTRY_PASSWORD")
+record = {"argv": argv, "env": {k: os.environ.get(k) for k in names}}
 if argv[:1] == ["login"]:
     record["stdin"] = sys.stdin.read()
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
@@ -221,7 +223,8 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((resolved_repo / "versions.json").read_text())
-    tag = f"vllm{data['vllm']['version']}-aiter{data['aiter']['pins'][data['aiter']['default']]['commit'][:12]}-{SHA[:12]}"
+    commit = data["aiter"]["pins"][data["aiter"]["default"]]["commit"]
+    tag = f"vllm{data['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
     calls = fake_docker.calls()
     assert [c["argv"] for c in calls] == [
         ["buildx", "inspect", "rocm-vllm"],
@@ -324,7 +327,8 @@ def test_login_host_and_settings(fake_docker, tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME"]
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "echo", "ran"], env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r"})
+    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "echo", "ran"],
+               env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r"})
     assert proc.returncode == 0 and proc.stdout == "ran\n" and "existing credentials for ghcr.io" in proc.stderr
     assert len(fake_docker.calls()) == n
 

@@ -8,7 +8,8 @@ from selftest.report import Check
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="smoke" tests="3">
 <testcase classname="test_smoke" name="test_a" time="0.5"/>
-<testcase classname="test_smoke" name="test_b" time="0.1"><skipped type="pytest.skip" message="no /dev/kfd: no AMD GPU">skip</skipped></testcase>
+<testcase classname="test_smoke" name="test_b" time="0.1">
+<skipped type="pytest.skip" message="no /dev/kfd: no AMD GPU">skip</skipped></testcase>
 <testcase classname="test_smoke" name="test_c" time="0.2"><failure message="assert 1 == 2">trace</failure></testcase>
 </testsuite></testsuites>"""
 

@@ -241,7 +241,8 @@ class DecodeKernelsMixin:
     def _init_decode(self, num_heads: int, kv_cache_dtype: str) -> None:
         check_kv_cache_dtype(kv_cache_dtype)
         vllm_config = get_current_vllm_config()
-        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config), decode_shape(vllm_config, kv_cache_dtype))
+        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config),
+                                               decode_shape(vllm_config, kv_cache_dtype))
         self._kernels = load_kernels()
 
     def forward_mqa(

@@ -26,7 +26,8 @@ def decode_mode(environ: Mapping[str, str] = os.environ) -> str:
     ``non-persistent``."""
     mode = environ.get(DECODE_MODE_ENV, contract.PERSISTENT).strip().lower() or contract.PERSISTENT
     if mode not in contract.DECODE_MODES:
-        raise ValueError(f"{DECODE_MODE_ENV}={environ[DECODE_MODE_ENV]!r} is not one of {', '.join(contract.DECODE_MODES)}")
+        raise ValueError(f"{DECODE_MODE_ENV}={environ[DECODE_MODE_ENV]!r} is not one of "
+                         f"{', '.join(contract.DECODE_MODES)}")
     return mode
 
 

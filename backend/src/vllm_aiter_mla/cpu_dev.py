@@ -41,11 +41,13 @@ atexit.register(_write_stats)
 
 class CPUDevMLAImpl(DecodeKernelsMixin, CPUMLAImpl):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes, sliding_window,
-                 kv_cache_dtype: str, logits_soft_cap, attn_type: str, kv_sharing_target_layer_name, **mla_args) -> None:
+                 kv_cache_dtype: str, logits_soft_cap, attn_type: str, kv_sharing_target_layer_name,
+                 **mla_args) -> None:
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
                          logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
         self._init_decode(num_heads, kv_cache_dtype)
-        logger.info_once("vllm-aiter-mla CPU development mode: %s kernels in place of CPU_MLA decode", self._kernels.name)
+        logger.info_once("vllm-aiter-mla CPU development mode: %s kernels in place of CPU_MLA decode",
+                         self._kernels.name)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata: AiterMLAMetadata, layer: AttentionLayer):
         global _decode_calls

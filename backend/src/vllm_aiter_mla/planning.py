@@ -175,7 +175,8 @@ class PlanWorkspace:
         )
 
 
-def _scratch(workspace: PlanWorkspace | None, name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _scratch(workspace: PlanWorkspace | None, name: str, n: int, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
     if workspace is None:
         return torch.empty(n, dtype=dtype, device=device)
     return getattr(workspace, name)[:n]

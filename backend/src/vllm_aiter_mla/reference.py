@@ -360,7 +360,6 @@ def flash_attn_varlen_func(
     if num_heads % kv_heads != 0:
         raise ValueError(f"query heads {num_heads} must be a multiple of KV heads {kv_heads}")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d_qk)
-    n_reqs = cu_seqlens_q.shape[0] - 1
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     k_lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     q_idx, q_valid = _gather_rows(cu_seqlens_q[:-1], q_lens, max_seqlen_q)
