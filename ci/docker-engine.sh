@@ -62,27 +62,7 @@ install_engine() {
   [ "${DOCKER_ENGINE_NO_INSTALL:-0}" = 1 ] && die "dockerd or the buildx/compose plugins are missing and DOCKER_ENGINE_NO_INSTALL=1"
   command -v apt-get >/dev/null 2>&1 || die "dockerd is not installed and apt-get is absent: install Docker Engine, buildx and compose yourself"
   log "installing docker.io, docker-buildx, docker-compose from Debian trixie (pinned low)"
-  if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
-    local mirror
-    mirror=$(bash "$(dirname "$0")/docker/debian-mirror.sh") || die "no Debian mirror for the trixie source: set DEBIAN_MIRROR"
-    as_root tee /etc/apt/sources.list.d/trixie.sources >/dev/null <<EOF
-Types: deb
-URIs: $mirror
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-  fi
-  if [ ! -f /etc/apt/preferences.d/trixie-low ]; then
-    as_root tee /etc/apt/preferences.d/trixie-low >/dev/null <<'EOF'
-Package: *
-Pin: release n=trixie
-Pin-Priority: 100
-EOF
-  fi
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    -t trixie docker.io docker-buildx docker-compose
+  bash "$(dirname "$0")/debian-trixie.sh" docker.io docker-buildx docker-compose
   installed || die "installation finished but dockerd or a plugin is still missing (looked in $PLUGIN_DIRS)"
 }
 

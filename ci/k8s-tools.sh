@@ -18,7 +18,6 @@ MIN_MINOR=27  # kubectl 1.27 embeds kustomize v5
 
 log() { echo "k8s-tools: $*" >&2; }
 die() { log "error: $*"; exit 1; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 client_minor() {  # minor version of kubectl's client, or nothing
   command -v kubectl >/dev/null 2>&1 || return 0
@@ -41,26 +40,7 @@ install() {
   [ "${K8S_TOOLS_NO_INSTALL:-0}" = 1 ] && die "kubectl 1.${MIN_MINOR}+ is missing and K8S_TOOLS_NO_INSTALL=1"
   command -v apt-get >/dev/null 2>&1 || die "apt-get is absent: install kubectl 1.${MIN_MINOR}+ yourself"
   log "installing kubernetes-client from Debian trixie (pinned low)"
-  if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
-    local mirror
-    mirror=$(bash "$(dirname "$0")/docker/debian-mirror.sh") || die "no Debian mirror for the trixie source: set DEBIAN_MIRROR"
-    as_root tee /etc/apt/sources.list.d/trixie.sources >/dev/null <<SRC
-Types: deb
-URIs: $mirror
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  fi
-  if [ ! -f /etc/apt/preferences.d/trixie-low ]; then
-    as_root tee /etc/apt/preferences.d/trixie-low >/dev/null <<'PIN'
-Package: *
-Pin: release n=trixie
-Pin-Priority: 100
-PIN
-  fi
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t trixie kubernetes-client
+  bash "$(dirname "$0")/debian-trixie.sh" kubernetes-client
   hash -r
   usable || die "kubernetes-client installed but kubectl 1.${MIN_MINOR}+ is still not on PATH"
   check
