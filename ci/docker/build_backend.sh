@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build the backend wheel: build_backend.sh SRC WHEEL_DIR
-# SRC holds backend/pyproject.toml and backend/src only. The wheel is pure Python and built
+# Build a pure-Python package's wheel: build_backend.sh SRC WHEEL_DIR [WHEEL_NAME]
+# SRC holds the package's pyproject.toml and src/ only: backend/ (WHEEL_NAME vllm_aiter_mla, the
+# default) or ci/runtime/ (rocm_vllm_runtime). The wheel is pure Python and built
 # with the image's own Python; setuptools from the image is used when it can build wheels
 # (no index needed), otherwise pip builds in isolation (needs an index; PIP_INDEX_URL/PIP_CERT).
 # SOURCE_DATE_EPOCH makes the wheel byte-identical for identical sources.
 set -euo pipefail
-src=${1:?source directory} out=${2:?wheel directory}
+src=${1:?source directory} out=${2:?wheel directory} name=${3:-vllm_aiter_mla}
 python=${PYTHON:-python3}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -25,11 +26,11 @@ except Exception:
 sys.exit(0 if major >= 69 else 1)
 PY
 then
-  echo "backend-wheel: building with the image's setuptools (no build isolation)"
+  echo "${name} wheel: building with the image's setuptools (no build isolation)"
   isolation=(--no-build-isolation)
 else
-  echo "backend-wheel: the image has no setuptools>=69 with wheel support: building in isolation (needs a package index)"
+  echo "${name} wheel: the image has no setuptools>=69 with wheel support: building in isolation (needs a package index)"
   isolation=()
 fi
 "$python" -m pip wheel --no-deps "${isolation[@]}" --wheel-dir "$out" "$src"
-ls "$out"/vllm_aiter_mla-*.whl
+ls "$out"/"${name}"-*.whl

@@ -1,15 +1,12 @@
 """Shared set-up of the self-test suites (they run in this repository and in the image)."""
 
 import os
-import sys
 from pathlib import Path
 
 # vLLM decides pin-memory and device defaults at import. Where there is no AMD GPU
 # (this repository's CI), say "CPU"; inside the image on a GPU host leave vLLM alone.
 if not Path(os.environ.get("ROCM_VLLM_KFD_PATH", "/dev/kfd")).exists():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-# Helpers of the suites (e.g. rocm_fake) import by bare name.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def pytest_configure(config) -> None:

@@ -13,17 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
-CI_DIR = Path(__file__).resolve().parent.parent
-if str(CI_DIR) not in sys.path:
-    sys.path.insert(0, str(CI_DIR))
-
-from selftest import bench, metrics  # noqa: E402
-from selftest.serve import tiny_model  # noqa: E402
+from rocm_vllm_runtime import bench, metrics
+from rocm_vllm_runtime.serve import tiny_model
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_fake import rocm_platform, select_mla_backend
+from .rocm_fake import rocm_platform, select_mla_backend
 
 OURS = "vllm_aiter_mla.backend.AiterMLABackend"
 TRITON = "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend"

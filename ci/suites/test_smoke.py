@@ -34,13 +34,11 @@ from types import ModuleType
 
 import pytest
 
-CI_DIR = Path(__file__).resolve().parent.parent
-if str(CI_DIR) not in sys.path:
-    sys.path.insert(0, str(CI_DIR))
+from rocm_vllm_runtime import jitcache
+from rocm_vllm_runtime.manifest import ManifestError, load_manifest
+from rocm_vllm_runtime.serve import tiny_model
 
-from selftest import jitcache  # noqa: E402
-from selftest.manifest import ManifestError, load_manifest  # noqa: E402
-from selftest.serve import tiny_model  # noqa: E402
+CI_DIR = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.gpu
 
@@ -248,12 +246,11 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 def test_vllm_serves_tiny_mla_with_rocm_aiter_mla(aiter: ModuleType, tmp_path: Path) -> None:
     model, port = _model_dir(), _free_port()
-    env = dict(os.environ, TINY_MLA_MODEL=str(model),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(CI_DIR), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, TINY_MLA_MODEL=str(model))
     if env.get("VLLM_TARGET_DEVICE") == "cpu":  # set for CPU runs of the suites only
         del env["VLLM_TARGET_DEVICE"]
     env.setdefault("VLLM_ROCM_USE_AITER", "1")
-    command = [sys.executable, "-m", "selftest.serve", "--model", str(model),
+    command = [sys.executable, "-m", "rocm_vllm_runtime.serve", "--model", str(model),
                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
                "--gpu-memory-utilization", "0.3",
                *shlex.split(os.environ.get("SMOKE_SERVE_ARGS", ""))]

@@ -1,4 +1,4 @@
-"""Shared fixtures for the tests of ci/; puts the `selftest` package on sys.path."""
+"""Shared fixtures for the tests of ci/ (the runtime package rocm_vllm_runtime is installed: ci/test.sh)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +9,6 @@ from types import ModuleType
 import pytest
 
 CI_DIR = Path(__file__).resolve().parent.parent
-if str(CI_DIR) not in sys.path:
-    sys.path.insert(0, str(CI_DIR))
 
 
 @pytest.fixture(scope="session")

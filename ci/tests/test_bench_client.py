@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from selftest import bench, metrics
+from rocm_vllm_runtime import bench, metrics
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ GPU_SKIP = ("import pytest\n\ndef test_kernel():\n"
 
 
 def run(ci_dir: Path, suites: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SELFTEST_SUITES=str(suites), PYTHONPATH=str(ci_dir),
+    env = dict(os.environ, SELFTEST_SUITES=str(suites),
                PATH="/usr/bin:/bin")  # no amd-smi / rocminfo
-    return subprocess.run([sys.executable, "-m", "selftest", *args], cwd=suites, env=env,
+    return subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", *args], cwd=suites, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from selftest.devices import base_arch, detect_format, parse_listing
+from rocm_vllm_runtime.devices import base_arch, detect_format, parse_listing
 
 LISTINGS = Path(__file__).parent / "listings"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from selftest import guard
-from selftest.guard import GuardInputs, Listing, decide, shell_exports, strictness
-from selftest.manifest import parse_manifest
+from rocm_vllm_runtime import guard
+from rocm_vllm_runtime.guard import GuardInputs, Listing, decide, shell_exports, strictness
+from rocm_vllm_runtime.manifest import parse_manifest
 
 LISTINGS = Path(__file__).parent / "listings"
 COMMIT = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from selftest import jitcache
+from rocm_vllm_runtime import jitcache
 
 
 @pytest.fixture

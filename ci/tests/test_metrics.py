@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from selftest import metrics
-from selftest.metrics import RequestResult
+from rocm_vllm_runtime import metrics
+from rocm_vllm_runtime.metrics import RequestResult
 
 
 @pytest.mark.parametrize("values, q, expected", [

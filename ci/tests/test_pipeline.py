@@ -373,7 +373,7 @@ import json, os
 from pathlib import Path
 
 import pytest
-from selftest import metrics
+from rocm_vllm_runtime import metrics
 
 # name: (seconds the 8 requests took, line the server logged)
 RUNS = __RUNS__
@@ -410,11 +410,11 @@ def run_selftest(tmp_path: Path, **env: str) -> tuple[Path, subprocess.Completed
     (suites / "test_bench.py").write_text(BENCH_SUITE.replace("__RUNS__", repr(BENCH_RUNS)))
     results = tmp_path / "results"
     results.mkdir()
-    full_env = {**os.environ, "PYTHONPATH": str(REPO / "ci"), "SELFTEST_SUITES": str(suites),
+    full_env = {**os.environ, "SELFTEST_SUITES": str(suites),
                 "SELFTEST_RESULTS_DIR": str(results), **env}
     # the pytest option the workflow passes (PYTEST_ADDOPTS, forwarded by selftest.sh)
     full_env["PYTEST_ADDOPTS"] = "-o junit_logging=system-out"
-    proc = run([sys.executable, "-m", "selftest", "all", "--json", str(results / "selftest.json"),
+    proc = run([sys.executable, "-m", "rocm_vllm_runtime", "all", "--json", str(results / "selftest.json"),
                 "--junit", str(results / "selftest.xml")], env=full_env, cwd=tmp_path, timeout=300)
     return results, proc
 

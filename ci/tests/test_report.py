@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from selftest import report
-from selftest.report import Check
+from rocm_vllm_runtime import report
+from rocm_vllm_runtime.report import Check
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="smoke" tests="3">
 <testcase classname="test_smoke" name="test_a" time="0.5"/>

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from selftest.serve import ServeError, build_argv, exposure, masked
+from rocm_vllm_runtime.serve import ServeError, build_argv, exposure, masked
 
 TINY = "/opt/rocm-vllm/models/tiny-mla"
 

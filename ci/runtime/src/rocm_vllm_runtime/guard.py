@@ -31,9 +31,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from selftest import jitcache
-from selftest.devices import Gpu, parse_listing
-from selftest.manifest import Manifest, ManifestError, load_manifest
+from rocm_vllm_runtime import jitcache
+from rocm_vllm_runtime.devices import Gpu, parse_listing
+from rocm_vllm_runtime.manifest import Manifest, ManifestError, load_manifest
 
 AITER_ARCHS = ("gfx942", "gfx950")
 REQUIRE_GPU_ENV = "ROCM_VLLM_REQUIRE_GPU"
@@ -360,7 +360,7 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m selftest.guard", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.guard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("serve", "selftest", "exec"), default="serve")
     args = parser.parse_args(argv)

@@ -6,14 +6,14 @@ writes JSON (request/output/total token throughput, TTFT/TPOT/ITL mean,
 median, p99).
 
 `compare`: the same load against several attention backends, starting one
-server after the other (`python3 -m selftest.serve`, so the serve defaults
+server after the other (`python3 -m rocm_vllm_runtime.serve`, so the serve defaults
 apply), and prints how much faster this backend is than each other one:
   plugin      this project's backend (the vllm_aiter_mla plugin, ROCM_AITER_MLA)
   vllm-aiter  vLLM's built-in AITER MLA (the plugin left out of VLLM_PLUGINS)
   triton      TRITON_MLA (--attention-backend TRITON_MLA)
 
-  python3 -m selftest.bench run --base-url http://127.0.0.1:8000 --num-prompts 1000
-  python3 -m selftest.bench compare --json bench.json -- --model /models/DeepSeek-R1 -tp 8
+  python3 -m rocm_vllm_runtime.bench run --base-url http://127.0.0.1:8000 --num-prompts 1000
+  python3 -m rocm_vllm_runtime.bench compare --json bench.json -- --model /models/DeepSeek-R1 -tp 8
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from selftest import metrics
-from selftest.metrics import RequestResult
+from rocm_vllm_runtime import metrics
+from rocm_vllm_runtime.metrics import RequestResult
 
 PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
@@ -229,7 +229,7 @@ def backends(other_plugins: Sequence[str]) -> dict[str, Backend]:
 
 
 def server_command(serve_args: Sequence[str], backend: Backend, port: int) -> list[str]:
-    return [sys.executable, "-m", "selftest.serve", *serve_args, *backend.args,
+    return [sys.executable, "-m", "rocm_vllm_runtime.serve", *serve_args, *backend.args,
             "--host", "127.0.0.1", "--port", str(port)]
 
 
@@ -259,8 +259,6 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
 def run_backend(backend: Backend, serve_args: Sequence[str], spec: LoadSpec, port: int,
                 log_dir: Path, start_timeout_s: float) -> dict[str, object]:
     env = dict(os.environ) | dict(backend.env)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")) if p)
     log_path = log_dir / f"server-{backend.name}.log"
     command = server_command(serve_args, backend, port)
     print(f"== {backend.name}: {shlex.join(command[1:])} (log {log_path})", flush=True)
@@ -323,7 +321,7 @@ def spec_from(args: argparse.Namespace) -> LoadSpec:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m selftest.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="load a running server")

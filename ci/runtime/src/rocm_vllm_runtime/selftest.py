@@ -1,7 +1,7 @@
 """`selftest [selector|smoke|bench|all] [--json PATH] [--junit PATH] [-- PYTEST_ARGS...]`
 
 Runs the pytest suites under the suites directory (env SELFTEST_SUITES, default
-../suites next to this package), then prints each check with its outcome, the
+/opt/rocm-vllm/ci/suites, where the image keeps them), then prints each check with its outcome, the
 installed versions and the GPU archs found, and writes the same as JSON
 (--json) and JUnit XML (--junit, pytest's own). Exit status: 0 every suite
 passed; 1 a check failed; 2 a suite could not run (its files are missing, or e.g.
@@ -26,9 +26,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from selftest import report
-from selftest.guard import find_gpus, run_tool
-from selftest.versions import stack_versions
+from rocm_vllm_runtime import report
+from rocm_vllm_runtime.guard import find_gpus, run_tool
+from rocm_vllm_runtime.versions import stack_versions
 
 SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
     # name: (test files, needs an AMD GPU)
@@ -39,8 +39,12 @@ SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
 ORDER = ("selector", "smoke", "bench")
 
 
+# Where the image keeps the suites (Dockerfile.rocm, app-files).
+IMAGE_SUITES = "/opt/rocm-vllm/ci/suites"
+
+
 def suites_dir() -> Path:
-    return Path(os.environ.get("SELFTEST_SUITES") or Path(__file__).resolve().parent.parent / "suites")
+    return Path(os.environ.get("SELFTEST_SUITES") or IMAGE_SUITES)
 
 
 def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
