@@ -1,12 +1,6 @@
 """Shared by tests/: the Docker-engine integration report, printed in pytest's terminal summary
 (CI runs pytest without -s, so step times and results must not depend on captured output)."""
-import sys
-from pathlib import Path
-
 import pytest
-
-# Helper modules of these tests (e.g. dockerfile_model) import by bare name.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ENGINE_REPORT: list[str] = []
 

@@ -9,6 +9,7 @@ distributions, under the constraints the script writes, without touching any of 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -102,11 +103,9 @@ def test_every_vllm_file_the_scripts_name_exists(vllm_src):
 def test_requirement_includes_are_relative_to_their_folder(vllm_src, tmp_path):
     """requirements/build/rocm.txt includes ../common.txt: read in place it resolves, copied
     elsewhere it does not (the scripts keep the files where they are)."""
-    sys.path.insert(0, str(DOCKER))
-    try:
-        import vllm_requirements as vr
-    finally:
-        sys.path.remove(str(DOCKER))
+    spec = importlib.util.spec_from_file_location("vllm_requirements", DOCKER / "vllm_requirements.py")
+    vr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vr)
     names = {r.name for _, r in vr.read_requirements(vllm_src / "requirements/build/rocm.txt")}
     assert "xgrammar" in names and "cmake" in names  # xgrammar comes from ../common.txt
     copy = tmp_path / "rocm.txt"

@@ -8,14 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+# helper modules next to this file (on pytest.ini's pythonpath)
+from engine_report import REPORT
+from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 DRIVER = HERE / "engine_driver.py"
-sys.path.insert(0, str(HERE))
-
-from engine_report import REPORT  # noqa: E402
-from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -27,8 +25,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(REPO / "ci" / "models"))
-    from tiny_mla_weights import write_tiny_mla
+    from tiny_mla_weights import write_tiny_mla  # ci/models, on pytest.ini's pythonpath
 
     return write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
 
