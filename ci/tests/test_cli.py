@@ -101,3 +101,18 @@ def test_pytest_args_after_options(ci_dir: Path, suites: Path, tmp_path: Path) -
                "--", "-k", "ok")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "r.json").read_text())["suites"][0]["counts"] == {"passed": 1}
+
+
+def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_path: Path) -> None:
+    """The repository's suites copied as the image lays them out (/opt/rocm-vllm/ci/suites, no
+    pytest.ini above them, no ci/ package): `selftest selector` imports its helpers and passes."""
+    import shutil  # noqa: PLC0415
+
+    suites = tmp_path / "opt/rocm-vllm/ci/suites"
+    shutil.copytree(ci_dir / "suites", suites, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # run from elsewhere: `python -m pytest` puts its working directory on sys.path
+    env = dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin")
+    proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "selector"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[selector] PASSED" in proc.stdout and "test_selector::test_decision_table" in proc.stdout
