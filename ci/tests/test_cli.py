@@ -110,7 +110,7 @@ def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_pat
 
     suites = tmp_path / "opt/rocm-vllm/ci/suites"
     shutil.copytree(ci_dir / "suites", suites, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    # run from elsewhere: `python -m pytest` puts its working directory on sys.path
+    # run from elsewhere: `python -m pytest` makes its working directory importable
     env = dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin")
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "selector"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
