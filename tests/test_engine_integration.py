@@ -454,6 +454,12 @@ def test_owned_layers_identical_across_cold_builds(h, images, cpu_vllm_image, co
     second = copy_context(tmp_path_factory.mktemp("context-second"), mtime=946684800 + random.randrange(10**8),
                           source=context_dir)
     targets = images["targets"]
+    # Two cold builds of each target. The fixture's serve build is cold; its ci build took the
+    # serve layers from the build cache, so ci gets a cold first build here too.
+    tag = f"{IMAGE_PREFIX}/ci:cpu-cold"
+    proc = h.run(build_command(targets["ci"], tag, ["--no-cache"]), cwd=context_dir, what="ci build (--no-cache)")
+    cold = {"serve": (images["tags"]["serve"], images["layers"]["serve"], images["cold_s"]),
+            "ci": (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)}
     rebuilt, report = {}, []
     for name in ("serve", "ci"):
         tag = f"{IMAGE_PREFIX}/{name}:cpu-rebuild"
@@ -461,23 +467,29 @@ def test_owned_layers_identical_across_cold_builds(h, images, cpu_vllm_image, co
                      what=f"{name} build (second clone, --no-cache)")
         rebuilt[name] = (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)
     base = images["vllm_layers"]
+    # Layers taken from the build cache can come out of Docker 26.1's classic image store with the
+    # same files in another tar order (seen once): reported, not part of the cold-build claim.
+    cached_same = sum(x == y for x, y in zip(images["layers"]["ci"], cold["ci"][1]))
+    h.note(f"  ci from the build cache vs ci cold: {cached_same} of {len(cold['ci'][1])} layers identical")
     failures = []
     for name in ("serve", "ci"):
-        first, (tag, again, seconds) = images["layers"][name], rebuilt[name]
+        (first_tag, first, first_s), (tag, again, seconds) = cold[name], rebuilt[name]
         assert first[:len(base)] == base and again[:len(base)] == base, f"{name} is not built on the vLLM image"
         owned_a, owned_b = first[len(base):], again[len(base):]
         same = sum(x == y for x, y in zip(owned_a, owned_b))
-        first_s = images["cold_s"] if name == "serve" else images["ci_s"]
         h.note(f"step 6 {name}: {same} of {len(owned_a)} owned layers identical across two builds "
                f"(first {first_s:.1f}s, second cold {seconds:.1f}s)")
         report.append(f"{name} {same}/{len(owned_a)}")
         if owned_a != owned_b:
             workdir = tmp_path_factory.mktemp(f"layers-{name}")
-            entries_a = layer_entries(h, images["tags"][name], workdir)
+            entries_a = layer_entries(h, first_tag, workdir)
             entries_b = layer_entries(h, tag, workdir)
             for i, (x, y) in enumerate(zip(owned_a, owned_b)):
                 if x != y:
-                    diff = differing_paths(entries_a[len(base) + i], entries_b[len(base) + i])
+                    diff = differing_paths(entries_a[len(base) + i], entries_b[len(base) + i]) or [
+                        "same entries and metadata, another order in the tar"
+                        if list(entries_a[len(base) + i]) != list(entries_b[len(base) + i])
+                        else "same entries in the same order: tar headers differ"]
                     h.note(f"  {name} layer {len(base) + i}: " + "; ".join(diff))
                     failures.append(f"{name} layer {len(base) + i}: {diff}")
     wheels = []
