@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import compose_cli
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,24 +17,7 @@ SERVE_USER = "1000:1000"  # the serve image's non-root user (Dockerfile.rocm, se
 
 
 def compose_config(*files, env=None, check=True, profiles=()):
-    if not shutil.which("docker"):
-        pytest.skip("no docker client in PATH")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker compose plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
-    cmd = ["docker", "compose", "--project-directory", str(ROOT)]
-    for f in files or ("compose.yaml",):
-        cmd += ["-f", str(ROOT / f)]
-    # Only what the test sets: no .env of a developer, no variables of the calling shell.
-    clean = {k: v for k, v in os.environ.items()
-             if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")}
-    for profile in profiles:
-        cmd += ["--profile", profile]
-    proc = subprocess.run(cmd + ["--env-file", os.devnull, "config", "--format", "json"],
-                          capture_output=True, text=True, env={**clean, **(env or {})})
-    if not check:
-        return proc
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return compose_cli.compose_config(files or ("compose.yaml",), profiles, env=env, check=check)
 
 
 def test_validates_with_defaults():

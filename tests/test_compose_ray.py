@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import compose_cli
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,23 +27,7 @@ spec.loader.exec_module(ray_cluster)
 
 
 def compose_config(*profiles, env=None, check=True, files=(RAY_FILE,)):
-    if not shutil.which("docker"):
-        pytest.skip("no docker client in PATH")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker compose plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
-    cmd = ["docker", "compose", "--project-directory", str(ROOT)]
-    for f in files:
-        cmd += ["-f", str(ROOT / f)]
-    for p in profiles:
-        cmd += ["--profile", p]
-    clean = {k: v for k, v in os.environ.items()
-             if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")}
-    proc = subprocess.run(cmd + ["--env-file", os.devnull, "config", "--format", "json"],
-                          capture_output=True, text=True, env={**clean, **(env or {})})
-    if not check:
-        return proc
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return compose_cli.compose_config(files, profiles, env=env, check=check)
 
 
 # ----------------------------------------------------------------- docker compose config
