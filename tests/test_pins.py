@@ -251,12 +251,7 @@ def test_resolve_vllm_checks_the_known_prefix(data, upstream):
 
 
 def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
-    d = model.load(tree / "versions.json")
-    d["aiter"]["repository"] = upstream["url"]
-    d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
-    d["aiter"]["default"] = "test"
-    model.dump(d, tree / "versions.json")
+    _with_test_pin(tree, upstream)
     proc = run_tool("--file", str(tree / "versions.json"), "resolve", "aiter", "--write")
     assert proc.returncode == 0, proc.stderr
     after = model.load(tree / "versions.json")
