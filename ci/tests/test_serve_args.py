@@ -48,6 +48,11 @@ def test_tiny_model_path_setting() -> None:
     assert argv.count("--load-format") == 1
 
 
+def test_tiny_model_with_its_tokenizer() -> None:
+    argv = build_argv(["--no-skip-tokenizer-init"], {})
+    assert "--skip-tokenizer-init" not in argv and argv[-1] == "--no-skip-tokenizer-init"
+
+
 def test_unclosed_quote_names_the_setting() -> None:
     with pytest.raises(ServeError, match=r"^SERVE_EXTRA_ARGS .*fix its quoting$"):
         build_argv([], {"SERVE_EXTRA_ARGS": "--served-model-name 'my model"})

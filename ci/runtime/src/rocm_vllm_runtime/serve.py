@@ -8,6 +8,7 @@ only what the user's arguments leave out:
                                  dummy-weight MLA model at $TINY_MLA_MODEL)
   TINY_MLA_MODEL                 its directory (default /opt/rocm-vllm/models/tiny-mla);
                                  served with --load-format dummy --skip-tokenizer-init
+                                 (--no-skip-tokenizer-init: with its tokenizer)
   SERVE_HOST / SERVE_PORT        --host / --port (default 0.0.0.0 / 8000)
   SERVE_TENSOR_PARALLEL_SIZE     --tensor-parallel-size
   SERVE_BLOCK_SIZE               --block-size
@@ -99,7 +100,7 @@ def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     if os.path.normpath(model) == os.path.normpath(tiny_model(env)):
         if not _given(given, "--load-format"):
             defaults += ["--load-format", "dummy"]
-        if not _given(given, "--skip-tokenizer-init"):
+        if not (_given(given, "--skip-tokenizer-init") or _given(given, "--no-skip-tokenizer-init")):
             defaults += ["--skip-tokenizer-init"]
     for var, option, default in _OPTIONS:
         value = env.get(var) or default
