@@ -27,7 +27,7 @@ def box(tmp_path: Path, ci_dir: Path):
     dri.mkdir()
     (dri / "renderD128").write_text("")
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"gpu_archs": ["gfx90a", "gfx942", "gfx950"],
+    manifest.write_text(json.dumps({"schema": 1, "gpu_archs": ["gfx90a", "gfx942", "gfx950"],
                                     "aiter": {"version": "0.1.20", "commit": COMMIT, "ck_commit": ""},
                                     "vllm": {"version": "0.32.0", "commit": ""},
                                     "prebuilt_modules": ["module_mla_asm"]}))

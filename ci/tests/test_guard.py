@@ -12,6 +12,7 @@ from rocm_vllm_runtime.manifest import parse_manifest
 LISTINGS = Path(__file__).parent / "listings"
 COMMIT = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
 MANIFEST = parse_manifest({
+    "schema": 1,
     "gpu_archs": ["gfx942", "gfx950"],
     "aiter": {"version": "0.1.20.post1", "commit": COMMIT, "ck_commit": "f" * 40},
     "vllm": {"version": "0.32.0", "commit": "a" * 40},
@@ -50,7 +51,7 @@ def test_cdna3_and_newer_turn_aiter_on(listing: Listing) -> None:
 
 def test_gfx90a_turns_aiter_off_in_one_line() -> None:
     decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")],
-                             manifest=parse_manifest({"gpu_archs": ["gfx90a", "gfx942"],
+                             manifest=parse_manifest({"schema": 1, "gpu_archs": ["gfx90a", "gfx942"],
                                                       "aiter": None})))
     assert decision.ok
     assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
@@ -59,7 +60,7 @@ def test_gfx90a_turns_aiter_off_in_one_line() -> None:
 
 
 def test_mixed_archs_all_built_turn_aiter_off_and_say_why() -> None:
-    manifest = parse_manifest({"gpu_archs": ["gfx90a", "gfx942"], "aiter": {"commit": COMMIT}})
+    manifest = parse_manifest({"schema": 1, "gpu_archs": ["gfx90a", "gfx942"], "aiter": {"commit": COMMIT}})
     decision = decide(inputs([rocminfo("rocminfo_mixed.txt")], manifest=manifest))
     assert decision.ok
     assert decision.env["VLLM_ROCM_USE_AITER"] == "0"
@@ -142,7 +143,7 @@ def test_user_choice_of_aiter_is_kept(value: str) -> None:
 
 
 def test_user_aiter_on_unsupported_arch_is_warned() -> None:
-    manifest = parse_manifest({"gpu_archs": ["gfx90a"], "aiter": None})
+    manifest = parse_manifest({"schema": 1, "gpu_archs": ["gfx90a"], "aiter": None})
     decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")], manifest=manifest,
                              env={"VLLM_ROCM_USE_AITER": "1"}))
     assert decision.ok and "VLLM_ROCM_USE_AITER" not in decision.env
@@ -213,7 +214,7 @@ def test_aiter_false_without_aiter_installed_serves_with_aiter_off() -> None:
 
 
 def test_aiter_true_any_case_on_unsupported_arch_is_warned() -> None:
-    manifest = parse_manifest({"gpu_archs": ["gfx90a"], "aiter": None})
+    manifest = parse_manifest({"schema": 1, "gpu_archs": ["gfx90a"], "aiter": None})
     decision = decide(inputs([rocminfo("rocminfo_gfx90a.txt")], manifest=manifest,
                              env={"VLLM_ROCM_USE_AITER": "TRUE"}))
     assert decision.ok

