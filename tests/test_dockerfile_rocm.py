@@ -213,7 +213,8 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
 def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     _, cmds = stage_map(commands)["app-files"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/suites/", "ci/models/tiny-mla/config.json"):
+    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/suites/", "ci/models/tiny-mla/config.json",
+                   "ci/models/tiny-mla/tokenizer.json", "ci/models/tiny-mla/tokenizer_config.json"):
         assert needed in sources
     # the runtime package comes installed (runtime-installed), never as source files
     assert not any(p.startswith(("ci/docker", "ci/tests", "ci/pins", "ci/amd-runner", "ci/runtime")) or p == "ci/"
