@@ -1,6 +1,5 @@
-"""ci/docker/check_aiter.py and write_manifest.py on fake wheels (no GPU, no ROCm)."""
+"""ci/docker/check_aiter.py on fake wheels (no GPU, no ROCm)."""
 import importlib.util
-import json
 import zipfile
 from pathlib import Path
 
@@ -16,7 +15,6 @@ def load(name):
 
 
 check = load("check_aiter")
-manifest = load("write_manifest")
 MODULES = ["module_mla_asm", "module_mla_metadata", "module_mla_reduce"]
 
 
@@ -63,29 +61,3 @@ def test_libs_check_finds_unresolved_library(tmp_path):
     bad.write_bytes(b"not an elf file")
     problems = check.check_libs(site, [])
     assert len(problems) == 1 and "module_bad.so" in problems[0]
-
-
-def test_manifest_keys(tmp_path):
-    env = {"GPU_ARCHS": "gfx942;gfx950", "AITER_TAG": "v0.1.20.post1", "ROCM_VERSION": "7.2.3",
-           "ROCM_IMAGE": "rocm/dev-ubuntu-22.04:7.2.3-complete@sha256:UNRESOLVED", "PYTHON_VERSION": "3.12",
-           "TORCH_PACKAGE": "torch", "TORCH_VERSION": "2.13.0+rocm7.2", "TORCH_SHA256": "UNRESOLVED",
-           "VLLM_VERSION": "0.32.0", "VLLM_COMMIT": "UNRESOLVED", "SOURCE_DATE_EPOCH": "1787222487"}
-    pins = {"repository": "r", "tag": "v0.1.20.post1", "commit": "a" * 40, "ck_commit": "b" * 40, "pinned": True}
-    m = manifest.build_manifest(env, pins, ["module_mla_asm", "module_aiter_core"])
-    assert m["gpu_archs"] == ["gfx942", "gfx950"]
-    assert m["aiter"]["commit"] == "a" * 40 and m["aiter"]["ck_commit"] == "b" * 40
-    assert m["aiter"]["version"] == "0.1.20.post1"
-    assert m["prebuilt_modules"] == ["module_aiter_core", "module_mla_asm"]
-    assert m["pytorch"]["wheels"]["torch"]["sha256"] is None
-    assert m["vllm"]["commit"] is None and m["vllm"]["version"] == "0.32.0"
-    assert {"ROCM_IMAGE", "TORCH_SHA256", "VLLM_COMMIT"} <= set(m["unresolved"])
-    json.dumps(m)
-
-
-def test_manifest_names_the_triton_torch_requires_when_unresolved(monkeypatch):
-    monkeypatch.setattr(manifest.importlib.metadata, "requires",
-                        lambda name: ["filelock", 'triton-rocm==3.8.0; platform_system == "Linux"'])
-    monkeypatch.setattr(manifest, "installed", lambda package: {"triton-rocm": "3.8.0"}.get(package))
-    m = manifest.build_manifest({"TRITON_PACKAGE": "UNRESOLVED", "GPU_ARCHS": "gfx942"}, {}, [])
-    assert m["pytorch"]["wheels"]["triton"]["package"] == "triton-rocm"
-    assert m["pytorch"]["wheels"]["triton"]["installed"] == "3.8.0"

@@ -113,12 +113,17 @@ def test_no_secret_in_arg_or_env(name):
 
 
 def _script_text(stage_cmds):
-    """Text of the stage's instructions and of the ci/docker scripts it copies in."""
+    """Text of the stage's instructions and of the files of the repository it copies in or
+    bind-mounts (scripts, the manifest model)."""
     text = []
     for c in stage_cmds:
         text.append(" ".join(c.value) + " " + " ".join(c.flags))
         if c.cmd.upper() == "COPY" and not any(f.startswith("--from") for f in c.flags):
             text += [(ROOT / s).read_text() for s in c.value[:-1] if (ROOT / s).is_file()]
+        for f in c.flags:
+            m = re.match(r"--mount=(?!.*\bfrom=)(?=.*\btype=bind\b).*\bsource=([^,]+)", f)
+            if m and (ROOT / m.group(1)).is_file():
+                text.append((ROOT / m.group(1)).read_text())
     return "\n".join(text)
 
 
