@@ -2,7 +2,6 @@
 
 Static: BuildKit's own parser (the `dockerfile` package), no engine needed. The build itself
 runs in tests/test_engine_integration.py."""
-import json
 import re
 from pathlib import Path
 
@@ -373,31 +372,3 @@ def test_vllm_build_fetches_nothing_itself(commands):
     expected = model.build_args(model.load())
     for key in ("TRITON_KERNELS_REPO", "TRITON_KERNELS_COMMIT", "TRITON_KERNELS_PATH"):
         assert key in declared and defaults[key] == expected[key], key
-
-
-def test_vllm_manifest_step(tmp_path, monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vllm_manifest", ROOT / "ci/docker/vllm_manifest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    versions = {"vllm": "0.32.0+rocm723"}
-    monkeypatch.setattr(mod, "installed", lambda *names: next(
-        ((n, versions[n]) for n in names if n in versions), (None, None)))
-    env = {"VLLM_VERSION": "0.32.0", "VLLM_IMAGE": "img:1", "GPU_ARCHS": "gfx942;gfx950"}
-    new = mod.update(None, env)
-    assert new["gpu_archs"] == ["gfx942", "gfx950"] and new["aiter"] is None and new["declared"]
-    assert new["vllm"]["version"] == "0.32.0" and new["vllm"]["image"] == "img:1"
-    from rocm_vllm_runtime.manifest import parse_manifest  # noqa: PLC0415
-
-    assert parse_manifest(new).gpu_archs == ("gfx942", "gfx950")
-    base = {"gpu_archs": ["gfx942"], "vllm": {"version": "0.32.0", "commit": "c" * 40}}
-    merged = mod.update(json.loads(json.dumps(base)), env)
-    assert merged["vllm"]["commit"] == "c" * 40 and merged["vllm"]["installed"] == "0.32.0+rocm723"
-    versions["vllm"] = "0.33.0"
-    with pytest.raises(SystemExit, match="VLLM_IMAGE"):
-        mod.update(None, env)
-    versions.clear()
-    with pytest.raises(SystemExit, match="no vLLM installed"):
-        mod.update(None, env)
-
