@@ -7,14 +7,16 @@ repository's CI on CPU and inside the image (`selftest selector`).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from importlib.metadata import entry_points, version
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+
+from rocm_vllm_runtime.manifest import AITER_DISTRIBUTIONS, Manifest, manifest_path, read_manifest, release
+from rocm_vllm_runtime.versions import installed
 
 from .rocm_fake import rocm_platform, select_mla_backend
 
@@ -146,37 +148,31 @@ def test_installed_vllm_is_supported_by_backend():
     check_vllm_version(_installed_vllm_version())
 
 
-def _manifest() -> dict:
-    path = Path(os.environ.get("ROCM_VLLM_MANIFEST", "/opt/rocm-vllm/manifest.json"))
+def _manifest() -> Manifest:
+    path = Path(manifest_path(os.environ))
     if not path.is_file():
         pytest.skip(f"no image manifest at {path} (not running inside the image)")
-    return json.loads(path.read_text())
+    return read_manifest(path)
 
 
 @pytest.mark.image
 def test_installed_vllm_matches_image_manifest():
     from vllm_aiter_mla.plugin import _installed_vllm_version
 
-    expected = _manifest().get("vllm", {}).get("version")
+    expected = _manifest().vllm.version
     if not expected:
         pytest.skip("the image manifest records no vLLM version")
-    assert _installed_vllm_version().split("+")[0] == expected.split("+")[0]
+    assert release(_installed_vllm_version()) == release(expected)
 
 
 @pytest.mark.image
 def test_installed_aiter_matches_image_manifest():
-    expected = (_manifest().get("aiter") or {}).get("version")
+    aiter = _manifest().aiter
+    expected = aiter.version if aiter else None
     if not expected:
         pytest.skip("the image manifest records no AITER version")
-    assert version("amd-aiter" if _has_dist("amd-aiter") else "aiter") == expected
-
-
-def _has_dist(name: str) -> bool:
-    try:
-        version(name)
-    except Exception:
-        return False
-    return True
+    found = installed(*AITER_DISTRIBUTIONS)
+    assert found is not None and found.version == expected, f"installed {found}, manifest {expected}"
 
 
 @pytest.mark.gpu
