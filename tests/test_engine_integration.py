@@ -91,7 +91,7 @@ def engine_answers() -> bool:
 
 
 @pytest.fixture(scope="module")
-def h(engine_report, tmp_path_factory):
+def h(request, engine_report, tmp_path_factory):
     if not shutil.which("docker") or not engine_answers():
         pytest.skip("no Docker engine answers (start one: bash ci/docker-engine.sh start; "
                     "eval \"$(bash ci/docker-engine.sh env)\")")
@@ -100,6 +100,9 @@ def h(engine_report, tmp_path_factory):
             pytest.fail(f"docker {plugin} plugin not found: "
                         "eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG")
     log = Path(os.environ.get("ENGINE_TEST_LOG") or tmp_path_factory.mktemp("engine") / "engine-integration.log")
+    # another module that takes these fixtures (ENGINE_LOG_SUFFIX) logs beside this one, not over it
+    if suffix := getattr(request.module, "ENGINE_LOG_SUFFIX", ""):
+        log = log.with_name(f"{log.stem}-{suffix}{log.suffix}")
     return Harness(engine_report, log)
 
 
