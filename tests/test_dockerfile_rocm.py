@@ -193,7 +193,7 @@ def test_runtime_wheel_stage_reads_runtime_sources_only(commands):
 def test_targets_carry_no_sources_or_build_stages(commands, target):
     chain, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
     for stage in ("vllm-clone", "vllm-src", "vllm-wheel", "backend-wheel", "backend-installed", "runtime-wheel",
-                  "runtime-installed", "app-files"):
+                  "runtime-installed", "ray-installed", "app-files"):
         assert stage not in chain, f"{target} is built on {stage}"
     for stage, c in instructions:
         src = flag(c, "--from=")
@@ -221,6 +221,66 @@ def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
+def ray_layer_problems(commands, target) -> list[str]:
+    """Why the target's Ray layer is wrong (empty: right): Ray comes from ray-installed as one
+    --link layer of serve-base (so both targets carry it), after the vLLM install and below the
+    runtime, backend and app layers (Ray changes less often than they do); the stage installs the
+    pinned Ray hash-checked under the image's own distributions."""
+    stages = stage_map(commands)
+    _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
+    layers = [(s, c) for s, c in instructions if c.cmd.upper() in LAYER_CMDS]
+    ray = [i for i, (_, c) in enumerate(layers) if flag(c, "--from=") == ["--from=ray-installed"]]
+    if len(ray) != 1:
+        return [f"{target}: {len(ray)} Ray layers (COPY --from=ray-installed), not one"]
+    stage, c = layers[ray[0]]
+    problems = [] if stage == "serve-base" and flag(c, "--link") else [
+        f"{target}: the Ray layer is in {stage}, not a COPY --link of serve-base"]
+    if any(installs_vllm(x) for _, x in layers[ray[0]:]):
+        problems.append(f"{target}: the Ray layer comes before the vLLM install")
+    if any(adds_backend_or_ci(x) for _, x in layers[:ray[0]]):
+        problems.append(f"{target}: the Ray layer comes after runtime/backend/app layers: a backend/ change "
+                        "would rebuild it")
+    declared = {v.split("=")[0] for x in stages["ray-installed"][1] if x.cmd.upper() == "ARG" for v in x.value}
+    for arg in ("RAY_VERSION", "RAY_HASHES", "RAY_MSGPACK_VERSION", "RAY_MSGPACK_HASHES", "SOURCE_DATE_EPOCH"):
+        if arg not in declared:
+            problems.append(f"ray-installed: ARG {arg} not declared")
+    runs = [text_of(x) for x in stages["ray-installed"][1] if x.cmd.upper() == "RUN"]
+    if not runs or "install_ray.sh /staging" not in runs[-1]:
+        problems.append("ray-installed: its RUN does not call install_ray.sh /staging")
+    return problems
+
+
+@pytest.mark.parametrize("target", ["serve", "ci"])
+def test_ray_is_one_staged_layer_below_the_daily_layers(commands, target):
+    assert ray_layer_problems(commands, target) == []
+
+
+def test_ray_layer_check_can_fail():
+    text = (ROOT / NAME).read_text()
+    ray_copy = "COPY --link --from=ray-installed /staging/ /\n"
+    assert text.count(ray_copy) == 1
+    moved = text.replace(ray_copy, "", 1).replace(
+        "COPY --link --from=app-files /opt/app/ /opt/rocm-vllm/\n",
+        "COPY --link --from=app-files /opt/app/ /opt/rocm-vllm/\n" + ray_copy, 1)
+    assert any("not a COPY --link of serve-base" in p for p in ray_layer_problems(parse_text(moved), "serve"))
+    assert any("after runtime/backend/app" in p for p in ray_layer_problems(parse_text(moved), "serve"))
+    missing = text.replace(ray_copy, "", 1)
+    assert ray_layer_problems(parse_text(missing), "ci") == ["ci: 0 Ray layers (COPY --from=ray-installed), not one"]
+
+
+def test_ray_install_script_pins_hashes_and_holds_the_image():
+    """install_ray.sh: pip with --require-hashes, --no-compile, --root, under a constraints file of
+    every installed distribution; the staging root must hold exactly what it installed on purpose;
+    the UNRESOLVED sentinel and empty pins stop it, naming the resolve command."""
+    script = (ROOT / "ci/docker/install_ray.sh").read_text()
+    pip = script[script.index("python3 -m pip install"):].split("||")[0]
+    for option in ("--require-hashes", "--no-compile", '--root "$root"', '--constraint "$work/constraints.txt"'):
+        assert option in pip, option
+    assert "--no-deps" not in pip and "--ignore-installed" not in pip and "--upgrade" not in pip
+    assert "md.distributions()" in script and "only" in script
+    assert "python3 -m ci.pins resolve ray --write" in script
+
+
 def copied_stages(instructions) -> list[str]:
     return [flag(c, "--from=")[0].split("=", 1)[1] for _, c in instructions
             if c.cmd.upper() == "COPY" and flag(c, "--from=")]
@@ -240,7 +300,7 @@ def test_pytest_only_in_ci(commands):
 
 # Stages whose /staging (or /opt/app) root the targets take as --link layers.
 STAGED_ROOTS = {"serve-files": "/staging", "ci-tools": "/staging", "backend-installed": "/staging",
-                "runtime-installed": "/staging", "app-files": "/opt/app"}
+                "runtime-installed": "/staging", "ray-installed": "/staging", "app-files": "/opt/app"}
 NORMALISE = re.compile(r'find (\S+) -exec touch -h -d "@\$\{SOURCE_DATE_EPOCH\}" \{\} \+')
 
 

@@ -107,6 +107,18 @@ def _mutations():
         "ck without commit": (lambda d: (d["aiter"]["pins"]["v0.1.24.post1"].update(ck_commit=KNOWN_CK),
                                          d["aiter"]["pins"]["v0.1.24.post1"]["unresolved"].remove("ck_commit")),
                               "comes from the AITER commit"),
+        "ray lacks the image python": (setp(["ray", "pythons"], ["3.11"]), "lacks python.version '3.12'"),
+        "ray hash per python drifts": (lambda d: d["ray"]["pythons"].append("3.15"),
+                                       "run python3 -m ci.pins resolve ray"),
+        "ray bad sha256": (lambda d: d["ray"]["wheels"]["ray"].update(sha256={p: "abc" for p in d["ray"]["pythons"]}),
+                           "ray.wheels.ray.sha256.3.12 = 'abc'"),
+        "ray version range": (setp(["ray", "wheels", "ray", "version"], ">=2.60"), "must be an exact version"),
+        "ray unknown wheel": (setp(["ray", "wheels", "aiohttp"], {"package": "aiohttp", "version": "3.14.1",
+                                                                  "sha256": None, "unresolved": ["sha256"]}),
+                              "ray.wheels.aiohttp: unknown wheel"),
+        "ray unlisted null": (lambda d: d["ray"]["wheels"]["msgpack"].update(sha256=None), "is null but not listed"),
+        "platform glibc": (setp(["platform", "glibc"], "2.35.1"), "platform.glibc"),
+        "missing ray": (lambda d: d.pop("ray"), "ray: missing"),
     }
 
 
@@ -263,17 +275,124 @@ def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
     assert run_tool("--file", str(tree / "versions.json"), "verify").returncode == 0
 
 
+GLIBC_2_35 = {"glibc": "2.35", "machine": "x86_64"}
+
+
 def test_wheel_picking_and_required_version():
     links = [("torch-2.13.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", "u1#sha256=" + "a" * 64, {}),
              ("torch-2.13.0+rocm7.2-cp311-cp311-manylinux_2_28_x86_64.whl", "u2", {}),
              ("pytorch_triton_rocm-3.8.0-cp312-cp312-linux_x86_64.whl", "u3", {})]
-    assert resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12")[1].startswith("u1")
-    assert resolve.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12")[1] == "u3"
+    assert resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1].startswith("u1")
+    assert resolve.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "u3"
     with pytest.raises(model.PinError, match="cp313"):
-        resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.13")
+        resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.13", GLIBC_2_35)
     assert resolve.wheel_sha256("https://x/y.whl#sha256=" + "b" * 64) == "b" * 64
     meta = "Name: torch\nRequires-Dist: pytorch-triton-rocm==3.8.0+git669b31a; platform_system == \"Linux\"\n"
     assert resolve.required_version(meta, "pytorch-triton-rocm") == "3.8.0+git669b31a"
+    assert resolve.triton_requirement(meta) == ("pytorch-triton-rocm", "3.8.0+git669b31a")
+    assert resolve.triton_requirement("Requires-Dist: triton-rocm (==3.9.0)\n") == ("triton-rocm", "3.9.0")
+    assert resolve.required_version("Requires-Dist: Pytorch.Triton_ROCm >=3.8\n", "pytorch-triton-rocm") is None
+
+
+# Wheel files the filename split by hand (name-version-python-...-platform, platform ending in x86_64)
+# took wrongly: each listed before the right one, which must win.
+WRONG_BEFORE = {
+    "macOS x86_64": "msgpack-1.2.4-cp312-cp312-macosx_10_13_x86_64.whl",
+    "musl libc": "msgpack-1.2.4-cp312-cp312-musllinux_1_2_x86_64.whl",
+    "free-threaded ABI": "msgpack-1.2.4-cp312-cp312t-manylinux_2_28_x86_64.whl",
+    "newer glibc than the image": "msgpack-1.2.4-cp312-cp312-manylinux_2_39_x86_64.whl",
+}
+RIGHT = "msgpack-1.2.4-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl"
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_BEFORE))
+def test_wheel_picking_reads_every_tag(case):
+    links = [(WRONG_BEFORE[case], "wrong", {}), (RIGHT, "right", {})]
+    assert resolve.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "right"
+
+
+def test_wheel_picking_build_tags_names_and_versions():
+    """A build tag and a compressed tag set (the hand split read them as the Python tag and found
+    nothing); the highest build first; distribution names and versions compared normalised; the
+    most preferred platform tag."""
+    links = [("torch-2.13.0+rocm7.2-1-cp312-cp312-linux_x86_64.whl", "build1", {}),
+             ("torch-2.13.0+rocm7.2-2-cp312-cp312-linux_x86_64.whl", "build2", {})]
+    assert resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1] == "build2"
+    links = [("msgpack-1.2.4-cp311.cp312-cp311.cp312-manylinux_2_28_x86_64.whl", "compressed", {}),
+             ("msgpack-1.2.4-cp311.cp313-cp311.cp313-manylinux_2_28_x86_64.whl", "other", {})]
+    assert resolve.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "compressed"
+    links = [("Pytorch_Triton.ROCm-3.8-cp312-cp312-linux_x86_64.whl", "a", {}),
+             ("pytorch_triton_rocm-3.8.0-cp312-cp312-manylinux_2_28_x86_64.whl", "b", {}),
+             ("pytorch_triton_rocm-3.8.0-cp312-abi3-manylinux_2_28_x86_64.whl", "c", {}),
+             ("not a wheel name.whl", "d", {})]
+    assert resolve.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "b"
+    assert resolve.pick_wheel(links[:1], "pytorch_triton_rocm", "3.8.0.0", "3.12", GLIBC_2_35)[1] == "a"
+    with pytest.raises(model.PinError, match="glibc 2.17 x86_64"):
+        resolve.pick_wheel(links[1:], "pytorch-triton-rocm", "3.8.0", "3.12", {"glibc": "2.17", "machine": "x86_64"})
+
+
+def _pypi(files: dict[str, str], version="2.60.0") -> bytes:
+    return json.dumps({"releases": {version: [
+        {"filename": name, "url": f"https://files.example/{name}", "digests": {"sha256": sha}, "yanked": False}
+        for name, sha in files.items()]}}).encode()
+
+
+def test_resolve_ray_takes_each_pythons_wheel_from_pypi_json(data, monkeypatch):
+    ray_files = {f"ray-2.60.0-cp3{m}-cp3{m}-{plat}.whl": hashlib.sha256(f"{m}{plat}".encode()).hexdigest()
+                 for m in (11, 12, 13, 14) for plat in ("macosx_12_0_arm64", "manylinux2014_x86_64", "win_amd64",
+                                                       "manylinux2014_aarch64")}
+    msgpack_files = {f"msgpack-1.2.4-cp3{m}-cp3{m}-{plat}.whl": hashlib.sha256(f"m{m}{plat}".encode()).hexdigest()
+                     for m in (11, 12, 13, 14) for plat in ("macosx_10_13_x86_64", "musllinux_1_2_x86_64",
+                                                           "manylinux2014_x86_64.manylinux_2_17_x86_64")}
+    msgpack_files["msgpack-1.2.4-cp312-cp312-manylinux_2_99_x86_64.whl"] = "f" * 64
+    asked = []
+
+    def fake_http(url, *a, **k):
+        asked.append(url)
+        body = _pypi(ray_files) if "/ray/" in url else _pypi(msgpack_files, "1.2.4")
+        return resolve._Response({}, body)
+
+    monkeypatch.setattr(resolve, "_http", fake_http)
+    d = copy.deepcopy(data)
+    for wheel in d["ray"]["wheels"].values():
+        wheel.update(sha256=None, unresolved=["sha256"])
+    changes = resolve.resolve_ray(d)
+    assert asked == ["https://pypi.org/pypi/ray/json", "https://pypi.org/pypi/msgpack/json"]
+    assert len(changes) == 2 and d["ray"]["wheels"]["ray"]["unresolved"] == []
+    assert d["ray"]["wheels"]["ray"]["sha256"] == {
+        f"3.{m}": ray_files[f"ray-2.60.0-cp3{m}-cp3{m}-manylinux2014_x86_64.whl"] for m in (11, 12, 13, 14)}
+    assert d["ray"]["wheels"]["msgpack"]["sha256"]["3.12"] == msgpack_files[
+        "msgpack-1.2.4-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"]
+    assert not verify.check_schema(d)
+    # a pin that moved upstream is never replaced without --force
+    ray_files["ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"] = "0" * 64
+    with pytest.raises(model.PinError, match="ray.wheels.ray.sha256 is .* --force"):
+        resolve.resolve_ray(d)
+    resolve.resolve_ray(d, force=True)
+    assert d["ray"]["wheels"]["ray"]["sha256"]["3.12"] == "0" * 64
+    d["ray"]["wheels"]["ray"]["version"] = "2.61.0"
+    with pytest.raises(model.PinError, match="ray has no release 2.61.0"):
+        resolve.resolve_ray(d, force=True)
+
+
+def test_ray_hashes_as_build_args(data):
+    args = model.build_args(data)
+    sha = data["ray"]["wheels"]["ray"]["sha256"]
+    assert args["RAY_VERSION"] == data["ray"]["wheels"]["ray"]["version"]
+    assert args["RAY_HASHES"].split() == [f"sha256:{sha[p]}" for p in sorted(sha)]
+    assert model.pip_hashes({"3.12": "b" * 64, "3.11": "a" * 64}) == f"sha256:{'a' * 64} sha256:{'b' * 64}"
+    assert model.pip_hashes(None) == model.UNRESOLVED
+
+
+def test_write_puts_a_resolved_hash_map_on_the_line_of_its_null():
+    text = '{\n  "w": {"version": "1", "sha256": null, "unresolved": ["sha256"]},\n  "x": 1\n}\n'
+    new = json.loads(text)
+    new["w"].update(sha256={"3.12": "a" * 64}, unresolved=[])
+    out = model.patch_json(text, new)
+    assert json.loads(out) == new and out.count("\n") == text.count("\n")
+    nested = '{\n  "w": {\n    "a": 1\n  }\n}\n'
+    with pytest.raises(model.PinError, match="keys changed"):
+        model.patch_json(nested, {"w": {"b": 1}})
 
 
 # ---- writing, faults and bad input ------------------------------------------------------------

@@ -5,8 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import model, resolve, verify
+from . import model, verify
 from .model import PinError
+
+RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aiter-pin", help="the AITER pin being built (default: aiter.default)")
 
     p = sub.add_parser("resolve", help="resolve tags to commits, image digest, wheel hashes (needs network)")
-    p.add_argument("what", nargs="*", default=[], metavar="{aiter,vllm,base-image,wheels}",
+    p.add_argument("what", nargs="*", default=[], metavar="{" + ",".join(RESOLVE_ITEMS) + "}",
                    help="what to resolve (default: everything unresolved)")
     p.add_argument("--aiter-pin", help="AITER pin to resolve (default: aiter.default)")
     p.add_argument("--registry", help="registry base URL for the base image (default: from the image name)")
@@ -71,15 +73,21 @@ def run(ns, parser, root: Path) -> int:
             print(f"{ns.file.name}: OK, every pin resolved")
         return 0
     if ns.command == "resolve":
-        bad = [w for w in ns.what if w not in ("aiter", "vllm", "base-image", "wheels")]
+        bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
         if bad:
-            raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from aiter, vllm, base-image, wheels")
+            raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
+        try:
+            from . import resolve
+        except ImportError as exc:
+            raise PinError(f"resolve needs the Python package packaging 22 or newer ({exc}): "
+                           "pip install 'packaging>=22' (Debian: apt-get install python3-packaging)") from None
         name = ns.aiter_pin or data["aiter"]["default"]
         what = ns.what or [w for w, todo in (
             ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
             ("vllm", bool(data["vllm"].get("unresolved"))),
             ("base-image", bool(data["base_image"].get("unresolved"))),
             ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
+            ("ray", any(w.get("unresolved") for w in data["ray"]["wheels"].values())),
         ) if todo]
         changes: list[str] = []
         for item in what:
@@ -91,6 +99,8 @@ def run(ns, parser, root: Path) -> int:
                 changes += resolve.resolve_base_image(data, ns.registry, ns.force)
             elif item == "wheels":
                 changes += resolve.resolve_wheels(data, ns.force)
+            elif item == "ray":
+                changes += resolve.resolve_ray(data, ns.force)
         for line in changes:
             print(line)
         if not changes:

@@ -23,6 +23,10 @@ DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # GPU architectures AITER ships kernels for and this project builds for (CDNA3 and newer).
 ALLOWED_GPU_ARCHS = ("gfx942", "gfx950")
 WHEEL_KEYS = ("torch", "triton", "torchvision", "torchaudio")
+# Machines the images are built for (platform.machine).
+MACHINES = ("x86_64",)
+# Ray (multi-node serving) and the requirements of Ray that vLLM does not bring, by build-arg prefix.
+RAY_WHEELS = {"ray": "RAY", "msgpack": "RAY_MSGPACK"}
 
 
 class PinError(Exception):
@@ -126,9 +130,10 @@ def patch_json(text: str, new: dict) -> str:
             for key in a:
                 diff(a[key], b[key], path + (key,))
             return
-        if isinstance(b, dict) and b:
+        start, end = spans[path]
+        if isinstance(b, dict) and b and "\n" in text[start:end]:
             raise PinError(f"{'.'.join(map(str, path))}: keys changed; edit the versions file by hand")
-        edits.append((*spans[path], json.dumps(b)))
+        edits.append((start, end, json.dumps(b)))  # a value on one line stays on one line
 
     diff(old, new, ())
     for start, end, rendered in sorted(edits, reverse=True):
@@ -244,7 +249,19 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
         args[f"{upper}_PACKAGE"] = render(wheel["package"])
         args[f"{upper}_VERSION"] = render(wheel["version"])
         args[f"{upper}_SHA256"] = render(wheel["sha256"])
+    for key, prefix in RAY_WHEELS.items():
+        wheel = data["ray"]["wheels"][key]
+        args[f"{prefix}_VERSION"] = wheel["version"]
+        args[f"{prefix}_HASHES"] = pip_hashes(wheel["sha256"])
     return args
+
+
+def pip_hashes(sha256: dict | None) -> str:
+    """A {python version: sha256} pin as pip --hash values ("sha256:<hex> ..."), in the sorted
+    order of the keys (the order bake's for expression iterates the same map in)."""
+    if sha256 is None:
+        return UNRESOLVED
+    return " ".join(f"sha256:{sha256[python]}" for python in sorted(sha256))
 
 
 def unresolved_pins(data: dict, aiter_name: str | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """`verify`: the versions file is well formed and every global Dockerfile ARG default agrees with it."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from . import model
@@ -55,13 +56,12 @@ def check_schema(data: dict) -> list[str]:
     errors: list[str] = []
     if not _require(data, "versions", {
         "schema": int, "source_date_epoch": int, "gpu_archs": list, "python": dict, "rocm": dict,
-        "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict,
+        "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict, "platform": dict, "ray": dict,
     }, errors):
         return errors
-    sections = ("schema", "gpu_archs", "python", "rocm", "base_image", "pytorch", "aiter", "vllm")
+    sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm", "ray")
     if any(data[k] is None for k in sections):
-        return errors + ["versions: schema, gpu_archs, python, rocm, base_image, pytorch, aiter and vllm "
-                         "must not be null"]
+        return errors + [f"versions: {', '.join(sections)} must not be null"]
     if data["schema"] != 1:
         errors.append(f"schema = {data['schema']!r}: this tool reads schema 1")
     if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
@@ -78,9 +78,14 @@ def check_schema(data: dict) -> list[str]:
         errors.append("gpu_archs: duplicate entries")
 
     if _require(data["python"], "python", {"version": str}, errors):
-        if not __import__("re").match(r"^3\.\d+$", data["python"]["version"] or ""):
+        if not re.match(r"^3\.\d+$", data["python"]["version"] or ""):
             errors.append(f"python.version = {data['python']['version']!r}: must be like 3.12")
     _require(data["rocm"], "rocm", {"version": str}, errors)
+    if _require(data["platform"], "platform", {"glibc": str, "machine": str}, errors):
+        if not re.match(r"^2\.\d+$", data["platform"]["glibc"] or ""):
+            errors.append(f"platform.glibc = {data['platform']['glibc']!r}: must be like 2.35")
+        if data["platform"]["machine"] not in model.MACHINES:
+            errors.append(f"platform.machine = {data['platform']['machine']!r}: one of {', '.join(model.MACHINES)}")
 
     base = data["base_image"]
     if _require(base, "base_image", {"name": str, "tag": str, "digest": str}, errors):
@@ -147,7 +152,49 @@ def check_schema(data: dict) -> list[str]:
         prefix = vllm.get("commit_prefix")
         if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
             errors.append(f"vllm.commit {vllm['commit']} does not start with vllm.commit_prefix {prefix}: wrong commit")
+    _check_ray(data, errors)
     return errors
+
+
+def _check_ray(data: dict, errors: list[str]) -> None:
+    ray = data["ray"]
+    if not _require(ray, "ray", {"index_url": str, "pythons": list, "wheels": dict}, errors):
+        return
+    if not str(ray["index_url"]).startswith("https://"):
+        errors.append("ray.index_url: must be an https:// URL (PyPI's JSON API)")
+    pythons = ray["pythons"] or []
+    for python in pythons:
+        if not isinstance(python, str) or not re.match(r"^3\.\d+$", python):
+            errors.append(f"ray.pythons: {python!r} must be like 3.12")
+    if isinstance(data["python"], dict) and data["python"].get("version") not in pythons:
+        errors.append(f"ray.pythons: lacks python.version {data['python'].get('version')!r}, the Python the "
+                      "images are built with: add it")
+    for key in ray["wheels"]:
+        if key not in model.RAY_WHEELS:
+            errors.append(f"ray.wheels.{key}: unknown wheel (known: {', '.join(model.RAY_WHEELS)})")
+    for key in model.RAY_WHEELS:
+        path = f"ray.wheels.{key}"
+        wheel = ray["wheels"].get(key)
+        if wheel is None:
+            errors.append(f"{path}: missing")
+            continue
+        if not _require(wheel, path, {"package": str, "version": str, "sha256": dict}, errors):
+            continue
+        _check_unresolved_list(wheel, path, errors)
+        for field in ("package", "version"):
+            if wheel[field] is None:
+                errors.append(f"{path}.{field}: must be set (only sha256 is resolved)")
+        if wheel["version"] and not re.match(r"^[0-9][0-9A-Za-z.+!-]*$", wheel["version"]):
+            errors.append(f"{path}.version = {wheel['version']!r}: must be an exact version (pip's ==)")
+        sha = wheel["sha256"]
+        if sha is None:
+            continue
+        if sorted(sha) != sorted(pythons):
+            errors.append(f"{path}.sha256: has Pythons {', '.join(sorted(sha))} but ray.pythons lists "
+                          f"{', '.join(sorted(pythons))}: run python3 -m ci.pins resolve ray --write --force")
+        for python, value in sha.items():
+            if not isinstance(value, str) or not SHA256_RE.match(value):
+                errors.append(f"{path}.sha256.{python} = {value!r}: must be 64 lowercase hex digits")
 
 
 def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:

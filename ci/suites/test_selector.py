@@ -175,6 +175,19 @@ def test_installed_aiter_matches_image_manifest():
     assert found is not None and found.version == expected, f"installed {found}, manifest {expected}"
 
 
+@pytest.mark.image
+def test_installed_ray_matches_image_manifest():
+    """Ray (serving across hosts: compose.ray.yaml, deploy/) imports, at the version the image's
+    manifest records from versions.json (ray.wheels.ray.version)."""
+    recorded = _manifest().ray
+    expected = recorded.version if recorded else None
+    assert expected, "the image manifest records no Ray version (ray.version): rebuild the image from Dockerfile.rocm"
+    import ray
+
+    assert ray.__version__ == expected, (f"ray {ray.__version__} is installed but the image manifest records "
+                                        f"{expected}: rebuild the image (versions.json ray)")
+
+
 @pytest.mark.gpu
 def test_vllm_platform_is_rocm_on_an_amd_host():
     """Inside the image on an AMD host vLLM must detect ROCm (it does so through `import amdsmi`);

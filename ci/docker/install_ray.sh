@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Install Ray (versions.json "ray") under a staging root, hash-checked, moving nothing the image has.
+#
+#   install_ray.sh ROOT
+#
+# Environment (build args from versions.json ray.wheels): RAY_VERSION, RAY_HASHES,
+# RAY_MSGPACK_VERSION, RAY_MSGPACK_HASHES; a *_HASHES value is "sha256:<hex> ...", one per Python
+# of ray.pythons: pip takes the wheel of this image's Python and checks it against them.
+#
+# Every distribution installed in this Python is held at its version (a constraints file), so the
+# requirements of Ray that vLLM already brings (click, filelock, jsonschema, packaging, protobuf,
+# pyyaml, requests) are used as they are; pip fails when Ray needs another version of one of them.
+# The pinned requirements vLLM does not bring (msgpack) are installed only when absent. Afterwards
+# ROOT must hold exactly the distributions installed on purpose, and Ray must import from it.
+# Errors: one line, exit status 1.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+
+fail() { echo "install-ray: ERROR: $*" >&2; exit 1; }
+[ $# -eq 1 ] || fail "usage: install_ray.sh ROOT"
+root=$1
+for name in RAY_VERSION RAY_HASHES RAY_MSGPACK_VERSION RAY_MSGPACK_HASHES; do
+  value=${!name:-}
+  [ -n "$value" ] || fail "$name is empty: pass it as a build arg (docker-bake.hcl sets it from versions.json ray)"
+  [ "$value" != UNRESOLVED ] || fail "$name is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve ray --write' on a connected machine"
+done
+use_ca_bundle
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# NAME==VERSION of every installed distribution (the first of a name on sys.path: the one imported).
+python3 -B - "$work/constraints.txt" <<'PY'
+import importlib.metadata as md
+import re
+import sys
+
+held = {}
+for dist in md.distributions():
+    name = dist.metadata["Name"]
+    if name and dist.version:
+        held.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+with open(sys.argv[1], "w") as out:
+    out.write("# Every distribution of the image: installing Ray moves none of them.\n")
+    out.writelines(f"{name}=={version}\n" for name, version in sorted(held.items()))
+PY
+
+hashes() { local h; for h in $1; do printf ' --hash=%s' "$h"; done; }
+wanted=(ray)
+echo "ray==${RAY_VERSION}$(hashes "$RAY_HASHES")" >"$work/requirements.txt"
+if ! python3 -B -c 'import importlib.metadata as m; m.version("msgpack")' 2>/dev/null; then
+  echo "msgpack==${RAY_MSGPACK_VERSION}$(hashes "$RAY_MSGPACK_HASHES")" >>"$work/requirements.txt"
+  wanted+=(msgpack)
+fi
+echo "install-ray: installing ${wanted[*]} ($(wc -l <"$work/constraints.txt") distributions held)"
+python3 -m pip install --require-hashes --no-compile --no-warn-script-location --disable-pip-version-check \
+  --root "$root" --constraint "$work/constraints.txt" --requirement "$work/requirements.txt" \
+  || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change ray.wheels in versions.json or the vLLM image"
+
+# What ROOT holds must be exactly the distributions wanted; then Ray imports from it at the pin.
+python3 -B - "$root" "$RAY_VERSION" "${wanted[@]}" <<'PY'
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+root, version, wanted = Path(sys.argv[1]), sys.argv[2], set(sys.argv[3:])
+norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()  # noqa: E731
+paths = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+# Installed distributions: dist-info folders in site-packages (Ray's wheel carries more inside ray/).
+found = {norm(p.name[: -len(".dist-info")].rsplit("-", 1)[0]) for site in paths
+         for p in Path(f"{root}{site}").glob("*.dist-info")}
+if found != wanted:
+    sys.exit(f"install-ray: ERROR: the Ray layer holds {', '.join(sorted(found))} but only "
+             f"{', '.join(sorted(wanted))} may be installed: a requirement of Ray replaced one of the image's "
+             "distributions; change ray.wheels in versions.json")
+env = {**os.environ, "PYTHONPATH": ":".join(f"{root}{site}" for site in paths)}
+got = subprocess.run([sys.executable, "-B", "-c", "import ray; print(ray.__version__)"], env=env,
+                     capture_output=True, text=True)
+if got.returncode != 0 or got.stdout.strip() != version:
+    sys.exit(f"install-ray: ERROR: ray from the Ray layer gives {got.stdout.strip() or 'no version'} "
+             f"(want {version}): {got.stderr.strip().splitlines()[-1:] or ''}")
+print(f"install-ray: OK ray {version} imports ({', '.join(sorted(wanted))} installed under {root})")
+PY
