@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model, resolve, verify
+from ci.pins import model, resolve, verify, wheels
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_AITER = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
@@ -282,16 +282,16 @@ def test_wheel_picking_and_required_version():
     links = [("torch-2.13.0+rocm7.2-cp312-cp312-manylinux_2_28_x86_64.whl", "u1#sha256=" + "a" * 64, {}),
              ("torch-2.13.0+rocm7.2-cp311-cp311-manylinux_2_28_x86_64.whl", "u2", {}),
              ("pytorch_triton_rocm-3.8.0-cp312-cp312-linux_x86_64.whl", "u3", {})]
-    assert resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1].startswith("u1")
-    assert resolve.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "u3"
+    assert wheels.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1].startswith("u1")
+    assert wheels.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "u3"
     with pytest.raises(model.PinError, match="cp313"):
-        resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.13", GLIBC_2_35)
-    assert resolve.wheel_sha256("https://x/y.whl#sha256=" + "b" * 64) == "b" * 64
+        wheels.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.13", GLIBC_2_35)
+    assert wheels.wheel_sha256("https://x/y.whl#sha256=" + "b" * 64) == "b" * 64
     meta = "Name: torch\nRequires-Dist: pytorch-triton-rocm==3.8.0+git669b31a; platform_system == \"Linux\"\n"
-    assert resolve.required_version(meta, "pytorch-triton-rocm") == "3.8.0+git669b31a"
-    assert resolve.triton_requirement(meta) == ("pytorch-triton-rocm", "3.8.0+git669b31a")
-    assert resolve.triton_requirement("Requires-Dist: triton-rocm (==3.9.0)\n") == ("triton-rocm", "3.9.0")
-    assert resolve.required_version("Requires-Dist: Pytorch.Triton_ROCm >=3.8\n", "pytorch-triton-rocm") is None
+    assert wheels.required_version(meta, "pytorch-triton-rocm") == "3.8.0+git669b31a"
+    assert wheels.triton_requirement(meta) == ("pytorch-triton-rocm", "3.8.0+git669b31a")
+    assert wheels.triton_requirement("Requires-Dist: triton-rocm (==3.9.0)\n") == ("triton-rocm", "3.9.0")
+    assert wheels.required_version("Requires-Dist: Pytorch.Triton_ROCm >=3.8\n", "pytorch-triton-rocm") is None
 
 
 # Wheel files the filename split by hand (name-version-python-...-platform, platform ending in x86_64)
@@ -308,7 +308,7 @@ RIGHT = "msgpack-1.2.4-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.ma
 @pytest.mark.parametrize("case", sorted(WRONG_BEFORE))
 def test_wheel_picking_reads_every_tag(case):
     links = [(WRONG_BEFORE[case], "wrong", {}), (RIGHT, "right", {})]
-    assert resolve.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "right"
+    assert wheels.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "right"
 
 
 def test_wheel_picking_build_tags_names_and_versions():
@@ -317,18 +317,18 @@ def test_wheel_picking_build_tags_names_and_versions():
     most preferred platform tag."""
     links = [("torch-2.13.0+rocm7.2-1-cp312-cp312-linux_x86_64.whl", "build1", {}),
              ("torch-2.13.0+rocm7.2-2-cp312-cp312-linux_x86_64.whl", "build2", {})]
-    assert resolve.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1] == "build2"
+    assert wheels.pick_wheel(links, "torch", "2.13.0+rocm7.2", "3.12", GLIBC_2_35)[1] == "build2"
     links = [("msgpack-1.2.4-cp311.cp312-cp311.cp312-manylinux_2_28_x86_64.whl", "compressed", {}),
              ("msgpack-1.2.4-cp311.cp313-cp311.cp313-manylinux_2_28_x86_64.whl", "other", {})]
-    assert resolve.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "compressed"
+    assert wheels.pick_wheel(links, "msgpack", "1.2.4", "3.12", GLIBC_2_35)[1] == "compressed"
     links = [("Pytorch_Triton.ROCm-3.8-cp312-cp312-linux_x86_64.whl", "a", {}),
              ("pytorch_triton_rocm-3.8.0-cp312-cp312-manylinux_2_28_x86_64.whl", "b", {}),
              ("pytorch_triton_rocm-3.8.0-cp312-abi3-manylinux_2_28_x86_64.whl", "c", {}),
              ("not a wheel name.whl", "d", {})]
-    assert resolve.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "b"
-    assert resolve.pick_wheel(links[:1], "pytorch_triton_rocm", "3.8.0.0", "3.12", GLIBC_2_35)[1] == "a"
+    assert wheels.pick_wheel(links, "pytorch-triton-rocm", "3.8.0", "3.12", GLIBC_2_35)[1] == "b"
+    assert wheels.pick_wheel(links[:1], "pytorch_triton_rocm", "3.8.0.0", "3.12", GLIBC_2_35)[1] == "a"
     with pytest.raises(model.PinError, match="glibc 2.17 x86_64"):
-        resolve.pick_wheel(links[1:], "pytorch-triton-rocm", "3.8.0", "3.12", {"glibc": "2.17", "machine": "x86_64"})
+        wheels.pick_wheel(links[1:], "pytorch-triton-rocm", "3.8.0", "3.12", {"glibc": "2.17", "machine": "x86_64"})
 
 
 def _pypi(files: dict[str, str], version="2.60.0") -> bytes:
@@ -356,7 +356,7 @@ def test_resolve_ray_takes_each_pythons_wheel_from_pypi_json(data, monkeypatch):
     d = copy.deepcopy(data)
     for wheel in d["ray"]["wheels"].values():
         wheel.update(sha256=None, unresolved=["sha256"])
-    changes = resolve.resolve_ray(d)
+    changes = wheels.resolve_ray(d)
     assert asked == ["https://pypi.org/pypi/ray/json", "https://pypi.org/pypi/msgpack/json"]
     assert len(changes) == 2 and d["ray"]["wheels"]["ray"]["unresolved"] == []
     assert d["ray"]["wheels"]["ray"]["sha256"] == {
@@ -367,12 +367,12 @@ def test_resolve_ray_takes_each_pythons_wheel_from_pypi_json(data, monkeypatch):
     # a pin that moved upstream is never replaced without --force
     ray_files["ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"] = "0" * 64
     with pytest.raises(model.PinError, match="ray.wheels.ray.sha256 is .* --force"):
-        resolve.resolve_ray(d)
-    resolve.resolve_ray(d, force=True)
+        wheels.resolve_ray(d)
+    wheels.resolve_ray(d, force=True)
     assert d["ray"]["wheels"]["ray"]["sha256"]["3.12"] == "0" * 64
     d["ray"]["wheels"]["ray"]["version"] = "2.61.0"
     with pytest.raises(model.PinError, match="ray has no release 2.61.0"):
-        resolve.resolve_ray(d, force=True)
+        wheels.resolve_ray(d, force=True)
 
 
 def test_ray_hashes_as_build_args(data):
@@ -593,7 +593,7 @@ def test_resolve_wheels_reads_tritons_name_and_version_from_torchs_metadata(data
         d["pytorch"]["index_url"] = f"http://127.0.0.1:{server.server_address[1]}"
         d["pytorch"]["wheels"]["triton"] = {"package": None, "version": None, "sha256": None,
                                             "unresolved": ["package", "version", "sha256"]}
-        resolve.resolve_wheels(d)
+        wheels.resolve_wheels(d)
     finally:
         server.shutdown()
     triton = d["pytorch"]["wheels"]["triton"]
@@ -606,6 +606,26 @@ def test_resolve_wheels_reads_tritons_name_and_version_from_torchs_metadata(data
     try:
         d["pytorch"]["index_url"] = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(model.PinError, match="pytorch.wheels.triton.package"):
-            resolve.resolve_wheels(d)
+            wheels.resolve_wheels(d)
     finally:
         server.shutdown()
+
+
+def _tool_without_packaging(*args):
+    code = ("import sys; sys.modules['packaging'] = None; from ci.pins.__main__ import main; "
+            f"sys.exit(main({list(args)!r}))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_only_the_wheel_pins_need_packaging():
+    """verify, args and the git/registry pins run on the standard library alone; resolving wheel
+    pins without packaging stops with one line that says what to install."""
+    assert _tool_without_packaging("verify").returncode == 0
+    assert _tool_without_packaging("args").returncode == 0
+    proc = _tool_without_packaging("resolve", "ray")
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "resolve ray needs the Python package packaging 22 or newer" in proc.stderr
+    assert "apt-get install python3-packaging" in proc.stderr
+    proc = _tool_without_packaging("resolve", "nothing-such")
+    assert "unknown item(s) nothing-such" in proc.stderr and "ray" in proc.stderr
+    assert "packaging" not in (ROOT / "ci/pins/resolve.py").read_text()

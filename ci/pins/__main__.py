@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import model, verify
+from . import model, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
@@ -76,11 +76,6 @@ def run(ns, parser, root: Path) -> int:
         bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
         if bad:
             raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
-        try:
-            from . import resolve
-        except ImportError as exc:
-            raise PinError(f"resolve needs the Python package packaging 22 or newer ({exc}): "
-                           "pip install 'packaging>=22' (Debian: apt-get install python3-packaging)") from None
         name = ns.aiter_pin or data["aiter"]["default"]
         what = ns.what or [w for w, todo in (
             ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
@@ -89,6 +84,14 @@ def run(ns, parser, root: Path) -> int:
             ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
             ("ray", any(w.get("unresolved") for w in data["ray"]["wheels"].values())),
         ) if todo]
+        wheels = None
+        if {"wheels", "ray"} & set(what):
+            try:
+                from . import wheels
+            except ImportError as exc:
+                raise PinError(f"resolve {' '.join(sorted({'wheels', 'ray'} & set(what)))} needs the Python package "
+                               f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
+                               "apt-get install python3-packaging)") from None
         changes: list[str] = []
         for item in what:
             if item == "aiter":
@@ -98,9 +101,9 @@ def run(ns, parser, root: Path) -> int:
             elif item == "base-image":
                 changes += resolve.resolve_base_image(data, ns.registry, ns.force)
             elif item == "wheels":
-                changes += resolve.resolve_wheels(data, ns.force)
+                changes += wheels.resolve_wheels(data, ns.force)
             elif item == "ray":
-                changes += resolve.resolve_ray(data, ns.force)
+                changes += wheels.resolve_ray(data, ns.force)
         for line in changes:
             print(line)
         if not changes:
