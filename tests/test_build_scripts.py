@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from build_script_env import install_script_requirements, wheelhouse
 from test_vllm_source import stub_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,21 +94,33 @@ def test_scm_version_only_on_aiters_setup_command():
 
 
 def test_build_tools_are_hash_pinned_and_installed_from_our_file():
-    lines = re.sub(r"\\\n\s*", " ", (DOCKER / "requirements-build.txt").read_text()).splitlines()
-    reqs = [line for line in lines if line.strip() and not line.startswith("#")]
-    names = set()
-    for line in reqs:
-        m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)(\s+--hash=sha256:[0-9a-f]{64})+$", line.strip())
-        assert m, line
-        names.add(m.group(1).lower())
-    assert {"setuptools", "setuptools-scm", "wheel", "ninja", "packaging"} <= names
-    scm = next(line for line in reqs if line.startswith("setuptools-scm=="))
+    """Every build tool, and packaging (which the build scripts import), is pinned by version and
+    sha256 in one of our two files; requirements-build.txt includes requirements-scripts.txt,
+    the only place packaging is pinned; install_torch.sh installs that first."""
+    pins = {}
+    for name in ("requirements-build.txt", "requirements-scripts.txt"):
+        lines = re.sub(r"\\\n\s*", " ", (DOCKER / name).read_text()).splitlines()
+        for line in (x.strip() for x in lines if x.strip() and not x.startswith("#")):
+            if line == "-r requirements-scripts.txt" and name == "requirements-build.txt":
+                continue
+            m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)(\s+--hash=sha256:[0-9a-f]{64})+$", line)
+            assert m, f"{name}: {line}"
+            assert m.group(1).lower() not in pins, f"{m.group(1)} pinned twice"
+            pins[m.group(1).lower()] = name
+    assert {"setuptools", "setuptools-scm", "wheel", "ninja"} <= {n for n, f in pins.items()
+                                                                  if f == "requirements-build.txt"}
+    assert [n for n, f in pins.items() if f == "requirements-scripts.txt"] == ["packaging"]
+    scm = next(line for line in (DOCKER / "requirements-build.txt").read_text().splitlines()
+               if line.startswith("setuptools-scm=="))
     assert int(scm.split("==")[1].split(".")[0]) < 10  # AITER's release workflow: setuptools_scm<10
     for script in ("build_aiter.sh", "build_vllm.sh"):
         text = (DOCKER / script).read_text()
         assert re.search(r"pip install --require-hashes --no-deps -r \"\$(here/requirements-build.txt|tools)\"",
                          text), script
         assert not re.search(r"pip install (-U )?setuptools|grep -v", text), script
+    torch = (DOCKER / "install_torch.sh").read_text()
+    first = torch.index('pip install --require-hashes --no-deps -r "$here/requirements-scripts.txt"')
+    assert first < torch.index("\"$here/pinned_dists.py\"")
 
 
 def test_ca_bundle_exported_in_one_place_only(tmp_path):
@@ -130,10 +143,13 @@ def test_ca_bundle_exported_in_one_place_only(tmp_path):
 # ------------------------------------------------------------------ pinned distributions
 
 @pytest.fixture()
-def venv(tmp_path):
+def venv(tmp_path, tmp_path_factory):
+    """A fresh environment as the base image's torch stage has it before torch: Python, pip and
+    the build scripts' requirements; `install` adds metadata-only wheels."""
     env = tmp_path / "venv"
     assert subprocess.run([sys.executable, "-m", "venv", env], capture_output=True).returncode == 0
     py = env / "bin/python"
+    install_script_requirements(py, wheelhouse(tmp_path_factory))
 
     def install(*specs):
         wheels = [stub_wheel(tmp_path, n, v, r) for n, v, r in specs]
@@ -165,6 +181,19 @@ def test_triton_name_read_from_torch_and_alias_recorded(venv, tmp_path):
     assert "triton==3.8.0+rocm7.2" in (tmp_path / "c.txt").read_text()
 
 
+def test_torchs_triton_is_read_from_requirements_that_apply(venv):
+    """torch's Requires-Dist read as pip reads them: a Triton behind an extra torch is not
+    installed with, or behind a marker false here, is not torch's Triton."""
+    py, install = venv
+    install(("torch", "2.13.0+rocm7.2", ['triton-cuda==9.9; extra == "cuda"',
+                                         'triton-win==9.9; sys_platform == "win32"',
+                                         "triton-rocm (==3.8.0+rocm7.2)"]),
+            ("triton-rocm", "3.8.0+rocm7.2", []))
+    proc = dists(py, "torch-triton", "--expect", "Triton_ROCm==3.8.0+rocm7.2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "triton-rocm==3.8.0+rocm7.2"
+
+
 def test_compare_names_every_changed_pinned_distribution(venv, tmp_path):
     py, install = venv
     install(("torch", "2.13.0+rocm7.2", ["pytorch-triton-rocm==3.8.0"]), ("pytorch-triton-rocm", "3.8.0", []),
@@ -176,6 +205,16 @@ def test_compare_names_every_changed_pinned_distribution(venv, tmp_path):
     assert "installed triton 3.8.0" in proc.stderr and "installed amd-aiter" in proc.stderr
     proc = dists(py, "compare", tmp_path / "before.json", "--step", "s", "--allow", "amd-aiter")
     assert proc.returncode == 1 and "amd-aiter" not in proc.stderr
+
+
+@pytest.mark.parametrize("script, args", [("pinned_dists.py", ["snapshot", "out.json"]),
+                                          ("vllm_requirements.py", ["files", "."])])
+def test_scripts_in_a_python_without_packaging_stop_naming_the_file(tmp_path, script, args):
+    env = tmp_path / "bare"
+    assert subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], capture_output=True).returncode == 0
+    proc = subprocess.run([env / "bin/python", DOCKER / script, *args], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "requirements-scripts.txt" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # ------------------------------------------------------------------ AMD SMI

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from build_script_env import install_script_requirements, wheelhouse
 from ci.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,6 +177,7 @@ def pinned_env(versions, tmp_path_factory):
     base = tmp_path_factory.mktemp("pinned-env")
     env = base / "venv"
     assert run([sys.executable, "-m", "venv", env]).returncode == 0
+    install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
     stubs = base / "stubs"
     stubs.mkdir()
     paths = [stub_wheel(stubs, n, v, r) for n, (v, r) in pins.items()]
@@ -225,6 +227,7 @@ def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src
              stub_wheel(base, triton_pkg, triton_ver), stub_wheel(base, "amdsmi", STAND_IN["amdsmi"])]
     install = [env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]
     assert run(install).returncode == 0
+    install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
     line = next(raw for raw in (vllm_src / "requirements/common.txt").read_text().splitlines()
                 if raw.startswith("xgrammar"))
     (base / "xgrammar.txt").write_text(line + "\n")
@@ -240,6 +243,7 @@ def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src
 def test_constraints_missing_a_pinned_distribution_fail(tmp_path_factory):
     env = tmp_path_factory.mktemp("empty-env") / "venv"
     assert run([sys.executable, "-m", "venv", "--without-pip", env]).returncode == 0
+    install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
     proc = run([env / "bin/python", DOCKER / "pinned_dists.py", "constraints", env / "c.txt"])
     assert proc.returncode == 1 and "torch is not installed" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -39,6 +39,8 @@ for name in TORCH TRITON TORCHVISION TORCHAUDIO; do
   fi
 done
 use_ca_bundle
+# What pinned_dists.py (below and in every later build step) imports: packaging, hash-pinned.
+python -m pip install --require-hashes --no-deps -r "$here/requirements-scripts.txt"
 flags=(--no-deps)
 [ "$hashes" = 1 ] && flags+=(--require-hashes)
 # Step 1: exactly the pinned wheels, hash-checked, from the ROCm wheel index.

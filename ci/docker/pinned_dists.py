@@ -27,7 +27,8 @@ Run with the Python of the environment to protect:
                                         ROCm Triton instead of pulling PyPI's CUDA triton
 
 Triton's distribution name is read from torch's own metadata (Requires-Dist); TRITON_PACKAGE,
-when set, must agree. Errors: one line each, exit status 1.
+when set, must agree. Requirement lines and distribution names are read with `packaging`
+(ci/docker/requirements-scripts.txt). Errors: one line each, exit status 1.
 """
 from __future__ import annotations
 
@@ -35,10 +36,16 @@ import argparse
 import importlib.metadata as md
 import json
 import os
-import re
 import sys
 import sysconfig
 from pathlib import Path
+
+try:
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:
+    sys.exit("pinned-dists: ERROR: the Python package `packaging` is not installed in this Python: "
+             "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
 
 FIXED = ("torch", "torchvision", "torchaudio", "amdsmi", "amd-aiter", "triton")
 REQUIRED = ("torch", "amdsmi")
@@ -48,10 +55,6 @@ class Problem(Exception):
     pass
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def version(name: str) -> str | None:
     try:
         return md.version(name)
@@ -59,30 +62,54 @@ def version(name: str) -> str | None:
         return None
 
 
-def triton_dist() -> str:
-    """The Triton distribution torch requires (first Requires-Dist whose name contains triton)."""
+def torch_requirements() -> list[Requirement]:
+    """torch's Requires-Dist that apply to this Python (markers evaluated, extras left out)."""
     try:
         requires = md.requires("torch") or []
     except md.PackageNotFoundError:
         raise Problem("torch is not installed: build the base image's torch stage first") from None
-    names = [m.group(0) for r in requires if (m := re.match(r"[A-Za-z0-9_.-]+", r)) and "triton" in m.group(0).lower()]
-    if not names:
+    out = []
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise Problem(f"torch {version('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
+                          "check pytorch.wheels.torch in versions.json") from None
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            out.append(req)
+    return out
+
+
+def torch_triton_requirement() -> Requirement:
+    """The Triton requirement of torch (the first whose name contains triton)."""
+    found = next((r for r in torch_requirements() if "triton" in canonicalize_name(r.name)), None)
+    if found is None:
         raise Problem(f"torch {version('torch')} names no Triton distribution in its metadata: "
                       "this is not a ROCm torch with Triton; check pytorch.wheels.torch in versions.json")
-    found = norm(names[0])
+    return found
+
+
+def triton_dist() -> str:
+    """The Triton distribution torch requires (canonical name)."""
+    found = canonicalize_name(torch_triton_requirement().name)
     recorded = os.environ.get("TRITON_PACKAGE", "")
-    if recorded not in ("", "UNRESOLVED") and norm(recorded) != found:
+    if recorded not in ("", "UNRESOLVED") and canonicalize_name(recorded) != found:
         raise Problem(f"torch {version('torch')} requires Triton as {found} but versions.json records "
                       f"pytorch.wheels.triton.package={recorded}: run python3 -m ci.pins resolve wheels --write")
     return found
 
 
+def exact_version(req: Requirement) -> str | None:
+    """The one version a requirement allows (name==V or name===V), else None."""
+    exact = [s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+    return exact[0].version if len(exact) == 1 else None
+
+
 def torch_triton() -> str:
     name = triton_dist()
-    for r in md.requires("torch") or []:
-        m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*\(?\s*==\s*([^\s;,)]+)", r)
-        if m and norm(m.group(1)) == name:
-            return f"{name}=={m.group(2)}"
+    pinned = exact_version(torch_triton_requirement())
+    if pinned is not None:
+        return f"{name}=={pinned}"
     raise Problem(f"torch {version('torch')} requires {name} without an exact version: pin "
                   "pytorch.wheels.triton.version in versions.json by hand")
 
@@ -113,7 +140,7 @@ def constraints() -> str:
 def compare(before: dict, step: str, allow=()) -> list[str]:
     after = snapshot()
     problems = []
-    for name in sorted((set(before) | set(after)) - {norm(a) for a in allow}):
+    for name in sorted((set(before) | set(after)) - {canonicalize_name(a) for a in allow}):
         old, new = before.get(name), after.get(name)
         if old != new:
             what = (f"installed {name} {new}" if old is None else f"removed {name} {old}" if new is None
@@ -128,7 +155,7 @@ def check_report(report: dict, step: str) -> list[str]:
     problems = []
     for item in report.get("install", []):
         meta = item.get("metadata", {})
-        name = norm(meta.get("name", ""))
+        name = canonicalize_name(meta.get("name", ""))
         if name in pinned:
             old = version(name)
             what = f"install {name} {meta.get('version')}" + (f" over {old}" if old else "")
@@ -163,6 +190,15 @@ def triton_alias() -> str:
     return f"triton-alias: distribution triton {ver} recorded as an alias of {real} {ver}"
 
 
+def expected(spec: str) -> str:
+    """NAME==VERSION of an --expect value, the name canonical (as torch_triton prints it)."""
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement:
+        raise Problem(f"--expect {spec!r} is not NAME==VERSION: check pytorch.wheels.triton in versions.json") from None
+    return f"{canonicalize_name(req.name)}=={exact_version(req)}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -191,7 +227,7 @@ def main(argv=None) -> int:
                 problems += check_report(json.loads(path.read_text()), ns.step)
         elif ns.cmd == "torch-triton":
             found = torch_triton()
-            if ns.expect and norm(ns.expect.split("==")[0]) + "==" + ns.expect.split("==", 1)[-1] != found:
+            if ns.expect and expected(ns.expect) != found:
                 raise Problem(f"torch {version('torch')} requires {found} but versions.json records {ns.expect} "
                               "(pytorch.wheels.triton): run python3 -m ci.pins resolve wheels --write")
             print(found)

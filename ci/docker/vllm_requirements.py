@@ -12,6 +12,10 @@ folder), against this project's pins.
     vllm_requirements.py triton-kernels SRC COMMIT
         vLLM's CMake fetches ROCm triton_kernels at COMMIT (versions.json vllm.triton_kernels)
 
+Requirement files are read as pip reads them: `\\` continuations joined, comments removed,
+`-r` includes followed (relative to the including file), options skipped (per requirement:
+--hash=...); each requirement is parsed by `packaging` (names, extras, versions, markers, URLs).
+
 Errors: one line each naming the file and the setting to change; exit status 1.
 """
 from __future__ import annotations
@@ -24,8 +28,10 @@ from pathlib import Path
 
 try:
     from packaging.requirements import InvalidRequirement, Requirement
-except ImportError:  # pip always carries a copy
-    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:
+    sys.exit("vllm-requirements: ERROR: the Python package `packaging` is not installed in this Python: "
+             "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
 
 BUILD_REQUIREMENTS = "requirements/build/rocm.txt"
 RUNTIME_REQUIREMENTS = "requirements/rocm.txt"
@@ -41,13 +47,40 @@ NAMED_FILES = (
 PINNED = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", "triton-rocm", "amdsmi", "amd-aiter"}
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+# pip's comment rule: `#` at the start of a line or after whitespace (a URL's #fragment stays).
+COMMENT = re.compile(r"(^|\s+)#.*$")
+INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
+
+
+def logical_lines(path: Path) -> list[tuple[int, str]]:
+    """(first line number, text) of each logical line of a requirements file: lines ending in
+    a backslash joined to the next, then comments removed, blank lines left out."""
+    out, pending, start = [], "", 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        if not pending:
+            start = number
+        if raw.endswith("\\") and not COMMENT.match(raw):
+            pending += raw[:-1] + " "
+            continue
+        line = COMMENT.sub("", pending + raw).strip()
+        pending = ""
+        if line:
+            out.append((start, line))
+    if pending.strip():
+        out.append((start, COMMENT.sub("", pending).strip()))
+    return out
+
+
+def requirement_part(line: str) -> str:
+    """The requirement of a line without the options that may follow it (--hash=...)."""
+    words = line.split()
+    cut = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
+    return " ".join(words[:cut])
 
 
 def read_requirements(path: Path, seen=None) -> list[tuple[Path, Requirement]]:
     """(file, requirement) of every requirement line, `-r` includes followed relative to the
-    including file's folder; options (--extra-index-url, ...) skipped."""
+    including file's folder; option lines (--extra-index-url, -c, ...) skipped."""
     seen = set() if seen is None else seen
     path = path.resolve()
     if path in seen:
@@ -56,29 +89,30 @@ def read_requirements(path: Path, seen=None) -> list[tuple[Path, Requirement]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such requirements file")
     out = []
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
-        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
-        if not line:
-            continue
-        include = re.match(r"^(-r|--requirement)\s*=?\s*(\S+)$", line)
+    for number, line in logical_lines(path):
+        include = INCLUDE.match(line)
         if include:
-            out += read_requirements(path.parent / include.group(2), seen)
+            out += read_requirements(path.parent / include.group(1), seen)
             continue
         if line.startswith("-"):
             continue
         try:
-            out.append((path, Requirement(line)))
+            out.append((path, Requirement(requirement_part(line))))
         except InvalidRequirement as exc:
             raise ValueError(f"{path}:{number}: cannot parse {line!r}: {exc}") from None
     return out
 
 
-def pinned_versions(tools: Path) -> dict[str, str]:
+def pinned_versions(tools: Path) -> dict[str, tuple[str, Path]]:
+    """{canonical name: (version, file)} of the requirements of `tools` and its includes that
+    are pinned to one exact version (name==version) for this Python (markers evaluated)."""
     pins = {}
-    for raw in tools.read_text().splitlines():
-        m = re.match(r"^\s*([A-Za-z0-9_.-]+)==(\S+)", raw)
-        if m:
-            pins[norm(m.group(1))] = m.group(2)
+    for origin, req in read_requirements(tools):
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+            pins[canonicalize_name(req.name)] = (specs[0].version, origin)
     return pins
 
 
@@ -94,7 +128,7 @@ def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:
     for origin, req in read_requirements(src / BUILD_REQUIREMENTS):
         if req.marker is not None and not req.marker.evaluate():
             continue
-        name = norm(req.name)
+        name = canonicalize_name(req.name)
         where = origin.relative_to(src.resolve())
         if name in PINNED:
             try:
@@ -102,9 +136,10 @@ def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:
             except md.PackageNotFoundError:
                 have = "not installed"
             notes.append(f"{where} asks for {req}; the base image's {name} ({have}) is kept")
-        elif name in pins and not req.specifier.contains(pins[name], prereleases=True):
-            problems.append(f"{where} needs {req} but {tools.name} pins {name}=={pins[name]}: "
-                            f"change the pin in {tools.name}")
+        elif name in pins and not req.specifier.contains(pins[name][0], prereleases=True):
+            pinned, pin_file = pins[name]
+            problems.append(f"{where} needs {req} but {pin_file.name} pins {name}=={pinned}: "
+                            f"change the pin in {pin_file.name}")
     return problems, notes
 
 
