@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from rocm_vllm_runtime.manifest import parse_manifest
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
 IMAGE_PREFIX = "localhost/rocm-vllm-test"
@@ -290,8 +292,9 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
         assert f"pytest {has_pytest}" in proc.stdout, proc.stdout
     manifest = h.run(["docker", "run", "--rm", "-e", "ROCM_VLLM_REQUIRE_GPU=0", serve, "cat",
                       "/opt/rocm-vllm/manifest.json"], what="manifest")
-    data = json.loads(manifest.stdout)
-    assert data["vllm"]["version"] == "0.32.0" and data["aiter"] is None
+    written = parse_manifest(json.loads(manifest.stdout), where="the serve image's manifest")
+    assert written.origin == "existing-image" and written.declared and written.aiter is None
+    assert written.vllm.version == "0.32.0" and written.vllm.image == images["targets"]["serve"]["args"]["VLLM_IMAGE"]
 
 
 def compose_env(port: int, images: dict, results: Path) -> dict:
