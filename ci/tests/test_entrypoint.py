@@ -131,6 +131,17 @@ def test_serve_on_unbuilt_arch_names_gpu_archs(box) -> None:
     assert "GPU arch gfx1100" in proc.stderr and "GPU_ARCHS" in proc.stderr
 
 
+def test_serve_with_a_manifest_of_another_schema_stops_in_one_line(box) -> None:
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    manifest = box.root / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema": 2}))
+    proc = box.run("serve")
+    assert proc.returncode == 1
+    errors = [l for l in proc.stderr.splitlines() if "error:" in l]
+    assert len(errors) == 1 and "has schema 2" in errors[0] and "rebuild the image" in errors[0], proc.stderr
+    assert "API_SERVER" not in proc.stdout
+
+
 def test_gfx90a_runs_with_aiter_off(box) -> None:
     box.tool("rocminfo", "rocminfo_gfx90a.txt")
     proc = box.run("sh", "-c", "echo use_aiter=$VLLM_ROCM_USE_AITER")
