@@ -1,72 +1,67 @@
-"""Bench suite (needs an AMD GPU): serving benchmark of this backend, vLLM's AITER MLA and TRITON_MLA.
+"""Bench suite: serving benchmark of attention backends side by side (`rocm_vllm_runtime.bench`,
+each run measured by vLLM's own `vllm bench serve`).
 
-Starts one server per backend in turn (the tiny dummy-weight MLA model unless
-BENCH_SERVE_ARGS names another), sends the same load to each and records the
-results as JSON in $SELFTEST_RESULTS_DIR/bench.json (printed as a table with
-the speedups of this backend). With BENCH_BASE_URL set it loads that running
-server only. Load settings: BENCH_NUM_PROMPTS (1000), BENCH_INPUT_LEN (1024),
-BENCH_OUTPUT_LEN (128), BENCH_CONCURRENCY (64), BENCH_SEED (0), BENCH_BACKENDS
-(plugin,vllm-aiter,triton), BENCH_START_TIMEOUT (1800 s).
+One server per backend of BENCH_BACKENDS (default plugin,vllm-aiter,triton: this project's
+AITER MLA, vLLM's built-in AITER MLA, TRITON_MLA), one after the other, serving the tiny model
+with its tokenizer and dummy weights unless BENCH_SERVE_ARGS gives the server arguments. Writes
+$SELFTEST_RESULTS_DIR/bench.json (every run: the attention backend asked and the one its server
+selected, vLLM's metrics, the ratios of the first backend to each other one), the server logs
+and vLLM's result files next to it. One check per backend: its server selected the attention
+backend and implementation asked, and every request completed with all its output tokens.
+
+The GPU backends need an AMD GPU; the cpu-plugin and cpu-vllm backends run anywhere. Load
+settings: BENCH_NUM_PROMPTS (1000), BENCH_INPUT_LEN (1024), BENCH_OUTPUT_LEN (128),
+BENCH_CONCURRENCY (64), BENCH_SEED (0), BENCH_WARMUPS (4), BENCH_ARGS (further `vllm bench
+serve` arguments); BENCH_PORT (8011), BENCH_START_TIMEOUT (1800 s).
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime import bench, metrics
+from rocm_vllm_runtime import bench
 from rocm_vllm_runtime.serve import tiny_model
 
-pytestmark = pytest.mark.gpu
+NAMES = [n.strip() for n in (os.environ.get("BENCH_BACKENDS") or bench.ENV_DEFAULTS["BENCH_BACKENDS"]).split(",")
+         if n.strip()]
+_KNOWN = bench.backends([])
+# GPU backends carry the gpu mark: where there is no AMD GPU they skip (also under CI).
+CASES = [pytest.param(n, id=n, marks=[pytest.mark.gpu] if n in _KNOWN and _KNOWN[n].needs_gpu else [])
+         for n in NAMES]
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-def _spec() -> bench.LoadSpec:
-    return bench.LoadSpec(num_requests=_env_int("BENCH_NUM_PROMPTS", 1000),
-                          input_len=_env_int("BENCH_INPUT_LEN", 1024),
-                          output_len=_env_int("BENCH_OUTPUT_LEN", 128),
-                          concurrency=_env_int("BENCH_CONCURRENCY", 64),
-                          seed=_env_int("BENCH_SEED", 0),
-                          warmup=_env_int("BENCH_WARMUP", 4))
-
-
-def _results_dir(tmp_path: Path) -> Path:
-    path = Path(os.environ.get("SELFTEST_RESULTS_DIR") or tmp_path)
+def _results_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(os.environ.get("SELFTEST_RESULTS_DIR") or tmp_path_factory.mktemp("bench"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 @pytest.fixture(scope="module")
-def gpu() -> None:
-    kfd = os.environ.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
-    if not os.environ.get("BENCH_BASE_URL") and not os.path.exists(kfd):
+def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    env = os.environ
+    chosen = bench.choose(NAMES, bench.backends(bench.plugin_names()))
+    kfd = env.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
+    if any(b.needs_gpu for b in chosen) and not os.path.exists(kfd):
         pytest.skip(f"no {kfd}: no AMD GPU in this container to start servers on "
-                    "(or set BENCH_BASE_URL to load a running server)")
+                    "(BENCH_BACKENDS=cpu-plugin,cpu-vllm runs on CPU)")
+    load = bench.Load.from_env(env)
+    serve_args = bench.split_setting(env, "BENCH_SERVE_ARGS") or [
+        "--model", tiny_model(env), "--max-model-len", str(load.input_len + load.output_len + 64)]
+    out = _results_dir(tmp_path_factory)
+    result = bench.compare(chosen, serve_args, load, int(env.get("BENCH_PORT") or bench.ENV_DEFAULTS["BENCH_PORT"]),
+                           out, float(env.get("BENCH_START_TIMEOUT") or bench.ENV_DEFAULTS["BENCH_START_TIMEOUT"]))
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    print("\n" + bench.render(result))
+    return result
 
 
-def test_serving_benchmark(gpu: None, tmp_path: Path) -> None:
-    spec, out = _spec(), _results_dir(tmp_path)
-    if os.environ.get("BENCH_BASE_URL"):
-        doc = {"runs": {"server": bench.run_load(os.environ["BENCH_BASE_URL"], spec,
-                                                 os.environ.get("VLLM_API_KEY", ""))}}
-    else:
-        serve_args = shlex.split(os.environ.get("BENCH_SERVE_ARGS", "")) or [
-            "--model", tiny_model(os.environ), "--max-model-len",
-            str(spec.input_len + spec.output_len + 64)]
-        names = [n for n in os.environ.get("BENCH_BACKENDS", "plugin,vllm-aiter,triton").split(",") if n]
-        doc = bench.compare(names, serve_args, spec, _env_int("BENCH_PORT", 8011), out,
-                            float(os.environ.get("BENCH_START_TIMEOUT", "1800")))
-    (out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print("\n" + bench.render_compare(doc))
-    for name, run in doc["runs"].items():
-        m = run["metrics"]
-        assert m["failed"] == 0, f"{name}: {m['failed']} requests failed: {run['errors']}"
-        assert m["completed"] == spec.num_requests
-        assert m["total_output_tokens"] == spec.num_requests * spec.output_len, name
-    assert set(metrics.SPEEDUP_KEYS) <= set(next(iter(doc["runs"].values()))["metrics"])
+@pytest.mark.parametrize("name", CASES)
+def test_serving_benchmark(doc: dict, name: str) -> None:
+    run = doc["runs"][name]
+    assert run["ok"], "; ".join(run["problems"] + [f"request error: {e}" for e in run["errors"]])
+    selected = run["selected"]
+    assert selected["attention_backends"] == [run["asked"]["attention_backend"]]
+    assert selected["implementation"] == run["asked"]["implementation"]

@@ -4,9 +4,10 @@ guard (GPU, settings and AITER decisions before any command), serve (the vLLM se
 argv from SERVE_* settings), manifest (the image manifest), devices (amd-smi/rocminfo
 listings), jitcache (the AITER JIT cache volume), versions (installed versions), report
 and selftest (the `selftest` command: runs the pytest suites, writes JSON and JUnit),
-bench and metrics (the serving benchmark client the bench suite uses).
+bench (the serving benchmark of attention backends side by side, measured by `vllm bench
+serve`; the bench suite uses it).
 
 Modules are named after what they do; the functional cores (device listing
-parsing, guard decisions, serve arguments, report building, benchmark metrics)
+parsing, guard decisions, serve arguments, report building, benchmark verdicts and ratios)
 are pure functions, and each `main()` is a thin adapter around them.
 """

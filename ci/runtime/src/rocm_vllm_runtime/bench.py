@@ -1,213 +1,107 @@
-"""Serving benchmark client for an OpenAI-compatible vLLM server (stdlib only).
+"""Serving benchmark of attention backends side by side, each measured by vLLM's `vllm bench serve`.
 
-`run`: N streaming /v1/completions requests with token-id prompts (random,
-seeded) at a fixed concurrency against a running server; prints a table and
-writes JSON (request/output/total token throughput, TTFT/TPOT/ITL mean,
-median, p99).
+For each backend in turn: start a server with the serve launcher (`python3 -m
+rocm_vllm_runtime.serve`, so its defaults apply) on 127.0.0.1, read from its log which
+attention backend it selected and whether this project's implementation runs, load it with
+`vllm bench serve` (random dataset, fixed input and output lengths, greedy, EOS ignored), stop
+it. Then print the runs side by side with the ratios of the first backend to each other one,
+and write them as JSON.
 
-`compare`: the same load against several attention backends, starting one
-server after the other (`python3 -m rocm_vllm_runtime.serve`, so the serve defaults
-apply), and prints how much faster this backend is than each other one:
-  plugin      this project's backend (the vllm_aiter_mla plugin, ROCM_AITER_MLA)
-  vllm-aiter  vLLM's built-in AITER MLA (the plugin left out of VLLM_PLUGINS)
+Backends (NAME: what its server must select):
+  plugin      ROCM_AITER_MLA, this project's implementation (vLLM's own selection)
+  vllm-aiter  ROCM_AITER_MLA, vLLM's built-in one (the plugin left out of VLLM_PLUGINS)
   triton      TRITON_MLA (--attention-backend TRITON_MLA)
+  cpu-plugin  CPU_MLA with this project's CPU development mode (reference kernels; no GPU)
+  cpu-vllm    CPU_MLA, vLLM's own (the plugin left out; no GPU)
 
-  python3 -m rocm_vllm_runtime.bench run --base-url http://127.0.0.1:8000 --num-prompts 1000
-  python3 -m rocm_vllm_runtime.bench compare --json bench.json -- --model /models/DeepSeek-R1 -tp 8
+A run fails when its server selects another attention backend or implementation than its
+name asks (checked in the log while the server starts, and again before the load), exits or
+is not healthy in time, or when a request fails. The servers need the model's tokenizer
+(`--no-skip-tokenizer-init` is passed; the tiny model ships one).
+
+    python3 -m rocm_vllm_runtime.bench --json bench.json -- --model /models/DeepSeek-R1 -tp 8
+    python3 -m rocm_vllm_runtime.bench --backends cpu-plugin,cpu-vllm --num-prompts 4 \\
+        --input-len 32 --output-len 8 -- --dtype float32 --max-model-len 512
 """
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import math
 import os
-import random
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from rocm_vllm_runtime import metrics
-from rocm_vllm_runtime.metrics import RequestResult
-
 PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
                       "vllm.io_processor_plugins", "vllm.stat_logger_plugins")
+OURS, VLLMS = "vllm-aiter-mla", "vllm"  # which implementation of the attention backend ran
+
+# vLLM's selection lines: "Using X backend." (CPU), "Using X backend (selected via
+# --attention-backend)." / "Using X backend out of potential backends: [...]." /
+# "Overriding with X out of potential backends: [...]." (ROCm), "Using X attention backend
+# out of potential backends" (CUDA).
+SELECTED_LINE = re.compile(r"Using (\w+) (?:attention )?backend\b|Overriding with (\w+) out of potential backends")
+# What this project's implementation logs when a server builds it (ROCm backend, CPU development mode).
+OURS_LINE = re.compile(r"vllm-aiter-mla (?:CPU development mode|[^)\n]*\): decode=)")
+
+ENV_DEFAULTS = {  # setting: default, shared by the CLI and the bench suite
+    "BENCH_BACKENDS": "plugin,vllm-aiter,triton",
+    "BENCH_NUM_PROMPTS": "1000",
+    "BENCH_INPUT_LEN": "1024",
+    "BENCH_OUTPUT_LEN": "128",
+    "BENCH_CONCURRENCY": "64",
+    "BENCH_SEED": "0",
+    "BENCH_WARMUPS": "4",
+    "BENCH_ARGS": "",
+    "BENCH_PORT": "8011",
+    "BENCH_START_TIMEOUT": "1800",
+}
+RATIO_KEYS = ("request_throughput", "output_throughput", "total_token_throughput",
+              "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
+HIGHER_IS_BETTER = {"request_throughput", "output_throughput", "total_token_throughput"}
+TABLE_ROWS: tuple[tuple[str, str], ...] = (
+    ("completed", "Successful requests"),
+    ("failed", "Failed requests"),
+    ("duration", "Benchmark duration (s)"),
+    ("total_input_tokens", "Total input tokens"),
+    ("total_output_tokens", "Total output tokens"),
+    ("request_throughput", "Request throughput (req/s)"),
+    ("output_throughput", "Output token throughput (tok/s)"),
+    ("total_token_throughput", "Total token throughput (tok/s)"),
+    ("mean_ttft_ms", "Mean TTFT (ms)"),
+    ("p99_ttft_ms", "P99 TTFT (ms)"),
+    ("mean_tpot_ms", "Mean TPOT (ms)"),
+    ("p99_tpot_ms", "P99 TPOT (ms)"),
+    ("mean_itl_ms", "Mean ITL (ms)"),
+    ("p99_itl_ms", "P99 ITL (ms)"),
+)
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    num_requests: int = 1000
-    input_len: int = 1024
-    output_len: int = 128
-    concurrency: int = 64
-    seed: int = 0
-    token_id_low: int = 10
-    token_id_high: int = 1000  # exclusive; stays inside small vocabularies
-    warmup: int = 4
-    timeout_s: float = 600.0
-    model: str = ""  # served model name; '' asks /v1/models
+class BenchError(Exception):
+    """A setting the benchmark cannot work with; the message names it."""
 
 
-def make_prompts(spec: LoadSpec) -> list[list[int]]:
-    rng = random.Random(spec.seed)
-    return [[rng.randrange(spec.token_id_low, spec.token_id_high) for _ in range(spec.input_len)]
-            for _ in range(spec.num_requests)]
-
-
-def request_body(model: str, prompt: Sequence[int], output_len: int) -> dict[str, object]:
-    return {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,  # vLLM extension: always output_len tokens
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,  # vLLM extension: exact token counts per chunk
-    }
-
-
-@dataclass
-class StreamTally:
-    """Accumulates one streamed response; `clock` values are seconds."""
-
-    start: float
-    first: float | None = None
-    last: float | None = None
-    tokens: int = 0
-    usage_tokens: int | None = None
-    itl: list[float] = field(default_factory=list)
-
-    def event(self, data: Mapping[str, object], now: float) -> None:
-        usage = data.get("usage")
-        if isinstance(usage, Mapping) and usage.get("completion_tokens") is not None:
-            self.usage_tokens = int(usage["completion_tokens"])  # type: ignore[arg-type]
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return
-        choice = choices[0]
-        ids = choice.get("token_ids") if isinstance(choice, Mapping) else None
-        count = len(ids) if isinstance(ids, list) else 1
-        if count == 0:
-            return
-        if self.first is None:
-            self.first = now
-        else:
-            assert self.last is not None
-            self.itl.append(now - self.last)
-        self.last = now
-        self.tokens += count
-
-    def result(self, prompt_tokens: int) -> RequestResult:
-        if self.first is None or self.last is None:
-            return RequestResult(False, prompt_tokens, error="no token streamed")
-        return RequestResult(True, prompt_tokens,
-                             output_tokens=self.usage_tokens if self.usage_tokens is not None
-                             else self.tokens,
-                             ttft=self.first - self.start, latency=self.last - self.start,
-                             itl=list(self.itl))
-
-
-def _connection(base_url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    url = urllib.parse.urlsplit(base_url)
-    cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    return cls(url.hostname or "127.0.0.1", url.port, timeout=timeout), url.path.rstrip("/")
-
-
-def _headers(api_key: str) -> dict[str, str]:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def stream_completion(base_url: str, body: Mapping[str, object], timeout: float,
-                      api_key: str = "",
-                      clock: Callable[[], float] = time.perf_counter) -> RequestResult:
-    prompt_tokens = len(body.get("prompt", []))  # type: ignore[arg-type]
-    conn, prefix = _connection(base_url, timeout)
-    tally = StreamTally(start=clock())
-    try:
-        conn.request("POST", f"{prefix}/v1/completions", json.dumps(body), _headers(api_key))
-        response = conn.getresponse()
-        if response.status != 200:
-            detail = response.read(300).decode(errors="replace")
-            return RequestResult(False, prompt_tokens, error=f"HTTP {response.status} {detail}")
-        while True:
-            line = response.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            now = clock()
-            data = json.loads(payload)
-            if isinstance(data, Mapping) and data.get("error"):
-                return RequestResult(False, prompt_tokens, error=str(data["error"])[:300])
-            tally.event(data, now)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return RequestResult(False, prompt_tokens, error=f"{exc.__class__.__name__}: {exc}")
-    finally:
-        conn.close()
-    return tally.result(prompt_tokens)
-
-
-def get_json(base_url: str, path: str, timeout: float = 10.0, api_key: str = "") -> object:
-    conn, prefix = _connection(base_url, timeout)
-    try:
-        conn.request("GET", prefix + path, headers=_headers(api_key))
-        response = conn.getresponse()
-        body = response.read()
-        if response.status != 200:
-            raise OSError(f"GET {path}: HTTP {response.status}")
-        return json.loads(body) if body else None
-    finally:
-        conn.close()
-
-
-def served_model(base_url: str, api_key: str = "") -> str:
-    data = get_json(base_url, "/v1/models", api_key=api_key)
-    models = data.get("data", []) if isinstance(data, Mapping) else []
-    if not models:
-        raise OSError(f"{base_url}/v1/models lists no model")
-    return str(models[0]["id"])
-
-
-def run_load(base_url: str, spec: LoadSpec, api_key: str = "") -> dict[str, object]:
-    """Run the load; returns {"spec", "metrics", "errors"} (errors: up to 10 distinct)."""
-    model = spec.model or served_model(base_url, api_key)
-    prompts = make_prompts(spec)
-    send = lambda prompt: stream_completion(  # noqa: E731
-        base_url, request_body(model, prompt, spec.output_len), spec.timeout_s, api_key)
-    for prompt in prompts[: spec.warmup]:
-        send(prompt)
-    with ThreadPoolExecutor(max_workers=max(1, spec.concurrency)) as pool:
-        start = time.perf_counter()
-        results = list(pool.map(send, prompts))
-        duration = time.perf_counter() - start
-    errors = sorted({r.error for r in results if not r.ok})[:10]
-    return {"spec": asdict(spec) | {"model": model}, "metrics": metrics.summarize(results, duration),
-            "errors": errors}
-
-
-# ---------------------------------------------------------------- side by side
+# ---------------------------------------------------------------- backends
 
 @dataclass(frozen=True)
 class Backend:
     name: str
-    env: Mapping[str, str]
-    args: tuple[str, ...]
+    attention_backend: str  # what vLLM must log as selected
+    implementation: str  # OURS or VLLMS
+    env: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    needs_gpu: bool = True
 
 
 def plugin_names(exclude_package: str = PLUGIN_PACKAGE) -> list[str]:
@@ -215,146 +109,355 @@ def plugin_names(exclude_package: str = PLUGIN_PACKAGE) -> list[str]:
     names: set[str] = set()
     for group in VLLM_PLUGIN_GROUPS:
         for ep in metadata.entry_points(group=group):
-            if not ep.value.split(":", 1)[0].split(".", 1)[0] == exclude_package:
+            if ep.value.split(":", 1)[0].split(".", 1)[0] != exclude_package:
                 names.add(ep.name)
     return sorted(names)
 
 
 def backends(other_plugins: Sequence[str]) -> dict[str, Backend]:
-    return {
-        "plugin": Backend("plugin", {}, ()),
-        "vllm-aiter": Backend("vllm-aiter", {"VLLM_PLUGINS": ",".join(other_plugins)}, ()),
-        "triton": Backend("triton", {}, ("--attention-backend", "TRITON_MLA")),
-    }
+    without_plugin = {"VLLM_PLUGINS": ",".join(other_plugins)}
+    cpu_mla = ("--attention-backend", "CPU_MLA")
+    return {b.name: b for b in (
+        Backend("plugin", "ROCM_AITER_MLA", OURS),
+        Backend("vllm-aiter", "ROCM_AITER_MLA", VLLMS, without_plugin),
+        Backend("triton", "TRITON_MLA", VLLMS, {}, ("--attention-backend", "TRITON_MLA")),
+        Backend("cpu-plugin", "CPU_MLA", OURS, {"AITER_MLA_KERNELS": "reference"}, cpu_mla, needs_gpu=False),
+        Backend("cpu-vllm", "CPU_MLA", VLLMS, without_plugin, cpu_mla, needs_gpu=False),
+    )}
 
+
+def choose(names: Sequence[str], known: Mapping[str, Backend]) -> list[Backend]:
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise BenchError(f"BENCH_BACKENDS / --backends: unknown or no backend {unknown or ''}: "
+                         f"choose from {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise BenchError(f"BENCH_BACKENDS / --backends names a backend twice: {', '.join(names)}")
+    return [known[n] for n in names]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a server's log says it selected."""
+
+    attention_backends: tuple[str, ...]  # every distinct backend named, in order
+    implementation: str  # OURS when this project's implementation logged its start-up, else VLLMS
+
+
+def selection(log_text: str) -> Selection:
+    names: list[str] = []
+    for a, b in SELECTED_LINE.findall(log_text):
+        if (a or b) not in names:
+            names.append(a or b)
+    return Selection(tuple(names), OURS if OURS_LINE.search(log_text) else VLLMS)
+
+
+def mismatch(backend: Backend, selected: Selection, complete: bool) -> str:
+    """Why `selected` is not what `backend` asks ('' when it is, or may still become so).
+
+    `complete`: the server is up, so every selection it makes has been logged."""
+    others = [n for n in selected.attention_backends if n != backend.attention_backend]
+    if others:
+        return (f"{backend.name}: the server selected {', '.join(selected.attention_backends)}, "
+                f"not {backend.attention_backend}")
+    if not complete:
+        return ""
+    if not selected.attention_backends:
+        return f"{backend.name}: the server logged no attention backend selection (asked {backend.attention_backend})"
+    if selected.implementation != backend.implementation:
+        return (f"{backend.name}: {backend.attention_backend} ran {selected.implementation}'s implementation, "
+                f"not {backend.implementation}'s")
+    return ""
+
+
+# ---------------------------------------------------------------- load (vllm bench serve)
+
+@dataclass(frozen=True)
+class Load:
+    num_prompts: int = 1000
+    input_len: int = 1024
+    output_len: int = 128
+    concurrency: int = 64
+    seed: int = 0
+    warmups: int = 4
+    extra: tuple[str, ...] = ()  # further `vllm bench serve` arguments
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Load:
+        def number(name: str) -> int:
+            raw = env.get(name) or ENV_DEFAULTS[name]
+            try:
+                value = int(raw)
+            except ValueError:
+                raise BenchError(f"{name}={raw!r} is not a whole number") from None
+            if value < (0 if name in ("BENCH_SEED", "BENCH_WARMUPS") else 1):
+                raise BenchError(f"{name}={value} is too small")
+            return value
+
+        extra = tuple(split_setting(env, "BENCH_ARGS"))
+        return cls(number("BENCH_NUM_PROMPTS"), number("BENCH_INPUT_LEN"), number("BENCH_OUTPUT_LEN"),
+                   number("BENCH_CONCURRENCY"), number("BENCH_SEED"), number("BENCH_WARMUPS"), extra)
+
+
+def split_setting(env: Mapping[str, str], name: str) -> list[str]:
+    try:
+        return shlex.split(env.get(name, ""))
+    except ValueError as exc:
+        raise BenchError(f"{name} cannot be split as shell words ({exc}): fix its quoting") from None
+
+
+def bench_argv(load: Load, base_url: str, result_dir: Path, result_name: str) -> list[str]:
+    """Arguments of `vllm bench serve` for `load` against the server at `base_url`."""
+    return [
+        "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--dataset-name", "random", "--random-input-len", str(load.input_len),
+        "--random-output-len", str(load.output_len), "--num-prompts", str(load.num_prompts),
+        "--max-concurrency", str(load.concurrency), "--seed", str(load.seed),
+        "--num-warmups", str(load.warmups), "--temperature", "0", "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--disable-tqdm", "--save-result", "--save-detailed",
+        "--result-dir", str(result_dir), "--result-filename", result_name,
+        *load.extra,
+    ]
+
+
+def vllm_bench_serve(argv: Sequence[str]) -> None:
+    """`vllm bench serve ARGV`, run in this process through vLLM's own subcommand (the `vllm`
+    console script needs package metadata named vllm, which CPU builds of vLLM lack)."""
+    from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    BenchmarkServingSubcommand.add_cli_args(parser)
+    BenchmarkServingSubcommand.cmd(parser.parse_args(list(argv)))
+
+
+def summarize(result: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The scalar metrics of a `vllm bench serve` result file and its distinct errors (up to 10)."""
+    metrics = {k: float(v) for k, v in result.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    errors = sorted({str(e) for e in result.get("errors") or [] if e})[:10]  # type: ignore[union-attr]
+    return metrics, errors
+
+
+# ---------------------------------------------------------------- one server
 
 def server_command(serve_args: Sequence[str], backend: Backend, port: int) -> list[str]:
     return [sys.executable, "-m", "rocm_vllm_runtime.serve", *serve_args, *backend.args,
-            "--host", "127.0.0.1", "--port", str(port)]
+            "--no-skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with status {proc.returncode} before it was healthy")
-        try:
-            get_json(base_url, "/health", timeout=5.0)
-            return
-        except (OSError, ValueError, http.client.HTTPException):
-            time.sleep(2.0)
-    raise RuntimeError(f"server not healthy after {timeout_s:.0f}s (raise --start-timeout)")
+def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:
+    # The server listens on 127.0.0.1 for this benchmark only: no API key (vllm bench serve sends none).
+    env = {k: v for k, v in base.items() if k != "VLLM_API_KEY"}
+    return env | dict(backend.env)
+
+
+def healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+    """SIGTERM to the server's process group, SIGKILL to what is left of it after `grace_s`."""
+    if _signal_group(proc.pid, signal.SIGTERM):
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
+        _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30.0  # the group's other processes die after their leader
+    while _signal_group(proc.pid, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
-def run_backend(backend: Backend, serve_args: Sequence[str], spec: LoadSpec, port: int,
-                log_dir: Path, start_timeout_s: float) -> dict[str, object]:
-    env = dict(os.environ) | dict(backend.env)
-    log_path = log_dir / f"server-{backend.name}.log"
+def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str, log: Path,
+                  timeout_s: float) -> str:
+    """Wait until the server is healthy; '' then, else why it is not (wrong selection included)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        problem = mismatch(backend, selection(log.read_text(errors="replace")), complete=False)
+        if problem:
+            return problem
+        if proc.poll() is not None:
+            return f"{backend.name}: the server exited with status {proc.returncode} before it was healthy (see {log})"
+        if healthy(base_url):
+            return mismatch(backend, selection(log.read_text(errors="replace")), complete=True)
+        if time.monotonic() > deadline:
+            return (f"{backend.name}: the server was not healthy after {timeout_s:.0f}s "
+                    "(raise BENCH_START_TIMEOUT / --start-timeout)")
+        time.sleep(1.0)
+
+
+def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: int, out_dir: Path,
+                start_timeout_s: float) -> dict[str, object]:
+    log = out_dir / f"server-{backend.name}.log"
+    result_file = out_dir / f"vllm-bench-{backend.name}.json"
+    result_file.unlink(missing_ok=True)
     command = server_command(serve_args, backend, port)
-    print(f"== {backend.name}: {shlex.join(command[1:])} (log {log_path})", flush=True)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            base_url = f"http://127.0.0.1:{port}"
-            wait_healthy(base_url, proc, start_timeout_s)
-            outcome = run_load(base_url, spec)
-        finally:
-            stop(proc)
-    outcome["server_log"] = str(log_path)
-    return outcome
+    base_url = f"http://127.0.0.1:{port}"
+    print(f"== {backend.name}: {shlex.join(command[1:])} (log {log})", flush=True)
+    run: dict[str, object] = {"asked": {"attention_backend": backend.attention_backend,
+                                        "implementation": backend.implementation},
+                              "server_log": str(log), "result_file": str(result_file)}
+    problems: list[str] = []
+    errors: list[str] = []
+    metrics: dict[str, float] = {}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=server_env(backend, os.environ), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        problem = start_problem(backend, proc, base_url, log, start_timeout_s)
+        if problem:
+            problems.append(problem)
+        else:
+            try:
+                vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
+            except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
+                problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
+            if result_file.is_file():
+                metrics, errors = summarize(json.loads(result_file.read_text()))
+            elif not problems:
+                problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
+    finally:
+        # A server that never came up has nothing to finish: no grace period for it.
+        stop(proc, grace_s=60.0 if metrics or healthy(base_url) else 5.0)
+    selected = selection(log.read_text(errors="replace"))
+    run["selected"] = {"attention_backends": list(selected.attention_backends),
+                       "implementation": selected.implementation}
+    problems += load_problems(backend.name, metrics, load) if metrics else []
+    run.update(ok=not problems, problems=problems, errors=errors, metrics=metrics)
+    return run
 
 
-def compare(names: Sequence[str], serve_args: Sequence[str], spec: LoadSpec, port: int,
-            log_dir: Path, start_timeout_s: float) -> dict[str, object]:
-    known = backends(plugin_names())
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {unknown}: choose from {sorted(known)}")
-    runs = {n: run_backend(known[n], serve_args, spec, port, log_dir, start_timeout_s)
-            for n in names}
-    columns = {n: run["metrics"] for n, run in runs.items()}
-    doc: dict[str, object] = {"runs": runs}
+def load_problems(name: str, metrics: Mapping[str, float], load: Load) -> list[str]:
+    """What makes a finished load a failed run: failed requests, fewer requests or tokens than sent."""
+    out = []
+    if metrics.get("failed", 0):
+        out.append(f"{name}: {metrics['failed']:.0f} of {load.num_prompts} requests failed")
+    if metrics.get("completed") != load.num_prompts:
+        out.append(f"{name}: {metrics.get('completed', 0):.0f} of {load.num_prompts} requests completed")
+    elif metrics.get("total_output_tokens") != load.num_prompts * load.output_len:
+        out.append(f"{name}: {metrics.get('total_output_tokens', 0):.0f} output tokens, "
+                   f"expected {load.num_prompts} x {load.output_len}")
+    return out
+
+
+# ---------------------------------------------------------------- side by side
+
+def ratios(columns: Mapping[str, Mapping[str, float]], reference: str) -> dict[str, dict[str, float]]:
+    """How much better `reference` is than each other run, per metric (>1: reference better).
+
+    Throughputs: reference / other. Latencies: other / reference. NaN where a value is missing or 0."""
+    base = columns[reference]
+    out: dict[str, dict[str, float]] = {}
+    for name, values in columns.items():
+        if name == reference:
+            continue
+        row: dict[str, float] = {}
+        for key in RATIO_KEYS:
+            ours, theirs = base.get(key, 0.0), values.get(key, 0.0)
+            num, den = (ours, theirs) if key in HIGHER_IS_BETTER else (theirs, ours)
+            row[key] = num / den if num and den else math.nan
+        out[name] = row
+    return out
+
+
+def compare(chosen: Sequence[Backend], serve_args: Sequence[str], load: Load, port: int, out_dir: Path,
+            start_timeout_s: float) -> dict[str, object]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {b.name: run_backend(b, serve_args, load, port, out_dir, start_timeout_s) for b in chosen}
+    return document(runs, load)
+
+
+def document(runs: Mapping[str, Mapping[str, object]], load: Load) -> dict[str, object]:
+    names = list(runs)
+    doc: dict[str, object] = {"load": asdict(load), "reference": names[0], "runs": dict(runs),
+                              "ok": all(r.get("ok") for r in runs.values())}
     if len(names) > 1:
-        doc["speedups"] = metrics.speedups(columns, names[0])  # type: ignore[arg-type]
+        doc["ratios"] = ratios({n: r.get("metrics") or {} for n, r in runs.items()}, names[0])  # type: ignore[misc]
     return doc
 
 
-def render_compare(doc: Mapping[str, object]) -> str:
-    runs = doc["runs"]
-    assert isinstance(runs, Mapping)
-    text = metrics.table({n: r["metrics"] for n, r in runs.items()})
-    if doc.get("speedups"):
-        text += "\n\n" + metrics.speedup_table(doc["speedups"], next(iter(runs)))  # type: ignore[arg-type]
-    return text
+def _cell(value: object) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def render(doc: Mapping[str, object]) -> str:
+    """Printed comparison: selections, one column per run, ratios, problems."""
+    runs: Mapping[str, Mapping] = doc["runs"]  # type: ignore[assignment]
+    names = list(runs)
+    lines = []
+    for name, run in runs.items():
+        asked, selected = run.get("asked", {}), run.get("selected", {})
+        chosen = ", ".join(selected.get("attention_backends") or []) or "(none logged)"
+        lines.append(f"{name}: asked {asked.get('attention_backend')} ({asked.get('implementation')}), "
+                     f"selected {chosen} ({selected.get('implementation', '?')})"
+                     f" -> {'ok' if run.get('ok') else 'FAILED'}")
+    width = max(len(label) for _, label in TABLE_ROWS)
+    col = max([12, *(len(n) for n in names)])
+    lines += ["", f"{'':{width}}  " + "  ".join(f"{n:>{col}}" for n in names)]
+    for key, label in TABLE_ROWS:
+        cells = [_cell((runs[n].get("metrics") or {}).get(key)) for n in names]
+        lines.append(f"{label:{width}}  " + "  ".join(f"{c:>{col}}" for c in cells))
+    for other, row in (doc.get("ratios") or {}).items():  # type: ignore[union-attr]
+        cells = ", ".join(f"{k} {v:.2f}x" for k, v in row.items())
+        lines.append(f"{doc['reference']} vs {other}: {cells}")
+    for run in runs.values():
+        lines += [f"problem: {p}" for p in run.get("problems") or []]
+        lines += [f"  request error: {e}" for e in run.get("errors") or []]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- CLI
 
-def _spec_args(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("--num-prompts", type=int, default=int(env("BENCH_NUM_PROMPTS", "1000")))
-    parser.add_argument("--input-len", type=int, default=int(env("BENCH_INPUT_LEN", "1024")))
-    parser.add_argument("--output-len", type=int, default=int(env("BENCH_OUTPUT_LEN", "128")))
-    parser.add_argument("--concurrency", type=int, default=int(env("BENCH_CONCURRENCY", "64")))
-    parser.add_argument("--seed", type=int, default=int(env("BENCH_SEED", "0")))
-    parser.add_argument("--warmup", type=int, default=int(env("BENCH_WARMUP", "4")))
-    parser.add_argument("--model", default=env("BENCH_MODEL_NAME", ""),
-                        help="served model name (default: asked from /v1/models)")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-
-
-def spec_from(args: argparse.Namespace) -> LoadSpec:
-    return LoadSpec(num_requests=args.num_prompts, input_len=args.input_len,
-                    output_len=args.output_len, concurrency=args.concurrency, seed=args.seed,
-                    warmup=args.warmup, model=args.model)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    env = os.environ
     parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="load a running server")
-    run_p.add_argument("--base-url", default=os.environ.get("BENCH_BASE_URL", "http://127.0.0.1:8000"))
-    _spec_args(run_p)
-    cmp_p = sub.add_parser("compare", help="start one server per backend and compare")
-    cmp_p.add_argument("--backends", default=os.environ.get("BENCH_BACKENDS", "plugin,vllm-aiter,triton"))
-    cmp_p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", "8011")))
-    cmp_p.add_argument("--start-timeout", type=float,
-                       default=float(os.environ.get("BENCH_START_TIMEOUT", "1800")))
-    cmp_p.add_argument("--log-dir", default=os.environ.get("BENCH_LOG_DIR", "."))
-    cmp_p.add_argument("serve_args", nargs="*", help="after --: arguments for every server")
-    _spec_args(cmp_p)
+    parser.add_argument("--backends", default=env.get("BENCH_BACKENDS") or ENV_DEFAULTS["BENCH_BACKENDS"],
+                        help="comma-separated, the first is the reference of the ratios (BENCH_BACKENDS)")
+    for option, name in (("--num-prompts", "BENCH_NUM_PROMPTS"), ("--input-len", "BENCH_INPUT_LEN"),
+                         ("--output-len", "BENCH_OUTPUT_LEN"), ("--concurrency", "BENCH_CONCURRENCY"),
+                         ("--seed", "BENCH_SEED"), ("--warmups", "BENCH_WARMUPS")):
+        parser.add_argument(option, dest=name, default=None, help=f"default ${name} or {ENV_DEFAULTS[name]}")
+    parser.add_argument("--bench-args", dest="BENCH_ARGS", default=None,
+                        help="further `vllm bench serve` arguments, shell-quoted (BENCH_ARGS)")
+    parser.add_argument("--port", type=int, default=int(env.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"]))
+    parser.add_argument("--start-timeout", type=float,
+                        default=float(env.get("BENCH_START_TIMEOUT") or ENV_DEFAULTS["BENCH_START_TIMEOUT"]))
+    parser.add_argument("--out-dir", default=env.get("BENCH_OUT_DIR") or ".",
+                        help="server logs and vLLM's result files (BENCH_OUT_DIR, default .)")
+    parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    parser.add_argument("serve_args", nargs="*", help="after --: arguments for every server")
     args = parser.parse_args(argv)
 
-    spec = spec_from(args)
-    if args.command == "run":
-        doc: dict[str, object] = run_load(args.base_url, spec,
-                                          os.environ.get("VLLM_API_KEY", ""))
-        print(metrics.table({"result": doc["metrics"]}))  # type: ignore[dict-item]
-        failed = int(doc["metrics"]["failed"])  # type: ignore[index]
-    else:
-        names = [n.strip() for n in args.backends.split(",") if n.strip()]
-        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-        doc = compare(names, args.serve_args, spec, args.port, Path(args.log_dir),
-                      args.start_timeout)
-        print(render_compare(doc))
-        failed = sum(int(r["metrics"]["failed"]) for r in doc["runs"].values())  # type: ignore[union-attr,index]
+    given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
+    try:
+        load = Load.from_env({**env, **given})
+        chosen = choose([n.strip() for n in args.backends.split(",") if n.strip()], backends(plugin_names()))
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    doc = compare(chosen, args.serve_args, load, args.port, Path(args.out_dir), args.start_timeout)
+    print(render(doc), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    for error in doc.get("errors", []) or []:  # type: ignore[union-attr]
-        print(f"error: {error}", file=sys.stderr)
-    return 1 if failed else 0
+    return 0 if doc["ok"] else 1
 
 
 if __name__ == "__main__":
