@@ -279,3 +279,88 @@ def test_serving_image_sets_upstreams_rocm_runtime_environment(vllm_src):
     for i, line in enumerate(lines):  # one comment each
         if re.match(rf"^ENV ({'|'.join(SERVING_ENV)})=", line):
             assert lines[i - 1].startswith("#"), line
+
+
+# vLLM 0.32's setup.py also builds Rust artifacts with setuptools-rust: the `vllm-rs` frontend
+# binary (used only with VLLM_USE_RUST_FRONTEND=1 or VLLM_USE_RUST_BENCH=1). The base image has
+# no Rust toolchain, so the compile relies on that extension being optional; the next two tests
+# hold vLLM's source and the pinned setuptools-rust to that.
+RUST_PROBE = '''\
+import importlib.util, sys
+from setuptools import setup
+spec = importlib.util.spec_from_file_location("vllm_build_rust", sys.argv[1])
+build_rust = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build_rust)
+optional = sys.argv[2] == "optional"
+names = [ext.name for ext in build_rust.rust_extensions(optional=optional)]
+print("rust extensions:", names, "optional" if optional else "required", flush=True)
+setup(name="vllm-rust-probe", version="0", rust_extensions=build_rust.rust_extensions(optional=optional),
+      script_args=["build_rust"])
+'''
+
+
+def setup_py_rust_optional(src: Path, env: dict[str, str]) -> bool:
+    """What vLLM's setup.py passes as `optional=` to its Rust extensions, evaluated under `env`:
+    the expression and the function it calls are taken from setup.py itself."""
+    import ast
+
+    tree = ast.parse((src / "setup.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "rust_extensions"]
+    assert len(calls) == 1, "vLLM's setup.py: expected one rust_build.rust_extensions(...) call"
+    (optional,) = [k.value for k in calls[0].keywords if k.arg == "optional"]
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "should_require_rust_frontend"]
+    module = ast.Module(body=[ast.Import(names=[ast.alias(name="os")]), *functions], type_ignores=[])
+    scope: dict = {}
+    exec(compile(ast.fix_missing_locations(module), "setup.py", "exec"), scope)
+    saved = os.environ.copy()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        return bool(eval(compile(ast.Expression(optional), "setup.py", "eval"), scope))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_vllm_rust_frontend_is_optional_unless_required(vllm_src):
+    assert setup_py_rust_optional(vllm_src, {}) is True
+    assert setup_py_rust_optional(vllm_src, {"VLLM_REQUIRE_RUST_FRONTEND": "1"}) is False
+    # build_vllm.sh never asks for it, whatever the build environment holds
+    script = (DOCKER / "build_vllm.sh").read_text()
+    assert "unset VLLM_REQUIRE_RUST_FRONTEND" in script
+    assert "VLLM_REQUIRE_RUST_FRONTEND=" not in script
+
+
+@pytest.fixture(scope="module")
+def build_tools(tmp_path_factory) -> Path:
+    """The hash-pinned build tools (ci/docker/requirements-build.txt) installed into a folder."""
+    target = tmp_path_factory.mktemp("build-tools")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                           "--no-deps", "--require-hashes", "--no-compile", "--target", target,
+                           "-r", DOCKER / "requirements-build.txt"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"cannot install ci/docker/requirements-build.txt (needs PyPI): {proc.stderr[-2000:]}")
+    return target
+
+
+@pytest.mark.parametrize("mode", ["optional", "required"])
+def test_vllm_compile_without_a_rust_toolchain(vllm_src, build_tools, tmp_path, mode):
+    """setuptools-rust at our pin, with no cargo/rustc on PATH, on vLLM's own Rust extension list:
+    optional (what setup.py passes by default) goes on without it; required stops."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    for tool in ("cargo", "rustc"):
+        assert not (bin_dir / tool).exists()
+    env = {"PATH": str(bin_dir), "PYTHONPATH": str(build_tools), "HOME": str(tmp_path)}
+    (tmp_path / "probe.py").write_text(RUST_PROBE)
+    proc = subprocess.run([sys.executable, "probe.py", str(vllm_src / "tools/build_rust.py"), mode],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "rust extensions: ['vllm.vllm-rs']" in out, out
+    assert "can't find Rust compiler" in out, out
+    if mode == "optional":
+        assert proc.returncode == 0, out
+    else:
+        assert proc.returncode != 0, out

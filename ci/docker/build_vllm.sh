@@ -68,6 +68,13 @@ PY
   export PYTORCH_ROCM_ARCH=$GPU_ARCHS VLLM_TARGET_DEVICE=rocm TRITON_KERNELS_SRC_DIR
   export CCACHE_DIR=${CCACHE_DIR:-/root/.cache/ccache}
   echo "vllm-wheel: PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH, triton_kernels from $TRITON_KERNELS_SRC_DIR"
+  # vLLM's Rust frontend (the vllm-rs binary, used only with VLLM_USE_RUST_FRONTEND=1 or
+  # VLLM_USE_RUST_BENCH=1) is an optional extension of setup.py unless VLLM_REQUIRE_RUST_FRONTEND
+  # is set; the base image carries no Rust toolchain, so it is not built and the Python server is.
+  unset VLLM_REQUIRE_RUST_FRONTEND
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "vllm-wheel: no Rust toolchain: vLLM's optional Rust frontend (vllm-rs) is not built; VLLM_USE_RUST_FRONTEND and VLLM_USE_RUST_BENCH stay unsupported in this image"
+  fi
   python "$here/pinned_dists.py" snapshot "$out/pins-before.json"
   (cd "$src" && python -m pip wheel --no-deps --no-build-isolation --wheel-dir "$out" .)
   python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (compile)"
