@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
         line = f"skipped: {sum(_SKIPS.values())} ({'; '.join(parts)})"
     terminalreporter.section("skips")
     terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def ci_dir() -> Path:
+    """The repository's ci/ folder (entrypoint, suites, pipeline scripts), for tests that run its files."""
+    return Path(__file__).resolve().parent / "ci"

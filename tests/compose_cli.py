@@ -21,7 +21,8 @@ def compose_config(files: Sequence[str], profiles: Sequence[str] = (), env: dict
     if not shutil.which("docker"):
         pytest.skip("no docker client in PATH")
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker compose plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+        pytest.skip("docker compose plugin not found "
+                    "(eval \"$(bash ci/test-machine/docker-engine.sh env)\" sets DOCKER_CONFIG)")
     cmd = ["docker", "compose", "--project-directory", str(ROOT)]
     for f in files:
         cmd += ["-f", str(ROOT / f)]

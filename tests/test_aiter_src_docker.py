@@ -28,10 +28,11 @@ def _buildx():
 @pytest.fixture(scope="module")
 def engine():
     if not _engine_answers():
-        pytest.skip("no Docker engine answers (start one: bash ci/docker-engine.sh start; "
-                    "eval \"$(bash ci/docker-engine.sh env)\")")
+        pytest.skip("no Docker engine answers (start one: bash ci/test-machine/docker-engine.sh start; "
+                    "eval \"$(bash ci/test-machine/docker-engine.sh env)\")")
     if not _buildx():
-        pytest.skip("docker buildx plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+        pytest.skip("docker buildx plugin not found "
+                    "(eval \"$(bash ci/test-machine/docker-engine.sh env)\" sets DOCKER_CONFIG)")
 
 
 @pytest.fixture(scope="module")

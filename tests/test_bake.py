@@ -16,7 +16,7 @@ def bake_print(*targets, env=None, files=("docker-bake.hcl", "versions.json")):
     if not shutil.which("docker"):
         pytest.skip("no docker client in PATH")
     if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker buildx plugin not found (see ci/docker-engine.sh env: DOCKER_CONFIG)")
+        pytest.skip("docker buildx plugin not found (see ci/test-machine/docker-engine.sh env: DOCKER_CONFIG)")
     cmd = ["docker", "buildx", "bake", "--print"]
     for f in files:
         cmd += ["-f", f]

@@ -95,12 +95,12 @@ def engine_answers() -> bool:
 @pytest.fixture(scope="module")
 def h(request, engine_report, tmp_path_factory):
     if not shutil.which("docker") or not engine_answers():
-        pytest.skip("no Docker engine answers (start one: bash ci/docker-engine.sh start; "
-                    "eval \"$(bash ci/docker-engine.sh env)\")")
+        pytest.skip("no Docker engine answers (start one: bash ci/test-machine/docker-engine.sh start; "
+                    "eval \"$(bash ci/test-machine/docker-engine.sh env)\")")
     for plugin in ("buildx", "compose"):
         if subprocess.run(["docker", plugin, "version"], capture_output=True).returncode != 0:
             pytest.fail(f"docker {plugin} plugin not found: "
-                        "eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG")
+                        "eval \"$(bash ci/test-machine/docker-engine.sh env)\" sets DOCKER_CONFIG")
     log = Path(os.environ.get("ENGINE_TEST_LOG") or tmp_path_factory.mktemp("engine") / "engine-integration.log")
     # another module that takes these fixtures (ENGINE_LOG_SUFFIX) logs beside this one, not over it
     if suffix := getattr(request.module, "ENGINE_LOG_SUFFIX", ""):

@@ -5,7 +5,7 @@ ROCm server needs are in the rendered objects.
 LeaderWorkerSet is a custom resource whose CRD schema is not packaged on PyPI, Debian or npm:
 its pod templates (leader and worker) are validated as core PodTemplates, and its own fields
 against the small hand-written schema below (field names and enums of leaderworkerset.x-k8s.io/v1).
-kubectl: `bash ci/k8s-tools.sh install`."""
+kubectl: `bash ci/test-machine/k8s-tools.sh install`."""
 from __future__ import annotations
 
 import copy
@@ -70,7 +70,7 @@ LWS_SCHEMA = {
 def kubectl() -> str:
     path = shutil.which("kubectl")
     if not path:
-        pytest.skip("kubectl not found: bash ci/k8s-tools.sh install")
+        pytest.skip("kubectl not found: bash ci/test-machine/k8s-tools.sh install")
     return path
 
 

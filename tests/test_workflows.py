@@ -79,8 +79,8 @@ def test_every_script_the_workflows_run_exists_and_is_tested() -> None:
         for _, step in steps(doc):
             scripts.update(SCRIPT.findall(step.get("run", "")))
             modules.update(MODULE.findall(step.get("run", "")))
-    assert {"ci/amd-runner/publish.sh", "ci/amd-runner/selftest.sh", "ci/amd-runner/login.sh",
-            "ci/pipeline/propose-pins.sh", ".ci/run"} <= scripts
+    assert {"ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/selftest.sh",
+            "ci/pipeline/amd-runner/login.sh", "ci/pipeline/propose-pins.sh", ".ci/run"} <= scripts
     assert modules == {"ci.pipeline"}
     tests_text = "\n".join(p.read_text() for d in TEST_DIRS for p in d.glob("test_*.py"))
     for script in sorted(scripts):
@@ -97,8 +97,9 @@ def test_secrets_reach_scripts_only_through_the_environment() -> None:
     for name, doc in workflows().items():
         for job_name, step in steps(doc):
             assert "secrets." not in step.get("run", ""), f"{name} {job_name}: a secret inside a run script"
-    for script in ("ci/amd-runner/login.sh", "ci/amd-runner/publish.sh", "ci/amd-runner/build.sh",
-                   "ci/amd-runner/selftest.sh", "ci/pipeline/propose-pins.sh"):
+    for script in ("ci/pipeline/amd-runner/login.sh", "ci/pipeline/amd-runner/publish.sh",
+                   "ci/pipeline/amd-runner/build.sh", "ci/pipeline/amd-runner/selftest.sh",
+                   "ci/pipeline/propose-pins.sh"):
         text = (REPO / script).read_text()
         assert not re.search(r"set\s+-\w*x|xtrace", text), f"{script} traces commands"
 
@@ -116,13 +117,13 @@ def test_jobs_do_what_the_readme_says() -> None:
     build, selftest = images["jobs"]["build"], images["jobs"]["selftest"]
     assert selftest["needs"] == "build"
     runs = [s.get("run", "") for s in selftest["steps"]]
-    assert any("ci/amd-runner/selftest.sh" in r for r in runs)
+    assert any("ci/pipeline/amd-runner/selftest.sh" in r for r in runs)
     assert any("python3 -m ci.pipeline summary" in r and "GITHUB_STEP_SUMMARY" in r for r in runs)
     uploads = {s["with"]["path"] for s in selftest["steps"] if s.get("uses", "").startswith("actions/upload-artifact")}
     assert "selftest-results/bench.json" in uploads
     report = next(s for s in selftest["steps"] if s.get("uses", "").startswith("mikepenz/action-junit-report"))
     assert report["with"]["report_paths"] == f"{selftest['env']['RESULTS_DIR']}/selftest.xml"
-    assert any("ci/amd-runner/publish.sh" in s.get("run", "") for s in build["steps"])
+    assert any("ci/pipeline/amd-runner/publish.sh" in s.get("run", "") for s in build["steps"])
 
     assert "schedule" in triggers(pins)
     assert pins["permissions"] == {"contents": "write", "pull-requests": "write"}
@@ -148,7 +149,8 @@ def test_the_readme_gitlab_wrapper_calls_the_same_scripts() -> None:
     lines = [l for job in pipeline.values() if isinstance(job, dict)
              for key in ("script", "after_script") for l in job.get(key, [])]
     called = {s for l in lines for s in SCRIPT.findall(l)}
-    assert called == {"ci/amd-runner/login.sh", "ci/amd-runner/publish.sh", "ci/amd-runner/selftest.sh"}
+    assert called == {"ci/pipeline/amd-runner/login.sh", "ci/pipeline/amd-runner/publish.sh",
+                      "ci/pipeline/amd-runner/selftest.sh"}
     for script in called:
         assert (REPO / script).is_file()
     subcommands = {m for l in lines for m in re.findall(r"python3 -m ci\.pipeline (\w+)", l)}

@@ -1,7 +1,7 @@
 """Markdown summary of a self-test run: one row per suite with its result, the attention
 backends vLLM selected and the throughput ratio AITER MLA / Triton MLA.
 
-Reads a results directory as ci/amd-runner/selftest.sh leaves it: selftest.json (the
+Reads a results directory as ci/pipeline/amd-runner/selftest.sh leaves it: selftest.json (the
 self-test report), selftest.xml (JUnit; the smoke suite prints the backends it saw, kept
 with `-o junit_logging=system-out`), and for bench the server logs named in its runs.
 """

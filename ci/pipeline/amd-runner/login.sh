@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a command logged in to the image registry, and log out afterwards.
 #
-#   ci/amd-runner/login.sh COMMAND [ARGS...]
+#   ci/pipeline/amd-runner/login.sh COMMAND [ARGS...]
 #
 # Settings:
 #   REGISTRY           image repository prefix; its first component is the registry host
@@ -17,7 +17,7 @@ set -euo pipefail
 
 docker_cmd=${DOCKER:-docker}
 if [ "$#" -eq 0 ]; then
-  echo "error: no command given: ci/amd-runner/login.sh COMMAND [ARGS...]" >&2
+  echo "error: no command given: ci/pipeline/amd-runner/login.sh COMMAND [ARGS...]" >&2
   exit 1
 fi
 host=${REGISTRY_HOST:-}

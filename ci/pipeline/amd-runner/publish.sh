@@ -2,7 +2,7 @@
 # Build the images on an AMD build runner and push them with registry build cache, SBOM and
 # provenance attestations.
 #
-#   ci/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
+#   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
 # 1. `python3 -m ci.pins verify --strict`: a pushed image has every pin resolved
 #    (PUBLISH=print: verify without --strict).
@@ -10,7 +10,7 @@
 #    vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ the git tag or branch name of GIT_REF),
 #    cache-from/cache-to type=registry (one cache ref per target, keyed so that a vLLM bump
 #    reuses the AITER layers) and attest type=sbom / type=provenance,mode=max.
-# 3. ci/amd-runner/build.sh with that file and --push.
+# 3. ci/pipeline/amd-runner/build.sh with that file and --push.
 #
 # Settings:
 #   REGISTRY     image repository prefix, required (images: $REGISTRY/<target>:<tag>)
@@ -25,7 +25,7 @@
 #   DOCKER       docker command (default docker)
 # When $GITHUB_OUTPUT is set, writes tag=<tag> and image-prefix=<REGISTRY> to it.
 set -euo pipefail
-cd "$(dirname "$(readlink -f "$0")")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
@@ -78,4 +78,4 @@ if [ -n "${BUILDER:-}" ]; then
 fi
 
 export TAG=$tag VCS_REF=$sha RESULTS_DIR=$results
-BAKE_ARGS="$bake_mode -f $bake_file" DOCKER="$docker_cmd" exec bash ci/amd-runner/build.sh "$@"
+BAKE_ARGS="$bake_mode -f $bake_file" DOCKER="$docker_cmd" exec bash ci/pipeline/amd-runner/build.sh "$@"

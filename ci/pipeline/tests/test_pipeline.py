@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef0123456789abcdef01234567"
 KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
 
@@ -149,8 +149,8 @@ def test_bake_file_refuses_a_registry_it_cannot_push_to() -> None:
 def _real_buildx() -> str:
     docker = shutil.which("docker")
     if docker is None or run([docker, "buildx", "version"]).returncode != 0:
-        pytest.skip("docker buildx not found "
-                    "(bash ci/docker-engine.sh start; eval \"$(bash ci/docker-engine.sh env)\")")
+        pytest.skip("docker buildx not found (bash ci/test-machine/docker-engine.sh start; "
+                    "eval \"$(bash ci/test-machine/docker-engine.sh env)\")")
     return docker
 
 
@@ -163,7 +163,7 @@ def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path
            "GITHUB_OUTPUT": str(out)}
     for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG"):
         env.pop(name, None)
-    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     targets = json.loads(proc.stdout)["target"]
     assert set(targets) == {"base", "serve", "ci"}
@@ -220,7 +220,7 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     results = tmp_path / "results"
     env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA, "GIT_REF": "refs/heads/main",
            "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1"}
-    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((resolved_repo / "versions.json").read_text())
     commit = data["aiter"]["pins"][data["aiter"]["default"]]["commit"]
@@ -239,7 +239,7 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
 
     # an existing builder is used as it is
     (tmp_path / "docker.jsonl").unlink()
-    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh"), "base"],
+    proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh"), "base"],
                env={**env, "FAKE_INSPECT_RC": "0"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "inspect"], ["buildx", "bake"]]
@@ -276,7 +276,7 @@ def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fa
     (resolved_repo / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
     env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA,
            "RESULTS_DIR": str(tmp_path / "results")}
-    proc = run(["bash", str(resolved_repo / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode != 0
     assert "vllm.commit" in proc.stderr
     assert fake_docker.calls() == []
@@ -284,11 +284,12 @@ def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fa
 
 def test_publish_needs_a_registry(fake_docker, tmp_path: Path) -> None:
     env = {**fake_docker.env, "GIT_SHA": SHA, "RESULTS_DIR": str(tmp_path / "results")}
-    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: REGISTRY is not set: set REGISTRY to the repository prefix to push to (e.g. ghcr.io/org/rocm-vllm)"]
-    proc = run(["bash", str(REPO / "ci/amd-runner/publish.sh")], env={**env, "PUBLISH": "upload"}, cwd=tmp_path)
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env={**env, "PUBLISH": "upload"},
+               cwd=tmp_path)
     assert proc.returncode == 1 and "PUBLISH" in proc.stderr
     assert fake_docker.calls() == []
 
@@ -302,7 +303,7 @@ def test_login_hands_the_password_on_stdin_and_never_prints_it(fake_docker, tmp_
     env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "REGISTRY_USERNAME": "bot",
            "REGISTRY_PASSWORD": SECRET}
     command = ["sh", "-c", 'echo "password in command env: ${REGISTRY_PASSWORD:-none}"; exit 3']
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), *command], env=env, cwd=REPO)
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/login.sh"), *command], env=env, cwd=REPO)
     assert proc.returncode == 3  # the command's status
     assert "password in command env: none" in proc.stdout
     assert SECRET not in proc.stdout + proc.stderr
@@ -315,19 +316,20 @@ def test_login_hands_the_password_on_stdin_and_never_prints_it(fake_docker, tmp_
 
 def test_login_host_and_settings(fake_docker, tmp_path: Path) -> None:
     base = {**fake_docker.env, "REGISTRY_USERNAME": "bot", "REGISTRY_PASSWORD": SECRET}
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"], env={**base, "REGISTRY": "team/rocm-vllm"})
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/login.sh"), "true"],
+               env={**base, "REGISTRY": "team/rocm-vllm"})
     assert proc.returncode == 0, proc.stderr
     assert fake_docker.calls()[0]["argv"][-1] == "docker.io"
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"],
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/login.sh"), "true"],
                env={**base, "REGISTRY": "registry.example:5000/x", "REGISTRY_HOST": "other.example"})
     assert fake_docker.calls()[2]["argv"][-1] == "other.example"
     n = len(fake_docker.calls())
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "true"],
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/login.sh"), "true"],
                env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r", "REGISTRY_PASSWORD": SECRET})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME"]
-    proc = run(["bash", str(REPO / "ci/amd-runner/login.sh"), "echo", "ran"],
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/login.sh"), "echo", "ran"],
                env={**fake_docker.env, "REGISTRY": "ghcr.io/t/r"})
     assert proc.returncode == 0 and proc.stdout == "ran\n" and "existing credentials for ghcr.io" in proc.stderr
     assert len(fake_docker.calls()) == n
@@ -338,7 +340,7 @@ def test_login_argv_is_accepted_by_the_real_docker_client(tmp_path: Path) -> Non
     every flag and fails only at the connection."""
     docker = shutil.which("docker")
     if docker is None:
-        pytest.skip("no docker client in PATH (bash ci/docker-engine.sh start installs one)")
+        pytest.skip("no docker client in PATH (bash ci/test-machine/docker-engine.sh start installs one)")
     env = {**os.environ, "DOCKER_CONFIG": str(tmp_path / "config")}
     proc = run([docker, "login", "--username", "bot", "--password-stdin", "127.0.0.1:9"], env=env,
                input=SECRET, timeout=60)

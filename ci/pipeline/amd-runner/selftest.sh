@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the in-image self-tests on this AMD GPU host and publish the results.
 #
-#   ci/amd-runner/selftest.sh [SUITE] [-- PYTEST_ARGS...]     SUITE: selector|smoke|bench|all (default all)
+#   ci/pipeline/amd-runner/selftest.sh [SUITE] [-- PYTEST_ARGS...]     SUITE: selector|smoke|bench|all (default all)
 #
 # Writes RESULTS_DIR/selftest.json, selftest.xml (JUnit), selftest.log and, for
 # bench, bench.json and server logs; appends the summary to $GITHUB_STEP_SUMMARY

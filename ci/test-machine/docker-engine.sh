@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A private Docker engine for CI machines and the repository's Docker tests.
 #
-#   bash ci/docker-engine.sh start   install the engine if absent, start it, wait until it answers
-#   bash ci/docker-engine.sh env     print `export ...` lines for clients:  eval "$(bash ci/docker-engine.sh env)"
-#   bash ci/docker-engine.sh status  exit 0 when the engine answers
-#   bash ci/docker-engine.sh stop    stop the engine started by `start`
+#   bash ci/test-machine/docker-engine.sh start   install the engine if absent, start it, wait until it answers
+#   bash ci/test-machine/docker-engine.sh env     print `export ...` lines for clients:  eval "$(bash ci/test-machine/docker-engine.sh env)"
+#   bash ci/test-machine/docker-engine.sh status  exit 0 when the engine answers
+#   bash ci/test-machine/docker-engine.sh stop    stop the engine started by `start`
 #
 # The engine runs with its own data root, exec root and socket, so it never
 # touches a system Docker installation. Containers and builds use host

@@ -95,7 +95,7 @@ def test_pytest_args_pass_through(ci_dir: Path, suites: Path) -> None:
 
 
 def test_pytest_args_after_options(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
-    """The argv ci/amd-runner/selftest.sh builds: suite, options, then -- and pytest's arguments."""
+    """The argv ci/pipeline/amd-runner/selftest.sh builds: suite, options, then -- and pytest's arguments."""
     (suites / "test_selector.py").write_text(FAILING)
     proc = run(ci_dir, suites, "selector", "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
                "--", "-k", "ok")

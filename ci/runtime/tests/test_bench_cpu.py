@@ -24,7 +24,7 @@ from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pyt
 
 pytestmark = pytest.mark.engine
 
-CI_DIR = Path(__file__).resolve().parents[1]
+CI_DIR = Path(__file__).resolve().parents[2]
 TINY = CI_DIR / "models" / "tiny-mla"
 CPU_SERVER = (f"--model {TINY} --dtype float32 --max-model-len 256 --max-num-seqs 4 "
               "--gpu-memory-utilization 0.5 --enforce-eager --seed 0")

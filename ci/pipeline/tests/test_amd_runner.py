@@ -55,8 +55,8 @@ def real_docker_accepts(argv: list[str]) -> None:
     arguments must fail only because the test image does not exist."""
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "version"], capture_output=True, timeout=30).returncode != 0:
-        pytest.skip("no Docker engine answers to check the argv with (bash ci/docker-engine.sh start; "
-                    "eval \"$(bash ci/docker-engine.sh env)\")")
+        pytest.skip("no Docker engine answers to check the argv with (bash ci/test-machine/docker-engine.sh start; "
+                    "eval \"$(bash ci/test-machine/docker-engine.sh env)\")")
     assert argv[0] == "run"
     proc = subprocess.run([docker, "create", "--pull", "never", *argv[1:]], capture_output=True, text=True,
                           timeout=60)
@@ -65,7 +65,7 @@ def real_docker_accepts(argv: list[str]) -> None:
 
 
 def test_selftest_runs_image_with_device_flags(host, ci_dir: Path) -> None:
-    proc = host.run(ci_dir / "amd-runner/selftest.sh", "smoke", "--", "-x",
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", "smoke", "--", "-x",
                     BENCH_NUM_PROMPTS="10", TAG="t1", GITHUB_STEP_SUMMARY=str(host.root / "sum.md"))
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()
@@ -84,7 +84,7 @@ def test_selftest_runs_image_with_device_flags(host, ci_dir: Path) -> None:
 
 
 def test_selftest_passes_the_exit_status_on(host, ci_dir: Path) -> None:
-    proc = host.run(ci_dir / "amd-runner/selftest.sh", FAKE_DOCKER_RC="2", RENDER_GID="109")
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", FAKE_DOCKER_RC="2", RENDER_GID="109")
     assert proc.returncode == 2
     (argv,) = host.calls()
     assert "109" in _flag_values(argv, "--group-add") and argv[-5] == "all"
@@ -92,22 +92,22 @@ def test_selftest_passes_the_exit_status_on(host, ci_dir: Path) -> None:
 
 def test_selftest_without_kfd_or_render_node_fails_clearly(host, ci_dir: Path) -> None:
     (host.dri / "renderD128").unlink()
-    proc = host.run(ci_dir / "amd-runner/selftest.sh")
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh")
     assert proc.returncode == 1 and "RENDER_GID" in proc.stderr
     host.kfd.unlink()
-    proc = host.run(ci_dir / "amd-runner/selftest.sh")
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh")
     assert proc.returncode == 1 and "no " in proc.stderr and "kfd" in proc.stderr
     assert host.calls() == []
 
 
 def test_build_bakes_targets(host, ci_dir: Path) -> None:
     """The whole argv: bake file, versions file, metadata file, extra arguments, targets."""
-    proc = host.run(ci_dir / "amd-runner/build.sh", TAG="t2")
+    proc = host.run(ci_dir / "pipeline/amd-runner/build.sh", TAG="t2")
     assert proc.returncode == 0, proc.stderr
     metadata = str(host.root / "results/bake-metadata.json")
     assert host.calls() == [["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
                              "--metadata-file", metadata, "--load", "ci", "serve"]]
-    host.run(ci_dir / "amd-runner/build.sh", "base", BAKE_ARGS="--push --progress plain")
+    host.run(ci_dir / "pipeline/amd-runner/build.sh", "base", BAKE_ARGS="--push --progress plain")
     assert host.calls()[1] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
                                "--metadata-file", metadata, "--push", "--progress", "plain", "base"]
 
@@ -115,9 +115,10 @@ def test_build_bakes_targets(host, ci_dir: Path) -> None:
 def _real_buildx() -> str:
     docker = shutil.which("docker")
     if docker is None:
-        pytest.skip("no docker client in PATH (bash ci/docker-engine.sh start installs one)")
+        pytest.skip("no docker client in PATH (bash ci/test-machine/docker-engine.sh start installs one)")
     if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker buildx plugin not found (eval \"$(bash ci/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+        pytest.skip("docker buildx plugin not found "
+                    "(eval \"$(bash ci/test-machine/docker-engine.sh env)\" sets DOCKER_CONFIG)")
     return docker
 
 
@@ -130,7 +131,7 @@ def test_build_resolves_the_graph_with_real_bake(tmp_path: Path, ci_dir: Path) -
     env = {**os.environ, "BAKE_ARGS": "--print", "RESULTS_DIR": str(tmp_path / "results"),
            "REGISTRY": "registry.example/team", "TAG": "t3", "VCS_REF": "0123abc"}
     env.pop("DOCKER", None)
-    proc = subprocess.run(["bash", str(ci_dir / "amd-runner/build.sh")], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ci_dir / "pipeline/amd-runner/build.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     targets = json.loads(proc.stdout)["target"]  # progress lines go to stderr
@@ -156,7 +157,7 @@ def test_build_without_versions_file_fails_through_real_bake(tmp_path: Path, ci_
 def test_selftest_forwards_pytest_addopts(host, ci_dir: Path) -> None:
     """The pipeline's pytest options reach the suites' pytest through PYTEST_ADDOPTS (the
     self-test CLI takes `-- PYTEST_ARGS` only before its own options)."""
-    proc = host.run(ci_dir / "amd-runner/selftest.sh", "all", RENDER_GID="109",
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", "all", RENDER_GID="109",
                     PYTEST_ADDOPTS="-o junit_logging=system-out")
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the images on an AMD runner with `docker buildx bake` (docker-bake.hcl).
 #
-#   ci/amd-runner/build.sh [TARGET...]        default targets: ci serve
+#   ci/pipeline/amd-runner/build.sh [TARGET...]        default targets: ci serve
 #
 # Bake variables come from the environment (REGISTRY, TAG, GPU_ARCHS, MAX_JOBS,
 # CACHE_FROM, CACHE_TO, VCS_REF, ...; see docker-bake.hcl). Other settings:
@@ -9,7 +9,7 @@
 #   RESULTS_DIR  where the build metadata is written (default ./selftest-results)
 #   DOCKER       docker command (default docker)
 set -euo pipefail
-cd "$(dirname "$(readlink -f "$0")")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}

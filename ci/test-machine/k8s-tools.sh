@@ -2,11 +2,11 @@
 # kubectl for the Kubernetes manifest tests (tests/test_kubernetes.py renders deploy/kubernetes
 # with `kubectl kustomize`).
 #
-#   bash ci/k8s-tools.sh install   install kubectl (Debian package kubernetes-client) when absent or too old
-#   bash ci/k8s-tools.sh check     exit 0 when `kubectl kustomize` is usable; print its versions
+#   bash ci/test-machine/k8s-tools.sh install   install kubectl (Debian package kubernetes-client) when absent or too old
+#   bash ci/test-machine/k8s-tools.sh check     exit 0 when `kubectl kustomize` is usable; print its versions
 #
 # Debian 12's kubernetes-client (1.20) predates kustomize v5; Debian 13 ("trixie") ships 1.32,
-# which installs cleanly on Debian 12. Like ci/docker-engine.sh, a trixie apt source is added
+# which installs cleanly on Debian 12. Like ci/test-machine/docker-engine.sh, a trixie apt source is added
 # with a low pin priority (100): only packages named with `-t trixie` come from it.
 #
 # Settings (environment):
@@ -31,7 +31,7 @@ usable() {
 }
 
 check() {
-  usable || die "kubectl ${MIN_MINOR}+ not found (found: $(client_minor || true)); run: bash ci/k8s-tools.sh install"
+  usable || die "kubectl ${MIN_MINOR}+ not found (found: $(client_minor || true)); run: bash ci/test-machine/k8s-tools.sh install"
   kubectl version --client -o json | python3 -c 'import json, sys; v = json.load(sys.stdin); print("kubectl", v["clientVersion"]["gitVersion"], "kustomize", v.get("kustomizeVersion", "?"))'
 }
 
