@@ -502,7 +502,8 @@ def test_network_calls_are_bounded_and_fail_in_one_line(what, tree, silent_serve
     model.dump(d, tree / "versions.json")
     args = ["--file", str(tree / "versions.json"), "resolve", what]
     if what == "base-image":
-        args += ["--registry", f"http://{silent_server}"]
+        buildx()
+        args += ["--registry", silent_server]
     env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
@@ -629,3 +630,114 @@ def test_only_the_wheel_pins_need_packaging():
     proc = _tool_without_packaging("resolve", "nothing-such")
     assert "unknown item(s) nothing-such" in proc.stderr and "ray" in proc.stderr
     assert "packaging" not in (ROOT / "ci/pins/resolve.py").read_text()
+
+
+# ---- the base image digest, read by the real `docker buildx imagetools inspect` -----------------
+
+def buildx() -> None:
+    if shutil.which(os.environ.get("DOCKER") or "docker") is None:
+        pytest.skip("no docker client in PATH (bash ci/test-machine/docker-engine.sh start installs one)")
+    if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode != 0:
+        pytest.skip("docker buildx plugin not found "
+                    "(eval \"$(bash ci/test-machine/docker-engine.sh env)\" sets DOCKER_CONFIG)")
+
+
+@pytest.fixture()
+def registry():
+    """A v2 registry on 127.0.0.1 serving one image index (one linux/amd64 manifest and its config),
+    content-addressed; `lie` makes it answer the tag with another document than its digest names."""
+    import http.server
+    import threading
+
+    blobs: dict[str, bytes] = {}
+    types: dict[str, str] = {}
+
+    def put(doc: dict, media_type: str = "application/octet-stream") -> tuple[str, int]:
+        body = json.dumps(doc).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        blobs[digest], types[digest] = body, media_type
+        return digest, len(body)
+
+    cfg = put({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}, "config": {}})
+    man = put({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": [],
+               "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg[0], "size": cfg[1]}},
+              "application/vnd.oci.image.manifest.v1+json")
+    index = put({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": man[0], "size": man[1],
+         "platform": {"architecture": "amd64", "os": "linux"}}]}, "application/vnd.oci.image.index.v1+json")
+    state = {"lie": False, "tags": {"7.2.3-complete": index[0]}}
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def answer(self, body: bool) -> None:
+            ref = self.path.rsplit("/", 1)[-1]
+            digest = state["tags"].get(ref, ref)
+            if digest not in blobs or not self.path.startswith("/v2/rocm/dev-ubuntu-22.04/"):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = blobs[digest] + (b" " if state["lie"] else b"")
+            self.send_response(200)
+            self.send_header("Content-Type", types[digest])
+            self.send_header("Docker-Content-Digest", digest)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        def do_HEAD(self) -> None:
+            self.answer(False)
+
+        def do_GET(self) -> None:
+            self.answer(True)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield {"host": f"127.0.0.1:{server.server_address[1]}", "digest": index[0], "state": state}
+    server.shutdown()
+    server.server_close()
+
+
+def resolve_base_image(tree, host: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PINS_TIMEOUT": "60", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+                           "base-image", "--registry", host, "--write"], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_base_image_digest_is_the_index_the_registry_serves(tree, registry):
+    buildx()
+    proc = resolve_base_image(tree, registry["host"])
+    assert proc.returncode == 0, proc.stderr
+    written = model.load(tree / "versions.json")["base_image"]
+    assert written["digest"] == registry["digest"]
+    assert "digest" not in written["unresolved"]
+
+
+def test_base_image_content_that_does_not_match_its_digest_is_refused(tree, registry):
+    buildx()
+    registry["state"]["lie"] = True
+    proc = resolve_base_image(tree, registry["host"])
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and registry["host"] in lines[0] and "unexpected digest" in lines[0], proc.stderr
+    assert model.load(tree / "versions.json")["base_image"]["digest"] is None
+
+
+def test_base_image_unknown_tag_fails_in_one_line_naming_the_pin(tree, registry):
+    buildx()
+    registry["state"]["tags"].clear()
+    proc = resolve_base_image(tree, registry["host"])
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "versions.json base_image" in lines[0], proc.stderr
+
+
+def test_image_ref_on_another_registry():
+    assert resolve.image_ref("rocm/dev-ubuntu-22.04", "7.2.3-complete") == "rocm/dev-ubuntu-22.04:7.2.3-complete"
+    assert resolve.image_ref("rocm/dev", "t", "mirror.local:5000") == "mirror.local:5000/rocm/dev:t"
+    assert resolve.image_ref("ghcr.io/org/img", "t", "mirror.local") == "mirror.local/org/img:t"

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("what", nargs="*", default=[], metavar="{" + ",".join(RESOLVE_ITEMS) + "}",
                    help="what to resolve (default: everything unresolved)")
     p.add_argument("--aiter-pin", help="AITER pin to resolve (default: aiter.default)")
-    p.add_argument("--registry", help="registry base URL for the base image (default: from the image name)")
+    p.add_argument("--registry", help="registry host[:port] to read the base image from, e.g. a mirror "
+                                      "(default: the one its name implies)")
     p.add_argument("--write", action="store_true",
                    help="write the results to the versions file and the Dockerfiles' global ARG defaults")
     p.add_argument("--force", action="store_true", help="replace pins that are already set when upstream differs")

@@ -1,10 +1,10 @@
 """`resolve`: turn tags into commits, the CK submodule commit, the HipKittens commit AITER
 names and the base image digest (the wheels: ci.pins.wheels). Needs the network (git remotes,
-a container registry); run it on a connected machine and commit the result. Standard library
-only.
+a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
+connected machine and commit the result. Standard library only.
 
-Every git and HTTP call is bounded in time: PINS_TIMEOUT seconds (default 60) without an
-answer is an error naming the URL."""
+Every git, HTTP and registry call is bounded in time: PINS_TIMEOUT seconds (default 60) without
+an answer is an error naming the URL or image."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,6 @@ import socket
 import subprocess
 import tempfile
 import urllib.error
-import urllib.parse
 import urllib.request
 
 from . import model
@@ -147,53 +146,47 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None)
         raise PinError(f"{url}: {exc.strerror or exc}: check the network or proxy") from None
 
 
-def image_digest(name: str, tag: str, registry: str | None = None) -> str:
-    """The digest of name:tag (the manifest list / index when there is one) from a v2 registry."""
-    first, _, rest = name.partition("/")
-    if registry is None:
+def image_ref(name: str, tag: str, registry: str | None = None) -> str:
+    """name:tag, on `registry` (a host[:port], e.g. a mirror) instead of the one the name implies."""
+    if registry:
+        first, _, rest = name.partition("/")
         if rest and ("." in first or ":" in first or first == "localhost"):
-            registry, name = f"https://{first}", rest
-        else:
-            registry = "https://registry-1.docker.io"
-            name = name if "/" in name else f"library/{name}"
-    accept = ", ".join([
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ])
-    headers = {"Accept": accept}
-    url = f"{registry}/v2/{name}/manifests/{tag}"
+            name = rest
+        return f"{registry.rstrip('/')}/{name}:{tag}"
+    return f"{name}:{tag}"
+
+
+def image_digest(ref: str) -> str:
+    """The digest of ref (the index when the image has one), read by `docker buildx imagetools
+    inspect`: the registry's credentials come from `docker login`, and the content is checked
+    against its digest. Bounded by PINS_TIMEOUT."""
+    docker = os.environ.get("DOCKER") or "docker"
+    argv = [docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}"]
     try:
-        resp = _http(url, headers, "HEAD")
-    except urllib.error.HTTPError as exc:
-        challenge = exc.headers.get("WWW-Authenticate", "")
-        if exc.code != 401 or not challenge.lower().startswith("bearer"):
-            raise PinError(f"{url}: HTTP {exc.code}") from None
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-        query = urllib.parse.urlencode({"service": params.get("service", ""),
-                                        "scope": params.get("scope", f"repository:{name}:pull")})
-        if "realm" not in params:
-            raise PinError(f"{url}: the registry asks for a token but names no realm: pass --registry")
-        realm = f"{params['realm']}?{query}"
-        try:
-            token = json.loads(_http(realm).body)
-        except ValueError:
-            raise PinError(f"{realm}: the token answer is not JSON") from None
-        headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        try:
-            resp = _http(url, headers, "HEAD")
-        except urllib.error.HTTPError as exc2:
-            raise PinError(f"{url}: HTTP {exc2.code} with a token: the image is private or the name is wrong") from None
-    digest = resp.headers.get("Docker-Content-Digest")
-    if not digest or not model.DIGEST_RE.match(digest):
-        raise PinError(f"{url}: the registry gave no sha256 digest")
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout())
+    except FileNotFoundError:
+        raise PinError(f"{docker}: not found: resolve base-image reads the digest with `docker buildx imagetools "
+                       "inspect` (install Docker with buildx, or set DOCKER)") from None
+    except subprocess.TimeoutExpired:
+        raise PinError(f"{ref}: no answer within {timeout():g}s: check the network or proxy (or raise "
+                       "PINS_TIMEOUT)") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise PinError(f"{ref}: {why}: check the image name and tag in versions.json base_image, `docker login` "
+                       "for a private registry, and the network")
+    try:
+        digest = json.loads(proc.stdout).get("digest")
+    except (ValueError, AttributeError):
+        digest = None
+    if not isinstance(digest, str) or not model.DIGEST_RE.match(digest):
+        raise PinError(f"{ref}: docker buildx imagetools inspect gave no sha256 digest")
     return digest
 
 
 def resolve_base_image(data: dict, registry: str | None = None, force: bool = False) -> list[str]:
     base = data["base_image"]
-    return _set(base, "base_image", {"digest": image_digest(base["name"], base["tag"], registry)}, force)
+    return _set(base, "base_image", {"digest": image_digest(image_ref(base["name"], base["tag"], registry))},
+                force)
 
 
 def _set(node: dict, path: str, values: dict, force: bool) -> list[str]:
