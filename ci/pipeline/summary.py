@@ -3,7 +3,8 @@ backends vLLM selected and the throughput ratio AITER MLA / Triton MLA.
 
 Reads a results directory as ci/pipeline/amd-runner/selftest.sh leaves it: selftest.json (the
 self-test report), selftest.xml (JUnit; the smoke suite prints the backends it saw, kept
-with `-o junit_logging=system-out`), and for bench the server logs named in its runs.
+with `-o junit_logging=system-out`), and bench.json (each run records what its server selected,
+read from its log by the image's runtime).
 """
 from __future__ import annotations
 
@@ -14,10 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-# vLLM's selection log lines ("Using X backend (selected ...)", "Using X backend out of
-# potential backends ...", "Overriding with X out of potential backends ...") and the line
-# the smoke suite prints ("backends selected: ['X']").
-LOG_SELECTED = re.compile(r"(?:Using (\w+) backend|Overriding with (\w+)) (?:\(selected|out of potential)")
+# The line the smoke suite prints ("backends selected: ['X']; ...").
 PRINTED_SELECTED = re.compile(r"backends selected: \[([^\]]*)\]")
 AITER_RUNS = ("plugin", "vllm-aiter")
 TRITON_RUN = "triton"
@@ -60,26 +58,17 @@ def printed_backends(results: Path) -> dict[str, list[str]]:
     return found
 
 
-def log_backends(log: Path) -> list[str]:
-    seen: list[str] = []
-    for a, b in LOG_SELECTED.findall(log.read_text(errors="replace")):
-        if (a or b) not in seen:
-            seen.append(a or b)
-    return seen
-
-
-def bench_backends(bench: Mapping, results: Path) -> str:
+def bench_backends(bench: Mapping) -> str:
     cells = []
     for name, run in (bench.get("runs") or {}).items():
-        log = run.get("server_log") if isinstance(run, Mapping) else None
-        if not log:
-            cells.append(f"{name}: (no server log)")
+        selected = run.get("selected") if isinstance(run, Mapping) else None
+        names = selected.get("attention_backends") if isinstance(selected, Mapping) else None
+        if not isinstance(names, list):
+            cells.append(f"{name}: (not recorded)")
             continue
-        local = results / Path(str(log)).name  # the log's path inside the container
-        if not local.is_file():
-            cells.append(f"{name}: ({local.name} missing)")
-            continue
-        cells.append(f"{name}: {', '.join(log_backends(local)) or '(none logged)'}")
+        implementation = selected.get("implementation")
+        suffix = f" ({implementation})" if implementation else ""
+        cells.append(f"{name}: {', '.join(map(str, names)) or '(none logged)'}{suffix}")
     return " · ".join(cells) or NONE
 
 
@@ -123,7 +112,7 @@ def render(results: Path, title: str = "Self-test") -> str:
         selected = ", ".join(printed.get(name, [])) or NONE
         ratio = NONE
         if name == "bench" and isinstance(bench, Mapping):
-            selected = bench_backends(bench, results)
+            selected = bench_backends(bench)
             ratio = throughput_ratios(bench)
         lines.append(f"| {name} | {suite['status']} | {_counts(suite)} | {selected} | {ratio} |")
         if suite.get("reason"):

@@ -36,6 +36,7 @@ import pytest
 
 from rocm_vllm_runtime import jitcache
 from rocm_vllm_runtime.manifest import ManifestError, load_manifest
+from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
 
 CI_DIR = Path(__file__).resolve().parent.parent
@@ -44,9 +45,6 @@ pytestmark = pytest.mark.gpu
 
 KV_LORA_RANK, ROPE_DIM = 512, 64
 ATOL = RTOL = 2e-2  # bf16 kernels against an fp32-softmax reference
-# vLLM's selection log lines: "Using X backend (selected via ...)" /
-# "Using X backend out of potential backends" / "Overriding with X out of ..."
-SELECTED = re.compile(r"(?:Using (\w+) backend|Overriding with (\w+)) (?:\(selected|out of potential)")
 JIT_BUILD = re.compile(r"start build \[(\w+)\]")
 
 
@@ -283,9 +281,12 @@ def test_vllm_serves_tiny_mla_with_rocm_aiter_mla(aiter: ModuleType, tmp_path: P
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
     text = log_path.read_text(errors="replace")
-    selected = {a or b for a, b in SELECTED.findall(text)}
+    selected = selection(text)
     built = sorted(set(JIT_BUILD.findall(text)))
-    print(f"backends selected: {sorted(selected)}; usage: {reply.get('usage')}")
+    print(f"backends selected: {sorted(selected.attention_backends)}; implementation: {selected.implementation}; "
+          f"usage: {reply.get('usage')}")
     assert reply["usage"]["completion_tokens"] == 8
-    assert selected == {"ROCM_AITER_MLA"}, f"expected ROCM_AITER_MLA only, log shows {sorted(selected)}"
+    assert selected.attention_backends == ("ROCM_AITER_MLA",), \
+        f"expected ROCM_AITER_MLA only, log shows {list(selected.attention_backends)}"
+    assert selected.implementation == OURS, "ROCM_AITER_MLA ran, but not this image's implementation (vllm-aiter-mla)"
     assert not built, f"AITER compiled modules at run time while serving: {built}"

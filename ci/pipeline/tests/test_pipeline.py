@@ -375,8 +375,9 @@ import json, os
 from pathlib import Path
 
 import pytest
+from rocm_vllm_runtime.selection import selection
 
-# name: (seconds the 8 requests took, line the server logged)
+# name: (seconds the 8 requests took, lines the server logged)
 RUNS = __RUNS__
 
 def test_serving_benchmark():
@@ -385,17 +386,22 @@ def test_serving_benchmark():
     out = Path(os.environ["SELFTEST_RESULTS_DIR"])
     runs = {}
     for name, (seconds, line) in RUNS.items():
-        (out / f"server-{name}.log").write_text("INFO starting\\n" + line + "\\nINFO ready\\n")
+        log = "INFO starting\\n" + line + "\\nINFO ready\\n"
+        (out / f"server-{name}.log").write_text(log)
+        selected = selection(log)  # as the benchmark records what its server selected
         # as vLLM's bench serve reports 8 requests of 1024 input and 128 output tokens
         runs[name] = {"metrics": {"completed": 8, "failed": 0, "duration": seconds,
                                   "total_token_throughput": 8 * (1024 + 128) / seconds},
+                      "selected": {"attention_backends": list(selected.attention_backends),
+                                   "implementation": selected.implementation},
                       "errors": [], "server_log": f"/results/server-{name}.log"}
     (out / "bench.json").write_text(json.dumps({"runs": runs}))
 """
 
 BENCH_RUNS = {
     "plugin": (10.0, "INFO [cuda.py:1] Using ROCM_AITER_MLA backend out of potential backends: "
-                     "['ROCM_AITER_MLA', 'TRITON_MLA']"),
+                     "['ROCM_AITER_MLA', 'TRITON_MLA']\nINFO [backend.py:144] ROCM_AITER_MLA (vllm-aiter-mla 0.1.0): "
+                     "decode=aiter mla_decode_fwd persistent, 16 heads per GPU run as 16"),
     "vllm-aiter": (12.5, "INFO [cuda.py:1] Using ROCM_AITER_MLA backend out of potential backends: "
                          "['ROCM_AITER_MLA', 'TRITON_MLA']"),
     "triton": (13.0, "INFO [cuda.py:1] Using TRITON_MLA backend (selected via --attention-backend)."),
@@ -439,7 +445,7 @@ def test_summary_of_a_passing_run(tmp_path: Path) -> None:
     plugin, vllm_aiter, triton = (BENCH_RUNS[n][0] for n in ("plugin", "vllm-aiter", "triton"))
     assert rows["bench"] == [
         "passed", "1 passed",
-        "plugin: ROCM_AITER_MLA · vllm-aiter: ROCM_AITER_MLA · triton: TRITON_MLA",
+        "plugin: ROCM_AITER_MLA (vllm-aiter-mla) · vllm-aiter: ROCM_AITER_MLA (vllm) · triton: TRITON_MLA (vllm)",
         f"plugin {triton / plugin:.2f}x · vllm-aiter {triton / vllm_aiter:.2f}x"]
     assert rows["bench"][3] == "plugin 1.30x · vllm-aiter 1.04x"
 
@@ -460,12 +466,14 @@ def test_summary_of_a_failed_and_a_not_run_suite(tmp_path: Path) -> None:
     assert notes[1].startswith("- **bench**: could not run: ") and "no /dev/kfd" in notes[1]
 
 
-def test_summary_names_a_missing_server_log(tmp_path: Path) -> None:
+def test_summary_names_a_run_without_a_recorded_selection(tmp_path: Path) -> None:
     results, proc = run_selftest(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    (results / "server-triton.log").unlink()
+    report = json.loads((results / "selftest.json").read_text())  # the report carries bench.json
+    del report["bench"]["runs"]["triton"]["selected"]
+    (results / "selftest.json").write_text(json.dumps(report))
     rows = table_rows(pipeline("summary", str(results)).stdout)
-    assert rows["bench"][2].endswith("triton: (server-triton.log missing)")
+    assert rows["bench"][2].endswith("triton: (not recorded)")
 
 
 def test_summary_without_a_report_fails_in_one_line(tmp_path: Path) -> None:

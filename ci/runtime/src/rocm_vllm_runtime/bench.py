@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -42,19 +41,11 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .selection import OURS, VLLMS, Selection, selection
+
 PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
                       "vllm.io_processor_plugins", "vllm.stat_logger_plugins")
-OURS, VLLMS = "vllm-aiter-mla", "vllm"  # which implementation of the attention backend ran
-
-# vLLM's selection lines: "Using X backend." (CPU), "Using X backend (selected via
-# --attention-backend)." / "Using X backend out of potential backends: [...]." /
-# "Overriding with X out of potential backends: [...]." (ROCm), "Using X attention backend
-# out of potential backends" (CUDA).
-SELECTED_LINE = re.compile(r"Using (\w+) (?:attention )?backend\b|Overriding with (\w+) out of potential backends")
-# What this project's implementation logs when a server builds it (ROCm backend, CPU development mode).
-OURS_LINE = re.compile(r"vllm-aiter-mla (?:CPU development mode|[^)\n]*\): decode=)")
-
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the bench suite
     "BENCH_BACKENDS": "plugin,vllm-aiter,triton",
     "BENCH_NUM_PROMPTS": "1000",
@@ -134,22 +125,6 @@ def choose(names: Sequence[str], known: Mapping[str, Backend]) -> list[Backend]:
     if len(set(names)) != len(names):
         raise BenchError(f"BENCH_BACKENDS / --backends names a backend twice: {', '.join(names)}")
     return [known[n] for n in names]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What a server's log says it selected."""
-
-    attention_backends: tuple[str, ...]  # every distinct backend named, in order
-    implementation: str  # OURS when this project's implementation logged its start-up, else VLLMS
-
-
-def selection(log_text: str) -> Selection:
-    names: list[str] = []
-    for a, b in SELECTED_LINE.findall(log_text):
-        if (a or b) not in names:
-            names.append(a or b)
-    return Selection(tuple(names), OURS if OURS_LINE.search(log_text) else VLLMS)
 
 
 def mismatch(backend: Backend, selected: Selection, complete: bool) -> str:
