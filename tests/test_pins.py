@@ -119,6 +119,12 @@ def _mutations():
         "ray unlisted null": (lambda d: d["ray"]["wheels"]["msgpack"].update(sha256=None), "is null but not listed"),
         "platform glibc": (setp(["platform", "glibc"], "2.35.1"), "platform.glibc"),
         "missing ray": (lambda d: d.pop("ray"), "ray: missing"),
+        "ray wheel missing": (lambda d: d["ray"]["wheels"].pop("msgpack"), "ray.wheels.msgpack: missing"),
+        "pytorch unknown wheel": (setp(["pytorch", "wheels", "torchcodec"], {"package": "torchcodec", "version": "1",
+                                                                           "sha256": None, "unresolved": ["sha256"]}),
+                                  "pytorch.wheels.torchcodec: unknown wheel"),
+        "pytorch wheel missing": (lambda d: d["pytorch"]["wheels"].pop("torchaudio"),
+                                  "pytorch.wheels.torchaudio: missing"),
     }
 
 

@@ -98,15 +98,7 @@ def check_schema(data: dict) -> list[str]:
     if _require(torch, "pytorch", {"index_url": str, "wheels": dict}, errors):
         if not str(torch["index_url"]).startswith("https://"):
             errors.append("pytorch.index_url: must be an https:// URL")
-        for key in torch["wheels"]:
-            if key not in model.WHEEL_KEYS:
-                errors.append(f"pytorch.wheels.{key}: unknown wheel (known: {', '.join(model.WHEEL_KEYS)})")
-        for key in model.WHEEL_KEYS:
-            path = f"pytorch.wheels.{key}"
-            wheel = torch["wheels"].get(key)
-            if wheel is None:
-                errors.append(f"{path}: missing")
-                continue
+        for key, path, wheel in _wheel_set(torch["wheels"], model.WHEEL_KEYS, "pytorch.wheels", errors):
             if key == "triton" and isinstance(wheel, dict) and wheel.get("package") not in (None, "triton") \
                     and "triton" not in str(wheel.get("package")):
                 errors.append(f"{path}.package = {wheel.get('package')!r}: not a Triton distribution")
@@ -169,15 +161,7 @@ def _check_ray(data: dict, errors: list[str]) -> None:
     if isinstance(data["python"], dict) and data["python"].get("version") not in pythons:
         errors.append(f"ray.pythons: lacks python.version {data['python'].get('version')!r}, the Python the "
                       "images are built with: add it")
-    for key in ray["wheels"]:
-        if key not in model.RAY_WHEELS:
-            errors.append(f"ray.wheels.{key}: unknown wheel (known: {', '.join(model.RAY_WHEELS)})")
-    for key in model.RAY_WHEELS:
-        path = f"ray.wheels.{key}"
-        wheel = ray["wheels"].get(key)
-        if wheel is None:
-            errors.append(f"{path}: missing")
-            continue
+    for _key, path, wheel in _wheel_set(ray["wheels"], model.RAY_WHEELS, "ray.wheels", errors):
         if not _require(wheel, path, {"package": str, "version": str, "sha256": dict}, errors):
             continue
         _check_unresolved_list(wheel, path, errors)
@@ -195,6 +179,18 @@ def _check_ray(data: dict, errors: list[str]) -> None:
         for python, value in sha.items():
             if not isinstance(value, str) or not SHA256_RE.match(value):
                 errors.append(f"{path}.sha256.{python} = {value!r}: must be 64 lowercase hex digits")
+
+
+def _wheel_set(wheels: dict, known, where: str, errors: list[str]):
+    """(key, path, entry) of each known wheel present in `wheels`; unknown and missing ones are errors."""
+    for key in wheels:
+        if key not in known:
+            errors.append(f"{where}.{key}: unknown wheel (known: {', '.join(known)})")
+    for key in known:
+        if wheels.get(key) is None:
+            errors.append(f"{where}.{key}: missing")
+        else:
+            yield key, f"{where}.{key}", wheels[key]
 
 
 def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
