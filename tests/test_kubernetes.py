@@ -241,14 +241,24 @@ def check_pod(template: dict, c: dict) -> None:
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "HF_TOKEN"}}
 
 
-def check_api_server(c: dict) -> None:
+GENERATE_PROBE = ["python3", "-m", "rocm_vllm_runtime.health", "--generate"]
+
+
+def check_api_server(c: dict, across_nodes: bool = False) -> None:
     env = env_of(c)
     assert env["SERVE_MODEL"] == "", "the default is the tiny model in the image (no download)"
     assert env["VLLM_API_KEY"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "VLLM_API_KEY"}}
     port = next(p["containerPort"] for p in c["ports"] if p["name"] == "http")
-    assert env["SERVE_PORT"] == str(port)
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+    assert env["SERVE_PORT"] == str(port)  # the health probe's default URL
+    for kind in ("startupProbe", "readinessProbe") if across_nodes else ("startupProbe", "readinessProbe",
+                                                                           "livenessProbe"):
         assert c[kind]["httpGet"] == {"path": "/health", "port": "http"}, kind
+    if across_nodes:
+        # /health does not see a lost node until a request reaches the engine: one generated token does
+        command = c["livenessProbe"]["exec"]["command"]
+        assert command[:len(GENERATE_PROBE)] == GENERATE_PROBE
+        per_request = float(command[command.index("--timeout") + 1])
+        assert c["livenessProbe"]["timeoutSeconds"] > 3 * per_request  # /health, /v1/models, one completion
     assert probe_budget_s(c["startupProbe"]) >= STARTUP_BUDGET_S
     assert probe_budget_s(c["livenessProbe"]) < STARTUP_BUDGET_S  # the startup probe guards the load
 
@@ -286,7 +296,7 @@ def test_multinode_leader_is_ray_head_and_api_server_workers_join(rendered):
         assert c["args"][:2] == ["bash", "-c"]
         syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
         assert syntax.returncode == 0, f"{role} script: {syntax.stderr}"
-    check_api_server(leader)
+    check_api_server(leader, across_nodes=True)
     assert "ray start --head --port=6379" in leader["args"][2]
     assert "entrypoint.sh serve --distributed-executor-backend ray" in leader["args"][2]
     assert "--pipeline-parallel-size \"$LWS_GROUP_SIZE\"" in leader["args"][2]

@@ -43,8 +43,10 @@ leader watches only its own worker processes, not the follower's: while no reque
 loss, /health stays 200 (watched for IDLE_WATCH_S). The next request reaches the tensor-parallel
 all-reduce, which fails (gloo: connection closed by peer); that request is answered with an error,
 the engine core dies and the leader's API server exits: no recovery, both nodes have to be started
-again. The test sends that request, requires an error answer (not a hang, not tokens), then /health
-to stop answering 200, and records what follows (AFTER_WATCH_S).
+again. The request the test sends is the image's health probe with --generate (`python3 -m
+rocm_vllm_runtime.health --generate`, one token; what compose.ray.yaml and the LeaderWorkerSet's
+liveness probe run): it passes with both nodes up, and must fail after the loss (not hang, not
+pass); then /health must stop answering 200, and what follows is recorded (AFTER_WATCH_S).
 Figures go to the terminal summary."""
 from __future__ import annotations
 
@@ -190,17 +192,11 @@ def complete(base: str, prompt: list[int]) -> list[int]:
     return body["choices"][0]["token_ids"]
 
 
-def attempt(base: str, prompt: list[int], timeout: float) -> str:
-    """One completion; its outcome in words (HTTP status or the error), never raises."""
-    try:
-        status, _ = http_json(f"{base}/v1/completions", {
-            "model": MODEL_DIR, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True}, timeout=timeout)
-        return f"HTTP {status}"
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+def health_probe(base: str) -> subprocess.CompletedProcess[str]:
+    """The image's health probe with --generate, run in the leader's container as a health check runs."""
+    return subprocess.run(["docker", "exec", NAMES[0], "python3", "-m", "rocm_vllm_runtime.health", "--generate",
+                           "--url", base, "--timeout", "60"], capture_output=True, text=True,
+                          timeout=DETECTION_LIMIT_S)
 
 
 def logs(name: str, tail: int = 40) -> str:
@@ -275,6 +271,8 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, se
         h.note(f"multinode 3: {len(prompts)} requests with tokens equal to the single node's, then {len(load)} "
                f"concurrent requests answered in {load_s:.1f}s: {len(prompts) + len(load)} requests served")
 
+        ready = health_probe(base)
+        assert ready.returncode == 0, f"the health probe fails with both nodes up: {ready.stderr}"
         h.run(["docker", "kill", NAMES[1]], what="kill the follower")
         t_kill = time.monotonic()
         idle = []
@@ -284,18 +282,19 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, se
         idle_note = ("/health answered 200 throughout" if set(idle) == {200}
                      else f"/health answered {sorted(set(map(str, idle)))}")
         t_probe = time.monotonic()
-        probe = attempt(base, prompts[0], timeout=DETECTION_LIMIT_S)
+        lost = health_probe(base)
         probe_s = time.monotonic() - t_probe
-        assert probe != "HTTP 200", "a completion was served with the follower (TP rank 1) gone"
-        assert probe_s < DETECTION_LIMIT_S, f"the completion after the loss hung ({probe})"
+        assert lost.returncode == 1, f"the health probe passed with the follower (TP rank 1) gone: {lost.stderr}"
+        assert probe_s < DETECTION_LIMIT_S, f"the health probe after the loss hung ({lost.stderr.strip()})"
+        probe = lost.stderr.strip()[:200]
         while (status := health(base)) == 200:
             if time.monotonic() - t_kill > DETECTION_LIMIT_S:
                 pytest.fail(f"/health still 200 {DETECTION_LIMIT_S}s after the follower was killed:\n"
                             f"{logs(NAMES[0])}")
             time.sleep(0.5)
         detected = time.monotonic() - t_kill
-        h.note(f"multinode 4: follower killed; idle for {IDLE_WATCH_S}s: {idle_note}; the next completion: "
-               f"{probe} after {probe_s:.1f}s; leader /health {status} {time.monotonic() - t_probe:.1f}s after that "
+        h.note(f"multinode 4: follower killed; idle for {IDLE_WATCH_S}s: {idle_note}; the health probe (--generate): "
+               f"{probe!r} after {probe_s:.1f}s; leader /health {status} {time.monotonic() - t_probe:.1f}s after that "
                f"request was sent, {detected:.1f}s after the kill")
         after = []
         t_after = time.monotonic()

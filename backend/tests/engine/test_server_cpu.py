@@ -100,6 +100,14 @@ def completion(base: str, prompt: list[int]) -> list[int]:
     return body["choices"][0]["token_ids"]
 
 
+def test_health_probe_passes_against_the_real_server(server):
+    """The image's health probe (rocm_vllm_runtime.health): /health and one generated token."""
+    for extra in ([], ["--generate"]):
+        proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.health", "--url", server["base"], *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"health {extra}: {proc.stderr}"
+
+
 def test_server_completions_equal_offline_engine_and_stop_cleanly(server, engine_runs):
     # The client sends one request after another: compare with the offline engine
     # serving the same requests one at a time (same batch shapes, same arithmetic).

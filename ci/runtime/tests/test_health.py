@@ -1,0 +1,121 @@
+"""The health probe (rocm_vllm_runtime.health) against HTTP answers a vLLM server gives in each
+state; against a real vLLM server in backend/tests/engine/test_server_cpu.py and in the two-node
+test, where a lost follower is seen by --generate and not by /health."""
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from rocm_vllm_runtime.health import default_url, main, problem
+
+
+@pytest.fixture()
+def server():
+    """A server answering as `state` says: health status, completion status, required API key, hang."""
+    state = {"health": 200, "completion": 200, "key": "", "hang": False, "requests": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def reply(self, status: int, doc: dict) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def authorized(self) -> bool:
+            if state["key"] and self.headers.get("Authorization") != f"Bearer {state['key']}":
+                self.reply(401, {"error": "Unauthorized"})
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            state["requests"].append(("GET", self.path))
+            if self.path == "/health":
+                self.send_response(state["health"])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif self.path == "/v1/models" and self.authorized():
+                self.reply(200, {"object": "list", "data": [{"id": "/opt/models/tiny", "object": "model"}]})
+
+        def do_POST(self) -> None:
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state["requests"].append(("POST", self.path, payload))
+            if state["hang"]:
+                threading.Event().wait(5)
+                return
+            if self.path == "/v1/completions" and self.authorized():
+                if state["completion"] != 200:
+                    self.reply(state["completion"], {"error": {"message": "EngineCore encountered an issue"}})
+                else:
+                    self.reply(200, {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]})
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    state["base"] = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_healthy_server_passes_both_checks(server):
+    assert problem(server["base"], generate=False) == ""
+    assert problem(server["base"], generate=True) == ""
+    # one token of the served model, greedy
+    assert server["requests"][-1] == ("POST", "/v1/completions", {"model": "/opt/models/tiny", "prompt": [1],
+                                                                  "max_tokens": 1, "temperature": 0.0})
+
+
+def test_failed_engine_is_seen_by_health(server):
+    server["health"] = 503
+    assert "answered HTTP 503" in problem(server["base"], generate=False)
+
+
+def test_engine_that_cannot_serve_is_seen_only_by_generate(server):
+    server["completion"] = 500  # /health still 200, as after a lost follower
+    assert problem(server["base"], generate=False) == ""
+    why = problem(server["base"], generate=True)
+    assert "/v1/completions answered HTTP 500" in why and "lost node" in why
+
+
+def test_hanging_request_is_bounded(server):
+    server["hang"] = True
+    why = problem(server["base"], generate=True, timeout=1)
+    assert "no answer within 1s" in why
+
+
+def test_api_key_is_sent_and_a_missing_one_named(server):
+    server["key"] = "s3cret"
+    assert "set VLLM_API_KEY" in problem(server["base"], generate=True)
+    assert problem(server["base"], generate=True, api_key="s3cret") == ""
+
+
+def test_nothing_listening():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert "no answer" in problem(f"http://127.0.0.1:{port}", generate=False, timeout=2)
+
+
+def test_cli_exit_status_and_one_line(server):
+    assert main(["--url", server["base"], "--generate"], env={}) == 0
+    server["completion"] = 500
+    proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.health", "--url", server["base"], "--generate"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("unhealthy: ")
+
+
+def test_default_url_follows_serve_port():
+    assert default_url({}) == "http://127.0.0.1:8000"
+    assert default_url({"SERVE_PORT": "8011"}) == "http://127.0.0.1:8011"
