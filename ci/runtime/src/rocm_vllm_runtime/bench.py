@@ -34,13 +34,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from . import health
 from .selection import OURS, VLLMS, Selection, selection
 
 PLUGIN_PACKAGE = "vllm_aiter_mla"
@@ -229,11 +228,7 @@ def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return not health.problem(base_url, generate=False, timeout=5.0)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
