@@ -1,16 +1,19 @@
 // Build graph of the images. Pins come from versions.json, passed as a second file:
 //
 //   docker buildx bake -f docker-bake.hcl -f versions.json base      # the base image
+//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve  # another release track
 //   docker buildx bake -f docker-bake.hcl -f versions.json validate  # print-only check targets
 //
-// versions.json's top-level keys (aiter, vllm, base_image, gpu_archs, ...) become bake
+// versions.json's top-level keys (tracks, aiter, vllm, base_image, gpu_archs, ...) become bake
 // variables; without it every target fails with "There is no variable named ...".
 // Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
 
 variable "REGISTRY" { default = "localhost/rocm-vllm" }
 variable "TAG" { default = "dev" }
-// AITER pin to build: a key of aiter.pins in versions.json.
-variable "AITER_PIN" { default = aiter.default }
+// Release track to build: a key of tracks in versions.json (default: default_track, the newest).
+variable "TRACK" { default = default_track }
+// AITER pin to build: a key of aiter.pins in versions.json (default: the track's).
+variable "AITER_PIN" { default = tracks[TRACK].aiter }
 // GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
 variable "GPU_ARCHS" { default = join(";", gpu_archs) }
 // "1" accepts UNRESOLVED pins (development images, never a release).
@@ -31,6 +34,18 @@ variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
 function "rocm_image" {
   params = [image, allow]
   result = image.digest != null ? "${image.name}:${image.tag}@${image.digest}" : (allow == "1" ? "${image.name}:${image.tag}" : "${image.name}:${image.tag}@sha256:UNRESOLVED")
+}
+
+// A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one.
+function "track_section" {
+  params = [name, shared]
+  result = lookup(tracks[TRACK], name, shared)
+}
+
+// Tags of a target: <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default track.
+function "image_tags" {
+  params = [name]
+  result = concat(["${REGISTRY}/${name}:${TAG}-vllm${TRACK}"], TRACK == default_track ? ["${REGISTRY}/${name}:${TAG}"] : [])
 }
 
 group "default" { targets = ["base"] }
@@ -59,22 +74,23 @@ target "_common" {
 
 target "_versions" {
   args = {
-    ROCM_IMAGE             = rocm_image(base_image, ALLOW_UNRESOLVED)
-    ROCM_VERSION           = rocm.version
+    VLLM_TRACK             = TRACK
+    ROCM_IMAGE             = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
+    ROCM_VERSION           = track_section("rocm", rocm).version
     PYTHON_VERSION         = python.version
-    TORCH_INDEX_URL        = pytorch.index_url
-    TORCH_PACKAGE          = pytorch.wheels.torch.package
-    TORCH_VERSION          = coalesce(pytorch.wheels.torch.version, "UNRESOLVED")
-    TORCH_SHA256           = coalesce(pytorch.wheels.torch.sha256, "UNRESOLVED")
-    TRITON_PACKAGE         = coalesce(pytorch.wheels.triton.package, "UNRESOLVED")
-    TRITON_VERSION         = coalesce(pytorch.wheels.triton.version, "UNRESOLVED")
-    TRITON_SHA256          = coalesce(pytorch.wheels.triton.sha256, "UNRESOLVED")
-    TORCHVISION_PACKAGE    = pytorch.wheels.torchvision.package
-    TORCHVISION_VERSION    = coalesce(pytorch.wheels.torchvision.version, "UNRESOLVED")
-    TORCHVISION_SHA256     = coalesce(pytorch.wheels.torchvision.sha256, "UNRESOLVED")
-    TORCHAUDIO_PACKAGE     = pytorch.wheels.torchaudio.package
-    TORCHAUDIO_VERSION     = coalesce(pytorch.wheels.torchaudio.version, "UNRESOLVED")
-    TORCHAUDIO_SHA256      = coalesce(pytorch.wheels.torchaudio.sha256, "UNRESOLVED")
+    TORCH_INDEX_URL        = track_section("pytorch", pytorch).index_url
+    TORCH_PACKAGE          = track_section("pytorch", pytorch).wheels.torch.package
+    TORCH_VERSION          = coalesce(track_section("pytorch", pytorch).wheels.torch.version, "UNRESOLVED")
+    TORCH_SHA256           = coalesce(track_section("pytorch", pytorch).wheels.torch.sha256, "UNRESOLVED")
+    TRITON_PACKAGE         = coalesce(track_section("pytorch", pytorch).wheels.triton.package, "UNRESOLVED")
+    TRITON_VERSION         = coalesce(track_section("pytorch", pytorch).wheels.triton.version, "UNRESOLVED")
+    TRITON_SHA256          = coalesce(track_section("pytorch", pytorch).wheels.triton.sha256, "UNRESOLVED")
+    TORCHVISION_PACKAGE    = track_section("pytorch", pytorch).wheels.torchvision.package
+    TORCHVISION_VERSION    = coalesce(track_section("pytorch", pytorch).wheels.torchvision.version, "UNRESOLVED")
+    TORCHVISION_SHA256     = coalesce(track_section("pytorch", pytorch).wheels.torchvision.sha256, "UNRESOLVED")
+    TORCHAUDIO_PACKAGE     = track_section("pytorch", pytorch).wheels.torchaudio.package
+    TORCHAUDIO_VERSION     = coalesce(track_section("pytorch", pytorch).wheels.torchaudio.version, "UNRESOLVED")
+    TORCHAUDIO_SHA256      = coalesce(track_section("pytorch", pytorch).wheels.torchaudio.sha256, "UNRESOLVED")
     AITER_REPO             = aiter.repository
     AITER_TAG              = aiter.pins[AITER_PIN].tag
     AITER_COMMIT           = coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED")
@@ -82,13 +98,13 @@ target "_versions" {
     AITER_CK_PATH          = aiter.ck_submodule_path
     AITER_REQUIRED_MODULES = join(" ", aiter.required_modules)
     VLLM_REPO              = vllm.repository
-    VLLM_VERSION           = vllm.version
-    VLLM_TAG               = vllm.tag
-    VLLM_COMMIT            = coalesce(vllm.commit, "UNRESOLVED")
+    VLLM_VERSION           = tracks[TRACK].vllm.version
+    VLLM_TAG               = tracks[TRACK].vllm.tag
+    VLLM_COMMIT            = coalesce(tracks[TRACK].vllm.commit, "UNRESOLVED")
     HIPKITTENS_REPO        = aiter.hipkittens_repository
     HIPKITTENS_COMMIT      = coalesce(aiter.pins[AITER_PIN].hipkittens_commit, "UNRESOLVED")
     TRITON_KERNELS_REPO    = vllm.triton_kernels.repository
-    TRITON_KERNELS_COMMIT  = coalesce(vllm.triton_kernels.commit, "UNRESOLVED")
+    TRITON_KERNELS_COMMIT  = coalesce(tracks[TRACK].vllm.triton_kernels_commit, "UNRESOLVED")
     TRITON_KERNELS_PATH    = vllm.triton_kernels.path
     // Ray wheels: {python: sha256} as pip --hash values, keys in sorted order (a function cannot take
     // the null of an unresolved pin, so each is spelled out).
@@ -107,7 +123,7 @@ target "base" {
     MAX_JOBS              = MAX_JOBS
     AITER_MEM_PER_JOB_GIB = AITER_MEM_PER_JOB_GIB
   }
-  tags = ["${REGISTRY}/base:${TAG}"]
+  tags       = image_tags("base")
 }
 
 // The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
@@ -125,19 +141,19 @@ target "vllm" {
   target     = "vllm"
   contexts   = { base = "target:base" }
   args       = { VLLM_IMAGE = VLLM_IMAGE }
-  tags       = ["${REGISTRY}/vllm:${TAG}"]
+  tags       = image_tags("vllm")
 }
 
 // OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
 target "serve" {
   inherits = ["vllm"]
   target   = "serve"
-  tags     = ["${REGISTRY}/serve:${TAG}"]
+  tags     = image_tags("serve")
 }
 
 // serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
 target "ci" {
   inherits = ["vllm"]
   target   = "ci"
-  tags     = ["${REGISTRY}/ci:${TAG}"]
+  tags     = image_tags("ci")
 }

@@ -43,8 +43,8 @@ def test_repository_versions_file_verifies():
 
 
 def test_strict_fails_on_unresolved_and_names_each(data):
-    unresolved = model.unresolved_pins(data, data["aiter"]["default"])
-    proc = run_tool("verify", "--strict")
+    unresolved = model.unresolved_pins(data, track_name_=data["default_track"])
+    proc = run_tool("verify", "--strict", "--track", data["default_track"])
     if unresolved:
         assert proc.returncode == 1
         for path in unresolved:
@@ -58,7 +58,58 @@ def test_known_aiter_pair_is_recorded(data):
     assert pins["v0.1.20.post1"]["commit"] == KNOWN_AITER
     assert pins["v0.1.20.post1"]["ck_commit"] == KNOWN_CK
     assert data["gpu_archs"] == ["gfx942", "gfx950"]
-    assert data["vllm"]["version"] == "0.32.0"
+
+
+def test_tracks_newest_first_and_the_default_is_the_newest(data):
+    names = model.track_names(data)
+    assert names[0] == data["default_track"] and len(names) >= 2
+    versions = [data["tracks"][n]["vllm"]["version"] for n in names]
+    assert [tuple(map(int, v.split("."))) for v in versions] == sorted(
+        (tuple(map(int, v.split("."))) for v in versions), reverse=True)
+
+
+def test_each_track_builds_its_own_vllm_and_aiter(data):
+    for name in model.track_names(data):
+        args = model.build_args(data, track_name_=name)
+        own = data["tracks"][name]
+        assert args["VLLM_TRACK"] == name and args["VLLM_VERSION"] == own["vllm"]["version"]
+        assert args["AITER_TAG"] == data["aiter"]["pins"][own["aiter"]]["tag"]
+        assert args["VLLM_VERSION"].startswith(name + ".")
+    assert model.build_args(data) == model.build_args(data, track_name_=data["default_track"])
+    with pytest.raises(model.PinError, match="no release track '0.1'.*set TRACK"):
+        model.build_args(data, track_name_="0.1")
+
+
+def test_a_track_may_carry_its_own_rocm_stack(data):
+    """A track on another ROCm release replaces a shared section; the other tracks keep the shared one."""
+    d = copy.deepcopy(data)
+    old = model.track_names(d)[-1]
+    d["tracks"][old]["base_image"] = {"name": "rocm/dev-ubuntu-22.04", "tag": "7.1-complete", "digest": None,
+                                      "unresolved": ["digest"]}
+    d["tracks"][old]["rocm"] = {"version": "7.1"}
+    assert verify.check_schema(d) == []
+    assert model.build_args(d, track_name_=old)["ROCM_IMAGE"].startswith("rocm/dev-ubuntu-22.04:7.1-complete@")
+    assert model.build_args(d, track_name_=old)["ROCM_VERSION"] == "7.1"
+    assert model.build_args(d)["ROCM_VERSION"] == d["rocm"]["version"]
+    assert f"tracks.{old}.base_image.digest" in model.unresolved_pins(d, track_name_=old)
+    assert "base_image.digest" not in model.unresolved_pins(d, track_name_=old)
+
+
+def test_backend_range_is_derived_from_the_tracks(data, tree):
+    """The plugin's SUPPORTED_VLLM spans the tracks; verify fails when it does not."""
+    assert model.supported_vllm(data) == model.backend_supported_vllm(ROOT)[1]
+    d = copy.deepcopy(data)
+    newest = d["tracks"][d["default_track"]]
+    major, minor, _ = newest["vllm"]["version"].split(".")
+    d["tracks"][f"{major}.{int(minor) + 1}"] = {**copy.deepcopy(newest), "vllm": {
+        **newest["vllm"], "version": f"{major}.{int(minor) + 1}.0"}}
+    assert model.supported_vllm(d).endswith(f",<{major}.{int(minor) + 2}")
+    init = tree / model.BACKEND_INIT
+    init.parent.mkdir(parents=True)
+    shutil.copy(ROOT / model.BACKEND_INIT, init)
+    errors = verify.check_backend_range(d, tree)
+    assert len(errors) == 1 and "SUPPORTED_VLLM" in errors[0] and "change SUPPORTED_VLLM" in errors[0]
+    assert verify.check_backend_range(data, tree) == []
 
 
 def test_unresolved_pins_are_null_never_placeholders(data):
@@ -96,14 +147,25 @@ def _mutations():
                                   d["base_image"]["unresolved"].clear()), "sha256:<64"),
         "unknown arch": (setp(["gpu_archs"], ["gfx942", "gfx90a"]), "gfx90a"),
         "empty archs": (setp(["gpu_archs"], []), "gpu_archs: empty"),
-        "null not listed": (lambda d: d["vllm"]["unresolved"].clear(), "vllm.commit is null but not listed"),
+        "null not listed": (lambda d: d["tracks"]["0.32"]["vllm"]["unresolved"].clear(),
+                            "tracks.0.32.vllm.commit is null but not listed"),
         "set but listed": (lambda d: d["aiter"]["pins"]["v0.1.20.post1"]["unresolved"].append("commit"),
                            "still listed"),
-        "default pin missing": (setp(["aiter", "default"], "v9"), "aiter.default"),
+        "track pin missing": (setp(["tracks", "0.32", "aiter"], "v9"), "tracks.0.32.aiter = 'v9'"),
+        "default track missing": (setp(["default_track"], "0.9"), "default_track = '0.9'"),
+        "no tracks": (setp(["tracks"], {}), "tracks: empty"),
+        "track of another line": (setp(["tracks", "0.32", "vllm", "version"], "0.31.0"), "not of release line 0.32"),
+        "track name": (lambda d: d["tracks"].update({"v0.34": d["tracks"]["0.32"]}), "tracks.v0.34: a track is named"),
+        "track override": (setp(["tracks", "0.32", "base_image"], {"name": "x", "tag": "latest", "digest": None,
+                                                                   "unresolved": ["digest"]}),
+                           "tracks.0.32.base_image.tag: 'latest'"),
+        "track unknown key": (setp(["tracks", "0.32", "python"], {"version": "3.11"}),
+                              "tracks.0.32.python: unknown key"),
+        "old schema": (setp(["schema"], 1), "reads schema 2"),
         "latest tag": (setp(["base_image", "tag"], "latest"), "latest"),
         "missing section": (lambda d: d.pop("vllm"), "vllm: missing"),
-        "vllm prefix mismatch": (lambda d: (d["vllm"].update(commit="f" * 40), d["vllm"]["unresolved"].clear()),
-                                 "commit_prefix"),
+        "vllm prefix mismatch": (lambda d: (d["tracks"]["0.32"]["vllm"].update(commit="f" * 40),
+                                            d["tracks"]["0.32"]["vllm"]["unresolved"].clear()), "commit_prefix"),
         "ck without commit": (lambda d: (d["aiter"]["pins"]["v0.1.24.post1"].update(ck_commit=KNOWN_CK),
                                          d["aiter"]["pins"]["v0.1.24.post1"]["unresolved"].remove("ck_commit")),
                               "comes from the AITER commit"),
@@ -154,7 +216,9 @@ def test_global_arg_default_drift_is_caught(tree):
     line = drifted[:drifted.index("ARG GPU_ARCHS=gfx942\n")].count("\n") + 1
     assert proc.returncode == 1, proc.stdout
     assert proc.stderr.splitlines()[0] == (f"error: Dockerfile.rocm_base:{line}: ARG GPU_ARCHS defaults to 'gfx942' "
-                                           "but versions.json gives 'gfx942;gfx950': change that ARG default")
+                                           "but versions.json gives 'gfx942;gfx950' (default track "
+                                           f"{model.load(tree / 'versions.json')['default_track']}): change that ARG "
+                                           "default")
     changes, texts = model.global_arg_updates(model.load(tree / "versions.json"), tree)
     assert changes == [f"Dockerfile.rocm_base:{line}: ARG GPU_ARCHS=gfx942;gfx950"]
     assert texts[path] == text and texts[tree / "Dockerfile.rocm"] == (tree / "Dockerfile.rocm").read_text()
@@ -259,13 +323,15 @@ def test_resolve_unknown_tag_names_it(data, upstream):
 
 def test_resolve_vllm_checks_the_known_prefix(data, upstream):
     d = copy.deepcopy(data)
-    d["vllm"].update(repository=upstream["url"], tag="v1.0", commit=None, unresolved=["commit"])
-    d["vllm"]["commit_prefix"] = "0000000"
-    with pytest.raises(model.PinError, match="does not start with"):
-        resolve.resolve_vllm(d)
-    d["vllm"]["commit_prefix"] = upstream["commit"][:9]
-    resolve.resolve_vllm(d)
-    assert d["vllm"]["commit"] == upstream["commit"] and d["vllm"]["unresolved"] == []
+    d["vllm"]["repository"] = upstream["url"]
+    own = d["tracks"]["0.32"]["vllm"]
+    own.update(tag="v1.0", commit=None, unresolved=["commit"])
+    own["commit_prefix"] = "0000000"
+    with pytest.raises(model.PinError, match="does not start with tracks.0.32.vllm.commit_prefix"):
+        resolve.resolve_vllm(d, "0.32")
+    own["commit_prefix"] = upstream["commit"][:9]
+    resolve.resolve_vllm(d, "0.32")
+    assert own["commit"] == upstream["commit"] and own["unresolved"] == []
 
 
 def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
@@ -404,33 +470,37 @@ def test_write_puts_a_resolved_hash_map_on_the_line_of_its_null():
 # ---- writing, faults and bad input ------------------------------------------------------------
 
 def _with_test_pin(tree, upstream):
-    """The tree's versions file with an AITER pin `test` (default) on the local upstream."""
+    """The tree's versions file with an AITER pin `test`, every track's, on the local upstream."""
     d = model.load(tree / "versions.json")
     d["aiter"]["repository"] = upstream["url"]
     d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "hipkittens_commit": None,
                                   "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
-    d["aiter"]["default"] = "test"
+    for own in d["tracks"].values():
+        own["aiter"] = "test"
     model.dump(d, tree / "versions.json")
     return tree / "versions.json"
 
 
 def test_write_keeps_the_files_formatting(tree, upstream):
-    """resolve --write of one pin (vllm.commit: a value and its unresolved list) is a two-line
-    diff of versions.json; nothing else moves."""
+    """resolve --write of one pin (a track's vllm.commit: a value and its unresolved list) is a
+    two-line diff of versions.json; nothing else moves."""
     import difflib
 
     path = tree / "versions.json"
     text = path.read_text()
     d = json.loads(text)
-    for field, value in (("repository", upstream["url"]), ("tag", "v1.0"), ("commit_prefix", upstream["commit"][:9])):
-        old = json.dumps(d["vllm"][field])
+    track = d["default_track"]
+    for node, field, value in ((d["vllm"], "repository", upstream["url"]),
+                               (d["tracks"][track]["vllm"], "tag", "v1.0"),
+                               (d["tracks"][track]["vllm"], "commit_prefix", upstream["commit"][:9])):
+        old = json.dumps(node[field])
         assert text.count(f'"{field}": {old}') == 1, field
         text = text.replace(f'"{field}": {old}', f'"{field}": {json.dumps(value)}')
     path.write_text(text)
-    proc = run_tool("--file", str(path), "resolve", "vllm", "--write")
+    proc = run_tool("--file", str(path), "resolve", "vllm", "--track", track, "--write")
     assert proc.returncode == 0, proc.stderr
     new = path.read_text()
-    assert json.loads(new)["vllm"]["commit"] == upstream["commit"]
+    assert json.loads(new)["tracks"][track]["vllm"]["commit"] == upstream["commit"]
     changed = [line for line in difflib.unified_diff(text.splitlines(), new.splitlines(), n=0, lineterm="")
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert len(changed) == 4, changed  # two lines out, two lines in
@@ -531,7 +601,8 @@ def _bad(data, mutate):
 def test_every_subcommand_checks_the_schema(command, case, data, tree):
     mutate, message = {
         "short commit": (lambda d: d["aiter"]["pins"]["v0.1.20.post1"].update(commit="de07f38"), "40-hex"),
-        "unknown key comit": (lambda d: d["vllm"].update(comit="x"), "vllm.comit: unknown key"),
+        "unknown key comit": (lambda d: d["tracks"]["0.32"]["vllm"].update(comit="x"),
+                              "tracks.0.32.vllm.comit: unknown key"),
         "unknown key sha265": (lambda d: d["pytorch"]["wheels"]["torch"].update(sha265="x"),
                                "pytorch.wheels.torch.sha265: unknown key"),
     }[case]
@@ -544,7 +615,9 @@ def test_every_subcommand_checks_the_schema(command, case, data, tree):
 
 
 @pytest.mark.parametrize("command", [["resolve", "--aiter-pin", "v9.9", "--write"], ["args", "--aiter-pin", "v9.9"],
-                                     ["verify", "--aiter-pin", "v9.9"], ["resolve", "nothing"]])
+                                     ["verify", "--aiter-pin", "v9.9"], ["resolve", "nothing"],
+                                     ["args", "--track", "v9.9"], ["verify", "--track", "v9.9"],
+                                     ["resolve", "--track", "v9.9", "--write"]])
 def test_unknown_names_are_rejected(command, tree):
     proc = run_tool("--file", str(tree / "versions.json"), *command)
     assert proc.returncode == 1, proc.stdout

@@ -1,4 +1,7 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args"""
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks
+
+--track NAME (verify, resolve, args): one release track of versions.json; default: every track
+(verify, resolve) or default_track (args)."""
 from __future__ import annotations
 
 import argparse
@@ -18,12 +21,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("verify", help="check the versions file and the Dockerfiles' global ARG defaults")
     p.add_argument("--strict", action="store_true", help="also fail on unresolved pins (release builds)")
-    p.add_argument("--aiter-pin", help="the AITER pin being built (default: aiter.default)")
+    p.add_argument("--track", help="the release track being built (default: every track)")
+    p.add_argument("--aiter-pin", help="the AITER pin being built (default: the track's)")
 
     p = sub.add_parser("resolve", help="resolve tags to commits, image digest, wheel hashes (needs network)")
     p.add_argument("what", nargs="*", default=[], metavar="{" + ",".join(RESOLVE_ITEMS) + "}",
                    help="what to resolve (default: everything unresolved)")
-    p.add_argument("--aiter-pin", help="AITER pin to resolve (default: aiter.default)")
+    p.add_argument("--track", help="release track to resolve (default: every track)")
+    p.add_argument("--aiter-pin", help="AITER pin to resolve (default: each track's)")
     p.add_argument("--registry", help="registry host[:port] to read the base image from, e.g. a mirror "
                                       "(default: the one its name implies)")
     p.add_argument("--write", action="store_true",
@@ -31,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace pins that are already set when upstream differs")
 
     p = sub.add_parser("args", help="print the build args the versions file defines (NAME=value)")
-    p.add_argument("--aiter-pin")
+    p.add_argument("--track", help="release track (default: default_track)")
+    p.add_argument("--aiter-pin", help="AITER pin (default: the track's)")
     p.add_argument("--allow-unresolved", action="store_true")
+
+    sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
+                                  "range the backend supports")
 
     ns = parser.parse_args(argv)
     root = ns.file.resolve().parent
@@ -60,8 +69,18 @@ def run(ns, parser, root: Path) -> int:
     if getattr(ns, "aiter_pin", None) is not None and ns.aiter_pin not in data["aiter"]["pins"]:
         raise PinError(f"--aiter-pin {ns.aiter_pin}: not a key of aiter.pins (known: "
                        f"{', '.join(sorted(data['aiter']['pins']))})")
+    if getattr(ns, "track", None) is not None and ns.track not in data["tracks"]:
+        raise PinError(f"--track {ns.track}: not a key of tracks (known: {', '.join(model.track_names(data))})")
+    if ns.command == "tracks":
+        for name in model.track_names(data):
+            own = data["tracks"][name]
+            mark = " (default)" if name == data["default_track"] else ""
+            print(f"{name}{mark}: vLLM {own['vllm']['version']}, AITER {data['aiter']['pins'][own['aiter']]['tag']}, "
+                  f"ROCm {model.section(data, 'rocm', name)['version']}")
+        print(f"backend supports vLLM {model.supported_vllm(data)}")
+        return 0
     if ns.command == "verify":
-        errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin)
+        errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         for line in errors:
             print(f"error: {line}", file=sys.stderr)
         if errors:
@@ -77,12 +96,16 @@ def run(ns, parser, root: Path) -> int:
         bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
         if bad:
             raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
-        name = ns.aiter_pin or data["aiter"]["default"]
+        tracks = [ns.track] if ns.track else model.track_names(data)
+        # The AITER pins to resolve: --aiter-pin, else each track's own.
+        pin_names = [ns.aiter_pin] if ns.aiter_pin else list(dict.fromkeys(data["tracks"][t]["aiter"] for t in tracks))
+        unresolved = model.unresolved_pins(data)
         what = ns.what or [w for w, todo in (
-            ("aiter", any(p.startswith(f"aiter.pins.{name}.") for p in model.unresolved_pins(data))),
-            ("vllm", bool(data["vllm"].get("unresolved"))),
-            ("base-image", bool(data["base_image"].get("unresolved"))),
-            ("wheels", any(w.get("unresolved") for w in data["pytorch"]["wheels"].values())),
+            ("aiter", any(p.startswith(f"aiter.pins.{n}.") for n in pin_names for p in unresolved)),
+            ("vllm", any(data["tracks"][t]["vllm"].get("unresolved") for t in tracks)),
+            ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
+            ("wheels", any(w.get("unresolved") for t in tracks
+                           for w in model.section(data, "pytorch", t)["wheels"].values())),
             ("ray", any(w.get("unresolved") for w in data["ray"]["wheels"].values())),
         ) if todo]
         wheels = None
@@ -96,13 +119,17 @@ def run(ns, parser, root: Path) -> int:
         changes: list[str] = []
         for item in what:
             if item == "aiter":
-                changes += resolve.resolve_aiter(data, name, ns.force)
+                for name in pin_names:
+                    changes += resolve.resolve_aiter(data, name, ns.force)
             elif item == "vllm":
-                changes += resolve.resolve_vllm(data, ns.force)
+                for track in tracks:
+                    changes += resolve.resolve_vllm(data, track, ns.force)
             elif item == "base-image":
-                changes += resolve.resolve_base_image(data, ns.registry, ns.force)
+                for track in _distinct(data, tracks, "base_image"):
+                    changes += resolve.resolve_base_image(data, ns.registry, ns.force, track)
             elif item == "wheels":
-                changes += wheels.resolve_wheels(data, ns.force)
+                for track in _distinct(data, tracks, "pytorch"):
+                    changes += wheels.resolve_wheels(data, ns.force, track)
             elif item == "ray":
                 changes += wheels.resolve_ray(data, ns.force)
         for line in changes:
@@ -120,10 +147,18 @@ def run(ns, parser, root: Path) -> int:
             print("(dry run: add --write to record these)")
         return 0
     if ns.command == "args":
-        for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved).items():
+        for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved, ns.track).items():
             print(f"{key}={value}")
         return 0
     return 2
+
+
+def _distinct(data: dict, tracks: list[str], key: str) -> list[str]:
+    """One track per distinct section object (tracks that share the top-level one count once)."""
+    seen: dict[int, str] = {}
+    for track in tracks:
+        seen.setdefault(id(model.section(data, key, track)), track)
+    return list(seen.values())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""The versions file: loading, the unresolved-pin convention, and the build args it defines.
+"""The versions file: loading, the unresolved-pin convention, release tracks, and the build
+args it defines.
 
 Convention: an unresolved pin is JSON null and its field name is listed in the
 enclosing object's "unresolved" list. Build files render it as the sentinel
 UNRESOLVED, which the build refuses unless ALLOW_UNRESOLVED=1 (development builds).
+
+Release tracks: each supported vLLM release line ("0.33", "0.32") is an entry of "tracks" with
+its vLLM pins and the name of its AITER pin; what tracks share (ROCm base image, PyTorch wheels,
+Python, Ray, GPU archs) is written once at the top level, and a track may replace one of
+TRACK_OVERRIDES with its own. "default_track" is the track a plain build builds (the newest).
 """
 from __future__ import annotations
 
@@ -27,6 +33,12 @@ WHEEL_KEYS = ("torch", "triton", "torchvision", "torchaudio")
 MACHINES = ("x86_64",)
 # Ray (multi-node serving) and the requirements of Ray that vLLM does not bring, by build-arg prefix.
 RAY_WHEELS = {"ray": "RAY", "msgpack": "RAY_MSGPACK"}
+SCHEMA = 2
+# Shared sections a track may replace with its own (a track on another ROCm release).
+TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
+# The backend's supported vLLM range, derived from the tracks (verify holds the file to it).
+BACKEND_INIT = Path("backend/src/vllm_aiter_mla/__init__.py")
+_SUPPORTED_RE = re.compile(r'^SUPPORTED_VLLM = "([^"]*)"$', re.M)
 
 
 class PinError(Exception):
@@ -195,15 +207,65 @@ def render(value) -> str:
     return str(value)
 
 
-def aiter_pin(data: dict, name: str | None = None) -> dict:
+def track_names(data: dict) -> list[str]:
+    """The tracks, newest first."""
+    return sorted(data["tracks"], key=_release_key, reverse=True)
+
+
+def _release_key(name: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in str(name).split("."))
+
+
+def track_name(data: dict, name: str | None = None) -> str:
+    """name, or the default track; PinError for a track versions.json does not have."""
+    name = name or data["default_track"]
+    if name not in data["tracks"]:
+        raise PinError(f"no release track {name!r} in versions.json (tracks: {', '.join(track_names(data))}): "
+                       "set TRACK to one of them")
+    return name
+
+
+def track(data: dict, name: str | None = None) -> dict:
+    return data["tracks"][track_name(data, name)]
+
+
+def section(data: dict, key: str, name: str | None = None) -> dict:
+    """A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one."""
+    own = track(data, name)
+    return own[key] if key in TRACK_OVERRIDES and key in own else data[key]
+
+
+def track_aiter_pin_name(data: dict, name: str | None = None, aiter_name: str | None = None) -> str:
+    return aiter_name or track(data, name)["aiter"]
+
+
+def supported_vllm(data: dict) -> str:
+    """The vLLM releases the backend supports: from the oldest track's release up to, not including,
+    the minor release after the newest track (patch releases of a track are that track)."""
+    versions = [data["tracks"][t]["vllm"]["version"] for t in track_names(data)]
+    newest = _release_key(versions[0])
+    return f">={versions[-1]},<{newest[0]}.{newest[1] + 1}"
+
+
+def backend_supported_vllm(root: Path = REPO_ROOT) -> tuple[Path, str | None]:
+    """(file, the SUPPORTED_VLLM string it declares, or None)."""
+    path = root / BACKEND_INIT
+    try:
+        m = _SUPPORTED_RE.search(path.read_text())
+    except OSError:
+        return path, None
+    return path, m.group(1) if m else None
+
+
+def aiter_pin(data: dict, name: str | None = None, track_name_: str | None = None) -> dict:
     aiter = data["aiter"]
-    name = name or aiter["default"]
+    name = track_aiter_pin_name(data, track_name_, name)
     try:
         return aiter["pins"][name]
     except KeyError:
         known = ", ".join(sorted(aiter.get("pins", {})))
         raise PinError(f"aiter.pins has no pin named {name!r} (known: {known}); "
-                       "set AITER_PIN or aiter.default") from None
+                       "set AITER_PIN or the track's aiter") from None
 
 
 def image_ref(base: dict, allow_unresolved: bool = False) -> str:
@@ -215,18 +277,25 @@ def image_ref(base: dict, allow_unresolved: bool = False) -> str:
     return ref if allow_unresolved else f"{ref}@sha256:{UNRESOLVED}"
 
 
-def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False) -> dict[str, str]:
-    """Every build arg the versions file defines, as the Dockerfiles and the bake file see it."""
-    pin = aiter_pin(data, aiter_name)
+def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
+               track_name_: str | None = None) -> dict[str, str]:
+    """Every build arg the versions file defines for one track (default: default_track), as the
+    Dockerfiles and the bake file see it."""
+    name = track_name(data, track_name_)
+    own = data["tracks"][name]
+    pin = aiter_pin(data, aiter_name, name)
     aiter = data["aiter"]
-    wheels = data["pytorch"]["wheels"]
+    pytorch = section(data, "pytorch", name)
+    wheels = pytorch["wheels"]
+    vllm = own["vllm"]
     args = {
-        "ROCM_IMAGE": image_ref(data["base_image"], allow_unresolved),
-        "ROCM_VERSION": data["rocm"]["version"],
+        "VLLM_TRACK": name,
+        "ROCM_IMAGE": image_ref(section(data, "base_image", name), allow_unresolved),
+        "ROCM_VERSION": section(data, "rocm", name)["version"],
         "PYTHON_VERSION": data["python"]["version"],
         "SOURCE_DATE_EPOCH": str(data["source_date_epoch"]),
         "GPU_ARCHS": render(data["gpu_archs"]),
-        "TORCH_INDEX_URL": data["pytorch"]["index_url"],
+        "TORCH_INDEX_URL": pytorch["index_url"],
         "AITER_REPO": aiter["repository"],
         "AITER_TAG": pin["tag"],
         "AITER_COMMIT": render(pin["commit"]),
@@ -234,13 +303,13 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
         "AITER_CK_PATH": aiter["ck_submodule_path"],
         "AITER_REQUIRED_MODULES": " ".join(aiter["required_modules"]),
         "VLLM_REPO": data["vllm"]["repository"],
-        "VLLM_VERSION": data["vllm"]["version"],
-        "VLLM_TAG": data["vllm"]["tag"],
-        "VLLM_COMMIT": render(data["vllm"]["commit"]),
+        "VLLM_VERSION": vllm["version"],
+        "VLLM_TAG": vllm["tag"],
+        "VLLM_COMMIT": render(vllm["commit"]),
         "HIPKITTENS_REPO": aiter["hipkittens_repository"],
         "HIPKITTENS_COMMIT": render(pin["hipkittens_commit"]),
         "TRITON_KERNELS_REPO": data["vllm"]["triton_kernels"]["repository"],
-        "TRITON_KERNELS_COMMIT": render(data["vllm"]["triton_kernels"]["commit"]),
+        "TRITON_KERNELS_COMMIT": render(vllm["triton_kernels_commit"]),
         "TRITON_KERNELS_PATH": data["vllm"]["triton_kernels"]["path"],
     }
     for key in WHEEL_KEYS:
@@ -264,9 +333,10 @@ def pip_hashes(sha256: dict | None) -> str:
     return " ".join(f"sha256:{sha256[python]}" for python in sorted(sha256))
 
 
-def unresolved_pins(data: dict, aiter_name: str | None = None) -> list[str]:
+def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> list[str]:
     """Dotted paths of every unresolved pin (null value listed in "unresolved").
-    With aiter_name, AITER pins other than that one are left out (they are not built)."""
+    With track_name_, pins of other tracks and AITER pins other than the track's (or aiter_name)
+    are left out (they are not built); with aiter_name alone, AITER pins other than that one."""
     found: list[str] = []
 
     def walk(node, path):
@@ -278,6 +348,12 @@ def unresolved_pins(data: dict, aiter_name: str | None = None) -> list[str]:
                     walk(value, f"{path}.{key}" if path else key)
 
     walk(data, "")
+    if track_name_ is not None:
+        name = track_name(data, track_name_)
+        aiter_name = track_aiter_pin_name(data, name, aiter_name)
+        found = [p for p in found if not p.startswith("tracks.") or p.startswith(f"tracks.{name}.")]
+        overridden = [k for k in TRACK_OVERRIDES if k in data["tracks"][name]]
+        found = [p for p in found if p.split(".", 1)[0] not in overridden]
     if aiter_name is not None:
         own = f"aiter.pins.{aiter_name}."
         found = [p for p in found if not p.startswith("aiter.pins.") or p.startswith(own)]

@@ -102,14 +102,15 @@ def resolve_aiter(data: dict, name: str, force: bool = False) -> list[str]:
     return _set(pin, f"aiter.pins.{name}", {"commit": commit, "ck_commit": ck, "hipkittens_commit": hipkittens}, force)
 
 
-def resolve_vllm(data: dict, force: bool = False) -> list[str]:
-    vllm = data["vllm"]
-    commit = tag_commit(vllm["repository"], vllm["tag"])
+def resolve_vllm(data: dict, track: str, force: bool = False) -> list[str]:
+    vllm = data["tracks"][track]["vllm"]
+    where = f"tracks.{track}.vllm"
+    commit = tag_commit(data["vllm"]["repository"], vllm["tag"])
     prefix = vllm.get("commit_prefix")
     if prefix and not commit.startswith(prefix):
-        raise PinError(f"vllm tag {vllm['tag']} is {commit}, which does not start with vllm.commit_prefix "
+        raise PinError(f"vllm tag {vllm['tag']} is {commit}, which does not start with {where}.commit_prefix "
                        f"{prefix}: the tag moved or the prefix is wrong")
-    return _set(vllm, "vllm", {"commit": commit}, force)
+    return _set(vllm, where, {"commit": commit}, force)
 
 
 class _Response:
@@ -183,10 +184,13 @@ def image_digest(ref: str) -> str:
     return digest
 
 
-def resolve_base_image(data: dict, registry: str | None = None, force: bool = False) -> list[str]:
-    base = data["base_image"]
-    return _set(base, "base_image", {"digest": image_digest(image_ref(base["name"], base["tag"], registry))},
-                force)
+def resolve_base_image(data: dict, registry: str | None = None, force: bool = False,
+                       track: str | None = None) -> list[str]:
+    """The digest of the base image the track uses (its own base_image, else the shared one)."""
+    own = data["tracks"][track] if track else {}
+    base, where = (own["base_image"], f"tracks.{track}.base_image") if "base_image" in own else \
+        (data["base_image"], "base_image")
+    return _set(base, where, {"digest": image_digest(image_ref(base["name"], base["tag"], registry))}, force)
 
 
 def _set(node: dict, path: str, values: dict, force: bool) -> list[str]:

@@ -57,13 +57,15 @@ def check_schema(data: dict) -> list[str]:
     if not _require(data, "versions", {
         "schema": int, "source_date_epoch": int, "gpu_archs": list, "python": dict, "rocm": dict,
         "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict, "platform": dict, "ray": dict,
+        "default_track": str, "tracks": dict,
     }, errors):
         return errors
-    sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm", "ray")
+    sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm", "ray",
+                "default_track", "tracks")
     if any(data[k] is None for k in sections):
         return errors + [f"versions: {', '.join(sections)} must not be null"]
-    if data["schema"] != 1:
-        errors.append(f"schema = {data['schema']!r}: this tool reads schema 1")
+    if data["schema"] != model.SCHEMA:
+        errors.append(f"schema = {data['schema']!r}: this tool reads schema {model.SCHEMA} (release tracks)")
     if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
         errors.append("source_date_epoch: must be a positive Unix time")
 
@@ -80,37 +82,19 @@ def check_schema(data: dict) -> list[str]:
     if _require(data["python"], "python", {"version": str}, errors):
         if not re.match(r"^3\.\d+$", data["python"]["version"] or ""):
             errors.append(f"python.version = {data['python']['version']!r}: must be like 3.12")
-    _require(data["rocm"], "rocm", {"version": str}, errors)
+    _check_rocm(data["rocm"], "rocm", errors)
     if _require(data["platform"], "platform", {"glibc": str, "machine": str}, errors):
         if not re.match(r"^2\.\d+$", data["platform"]["glibc"] or ""):
             errors.append(f"platform.glibc = {data['platform']['glibc']!r}: must be like 2.35")
         if data["platform"]["machine"] not in model.MACHINES:
             errors.append(f"platform.machine = {data['platform']['machine']!r}: one of {', '.join(model.MACHINES)}")
 
-    base = data["base_image"]
-    if _require(base, "base_image", {"name": str, "tag": str, "digest": str}, errors):
-        _check_unresolved_list(base, "base_image", errors)
-        _check_format(base, "base_image", "digest", DIGEST_RE, "sha256:<64 lowercase hex>", errors)
-        if base["tag"] == "latest":
-            errors.append("base_image.tag: 'latest' is not a pin; name a release tag")
-
-    torch = data["pytorch"]
-    if _require(torch, "pytorch", {"index_url": str, "wheels": dict}, errors):
-        if not str(torch["index_url"]).startswith("https://"):
-            errors.append("pytorch.index_url: must be an https:// URL")
-        for key, path, wheel in _wheel_set(torch["wheels"], model.WHEEL_KEYS, "pytorch.wheels", errors):
-            if key == "triton" and isinstance(wheel, dict) and wheel.get("package") not in (None, "triton") \
-                    and "triton" not in str(wheel.get("package")):
-                errors.append(f"{path}.package = {wheel.get('package')!r}: not a Triton distribution")
-            if _require(wheel, path, {"package": str, "version": str, "sha256": str}, errors):
-                _check_unresolved_list(wheel, path, errors)
-                _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+    _check_base_image(data["base_image"], "base_image", errors)
+    _check_pytorch(data["pytorch"], "pytorch", errors)
 
     aiter = data["aiter"]
-    if _require(aiter, "aiter", {"default": str, "repository": str, "ck_submodule_path": str,
+    if _require(aiter, "aiter", {"repository": str, "ck_submodule_path": str,
                                  "hipkittens_repository": str, "required_modules": list, "pins": dict}, errors):
-        if aiter["default"] not in aiter["pins"]:
-            errors.append(f"aiter.default = {aiter['default']!r}: not a key of aiter.pins")
         if not aiter["required_modules"]:
             errors.append("aiter.required_modules: empty; list the prebuilt modules the image must hold")
         for name, pin in aiter["pins"].items():
@@ -127,25 +111,88 @@ def check_schema(data: dict) -> list[str]:
                                   "the CK commit comes from the AITER commit")
 
     vllm = data["vllm"]
-    if _require(vllm, "vllm", {"repository": str, "version": str, "tag": str, "commit": str,
-                               "sdist": dict, "triton_kernels": dict}, errors, optional=("commit_prefix",)):
-        _check_unresolved_list(vllm, "vllm", errors)
-        sdist = vllm["sdist"]
-        if _require(sdist, "vllm.sdist", {"url": str, "sha256": str}, errors):
-            _check_unresolved_list(sdist, "vllm.sdist", errors)
-            _check_format(sdist, "vllm.sdist", "sha256", SHA256_RE, "64 lowercase hex digits", errors)
-            if sdist["url"] and not sdist["url"].startswith("https://"):
-                errors.append("vllm.sdist.url: must be an https:// URL")
-        kernels = vllm["triton_kernels"]
-        if _require(kernels, "vllm.triton_kernels", {"repository": str, "commit": str, "path": str}, errors):
-            _check_unresolved_list(kernels, "vllm.triton_kernels", errors)
-            _check_format(kernels, "vllm.triton_kernels", "commit", COMMIT_RE, "a full 40-hex commit", errors)
-        _check_format(vllm, "vllm", "commit", COMMIT_RE, "a full 40-hex commit", errors)
-        prefix = vllm.get("commit_prefix")
-        if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
-            errors.append(f"vllm.commit {vllm['commit']} does not start with vllm.commit_prefix {prefix}: wrong commit")
+    if _require(vllm, "vllm", {"repository": str, "triton_kernels": dict}, errors):
+        _require(vllm["triton_kernels"], "vllm.triton_kernels", {"repository": str, "path": str}, errors)
+    _check_tracks(data, errors)
     _check_ray(data, errors)
     return errors
+
+
+def _check_rocm(node, path: str, errors: list[str]) -> None:
+    _require(node, path, {"version": str}, errors)
+
+
+def _check_base_image(base, path: str, errors: list[str]) -> None:
+    if _require(base, path, {"name": str, "tag": str, "digest": str}, errors):
+        _check_unresolved_list(base, path, errors)
+        _check_format(base, path, "digest", DIGEST_RE, "sha256:<64 lowercase hex>", errors)
+        if base["tag"] == "latest":
+            errors.append(f"{path}.tag: 'latest' is not a pin; name a release tag")
+
+
+def _check_pytorch(torch, where: str, errors: list[str]) -> None:
+    if _require(torch, where, {"index_url": str, "wheels": dict}, errors):
+        if not str(torch["index_url"]).startswith("https://"):
+            errors.append(f"{where}.index_url: must be an https:// URL")
+        for key, path, wheel in _wheel_set(torch["wheels"], model.WHEEL_KEYS, f"{where}.wheels", errors):
+            if key == "triton" and isinstance(wheel, dict) and wheel.get("package") not in (None, "triton") \
+                    and "triton" not in str(wheel.get("package")):
+                errors.append(f"{path}.package = {wheel.get('package')!r}: not a Triton distribution")
+            if _require(wheel, path, {"package": str, "version": str, "sha256": str}, errors):
+                _check_unresolved_list(wheel, path, errors)
+                _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+
+
+_TRACK_RE = re.compile(r"^[0-9]+\.[0-9]+$")
+_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\.[0-9]+$")
+_OVERRIDE_CHECKS = {"rocm": _check_rocm, "base_image": _check_base_image, "pytorch": _check_pytorch}
+
+
+def _check_tracks(data: dict, errors: list[str]) -> None:
+    """tracks: {"<major>.<minor>": {vllm pins, aiter pin name, upstream_base_dockerfile, overrides}}."""
+    tracks = data["tracks"]
+    if not tracks:
+        errors.append("tracks: empty; add the vLLM release track(s) the images build")
+        return
+    if data["default_track"] not in tracks:
+        errors.append(f"default_track = {data['default_track']!r}: not a key of tracks "
+                      f"({', '.join(sorted(tracks))})")
+    for name, own in tracks.items():
+        path = f"tracks.{name}"
+        if not _TRACK_RE.match(name):
+            errors.append(f"{path}: a track is named after its vLLM release line, like 0.33")
+        if not _require(own, path, {"aiter": str, "upstream_base_dockerfile": str, "vllm": dict}, errors,
+                        optional=model.TRACK_OVERRIDES):
+            continue
+        for key in model.TRACK_OVERRIDES:
+            if key in own:
+                _OVERRIDE_CHECKS[key](own[key], f"{path}.{key}", errors)
+        if own["aiter"] not in data["aiter"].get("pins", {}):
+            errors.append(f"{path}.aiter = {own['aiter']!r}: not a key of aiter.pins: add that pin or name another")
+        vllm = own["vllm"]
+        where = f"{path}.vllm"
+        if not _require(vllm, where, {"version": str, "tag": str, "commit": str, "sdist": dict,
+                                      "triton_kernels_commit": str}, errors, optional=("commit_prefix",)):
+            continue
+        _check_unresolved_list(vllm, where, errors)
+        m = _VERSION_RE.match(vllm["version"] or "")
+        if not m:
+            errors.append(f"{where}.version = {vllm['version']!r}: must be a release like 0.33.0")
+        elif f"{m.group(1)}.{m.group(2)}" != name:
+            errors.append(f"{where}.version = {vllm['version']!r} is not of release line {name}: "
+                          "rename the track or fix the version")
+        sdist = vllm["sdist"]
+        if _require(sdist, f"{where}.sdist", {"url": str, "sha256": str}, errors):
+            _check_unresolved_list(sdist, f"{where}.sdist", errors)
+            _check_format(sdist, f"{where}.sdist", "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+            if sdist["url"] and not sdist["url"].startswith("https://"):
+                errors.append(f"{where}.sdist.url: must be an https:// URL")
+        _check_format(vllm, where, "triton_kernels_commit", COMMIT_RE, "a full 40-hex commit", errors)
+        _check_format(vllm, where, "commit", COMMIT_RE, "a full 40-hex commit", errors)
+        prefix = vllm.get("commit_prefix")
+        if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
+            errors.append(f"{where}.commit {vllm['commit']} does not start with {where}.commit_prefix {prefix}: "
+                          "wrong commit")
 
 
 def _check_ray(data: dict, errors: list[str]) -> None:
@@ -193,9 +240,22 @@ def _wheel_set(wheels: dict, known, where: str, errors: list[str]):
             yield key, f"{where}.{key}", wheels[key]
 
 
+def check_backend_range(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
+    """The backend's SUPPORTED_VLLM is the range the tracks give (the plugin refuses other vLLMs)."""
+    path, declared = model.backend_supported_vllm(root)
+    if not path.exists():
+        return []
+    expected = model.supported_vllm(data)
+    if declared != expected:
+        return [f"{model.BACKEND_INIT}: SUPPORTED_VLLM is {declared!r} but the tracks give {expected!r}: "
+                "change SUPPORTED_VLLM"]
+    return []
+
+
 def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     """Every global ARG (before the first FROM) whose name the versions file defines defaults to
-    the versions file's value. Stages re-declare ARGs by name only, so these are the defaults."""
+    the versions file's value for the default track. Stages re-declare ARGs by name only, so
+    these are the defaults."""
     errors: list[str] = []
     expected = model.build_args(data)
     for name in model.DOCKERFILES:
@@ -205,21 +265,32 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
         for arg, (line, default) in model.global_arg_defaults(path.read_text()).items():
             if arg in expected and default != expected[arg]:
                 errors.append(f"{name}:{line}: ARG {arg} defaults to {default!r} but versions.json gives "
-                              f"{expected[arg]!r}: change that ARG default")
+                              f"{expected[arg]!r} (default track {data['default_track']}): change that ARG default")
     return errors
 
 
 def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
-           aiter_name: str | None = None) -> tuple[list[str], list[str]]:
+           aiter_name: str | None = None, track: str | None = None) -> tuple[list[str], list[str]]:
     """Returns (errors, unresolved pins). Under strict, unresolved pins are errors too.
-    aiter_name: the AITER pin being built (default: aiter.default); only its pins count."""
+    track: the track being built (its pins count; default: every track); aiter_name: the AITER
+    pin being built instead of the track's."""
     errors = check_schema(data)
     if errors:
         return errors, []
     if aiter_name is not None and aiter_name not in data["aiter"]["pins"]:
         return [f"AITER pin {aiter_name!r} is not a key of aiter.pins"], []
+    if track is not None and track not in data["tracks"]:
+        return [f"track {track!r} is not a key of tracks ({', '.join(model.track_names(data))})"], []
     errors += check_dockerfiles(data, root)
-    unresolved = model.unresolved_pins(data, aiter_name or data["aiter"]["default"])
+    errors += check_backend_range(data, root)
+    if track is None and aiter_name is None:
+        unresolved = model.unresolved_pins(data)
+        # AITER pins no track builds are kept for AITER_PIN builds; unresolved there is no error.
+        used = {data["tracks"][t]["aiter"] for t in data["tracks"]}
+        unresolved = [p for p in unresolved
+                      if not p.startswith("aiter.pins.") or any(p.startswith(f"aiter.pins.{u}.") for u in used)]
+    else:
+        unresolved = model.unresolved_pins(data, aiter_name, track)
     if strict:
         errors += [f"{p}: unresolved (strict): run `python3 -m ci.pins resolve --write` on a connected machine"
                    for p in unresolved]

@@ -148,10 +148,12 @@ def triton_requirement(metadata: str) -> tuple[str, str] | None:
     return next(((name, v) for name, v in _exact_requirements(metadata) if "triton" in name), None)
 
 
-def resolve_wheels(data: dict, force: bool = False) -> list[str]:
+def resolve_wheels(data: dict, force: bool = False, track: str | None = None) -> list[str]:
     """torch first; Triton's distribution name and version from torch's own metadata (PEP 658
-    .metadata file beside the wheel); then every wheel's sha256."""
-    torch = data["pytorch"]
+    .metadata file beside the wheel); then every wheel's sha256. The wheel set the track uses
+    (its own pytorch, else the shared one)."""
+    torch = model.section(data, "pytorch", track)
+    where = f"tracks.{track}.pytorch" if track and "pytorch" in data["tracks"][track] else "pytorch"
     python = data["python"]["version"]
     changes: list[str] = []
     torch_url = None
@@ -161,16 +163,16 @@ def resolve_wheels(data: dict, force: bool = False) -> list[str]:
             metadata_url = torch_url.split("#")[0] + ".metadata"
             found = triton_requirement(resolve._http(metadata_url).body.decode(errors="replace"))
             if found is None:
-                raise PinError(f"{metadata_url}: torch requires no Triton with ==: set pytorch.wheels.triton "
+                raise PinError(f"{metadata_url}: torch requires no Triton with ==: set {where}.wheels.triton "
                                "package and version by hand")
-            changes += resolve._set(wheel, "pytorch.wheels.triton", {"package": found[0], "version": found[1]}, force)
+            changes += resolve._set(wheel, f"{where}.wheels.triton", {"package": found[0], "version": found[1]}, force)
         if wheel["package"] is None or wheel["version"] is None:
-            raise PinError(f"pytorch.wheels.{key}: package and version must be set to resolve its sha256")
+            raise PinError(f"{where}.wheels.{key}: package and version must be set to resolve its sha256")
         filename, url, _ = pick_wheel(wheel_links(torch["index_url"], wheel["package"]), wheel["package"],
                                       wheel["version"], python, data["platform"])
         if key == "torch":
             torch_url = url
-        changes += resolve._set(wheel, f"pytorch.wheels.{key}", {"sha256": wheel_sha256(url)}, force)
+        changes += resolve._set(wheel, f"{where}.wheels.{key}", {"sha256": wheel_sha256(url)}, force)
     return changes
 
 

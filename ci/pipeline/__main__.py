@@ -1,7 +1,7 @@
 """python3 -m ci.pipeline tag | bake-file | summary
 
-  tag        --sha SHA [--aiter-pin NAME]         the image tag for a commit
-  bake-file  --registry R --sha SHA [--ref REF] [--cache-repo C] [--gpu-archs A] TARGET...
+  tag        --sha SHA [--track T] [--aiter-pin NAME]   the image tag for a commit
+  bake-file  --registry R --sha SHA [--track T] [--ref REF] [--cache-repo C] [--gpu-archs A] TARGET...
              a bake file (JSON) with the tags, registry cache and attestations per target
   summary    RESULTS_DIR                           Markdown table of a self-test run
 """
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("tag", help="image tag for a commit")
     p.add_argument("--sha", required=True)
+    p.add_argument("--track", default="", help="release track (default: versions.json default_track)")
     p.add_argument("--aiter-pin", default="")
     p = sub.add_parser("bake-file", help="bake file with tags, cache and attestations")
     p.add_argument("--registry", required=True)
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", default="")
     p.add_argument("--cache-repo", default="")
     p.add_argument("--gpu-archs", default="")
+    p.add_argument("--track", default="", help="release track (default: versions.json default_track)")
     p.add_argument("--aiter-pin", default="")
     p.add_argument("--no-attest", action="store_true")
     p.add_argument("targets", nargs="+")
@@ -44,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
             print(summary.render(ns.results, ns.title))
             return 0
         data = model.load(ns.file)
+        track = model.track_name(data, ns.track or None)
         if ns.command == "tag":
-            print(tags.image_tag(data, ns.sha, ns.aiter_pin or None))
+            print(tags.image_tag(data, ns.sha, ns.aiter_pin or None, track))
         else:
             doc = tags.bake_override(data, ns.registry, ns.sha, ns.targets, ns.ref, ns.cache_repo,
-                                     ns.gpu_archs, ns.aiter_pin or None, not ns.no_attest)
+                                     ns.gpu_archs, ns.aiter_pin or None, not ns.no_attest, track)
             print(json.dumps(doc, indent=2))
         return 0
     except (PinError, summary.SummaryError) as exc:

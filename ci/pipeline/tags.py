@@ -1,7 +1,7 @@
 """Image tags, build-cache refs and attestations the pipeline pushes, from versions.json.
 
-Tag of every pushed image: vllm<vLLM version>-aiter<12 hex of the AITER commit>-<12 hex of
-the repository commit>, plus the git tag name for tag builds and the branch name for branch
+Tag of every pushed image: vllm<vLLM version of the track>-aiter<12 hex of the AITER commit>-<12 hex
+of the repository commit>, plus the git tag name for tag builds and the branch name for branch
 builds. Build cache: one registry ref per target, keyed by what the target's layers depend
 on, so a vLLM bump keeps the `base` key (the AITER layers) and only the vLLM targets miss.
 """
@@ -19,8 +19,8 @@ TARGETS = ("base", "vllm", "serve", "ci")
 ATTEST = ("type=sbom", "type=provenance,mode=max")
 
 
-def aiter_commit(data: Mapping, pin_name: str | None = None) -> str:
-    name = pin_name or data["aiter"]["default"]
+def aiter_commit(data: Mapping, pin_name: str | None = None, track: str | None = None) -> str:
+    name = model.track_aiter_pin_name(data, track, pin_name)
     commit = model.aiter_pin(data, name).get("commit")
     if not commit or not HEX40.fullmatch(commit):
         raise PinError(f"aiter.pins.{name}.commit is unresolved: run python3 -m ci.pins resolve aiter --write "
@@ -34,8 +34,12 @@ def check_sha(sha: str) -> str:
     return sha
 
 
-def image_tag(data: Mapping, sha: str, pin_name: str | None = None) -> str:
-    return f"vllm{data['vllm']['version']}-aiter{aiter_commit(data, pin_name)[:12]}-{check_sha(sha)[:12]}"
+def vllm_version(data: Mapping, track: str | None = None) -> str:
+    return model.track(data, track)["vllm"]["version"]
+
+
+def image_tag(data: Mapping, sha: str, pin_name: str | None = None, track: str | None = None) -> str:
+    return f"vllm{vllm_version(data, track)}-aiter{aiter_commit(data, pin_name, track)[:12]}-{check_sha(sha)[:12]}"
 
 
 def ref_tag(ref: str) -> str | None:
@@ -47,9 +51,11 @@ def ref_tag(ref: str) -> str | None:
     return None
 
 
-def tags(data: Mapping, sha: str, ref: str = "", pin_name: str | None = None) -> list[str]:
-    out = [image_tag(data, sha, pin_name)]
+def tags(data: Mapping, sha: str, ref: str = "", pin_name: str | None = None, track: str | None = None) -> list[str]:
+    out = [image_tag(data, sha, pin_name, track)]
     extra = ref_tag(ref) if ref else None
+    if extra and track and track != data["default_track"]:
+        extra = f"{extra}-vllm{track}"  # the floating tag of a branch or git tag names the default track
     if extra and extra not in out:
         out.append(extra)
     return out
@@ -62,18 +68,19 @@ def archs_key(gpu_archs: str) -> str:
     return "-".join(archs)
 
 
-def cache_key(data: Mapping, target: str, gpu_archs: str, pin_name: str | None = None) -> str:
+def cache_key(data: Mapping, target: str, gpu_archs: str, pin_name: str | None = None,
+              track: str | None = None) -> str:
     """base: AITER commit + archs (what the AITER compile depends on; the vLLM version is not in
     it). vLLM targets: vLLM version + AITER commit + archs."""
-    aiter = aiter_commit(data, pin_name)[:12]
+    aiter = aiter_commit(data, pin_name, track)[:12]
     if target == "base":
         return f"base-aiter{aiter}-{archs_key(gpu_archs)}"
-    return f"{target}-vllm{data['vllm']['version']}-aiter{aiter}-{archs_key(gpu_archs)}"
+    return f"{target}-vllm{vllm_version(data, track)}-aiter{aiter}-{archs_key(gpu_archs)}"
 
 
 def bake_override(data: Mapping, registry: str, sha: str, targets: Sequence[str], ref: str = "",
                   cache_repo: str = "", gpu_archs: str = "", pin_name: str | None = None,
-                  attest: bool = True) -> dict[str, object]:
+                  attest: bool = True, track: str | None = None) -> dict[str, object]:
     """A bake file (JSON) that sets tags, registry cache and attestations for each target."""
     if not registry or registry.startswith("localhost/"):
         raise PinError(f"REGISTRY {registry!r} is not a registry to push to: set REGISTRY (e.g. ghcr.io/org/rocm-vllm)")
@@ -86,10 +93,10 @@ def bake_override(data: Mapping, registry: str, sha: str, targets: Sequence[str]
     registry = registry.rstrip("/")
     cache_repo = (cache_repo or f"{registry}/buildcache").rstrip("/")
     archs = gpu_archs or ";".join(data["gpu_archs"])
-    names = tags(data, sha, ref, pin_name)
+    names = tags(data, sha, ref, pin_name, track)
     out: dict[str, dict[str, object]] = {}
     for target in targets:
-        ref_ = f"{cache_repo}:{cache_key(data, target, archs, pin_name)}"
+        ref_ = f"{cache_repo}:{cache_key(data, target, archs, pin_name, track)}"
         entry: dict[str, object] = {
             "tags": [f"{registry}/{target}:{t}" for t in names],
             "cache-from": [f"type=registry,ref={ref_}"],

@@ -17,7 +17,7 @@
 #   CACHE_REPO   build cache repository (default $REGISTRY/buildcache)
 #   GIT_SHA      commit being built (default: git rev-parse HEAD)
 #   GIT_REF      git ref being built, e.g. refs/tags/v1.0 (default $GITHUB_REF)
-#   AITER_PIN, GPU_ARCHS   as for bake (default: versions.json)
+#   TRACK, AITER_PIN, GPU_ARCHS   as for bake (default: versions.json default_track, its AITER pin)
 #   BUILDER      buildx builder to use; created with the docker-container driver when missing
 #                (registry cache export and attestations need it). Empty: the current builder.
 #   PUBLISH      push (default) | print (resolve the graph with `bake --print`, push nothing)
@@ -45,7 +45,8 @@ fi
 sha=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || true)}
 ref=${GIT_REF:-${GITHUB_REF:-}}
 pin_args=()
-if [ -n "${AITER_PIN:-}" ]; then pin_args=(--aiter-pin "$AITER_PIN"); fi
+if [ -n "${TRACK:-}" ]; then pin_args+=(--track "$TRACK"); fi
+if [ -n "${AITER_PIN:-}" ]; then pin_args+=(--aiter-pin "$AITER_PIN"); fi
 
 if [ "$mode" = push ]; then
   echo "== verify pins (python3 -m ci.pins verify --strict)" >&2

@@ -136,14 +136,26 @@ def test_build_resolves_the_graph_with_real_bake(tmp_path: Path, ci_dir: Path) -
     assert proc.returncode == 0, proc.stderr
     targets = json.loads(proc.stdout)["target"]  # progress lines go to stderr
     assert {"ci", "serve"} <= set(targets)
-    expected = model.build_args(model.load(repo / "versions.json"), allow_unresolved=True)
+    data = model.load(repo / "versions.json")
+    expected = model.build_args(data, allow_unresolved=True)
+    default = data["default_track"]
     for name in ("ci", "serve"):
         target = targets[name]
         assert target["dockerfile"] == "Dockerfile.rocm" and target["target"] == name
-        assert target["tags"] == [f"registry.example/team/{name}:t3"]
+        # every image names its track; the default track's also carries the plain tag
+        assert target["tags"] == [f"registry.example/team/{name}:t3-vllm{default}",
+                                  f"registry.example/team/{name}:t3"]
         assert target["args"]["VLLM_COMMIT"] == expected["VLLM_COMMIT"]
         assert target["contexts"]["base"] == "target:base"
     assert any("0123abc" in v for v in targets["serve"].get("labels", {}).values()), targets["serve"].get("labels")
+    # another track: its own pins and a tag naming it only
+    other = model.track_names(data)[-1]
+    proc = subprocess.run(["bash", str(ci_dir / "pipeline/amd-runner/build.sh")], env={**env, "TRACK": other},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    serve = json.loads(proc.stdout)["target"]["serve"]
+    assert serve["tags"] == [f"registry.example/team/serve:t3-vllm{other}"]
+    assert serve["args"] | model.build_args(data, track_name_=other) == serve["args"]
 
 
 def test_build_without_versions_file_fails_through_real_bake(tmp_path: Path, ci_dir: Path) -> None:

@@ -71,8 +71,9 @@ def resolved_repo(tmp_path: Path) -> Path:
     root = copy_repo(tmp_path / "repo")
     data = json.loads((root / "versions.json").read_text())
     fill_unresolved(data)
-    if data["vllm"].get("commit_prefix"):
-        data["vllm"]["commit_prefix"] = data["vllm"]["commit"][:9]
+    for own in data["tracks"].values():
+        if own["vllm"].get("commit_prefix"):
+            own["vllm"]["commit_prefix"] = own["vllm"]["commit"][:9]
     (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)
@@ -89,13 +90,19 @@ def test_tag_rendered_from_versions_json() -> None:
     proc = pipeline("tag", "--sha", SHA, "--aiter-pin", KNOWN_PIN)
     assert proc.returncode == 0, proc.stderr
     commit = data["aiter"]["pins"][KNOWN_PIN]["commit"]
-    assert proc.stdout.strip() == f"vllm{data['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
+    default = data["tracks"][data["default_track"]]["vllm"]["version"]
+    assert proc.stdout.strip() == f"vllm{default}-aiter{commit[:12]}-{SHA[:12]}"
+    for track, own in data["tracks"].items():
+        proc = pipeline("tag", "--sha", SHA, "--aiter-pin", KNOWN_PIN, "--track", track)
+        assert proc.stdout.strip() == f"vllm{own['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}", proc.stderr
     assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", proc.stdout.strip())  # a valid image tag
+    proc = pipeline("tag", "--sha", SHA, "--track", "0.1")
+    assert proc.returncode == 1 and "no release track '0.1'" in proc.stderr
 
 
 def test_tag_refuses_unresolved_aiter_commit_and_short_sha(tmp_path: Path) -> None:
     data = versions()
-    name = data["aiter"]["default"]
+    name = data["tracks"][data["default_track"]]["aiter"]
     data["aiter"]["pins"][name]["commit"] = None
     (tmp_path / "versions.json").write_text(json.dumps(data))
     proc = pipeline("--file", str(tmp_path / "versions.json"), "tag", "--sha", SHA)
@@ -119,14 +126,15 @@ def test_vllm_bump_keeps_the_base_cache_ref_and_an_aiter_bump_does_not(tmp_path:
     data = versions()
     before = _bake_file(REPO / "versions.json")
     bumped = json.loads(json.dumps(data))
-    bumped["vllm"]["version"] = "0.33.0"
+    own = bumped["tracks"][bumped["default_track"]]["vllm"]
+    own["version"] = own["version"].rsplit(".", 1)[0] + ".99"
     (tmp_path / "vllm.json").write_text(json.dumps(bumped))
     after = _bake_file(tmp_path / "vllm.json")
     assert after["base"]["cache-from"] == before["base"]["cache-from"]
     assert after["base"]["cache-to"] == before["base"]["cache-to"]
     for target in ("serve", "ci"):
         assert after[target]["cache-from"] != before[target]["cache-from"]
-        assert "vllm0.33.0" in after[target]["cache-from"][0]
+        assert f"vllm{own['version']}" in after[target]["cache-from"][0]
     assert after["base"]["tags"] != before["base"]["tags"]  # the tag names the vLLM version
 
     aiter = json.loads(json.dumps(data))
@@ -168,12 +176,12 @@ def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path
     targets = json.loads(proc.stdout)["target"]
     assert set(targets) == {"base", "serve", "ci"}
     commit12 = data["aiter"]["pins"][KNOWN_PIN]["commit"][:12]
-    tag = f"vllm{data['vllm']['version']}-aiter{commit12}-{SHA[:12]}"
+    tag = f"vllm{data['tracks'][data['default_track']]['vllm']['version']}-aiter{commit12}-{SHA[:12]}"
     archs = "-".join(data["gpu_archs"])
     for name, target in targets.items():
         assert target["tags"] == [f"registry.example/team/{name}:{tag}", f"registry.example/team/{name}:v1.2.0"]
         key = (f"base-aiter{commit12}-{archs}" if name == "base"
-               else f"{name}-vllm{data['vllm']['version']}-aiter{commit12}-{archs}")
+               else f"{name}-vllm{data['tracks'][data['default_track']]['vllm']['version']}-aiter{commit12}-{archs}")
         ref = f"registry.example/team/buildcache:{key}"
         assert target["cache-from"] == [f"type=registry,ref={ref}"]
         assert target["cache-to"] == [f"type=registry,ref={ref},mode=max"]
@@ -223,8 +231,9 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((resolved_repo / "versions.json").read_text())
-    commit = data["aiter"]["pins"][data["aiter"]["default"]]["commit"]
-    tag = f"vllm{data['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
+    default = data["tracks"][data["default_track"]]
+    commit = data["aiter"]["pins"][default["aiter"]]["commit"]
+    tag = f"vllm{default['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
     calls = fake_docker.calls()
     assert [c["argv"] for c in calls] == [
         ["buildx", "inspect", "rocm-vllm"],
@@ -271,14 +280,15 @@ def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
 
 def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
     data = json.loads((resolved_repo / "versions.json").read_text())
-    data["vllm"]["commit"] = None
-    data["vllm"]["unresolved"] = ["commit"]
+    own = data["tracks"][data["default_track"]]["vllm"]
+    own["commit"] = None
+    own["unresolved"] = ["commit"]
     (resolved_repo / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
     env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA,
            "RESULTS_DIR": str(tmp_path / "results")}
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode != 0
-    assert "vllm.commit" in proc.stderr
+    assert f"tracks.{data['default_track']}.vllm.commit" in proc.stderr
     assert fake_docker.calls() == []
 
 

@@ -55,7 +55,8 @@ def project(tmp_path: Path):
     (upstream / "setup.py").write_text("# vllm\n")
     git("add", "setup.py", cwd=upstream)
     git("commit", "-q", "-m", "release", cwd=upstream)
-    git("tag", "-a", data["vllm"]["tag"], "-m", "release", cwd=upstream)
+    for own in data["tracks"].values():
+        git("tag", "-a", own["vllm"]["tag"], "-m", "release", cwd=upstream)
     upstream_commit = git("rev-parse", "HEAD", cwd=upstream)
 
     # this repository, with vLLM pointed at that upstream and its commit unresolved
@@ -64,9 +65,11 @@ def project(tmp_path: Path):
     for name in ("versions.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl"):
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
-    data["vllm"].update(repository=str(upstream), commit=None, unresolved=["commit"])
-    if "commit_prefix" in data["vllm"]:
-        data["vllm"]["commit_prefix"] = upstream_commit[:9]
+    data["vllm"]["repository"] = str(upstream)
+    for own in data["tracks"].values():
+        own["vllm"].update(commit=None, unresolved=["commit"])
+        if "commit_prefix" in own["vllm"]:
+            own["vllm"]["commit_prefix"] = upstream_commit[:9]
     (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; "
@@ -122,13 +125,15 @@ def test_resolved_pins_go_to_a_branch_and_a_pull_request(project) -> None:
     # main untouched; the proposal branch holds the resolved commit, Dockerfile defaults synced
     assert git("rev-parse", "main", cwd=project.remote) == main_before
     proposed = json.loads(project.remote_file("pins/resolve", "versions.json"))
-    assert proposed["vllm"]["commit"] == project.commit and "commit" not in proposed["vllm"]["unresolved"]
+    for own in proposed["tracks"].values():  # every track's vLLM
+        assert own["vllm"]["commit"] == project.commit and "commit" not in own["vllm"]["unresolved"]
     assert f"ARG VLLM_COMMIT={project.commit}" in project.remote_file("pins/resolve", "Dockerfile.rocm_base")
     calls = project.gh_calls()
     assert [c["argv"][:2] for c in calls] == [["pr", "list"], ["pr", "create"]]
     assert calls[1]["argv"][7] == "pins: resolve vllm"
     body = calls[1]["body"]
-    assert f"vllm.commit: None -> {project.commit}" in body
+    for track in proposed["tracks"]:
+        assert f"tracks.{track}.vllm.commit: None -> {project.commit}" in body
     # other pins are still unresolved: verify --strict fails, and the body says so with its output
     assert "`python3 -m ci.pins verify --strict` (exit 1):" in body and "base_image.digest" in body
     assert body in project.summary.read_text()
@@ -150,7 +155,7 @@ def test_an_open_pull_request_is_updated(project) -> None:
 
 def test_a_failed_resolve_proposes_nothing(project) -> None:
     data = json.loads((project.path / "versions.json").read_text())
-    data["vllm"]["tag"] = "v9.9.9"
+    data["tracks"][data["default_track"]]["vllm"]["tag"] = "v9.9.9"
     (project.path / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
     git("commit", "-q", "-am", "unknown tag", cwd=project.path)
     proc = project.run()

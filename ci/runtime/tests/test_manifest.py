@@ -107,6 +107,16 @@ def test_vllm_part_refuses_another_release_or_none():
     env = {**VLLM_ENV, "VLLM_IMAGE": "img:1"}
     with pytest.raises(ManifestError, match="has vLLM 0.33.0 .* set VLLM_IMAGE to a vLLM 0.32.0 image"):
         mf.with_vllm(None, env, lookup=lookup_in({"vllm": "0.33.0"}))
+    with pytest.raises(ManifestError, match=r"has vLLM 0.33.0\+rocm72 but track 0.32 builds vLLM 0.32.0 .* or TRACK "
+                                            r"to the track of vLLM 0.33.0$"):
+        mf.with_vllm(None, {**env, "VLLM_TRACK": "0.32"}, lookup=lookup_in({"vllm": "0.33.0+rocm72"}))
+
+
+def test_vllm_part_records_the_track():
+    env = {**VLLM_ENV, "VLLM_IMAGE": "img:1", "VLLM_TRACK": "0.32"}
+    assert mf.with_vllm(None, env, lookup=lookup_in({"vllm": "0.32.0"})).vllm.track == "0.32"
+    assert mf.with_vllm(base(), env, lookup=lookup_in({"vllm": "0.32.0"})).vllm.track == "0.32"
+    assert mf.with_vllm(None, VLLM_ENV, lookup=lookup_in({"vllm": "0.32.0"})).vllm.track is None
     with pytest.raises(ManifestError, match="no vLLM installed in VLLM_IMAGE=img:1"):
         mf.with_vllm(None, env, lookup=lookup_in({}))
 

@@ -18,7 +18,8 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
     aiter              {"version", "distribution", "tag", "repository", "commit", "ck_commit",
                         "pinned"}, or null: the image carries no AITER (e.g. a CPU image)
     prebuilt_modules   the AITER modules compiled ahead of time
-    vllm               {"version", "tag", "repository", "commit": the pins;
+    vllm               {"track": the release track (versions.json tracks, e.g. "0.33");
+                        "version", "tag", "repository", "commit": the pins;
                         "image": VLLM_IMAGE when vLLM came from one;
                         "distribution", "installed": what the vLLM image has installed}
     ray                {"version"}: the Ray the vLLM image carries (RAY_VERSION), or null
@@ -115,6 +116,7 @@ class Aiter:
 
 @dataclass(frozen=True)
 class Vllm:
+    track: str | None = None
     version: str | None = None
     tag: str | None = None
     repository: str | None = None
@@ -330,8 +332,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
                     tag=pins("tag"), repository=pins("repository"), commit=pins("commit"),
                     ck_commit=pins("ck_commit"), pinned=bool(aiter_pins.get("pinned"))),
         prebuilt_modules=tuple(sorted(modules)),
-        vllm=Vllm(version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"), repository=_pin(env, "VLLM_REPO"),
-                  commit=_pin(env, "VLLM_COMMIT")),
+        vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"),
+                  repository=_pin(env, "VLLM_REPO"), commit=_pin(env, "VLLM_COMMIT")),
         source_date_epoch=int(epoch) if epoch else None,
         unresolved=tuple(sorted(k for k, v in env.items() if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
     )
@@ -347,17 +349,20 @@ def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup =
     added to the base part; without a base part (VLLM_IMAGE, a CPU image) a manifest of origin
     existing-image describing what is installed, the GPU archs declared by GPU_ARCHS."""
     want = env.get("VLLM_VERSION", "")
+    track = env.get("VLLM_TRACK") or None
     image = env.get("VLLM_IMAGE", "")
     origin = f"VLLM_IMAGE={image}" if image else "the vllm stage"
     vllm = lookup(*VLLM_DISTRIBUTIONS)
     if vllm is None:
         raise ManifestError(f"no vLLM installed in {origin}: set VLLM_IMAGE to an image with vLLM {want}")
     if want and release(vllm.version) != want:
-        raise ManifestError(f"{origin} has vLLM {vllm.version} but this backend is for vLLM {want} "
-                            f"(VLLM_VERSION in versions.json): set VLLM_IMAGE to a vLLM {want} image")
+        building = f"track {track} builds" if track else "this backend is for"
+        raise ManifestError(f"{origin} has vLLM {vllm.version} but {building} vLLM {want} (VLLM_VERSION in "
+                            f"versions.json): set VLLM_IMAGE to a vLLM {want} image, or TRACK to the track of "
+                            f"vLLM {release(vllm.version)}")
     ray = Ray(version=env["RAY_VERSION"]) if env.get("RAY_VERSION") else None
     if base is not None:
-        return replace(base, vllm=replace(base.vllm, image=image or base.vllm.image,
+        return replace(base, vllm=replace(base.vllm, track=base.vllm.track or track, image=image or base.vllm.image,
                                           distribution=vllm.distribution, installed=vllm.version), ray=ray)
     aiter = lookup(*AITER_DISTRIBUTIONS)
     return Manifest(
@@ -366,7 +371,7 @@ def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup =
         declared=True,
         python=PythonInfo(version="{}.{}".format(*sys.version_info[:2])),
         aiter=None if aiter is None else Aiter(version=aiter.version, distribution=aiter.distribution),
-        vllm=Vllm(version=release(vllm.version), image=image or None, distribution=vllm.distribution,
+        vllm=Vllm(track=track, version=release(vllm.version), image=image or None, distribution=vllm.distribution,
                   installed=vllm.version),
         ray=ray,
     )
