@@ -1,7 +1,10 @@
 """Kernel choice (explicit, never a fallback) and the package's install contract."""
 
 import builtins
+import json
+import logging
 from importlib.metadata import entry_points, requires
+from pathlib import Path
 
 import pytest
 
@@ -58,18 +61,77 @@ def test_entry_point_is_the_plugin_register_function():
     assert eps[0].load() is register
 
 
-@pytest.mark.parametrize("found,ok", [
-    ("0.32.0", True), ("0.32.0+rocm723", True), ("0.32.1", True), ("0.32.0rc1.dev5+g5df63a720", False),
-    ("0.31.2", False), ("0.33.0", False), (None, False),
-])
-def test_vllm_version_gate(found, ok):
-    from vllm_aiter_mla.plugin import check_vllm_version
+def _track_versions() -> list[str]:
+    """The vLLM release of each track in the repository's versions.json, newest first."""
+    data = json.loads((Path(__file__).resolve().parents[2] / "versions.json").read_text())
+    return sorted((t["vllm"]["version"] for t in data["tracks"].values()),
+                  key=lambda v: tuple(map(int, v.split("."))), reverse=True)
 
+
+def _gate_cases() -> list[tuple[str | None, bool]]:
+    versions = _track_versions()
+    cases: list[tuple[str | None, bool]] = []
+    for version in versions:
+        major, minor, patch = map(int, version.split("."))
+        cases += [(version, True), (f"{version}+rocm72", True), (f"{major}.{minor}.{patch + 1}", True),
+                  (f"{version}rc1.dev5+g5df63a720", False)]
+    newest, oldest = (tuple(map(int, v.split("."))) for v in (versions[0], versions[-1]))
+    cases += [(f"{newest[0]}.{newest[1] + 1}.0", False), (f"{oldest[0]}.{oldest[1] - 1}.9", False),
+              (None, False), ("not-a-version", False)]
+    return cases
+
+
+@pytest.mark.parametrize("found,ok", _gate_cases())
+def test_vllm_version_gate_is_the_release_tracks(found, ok):
+    """Every track's vLLM (and its patch releases, local builds) is served; the minor releases on
+    either side of the tracks, pre-releases and unreadable versions are not."""
+    from vllm_aiter_mla.plugin import check_vllm_version, vllm_version_problem
+
+    assert (vllm_version_problem(found) is None) == ok
     if ok:
         check_vllm_version(found)
     else:
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="Install a matching vLLM"):
             check_vllm_version(found)
+
+
+def test_outside_the_range_the_plugin_registers_nothing_and_logs_one_error(monkeypatch, caplog):
+    """vLLM loads general plugins without catching their errors: register() must not raise, or
+    every vLLM process fails to start. It leaves vLLM's own backend in place instead."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_aiter_mla import plugin
+
+    newest = tuple(map(int, _track_versions()[0].split(".")))
+    unsupported = f"{newest[0]}.{newest[1] + 1}.0"
+    before = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
+    AttentionBackendEnum.ROCM_AITER_MLA.clear_override()
+    builtin = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
+    monkeypatch.setattr(plugin, "_installed_vllm_version", lambda: unsupported)
+    try:
+        with caplog.at_level(logging.ERROR, logger="vllm.aiter_mla"):
+            plugin.register()
+        assert AttentionBackendEnum.ROCM_AITER_MLA.get_path() == builtin != plugin.ROCM_BACKEND_PATH
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and unsupported in errors[0] and "built-in" in errors[0], errors
+    finally:
+        if before == plugin.ROCM_BACKEND_PATH:
+            from vllm.v1.attention.backends.registry import register_backend
+
+            register_backend(AttentionBackendEnum.ROCM_AITER_MLA, before)
+
+
+@pytest.mark.parametrize("found,status", [(None, 1), ("0.0.1", 1)])
+def test_build_check_stops_in_one_line(found, status, monkeypatch, capsys):
+    from vllm_aiter_mla import plugin
+
+    monkeypatch.setattr(plugin, "_installed_vllm_version", lambda: found)
+    assert plugin.main(["check"]) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "versions.json tracks" in err[0]
+    monkeypatch.setattr(plugin, "_installed_vllm_version", lambda: _track_versions()[-1])
+    assert plugin.main(["check"]) == 0
+    assert plugin.main([]) == 2
 
 
 def test_float16_models_are_not_offered_to_this_backend():

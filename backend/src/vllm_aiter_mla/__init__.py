@@ -8,5 +8,6 @@ kernel-facing logic lives in plain PyTorch modules (``planning``, ``decode``,
 
 __version__ = "0.1.0"
 
-# vLLM releases whose MLA classes and selection rules this package is written against.
-SUPPORTED_VLLM = ">=0.32.0,<0.33"
+# vLLM releases whose MLA classes and selection rules this package is written against: the
+# release tracks of versions.json, oldest to newest (python3 -m ci.pins verify holds it there).
+SUPPORTED_VLLM = ">=0.32.0,<0.34"

@@ -11,6 +11,12 @@ instead (for side-by-side comparison).
 CPU development mode (``AITER_MLA_KERNELS=reference`` on vLLM's CPU platform):
 the same planning and decode call, with the package's reference kernel, replaces
 vLLM's CPU MLA backend. Never chosen implicitly.
+
+A vLLM outside ``SUPPORTED_VLLM`` (the release tracks of versions.json) is refused where it can
+be fixed: the image build stops (``python3 -m vllm_aiter_mla.plugin check``). At run time the
+plugin never takes vLLM down (vLLM loads general plugins without catching their errors): it
+registers nothing and logs one error line, so vLLM's built-in backend runs, and the image's
+selector suite fails on it.
 """
 
 from __future__ import annotations
@@ -37,25 +43,41 @@ def _installed_vllm_version() -> str | None:
     return None
 
 
-def check_vllm_version(found: str | None) -> None:
+def vllm_version_problem(found: str | None) -> str | None:
+    """Why this package cannot serve the vLLM ``found`` (None: it can)."""
     from packaging.specifiers import SpecifierSet  # noqa: PLC0415
-    from packaging.version import Version  # noqa: PLC0415
+    from packaging.version import InvalidVersion, Version  # noqa: PLC0415
 
     if found is None:
-        raise RuntimeError("vllm-aiter-mla is a vLLM plugin, but vLLM is not installed")
-    # A local build tag (+rocm...) is still that release; pre-releases are not.
-    release = Version(Version(found).public)
-    if release not in SpecifierSet(SUPPORTED_VLLM):
-        raise RuntimeError(
-            f"vllm-aiter-mla {__version__} supports vLLM {SUPPORTED_VLLM}, found {found}. "
-            "Install a matching vLLM, or leave the plugin out with VLLM_PLUGINS."
-        )
+        return "vllm-aiter-mla is a vLLM plugin, but vLLM is not installed"
+    try:
+        # A local build tag (+rocm...) is still that release; pre-releases are not.
+        release = Version(Version(found).public)
+    except InvalidVersion:
+        return f"vllm-aiter-mla {__version__} cannot read the installed vLLM's version {found!r}"
+    # Pre-releases are refused explicitly (packaging's own pre-release rule differs by version).
+    if release.is_prerelease or release not in SpecifierSet(SUPPORTED_VLLM, prereleases=False):
+        return f"vllm-aiter-mla {__version__} supports vLLM {SUPPORTED_VLLM} (releases only), found {found}"
+    return None
+
+
+def check_vllm_version(found: str | None) -> None:
+    """RuntimeError naming the versions when this package cannot serve the vLLM ``found``."""
+    problem = vllm_version_problem(found)
+    if problem:
+        raise RuntimeError(f"{problem}. Install a matching vLLM, or leave the plugin out with VLLM_PLUGINS.")
 
 
 def register() -> None:
+    found = _installed_vllm_version()
+    problem = vllm_version_problem(found)
+    if problem:
+        # Never raise here: vLLM does not catch a general plugin's errors, so every vLLM process
+        # (API server, engine core, workers) would fail to start.
+        logger.error("%s: not registered; vLLM's built-in attention backends are used", problem)
+        return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: PLC0415
 
-    check_vllm_version(_installed_vllm_version())
     register_backend(AttentionBackendEnum.ROCM_AITER_MLA, ROCM_BACKEND_PATH)
     if kernel_mode() == "reference":
         from vllm.platforms import current_platform  # noqa: PLC0415
@@ -67,3 +89,26 @@ def register() -> None:
         if current_platform.is_cpu():
             register_backend(AttentionBackendEnum.CPU_MLA, CPU_DEV_BACKEND_PATH)
     logger.debug("vllm-aiter-mla %s registered (pid %d)", __version__, os.getpid())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m vllm_aiter_mla.plugin check``: exit 1, in one line, when the installed vLLM is
+    one this package does not support (the image build runs it after installing the backend)."""
+    import sys  # noqa: PLC0415
+
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["check"]:
+        print("usage: python3 -m vllm_aiter_mla.plugin check", file=sys.stderr)
+        return 2
+    found = _installed_vllm_version()
+    problem = vllm_version_problem(found)
+    if problem:
+        print(f"error: {problem}: build on a vLLM of a release track (versions.json tracks; TRACK, VLLM_IMAGE)",
+              file=sys.stderr)
+        return 1
+    print(f"vllm-aiter-mla {__version__}: vLLM {found} is supported ({SUPPORTED_VLLM})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
