@@ -1,6 +1,8 @@
 """The fused Triton planner equals the PyTorch planner (uniform layout), on a GPU:
 random batches with padding rows, stale block-table entries, block sizes 1/16/64, query
-lengths 1-4, a narrow and a full-width table, plain and captured in a CUDA graph."""
+lengths 1-4, a narrow and a full-width table, plain and captured in a CUDA graph; and the
+edges of its tile walk: request ends on and beside tile boundaries, padding rows, one tile
+spanning 4096 one-key requests, many short requests, one long request, any grid size."""
 
 from __future__ import annotations
 
@@ -82,3 +84,134 @@ def test_triton_plan_replays_from_a_cuda_graph():
         total = int(want.kv_indptr[-1])
         assert torch.equal(plan.kv_indptr, want.kv_indptr)
         assert torch.equal(plan.kv_indices[:total], want.kv_indices[:total])
+
+
+# Edge cases of the tile walk: a tile inside one request, a tile that spans requests (binary
+# search per key), the last partial tile, and the grid's stride over tiles.
+
+
+def table_for(lens, qlen, block_size, seed=0, extra_width=2):
+    """A block table whose rows are slices of a random permutation of the cache's blocks,
+    with stale random entries past each request's blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-max(n, qlen) // block_size) for n in lens]
+    width = max(blocks) + extra_width
+    num_cache_blocks = sum(blocks) + 3
+    perm = torch.randperm(num_cache_blocks, generator=gen).to(torch.int32)
+    table = torch.randint(0, num_cache_blocks, (len(lens), width), generator=gen, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(blocks):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    return table.cuda(), torch.tensor(lens, dtype=torch.int32).cuda(), num_cache_blocks * block_size
+
+
+def assert_plan_equal(lens, qlen, block_size, *, max_reqs=None, max_seq_len=None, seed=0):
+    from vllm_aiter_mla.planning_triton import plan_decode_triton
+
+    table, seq, slots = table_for(lens, qlen, block_size, seed)
+    want = expected_plan(block_size, qlen, table, seq)
+    total = int(want.kv_indptr[-1])
+    assert total == sum(max(n, qlen) for n in lens)
+    max_reqs = max_reqs or len(lens)
+    buffers = DecodePlanBuffers.allocate(max_reqs, table.shape[1], block_size, "cuda",
+                                         max_keys=slots + max_reqs * qlen)
+    buffers.kv_indices.fill_(-7)
+    buffers.kv_indptr.fill_(99)
+    buffers.qo_indptr.fill_(99)
+    got = plan_decode_triton(buffers, table, seq, qlen, max_seq_len)
+    assert torch.equal(got.qo_indptr, want.qo_indptr)
+    assert torch.equal(got.kv_indptr, want.kv_indptr)
+    assert torch.equal(got.kv_indices[:total], want.kv_indices[:total])
+    # nothing written past the batch's keys (the last tile is partial)
+    assert bool((buffers.kv_indices[total:] == -7).all())
+
+
+def tile_boundary_batches(block_t):
+    """Request ends on, just before and just after tile boundaries."""
+    return {
+        "ends on boundaries": [block_t] * 3,
+        "one before": [block_t - 1, block_t, block_t],
+        "one after": [block_t + 1, block_t - 2, block_t + 1, 1],
+        "two-key requests across a boundary": [block_t - 1] + [2] * 5 + [block_t],
+        "total one past a tile": [block_t, 1],
+        "total one short of a tile": [block_t - 1],
+        "one-key requests across a boundary": [block_t - 3] + [1] * 6 + [block_t],
+        "a tile boundary inside 4094 one-key requests": [block_t // 2] + [1] * (block_t - 2) + [block_t // 2 + 3],
+    }
+
+
+@pytest.mark.parametrize("block_size,qlen", [(1, 1), (16, 1), (16, 3), (64, 2)])
+@pytest.mark.parametrize("name", list(tile_boundary_batches(4096)))
+def test_tile_boundaries(name, block_size, qlen):
+    from vllm_aiter_mla.planning_triton import BLOCK_T
+
+    assert_plan_equal(tile_boundary_batches(BLOCK_T)[name], qlen, block_size)
+
+
+@pytest.mark.parametrize("programs", [1, 3, None])
+def test_every_tile_is_planned_whatever_the_grid(programs, monkeypatch):
+    from vllm_aiter_mla import planning_triton
+
+    if programs is not None:
+        monkeypatch.setattr(planning_triton, "_num_programs", lambda device_index: programs)
+    rng = random.Random(programs or 0)
+    lens = [rng.choice([1, 7, rng.randint(1, 3 * planning_triton.BLOCK_T)]) for _ in range(40)]
+    assert_plan_equal(lens, 1, 16)
+
+
+@pytest.mark.parametrize("qlen", [1, 2, 4])
+def test_padding_rows(qlen):
+    # Live rows between and after runs of padding rows (sequence length 0 -> qlen keys),
+    # runs long enough that a tile holds only padding (query lengths 2 and 4).
+    from vllm_aiter_mla.planning_triton import BLOCK_T, MAX_REQS
+
+    run = min(BLOCK_T // qlen + 7, MAX_REQS - 100)
+    lens = [3000] + [0] * 5 + [1, 2, 3] + [0] * run + [BLOCK_T + 1] + [0] * 64
+    assert_plan_equal(lens, qlen, 16, max_reqs=min(len(lens) + 10, MAX_REQS))
+
+
+def test_a_batch_of_padding_rows_only():
+    assert_plan_equal([0] * 300, 2, 16)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_4096_requests_of_one_key(block_size):
+    # One tile spans 4096 requests: the deepest search (4096 candidates), with plan buffers
+    # for exactly the planner's largest batch.
+    from vllm_aiter_mla.planning_triton import MAX_REQS
+
+    assert_plan_equal([1] * MAX_REQS, 1, block_size, max_seq_len=1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_short_requests(seed):
+    from vllm_aiter_mla.planning_triton import MAX_REQS
+
+    rng = random.Random(seed)
+    lens = [rng.randint(0, 40) for _ in range(MAX_REQS - rng.randint(0, 100))]
+    assert_plan_equal(lens, rng.randint(1, 4), rng.choice([1, 16]), max_reqs=MAX_REQS, seed=seed)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_one_long_request(block_size):
+    from vllm_aiter_mla.planning_triton import BLOCK_T
+
+    assert_plan_equal([37 * BLOCK_T + 5], 1, block_size, max_seq_len=37 * BLOCK_T + 5)
+
+
+def test_one_long_request_among_short_ones():
+    from vllm_aiter_mla.planning_triton import BLOCK_T
+
+    rng = random.Random(1)
+    lens = [rng.randint(1, 30) for _ in range(500)] + [20 * BLOCK_T + 3] + [rng.randint(1, 30) for _ in range(500)]
+    assert_plan_equal(lens, 2, 16)
+
+
+def test_more_requests_than_the_planner_holds_is_refused():
+    from vllm_aiter_mla.planning_triton import MAX_REQS, plan_decode_triton
+
+    buffers = DecodePlanBuffers.allocate(MAX_REQS + 1, 4, 16, "cuda", max_keys=1000)
+    table = torch.zeros((2, 4), dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="max-num-seqs"):
+        plan_decode_triton(buffers, table, torch.ones(2, dtype=torch.int32, device="cuda"), 1)

@@ -12,12 +12,16 @@ decode takes), written into the same :class:`planning.DecodePlanBuffers`:
 
 One launch with a fixed grid: every program computes the prefix sum of the sequence
 lengths in registers (a batch holds at most ``max_num_seqs`` requests; program 0 writes
-it out), then handles every ``num_programs``-th tile of ``BLOCK_T`` keys: the tile's first
-request comes from the prefix sum, and a tile that spans several requests compares its
-keys with their ends, ``WINDOW`` requests at a time. Nothing is allocated and nothing is
-read back on the host, so the call can also be captured in a CUDA graph. Work:
-``O(programs x requests + total keys)``, independent of the block table's width
-(``max_model_len``).
+it out), then handles every ``num_programs``-th tile of ``BLOCK_T`` keys. The requests of
+a tile's first and last key come from the prefix sum (one reduction each). A tile inside
+one request (every tile but those holding a request boundary) has one row of the block
+table and one start; a tile that spans several requests finds each key's request by a
+binary search over the prefix sum, vectorised per key and bounded to the tile's requests
+(``ceil(log2(span + 1))`` gather steps, whatever the span: a tile of one-key requests
+spans up to ``BLOCK_T`` of them). Nothing is allocated and nothing is read back on the
+host, so the call can also be captured in a CUDA graph. Work: ``O(programs x requests +
+total keys)``, independent of the block table's width (``max_model_len``); memory traffic
+is the index array written plus the block-table entries read.
 """
 
 from __future__ import annotations
@@ -30,13 +34,26 @@ import triton.language as tl
 
 from .planning import DecodePlan, DecodePlanBuffers
 
-# Launch shape, measured on an H200 (backend/bench/planning.py): 4096-key tiles, 4 warps,
-# 4 programs per multiprocessor.
+# Launch shape, measured on an H200 (backend/bench/planning.py).
 BLOCK_T = 4096  # keys per tile
-WINDOW = 4  # requests compared at once inside a tile that spans several requests
 PROGRAMS_PER_SM = 4
 NUM_WARPS = 4
 MAX_REQS = 4096  # the prefix sum of all sequence lengths lives in registers
+_NO_END = tl.constexpr(2147483647)  # the "end" of rows past the batch: after every key
+
+
+@triton.jit
+def _write_keys(kv_indices_ptr, row_ptr, t, start, total, FULL: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """kv_indices[t] = slot of position t - start of the request whose block-table row
+    starts at row_ptr (a pointer, or one per key). FULL: every key of the tile is valid."""
+    pos = t - start
+    if FULL:
+        block = tl.load(row_ptr + pos // BLOCK_SIZE)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE)
+    else:
+        valid = t < total
+        block = tl.load(row_ptr + pos // BLOCK_SIZE, mask=valid, other=0)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
 @triton.jit
@@ -53,52 +70,63 @@ def _plan_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    WINDOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
 
-    # Every program: max(seq_len, qlen) and its inclusive prefix sum, in registers.
+    # Every program: max(seq_len, qlen), its inclusive prefix sum (ends) and the requests'
+    # starts, in registers.
     r = tl.arange(0, BLOCK_R)
     in_batch = r < num_reqs
     lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
     lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)
+    starts = ends - lens
     total = tl.minimum(tl.sum(lens, 0), capacity)
-    ends = tl.where(in_batch, ends, 2147483647)  # rows past the batch never end before a key
+    ends = tl.where(in_batch, ends, _NO_END)  # rows past the batch never end before a key
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
         tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
-        tl.store(qo_indptr_ptr + r, r * qlen, mask=r <= num_reqs)
+        tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
+        tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 
-    w = tl.arange(0, WINDOW)
-    for t0 in range(pid * BLOCK_T, total, num_programs * BLOCK_T):
+    for tile in range(pid, tl.cdiv(total, BLOCK_T), num_programs):
+        t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
         t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < total
+        full = t0 + BLOCK_T <= total
         t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-        # Request of the tile's first and last key: how many requests end at or before it.
+        # Requests of the tile's first and last key: how many requests end at or before it.
         req_lo = tl.sum((ends <= t0).to(tl.int32), 0)
         req_hi = tl.sum((ends <= t_last).to(tl.int32), 0)
-        start_lo = tl.max(tl.where(ends <= t0, ends, 0), 0)
-        req = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
-        start = tl.zeros((BLOCK_T,), dtype=tl.int32) + start_lo
-        if req_hi > req_lo:
-            # The tile spans requests req_lo..req_hi: per key, count the request ends at or
-            # before it (ends of requests req_lo.. rebuilt from their lengths, WINDOW at a time).
-            carry = start_lo
-            for w0 in range(req_lo, req_hi, WINDOW):
-                k = w0 + w
-                in_window = k < req_hi
-                wl = tl.load(seq_lens_ptr + k, mask=in_window, other=0)
-                wl = tl.where(in_window, tl.maximum(wl, qlen), 0)
-                wend = carry + tl.cumsum(wl, 0)
-                hit = (wend[None, :] <= t[:, None]) & in_window[None, :]
-                req += tl.sum(hit.to(tl.int32), 1)
-                start = tl.maximum(start, tl.max(tl.where(hit, wend[None, :], 0), 1))
-                carry += tl.sum(wl, 0)
-        pos = t - start
-        block = tl.load(block_table_ptr + req * block_table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
+        if req_hi == req_lo:
+            # One request: one row of the block table, one start.
+            req_start = tl.max(tl.where(ends <= t0, ends, 0), 0)
+            req_row = block_table_ptr + req_lo.to(tl.int64) * block_table_stride
+            if full:
+                _write_keys(kv_indices_ptr, req_row, t, req_start, total, True, BLOCK_SIZE)
+            else:
+                _write_keys(kv_indices_ptr, req_row, t, req_start, total, False, BLOCK_SIZE)
+        else:
+            # Requests req_lo..req_hi: per key, the first request that ends after it, by a
+            # binary search in [lo, hi] (one gather from the prefix sum per step; bit_length
+            # (req_hi - req_lo) steps narrow req_hi - req_lo + 1 candidates to one). Keys past
+            # the batch (last tile) search as its last key, so every index stays in [lo, hi].
+            key = tl.minimum(t, t_last)
+            lo = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
+            hi = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_hi
+            steps = req_hi - req_lo
+            while steps > 0:
+                mid = (lo + hi) >> 1
+                after = tl.gather(ends, mid, 0) <= key  # the key lies after request mid
+                lo = tl.where(after, mid + 1, lo)
+                hi = tl.where(after, hi, mid)
+                steps = steps >> 1
+            key_start = tl.gather(starts, lo, 0)
+            key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
+            if full:
+                _write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
+            else:
+                _write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
 
 
 @functools.cache
@@ -144,9 +172,8 @@ def plan_decode_triton(
         buffers.kv_indptr,
         buffers.kv_indices,
         BLOCK_SIZE=buffers.block_size,
-        BLOCK_R=triton.next_power_of_2(buffers.max_reqs + 1),
+        BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
         BLOCK_T=BLOCK_T,
-        WINDOW=WINDOW,
         num_warps=NUM_WARPS,
     )
     return DecodePlan(
