@@ -1,0 +1,68 @@
+"""A Python environment with one release track's vLLM as Python only: the track's sdist (checked
+against versions.json) installed with VLLM_TARGET_DEVICE=empty (no compiled extensions, the
+requirements of requirements/common.txt), beside the tests' CPU torch, the backend and the
+runtime (editable). Enough for vLLM's selection code, its MLA classes and this backend's adapters;
+not for a vLLM engine (no CPU kernels).
+
+Made once per track in TRACK_ENV_DIR (default .venv-tracks/<track>) and reused while its inputs
+(the sdist, the requirement files, this file) are unchanged; needs PyPI the first time.
+The build tools come from the sdist's own pyproject.toml (its torch pin left out: the tests' CPU
+torch stands in)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from vllm_sdist import sdist_source, versions
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS = ("tests/requirements-torch.txt", "tests/requirements-track.txt", "tests/track_env.py")
+
+
+def env_dir(track: str) -> Path:
+    return Path(os.environ.get("TRACK_ENV_DIR") or ROOT / ".venv-tracks") / track
+
+
+def _key(track: str) -> str:
+    digest = hashlib.sha256(versions()["tracks"][track]["vllm"]["sdist"]["sha256"].encode())
+    for name in INPUTS:
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def build_requirements(src: Path) -> list[str]:
+    """The sdist's [build-system] requires, without torch (the environment's CPU torch builds it)."""
+    requires = tomllib.loads((src / "pyproject.toml").read_text())["build-system"]["requires"]
+    return [r for r in requires if Requirement(r).name.lower() != "torch"]
+
+
+def _run(cmd: list, what: str, **kw) -> None:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-4000:]}"
+
+
+def track_python(track: str) -> Path:
+    """The Python of the track's environment, made or refreshed first when needed."""
+    path = env_dir(track)
+    python = path / "bin" / "python"
+    marker = path / ".ready"
+    key = _key(track)
+    if marker.is_file() and marker.read_text().strip() == key and python.exists():
+        return python
+    src = sdist_source(track)
+    _run([sys.executable, "-m", "venv", "--clear", path], "venv")
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
+    _run([*pip, "-r", ROOT / "tests/requirements-torch.txt"], "pip install torch", timeout=1800)
+    _run([*pip, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
+         "pip install the test and build requirements", timeout=1800)
+    _run([*pip, "--no-build-isolation", src], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
+         env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
+    _run([*pip, "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "ci/runtime"], "pip install the backend")
+    marker.write_text(key + "\n")
+    return python
