@@ -1,7 +1,7 @@
 """Selector suite: which attention backend vLLM picks for an MLA model, and why.
 
-Runs vLLM 0.32's real ROCm selection code (RocmPlatform reporting the arch of each
-row) with this package installed as a plugin. Needs no GPU: it runs in the
+Runs the installed vLLM's real ROCm selection code (RocmPlatform reporting the arch of each
+row; the same rows on every release track) with this package installed as a plugin. Needs no GPU: it runs in the
 repository's CI on CPU and inside the image (`selftest selector`).
 """
 
@@ -148,6 +148,21 @@ def test_installed_vllm_is_supported_by_backend():
     check_vllm_version(_installed_vllm_version())
 
 
+def test_plugin_took_over_vllms_aiter_mla_entry():
+    """Outside its supported vLLM range the plugin registers nothing (so vLLM keeps running on its
+    built-in backend): an image where that happens fails here, in one line naming the versions."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_aiter_mla import SUPPORTED_VLLM
+    from vllm_aiter_mla.plugin import _installed_vllm_version
+
+    load_general_plugins()
+    path = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
+    assert path == OURS, (f"ROCM_AITER_MLA is {path}, not this backend: the plugin did not register on vLLM "
+                          f"{_installed_vllm_version()} (it supports {SUPPORTED_VLLM})")
+
+
 def _manifest() -> Manifest:
     path = Path(manifest_path(os.environ))
     if not path.is_file():
@@ -159,10 +174,14 @@ def _manifest() -> Manifest:
 def test_installed_vllm_matches_image_manifest():
     from vllm_aiter_mla.plugin import _installed_vllm_version
 
-    expected = _manifest().vllm.version
+    recorded = _manifest().vllm
+    expected = recorded.version
     if not expected:
         pytest.skip("the image manifest records no vLLM version")
-    assert release(_installed_vllm_version()) == release(expected)
+    found = release(_installed_vllm_version())
+    assert found == release(expected)
+    if recorded.track:  # the release track the image was built for (versions.json tracks)
+        assert found.startswith(recorded.track + "."), f"vLLM {found} is not of track {recorded.track}"
 
 
 @pytest.mark.image
