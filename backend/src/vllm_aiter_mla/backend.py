@@ -43,7 +43,7 @@ from .config import (
 )
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
-from .persistent import PersistentWork, allocate_work, plan_work
+from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
 
 logger = init_logger("vllm.aiter_mla")
@@ -88,6 +88,11 @@ def decode_shape(vllm_config, kv_cache_dtype: str) -> DecodeShape:
                        mode=decode_mode(), archs=_gpu_archs())
 
 
+def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
+    """The q/KV dtype of the persistent-mode work buffers."""
+    return _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else vllm_config.model_config.dtype
+
+
 def _total_heads(vllm_config) -> int | None:
     model_config = vllm_config.model_config
     return model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
@@ -121,9 +126,9 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         self._kernels = load_kernels()
         self._work: PersistentWork | None = None
         if shape.mode == contract.PERSISTENT:
-            dtype = _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else self.model_config.dtype
-            self._work = allocate_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
-                                       self._decode_heads, dtype, dtype, device)
+            dtype = work_dtype(vllm_config, kv_cache_dtype)
+            self._work = take_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
+                                   self._decode_heads, dtype, dtype, device)
         max_reqs = vllm_config.scheduler_config.max_num_seqs
         num_gpu_blocks = vllm_config.cache_config.num_gpu_blocks
         self._plan_buffers = DecodePlanBuffers.allocate(
@@ -244,6 +249,20 @@ class DecodeKernelsMixin:
         self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config),
                                                decode_shape(vllm_config, kv_cache_dtype))
         self._kernels = load_kernels()
+        self._vllm_config = vllm_config
+        self._decode_kv_cache_dtype = kv_cache_dtype
+
+    def reserve_workspace(self) -> None:
+        """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
+        sized: the persistent-mode work buffers are allocated here, so that memory is counted; the
+        metadata builder takes them over. Non-persistent mode needs none."""
+        vllm_config = self._vllm_config
+        shape = decode_shape(vllm_config, self._decode_kv_cache_dtype)
+        if shape.mode != contract.PERSISTENT:
+            return
+        dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
+        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen, self._decode_heads,
+                     dtype, dtype, vllm_config.device_config.device)
 
     def forward_mqa(
         self,

@@ -56,6 +56,39 @@ def allocate_work(
     return PersistentWork(heads=heads, max_qlen=max_qlen, q_dtype=q_dtype, kv_dtype=kv_dtype, **tensors)
 
 
+# Work buffers claimed in vLLM's memory-profiling run (vLLM 0.33 and later call the impl's
+# reserve_workspace() there), so the KV cache is sized around them; the first metadata builder
+# of the same shape takes them over (take_work) instead of allocating after the KV cache.
+_RESERVED: dict[tuple, PersistentWork] = {}
+
+
+def _work_key(max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+              device: torch.device | str) -> tuple:
+    dev = torch.device(device)
+    index = dev.index
+    if index is None and dev.type == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    return (max_reqs, max_qlen, heads, q_dtype, kv_dtype, dev.type, index)
+
+
+def reserve_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype,
+                 kv_dtype: torch.dtype, device: torch.device | str) -> PersistentWork:
+    """The work buffers of this shape, allocated now (once per process and shape) and kept for
+    :func:`take_work`."""
+    key = _work_key(max_reqs, max_qlen, heads, q_dtype, kv_dtype, device)
+    if key not in _RESERVED:
+        _RESERVED[key] = allocate_work(kernels, max_reqs, max_qlen, heads, q_dtype, kv_dtype, device)
+    return _RESERVED[key]
+
+
+def take_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype,
+              kv_dtype: torch.dtype, device: torch.device | str) -> PersistentWork:
+    """The buffers :func:`reserve_work` made for this shape (handed out once), else new ones."""
+    reserved = _RESERVED.pop(_work_key(max_reqs, max_qlen, heads, q_dtype, kv_dtype, device), None)
+    return reserved if reserved is not None else allocate_work(kernels, max_reqs, max_qlen, heads, q_dtype,
+                                                                kv_dtype, device)
+
+
 def plan_work(kernels: MLAKernels, work: PersistentWork, plan: DecodePlan, max_seqlen_q: int) -> None:
     """Fill the work buffers for this step (uniform query length ``max_seqlen_q``)."""
     if max_seqlen_q > work.max_qlen:

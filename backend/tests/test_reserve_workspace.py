@@ -1,0 +1,83 @@
+"""Persistent-mode work buffers are claimed in vLLM's memory-profiling run (vLLM 0.33 and later
+call the impl's reserve_workspace() there), so the KV cache is sized around them, and the
+metadata builder later takes over exactly those tensors instead of allocating new ones."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from vllm_aiter_mla import persistent
+from vllm_aiter_mla.backend import DecodeKernelsMixin
+from vllm_aiter_mla.config import DECODE_MODE_ENV
+from vllm_aiter_mla.kernels import load_kernels
+
+REFERENCE = load_kernels("reference")
+
+
+def config(max_num_seqs: int = 8, num_speculative_tokens: int | None = None):
+    spec = None if num_speculative_tokens is None else types.SimpleNamespace(
+        num_speculative_tokens=num_speculative_tokens, parallel_drafting=False)
+    return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+                                 model_config=types.SimpleNamespace(dtype=torch.float32),
+                                 device_config=types.SimpleNamespace(device=torch.device("cpu")),
+                                 speculative_config=spec, use_v2_model_runner=True)
+
+
+class Impl(DecodeKernelsMixin):
+    """The decode mixin as the impls initialise it (_init_decode), with a given vLLM config."""
+
+    def __init__(self, vllm_config, heads: int = 16):
+        self._kernels = REFERENCE
+        self._decode_heads = heads
+        self._vllm_config = vllm_config
+        self._decode_kv_cache_dtype = "auto"
+
+
+@pytest.fixture(autouse=True)
+def no_reservations():
+    persistent._RESERVED.clear()
+    yield
+    persistent._RESERVED.clear()
+
+
+def test_reserved_buffers_are_the_ones_the_builder_takes(monkeypatch):
+    monkeypatch.delenv(DECODE_MODE_ENV, raising=False)  # persistent, the default
+    cfg = config(max_num_seqs=8, num_speculative_tokens=3)
+    Impl(cfg).reserve_workspace()
+    (reserved,) = persistent._RESERVED.values()
+    assert (reserved.heads, reserved.max_qlen, reserved.q_dtype) == (16, 4, torch.float32)
+    Impl(cfg).reserve_workspace()  # every layer's impl calls it: one set of buffers
+    assert len(persistent._RESERVED) == 1
+    taken = persistent.take_work(REFERENCE, 8, 4, 16, torch.float32, torch.float32, "cpu")
+    assert taken is reserved and taken.work_indptr.data_ptr() == reserved.work_indptr.data_ptr()
+    # handed out once: a second builder of the same shape gets buffers of its own
+    again = persistent.take_work(REFERENCE, 8, 4, 16, torch.float32, torch.float32, "cpu")
+    assert again is not reserved and again.work_indptr.data_ptr() != reserved.work_indptr.data_ptr()
+
+
+def test_another_shape_is_not_handed_the_reserved_buffers(monkeypatch):
+    monkeypatch.delenv(DECODE_MODE_ENV, raising=False)
+    Impl(config(max_num_seqs=8)).reserve_workspace()
+    (reserved,) = persistent._RESERVED.values()
+    other = persistent.take_work(REFERENCE, 16, 1, 16, torch.float32, torch.float32, "cpu")
+    assert other is not reserved and len(persistent._RESERVED) == 1
+
+
+def test_non_persistent_mode_reserves_nothing(monkeypatch):
+    monkeypatch.setenv(DECODE_MODE_ENV, "non-persistent")
+    Impl(config()).reserve_workspace()
+    assert persistent._RESERVED == {}
+
+
+def test_the_hook_is_the_one_vllm_calls():
+    """vLLM's attention impl base class declares reserve_workspace() where the release has the hook
+    (0.33 and later); this package's impls override it there."""
+    from vllm.v1.attention.backend import AttentionImpl
+
+    from vllm_aiter_mla.backend import AiterMLAImpl
+
+    assert AiterMLAImpl.reserve_workspace is DecodeKernelsMixin.reserve_workspace
+    if hasattr(AttentionImpl, "reserve_workspace"):
+        assert AiterMLAImpl.__mro__.index(DecodeKernelsMixin) < AiterMLAImpl.__mro__.index(AttentionImpl)
