@@ -28,6 +28,8 @@ variable "CACHE_FROM" { default = "" }
 variable "CACHE_TO" { default = "" }
 // vLLM image to embed the backend into instead of building vLLM (Dockerfile.rocm); empty: build it.
 variable "VLLM_IMAGE" { default = "" }
+// "error": the vLLM build stops when the base's AITER lacks a function vLLM calls; "warn": it reports.
+variable "AITER_CALLS_CHECK" { default = "error" }
 // CA bundle handed to builds as the secret "ca-bundle" (git and pip behind a TLS-inspecting proxy).
 variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
 
@@ -140,7 +142,7 @@ target "vllm" {
   dockerfile = "Dockerfile.rocm"
   target     = "vllm"
   contexts   = { base = "target:base" }
-  args       = { VLLM_IMAGE = VLLM_IMAGE }
+  args       = { VLLM_IMAGE = VLLM_IMAGE, AITER_CALLS_CHECK = AITER_CALLS_CHECK }
   tags       = image_tags("vllm")
 }
 
