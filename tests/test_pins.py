@@ -95,6 +95,15 @@ def test_a_track_may_carry_its_own_rocm_stack(data):
     assert "base_image.digest" not in model.unresolved_pins(d, track_name_=old)
 
 
+def test_tracks_command_lists_them_newest_first(data):
+    proc = run_tool("tracks", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout) == model.track_names(data)
+    proc = run_tool("tracks")
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"{data['default_track']} (default): vLLM ")
+    assert lines[-1] == f"backend supports vLLM {model.supported_vllm(data)}"
+
+
 def test_backend_range_is_derived_from_the_tracks(data, tree):
     """The plugin's SUPPORTED_VLLM spans the tracks; verify fails when it does not."""
     assert model.supported_vllm(data) == model.backend_supported_vllm(ROOT)[1]

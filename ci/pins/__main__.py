@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -40,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aiter-pin", help="AITER pin (default: the track's)")
     p.add_argument("--allow-unresolved", action="store_true")
 
-    sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
-                                  "range the backend supports")
+    p = sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
+                                      "range the backend supports")
+    p.add_argument("--json", action="store_true", help="print only the track names, as a JSON list (CI matrices)")
 
     ns = parser.parse_args(argv)
     root = ns.file.resolve().parent
@@ -72,6 +74,9 @@ def run(ns, parser, root: Path) -> int:
     if getattr(ns, "track", None) is not None and ns.track not in data["tracks"]:
         raise PinError(f"--track {ns.track}: not a key of tracks (known: {', '.join(model.track_names(data))})")
     if ns.command == "tracks":
+        if ns.json:
+            print(json.dumps(model.track_names(data)))
+            return 0
         for name in model.track_names(data):
             own = data["tracks"][name]
             mark = " (default)" if name == data["default_track"] else ""
