@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -61,8 +63,11 @@ def track_python(track: str) -> Path:
     _run([*pip, "-r", ROOT / "tests/requirements-torch.txt"], "pip install torch", timeout=1800)
     _run([*pip, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
          "pip install the test and build requirements", timeout=1800)
-    _run([*pip, "--no-build-isolation", src], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
-         env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
+    with tempfile.TemporaryDirectory(prefix="vllm-src-") as tmp:
+        # a copy: the build writes into its source tree (vllm/_version.py, build/), the cache stays as unpacked
+        copy = Path(shutil.copytree(src, Path(tmp) / src.name))
+        _run([*pip, "--no-build-isolation", copy], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
+             env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
     _run([*pip, "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "ci/runtime"], "pip install the backend")
     marker.write_text(key + "\n")
     return python
