@@ -465,17 +465,6 @@ def test_ray_hashes_as_build_args(data):
     assert model.pip_hashes(None) == model.UNRESOLVED
 
 
-def test_write_puts_a_resolved_hash_map_on_the_line_of_its_null():
-    text = '{\n  "w": {"version": "1", "sha256": null, "unresolved": ["sha256"]},\n  "x": 1\n}\n'
-    new = json.loads(text)
-    new["w"].update(sha256={"3.12": "a" * 64}, unresolved=[])
-    out = model.patch_json(text, new)
-    assert json.loads(out) == new and out.count("\n") == text.count("\n")
-    nested = '{\n  "w": {\n    "a": 1\n  }\n}\n'
-    with pytest.raises(model.PinError, match="keys changed"):
-        model.patch_json(nested, {"w": {"b": 1}})
-
-
 # ---- writing, faults and bad input ------------------------------------------------------------
 
 def _with_test_pin(tree, upstream):
@@ -490,29 +479,44 @@ def _with_test_pin(tree, upstream):
     return tree / "versions.json"
 
 
-def test_write_keeps_the_files_formatting(tree, upstream):
+def test_resolve_write_keeps_the_canonical_layout(tree, upstream):
     """resolve --write of one pin (a track's vllm.commit: a value and its unresolved list) is a
-    two-line diff of versions.json; nothing else moves."""
+    two-line change of versions.json in its one layout; nothing else moves."""
     import difflib
 
     path = tree / "versions.json"
-    text = path.read_text()
-    d = json.loads(text)
+    d = model.load(path)
     track = d["default_track"]
-    for node, field, value in ((d["vllm"], "repository", upstream["url"]),
-                               (d["tracks"][track]["vllm"], "tag", "v1.0"),
-                               (d["tracks"][track]["vllm"], "commit_prefix", upstream["commit"][:9])):
-        old = json.dumps(node[field])
-        assert text.count(f'"{field}": {old}') == 1, field
-        text = text.replace(f'"{field}": {old}', f'"{field}": {json.dumps(value)}')
-    path.write_text(text)
+    d["vllm"]["repository"] = upstream["url"]
+    d["tracks"][track]["vllm"].update(tag="v1.0", commit_prefix=upstream["commit"][:9])
+    model.dump(d, path)
+    text = path.read_text()
+    assert text == model.canonical(d)
     proc = run_tool("--file", str(path), "resolve", "vllm", "--track", track, "--write")
     assert proc.returncode == 0, proc.stderr
     new = path.read_text()
     assert json.loads(new)["tracks"][track]["vllm"]["commit"] == upstream["commit"]
+    assert new == model.canonical(json.loads(new))
     changed = [line for line in difflib.unified_diff(text.splitlines(), new.splitlines(), n=0, lineterm="")
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    assert len(changed) == 4, changed  # two lines out, two lines in
+    assert len(changed) == 6, changed  # commit null -> hex; the one-entry unresolved list (3 lines) -> []
+
+
+def test_verify_rejects_any_other_layout_and_format_fixes_it(tree):
+    path = tree / "versions.json"
+    data = model.load(path)
+    assert run_tool("--file", str(path), "verify").returncode == 0
+    for other in (json.dumps(data), json.dumps(data, indent=4, sort_keys=True) + "\n",
+                  model.canonical(data).rstrip("\n"), model.canonical(data).replace("\n", "\r\n")):
+        path.write_text(other, newline="")
+        proc = run_tool("--file", str(path), "verify")
+        assert proc.returncode == 1 and "not in the canonical layout" in proc.stderr, proc.stderr
+        assert "python3 -m ci.pins format" in proc.stderr
+        proc = run_tool("--file", str(path), "format")
+        assert proc.returncode == 0 and path.read_bytes() == model.canonical(data).encode()
+        assert run_tool("--file", str(path), "verify").returncode == 0
+    proc = run_tool("--file", str(path), "format")
+    assert "already in the canonical layout" in proc.stdout
 
 
 def test_write_is_all_or_nothing_when_the_disk_fills(tree, upstream):

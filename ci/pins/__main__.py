@@ -1,4 +1,5 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | format |
+discover [--write]
 
 --track NAME (verify, resolve, args): one release track of versions.json; default: every track
 (verify, resolve) or default_track (args)."""
@@ -9,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import model, resolve, verify
+from . import discover, model, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
@@ -44,6 +45,21 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
                                       "range the backend supports")
     p.add_argument("--json", action="store_true", help="print only the track names, as a JSON list (CI matrices)")
+
+    sub.add_parser("format", help="rewrite the versions file in its one canonical layout (keys sorted, two-space "
+                                  "indent)")
+
+    p = sub.add_parser("discover", help="vLLM releases on PyPI newer than the newest track, added as tracks from "
+                                        "their sdists (needs network)")
+    p.add_argument("--write", action="store_true", help="write the new tracks to the versions file, the Dockerfiles' "
+                                                        "ARG defaults and the backend's supported range")
+    p.add_argument("--list", action="store_true", help="only print the vLLM releases that would become tracks")
+    p.add_argument("--release", help="add only this vLLM release (one of --list)")
+    p.add_argument("--up-to", help="leave out vLLM releases after this one")
+    p.add_argument("--summary", type=Path, help="write what changed upstream (Markdown) to this file")
+    p.add_argument("--aiter-tags", action="store_true", help="also report AITER tags newer than the tracks' (git)")
+    p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
+                   help="where sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
 
     ns = parser.parse_args(argv)
     root = ns.file.resolve().parent
@@ -84,8 +100,17 @@ def run(ns, parser, root: Path) -> int:
                   f"ROCm {model.section(data, 'rocm', name)['version']}")
         print(f"backend supports vLLM {model.supported_vllm(data)}")
         return 0
+    if ns.command == "format":
+        written = model.write_files({ns.file: model.canonical(data)})
+        print(f"{ns.file.name}: {'rewritten in' if written else 'already in'} the canonical layout")
+        return 0
+    if ns.command == "discover":
+        return run_discover(ns, data, root)
     if ns.command == "verify":
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
+        if ns.file.read_bytes() != model.canonical(data).encode():
+            errors.insert(0, f"{ns.file.name} is not in the canonical layout (keys sorted, two-space indent, one "
+                             "trailing newline): run python3 -m ci.pins format")
         for line in errors:
             print(f"error: {line}", file=sys.stderr)
         if errors:
@@ -144,7 +169,7 @@ def run(ns, parser, root: Path) -> int:
         if ns.write and changes:
             # versions file and Dockerfiles together: all written, or none
             docker_changes, texts = model.global_arg_updates(data, root)
-            texts[ns.file] = model.patch_json(ns.file.read_text(), data)
+            texts[ns.file] = model.canonical(data)
             model.write_files(texts)
             for line in docker_changes:
                 print(line)
@@ -156,6 +181,59 @@ def run(ns, parser, root: Path) -> int:
             print(f"{key}={value}")
         return 0
     return 2
+
+
+def run_discover(ns, data: dict, root: Path) -> int:
+    index = data["vllm"].get("index_url") or discover.DEFAULT_INDEX
+    found = discover.new_releases(data, discover.pypi_sdists(index), ns.up_to)
+    if ns.release:
+        found = [s for s in found if s.version == ns.release]
+        if not found:
+            raise PinError(f"--release {ns.release}: not a vLLM release newer than the newest track "
+                           f"({model.track_names(data)[0]}) on PyPI")
+    if ns.list:
+        for sdist in found:
+            print(sdist.version)
+        return 0
+    newest = model.track_names(data)[0]
+    old_sdist = data["tracks"][newest]["vllm"]["sdist"]
+    parts: list[str] = []
+    if found:
+        old = discover.read_release(discover.fetch(discover.Sdist(
+            data["tracks"][newest]["vllm"]["version"], old_sdist["url"], old_sdist["sha256"],
+            old_sdist["url"].rsplit("/", 1)[-1]), ns.sdist_cache), data["tracks"][newest]["vllm"]["version"])
+    for sdist in found:
+        release = discover.read_release(discover.fetch(sdist, ns.sdist_cache), sdist.version)
+        proposal = discover.add_track(data, sdist, release)
+        print(f"tracks.{proposal.track}: vLLM {proposal.version}, AITER {proposal.aiter_tag} "
+              f"(from its {proposal.base_dockerfile}); the new default track")
+        for note in proposal.notes:
+            print(f"note: {note}")
+        parts.append(discover.summary(old, release, proposal))
+    if not found:
+        print(f"no vLLM release newer than track {newest} (vLLM {data['tracks'][newest]['vllm']['version']}) on PyPI")
+    if ns.aiter_tags:
+        lines = discover.newer_aiter_tags(data, discover.aiter_tags(data["aiter"]["repository"]))
+        for line in lines:
+            print(f"note: {line}")
+        if lines:
+            parts.append("### AITER\n\n" + "".join(f"- {line}\n" for line in lines))
+    if ns.summary:
+        model.write_files({ns.summary: "\n".join(parts) or "Nothing new upstream.\n"})
+    if ns.write and found:
+        errors = verify.check_schema(data)
+        if errors:
+            raise PinError(f"the proposed versions file would not verify: {errors[0]}")
+        docker_changes, texts = model.global_arg_updates(data, root)
+        texts[ns.file] = model.canonical(data)
+        texts.update(model.backend_range_update(data, root))
+        model.write_files(texts)
+        for line in docker_changes:
+            print(line)
+        print(f"backend supports vLLM {model.supported_vllm(data)}")
+    elif found:
+        print("(dry run: add --write to record these)")
+    return 0
 
 
 def _distinct(data: dict, tracks: list[str], key: str) -> list[str]:

@@ -57,102 +57,24 @@ def load(path: Path | str = VERSIONS_FILE) -> dict:
         raise PinError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
 
 
+def canonical(data: dict) -> str:
+    """The one layout of the versions file: keys sorted, two-space indent, UTF-8 as is, one
+    trailing newline. Every writer writes it; verify rejects any other."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 def dump(data: dict, path: Path | str = VERSIONS_FILE) -> None:
-    """Write data to path, keeping the file's formatting (only changed values are rewritten),
-    atomically; nothing is written when nothing changed."""
-    path = Path(path)
-    try:
-        old = path.read_text()
-    except FileNotFoundError:
-        old = None
-    try:
-        text = patch_json(old, data) if old is not None else None
-    except (PinError, ValueError):  # keys added or removed, or the file was not JSON: write it whole
-        text = None
-    write_files({path: text if text is not None else json.dumps(data, indent=2) + "\n"})
+    """Write data to path in the canonical layout, atomically; nothing is written when nothing changed."""
+    write_files({Path(path): canonical(data)})
 
 
-# ---- format-keeping JSON edits -----------------------------------------------------------
-
-_WS = re.compile(r"\s*")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
-
-
-def _spans(text: str) -> dict[tuple, tuple[int, int]]:
-    """(start, end) of the text of every value, by path (tuple of keys and indices)."""
-    spans: dict[tuple, tuple[int, int]] = {}
-
-    def value(i: int, path: tuple) -> int:
-        i = _WS.match(text, i).end()
-        start = i
-        if text[i] == "{":
-            i = _WS.match(text, i + 1).end()
-            if text[i] == "}":
-                i += 1
-            else:
-                while True:
-                    m = _STRING.match(text, _WS.match(text, i).end())
-                    key = json.loads(m.group(0))
-                    i = _WS.match(text, m.end()).end()
-                    assert text[i] == ":"
-                    i = _WS.match(text, value(i + 1, path + (key,))).end()
-                    if text[i] == ",":
-                        i += 1
-                        continue
-                    assert text[i] == "}"
-                    i += 1
-                    break
-        elif text[i] == "[":
-            i = _WS.match(text, i + 1).end()
-            if text[i] == "]":
-                i += 1
-            else:
-                index = 0
-                while True:
-                    i = _WS.match(text, value(i, path + (index,))).end()
-                    index += 1
-                    if text[i] == ",":
-                        i += 1
-                        continue
-                    assert text[i] == "]"
-                    i += 1
-                    break
-        else:
-            m = _STRING.match(text, i) or _SCALAR.match(text, i)
-            i = m.end()
-        spans[path] = (start, i)
-        return i
-
-    value(0, ())
-    return spans
-
-
-def patch_json(text: str, new: dict) -> str:
-    """text (a JSON document) with the values that differ in new replaced in place: keys,
-    order, indentation and line layout of everything else stay as they are."""
-    old = json.loads(text)
-    spans = _spans(text)
-    edits: list[tuple[int, int, str]] = []
-
-    def diff(a, b, path):
-        if a == b:
-            return
-        if isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
-            for key in a:
-                diff(a[key], b[key], path + (key,))
-            return
-        start, end = spans[path]
-        if isinstance(b, dict) and b and "\n" in text[start:end]:
-            raise PinError(f"{'.'.join(map(str, path))}: keys changed; edit the versions file by hand")
-        edits.append((start, end, json.dumps(b)))  # a value on one line stays on one line
-
-    diff(old, new, ())
-    for start, end, rendered in sorted(edits, reverse=True):
-        text = text[:start] + rendered + text[end:]
-    if json.loads(text) != new:  # pragma: no cover - a bug in the patcher, never a silent write
-        raise PinError("internal error: the format-keeping edit of the versions file went wrong")
-    return text
+def backend_range_update(data: dict, root: Path = REPO_ROOT) -> dict[Path, str]:
+    """{backend __init__.py: its text with SUPPORTED_VLLM set to the tracks' range}, or {} when it is."""
+    path, declared = backend_supported_vllm(root)
+    wanted = supported_vllm(data)
+    if declared is None or declared == wanted:
+        return {}
+    return {path: _SUPPORTED_RE.sub(f'SUPPORTED_VLLM = "{wanted}"', path.read_text(), count=1)}
 
 
 def write_files(contents: dict) -> list[Path]:
@@ -163,7 +85,7 @@ def write_files(contents: dict) -> list[Path]:
     for path, text in contents.items():
         path = Path(path)
         try:
-            if path.read_text() == text:
+            if path.read_bytes() == text.encode():
                 continue
         except FileNotFoundError:
             pass

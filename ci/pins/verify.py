@@ -111,7 +111,9 @@ def check_schema(data: dict) -> list[str]:
                                   "the CK commit comes from the AITER commit")
 
     vllm = data["vllm"]
-    if _require(vllm, "vllm", {"repository": str, "triton_kernels": dict}, errors):
+    if _require(vllm, "vllm", {"repository": str, "triton_kernels": dict}, errors, optional=("index_url",)):
+        if vllm.get("index_url") is not None and not str(vllm["index_url"]).startswith("https://"):
+            errors.append("vllm.index_url: must be an https:// URL (PyPI's JSON API, where discover finds releases)")
         _require(vllm["triton_kernels"], "vllm.triton_kernels", {"repository": str, "path": str}, errors)
     _check_tracks(data, errors)
     _check_ray(data, errors)

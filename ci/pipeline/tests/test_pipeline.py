@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ci.pins import model
+
 REPO = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef0123456789abcdef01234567"
 KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
@@ -74,7 +76,7 @@ def resolved_repo(tmp_path: Path) -> Path:
     for own in data["tracks"].values():
         if own["vllm"].get("commit_prefix"):
             own["vllm"]["commit_prefix"] = own["vllm"]["commit"][:9]
-    (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    (root / "versions.json").write_text(model.canonical(data))
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)
     assert sync.returncode == 0, sync.stderr
@@ -283,7 +285,7 @@ def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fa
     own = data["tracks"][data["default_track"]]["vllm"]
     own["commit"] = None
     own["unresolved"] = ["commit"]
-    (resolved_repo / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    (resolved_repo / "versions.json").write_text(model.canonical(data))
     env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA,
            "RESULTS_DIR": str(tmp_path / "results")}
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)

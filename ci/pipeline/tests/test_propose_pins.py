@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ci.pins import model
+
 REPO = Path(__file__).resolve().parents[3]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main",
        "-c", "protocol.file.allow=always"]
@@ -70,7 +72,7 @@ def project(tmp_path: Path):
         own["vllm"].update(commit=None, unresolved=["commit"])
         if "commit_prefix" in own["vllm"]:
             own["vllm"]["commit_prefix"] = upstream_commit[:9]
-    (root / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    (root / "versions.json").write_text(model.canonical(data))
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; "
                            "model.write_files(model.global_arg_updates(model.load())[1])"],
@@ -156,7 +158,7 @@ def test_an_open_pull_request_is_updated(project) -> None:
 def test_a_failed_resolve_proposes_nothing(project) -> None:
     data = json.loads((project.path / "versions.json").read_text())
     data["tracks"][data["default_track"]]["vllm"]["tag"] = "v9.9.9"
-    (project.path / "versions.json").write_text(json.dumps(data, indent=2) + "\n")
+    (project.path / "versions.json").write_text(model.canonical(data))
     git("commit", "-q", "-am", "unknown tag", cwd=project.path)
     proc = project.run()
     assert proc.returncode == 1

@@ -1,0 +1,275 @@
+"""`discover`: vLLM releases newer than the newest track, found on PyPI and proposed as tracks.
+
+For each release line newer than the newest track (its newest X.Y.Z release; pre-releases and
+yanked files are left out) the release's sdist is downloaded (sha256 from PyPI, checked) and
+read: the commit prefix setuptools-scm recorded (vllm/_version.py), the triton_kernels commit
+its CMake names, and the ROCm base Dockerfile it ships for the ROCm stack the newest track uses
+(the docker/Dockerfile.rocm*_base whose BASE_IMAGE is that track's base image; else
+docker/Dockerfile.rocm_base, and the stack change is reported). The AITER tag that Dockerfile
+names becomes the new track's AITER pin (added, unresolved, when versions.json lacks it). The
+new track becomes the default. What changed upstream (requirement files, ROCm Dockerfiles) is
+written as a Markdown summary for the pull request.
+
+Newer AITER tags than a track builds are read from the AITER repository (git ls-remote) and
+reported, never taken: a track follows the AITER its vLLM names.
+
+Standard library only; every network call is bounded by PINS_TIMEOUT.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import io
+import json
+import re
+import tarfile
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import model, resolve
+from .model import PinError
+
+RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+AITER_TAG_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+DEFAULT_INDEX = "https://pypi.org/pypi"
+SUMMARY_LINES = 120  # per diffed file
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    m = RELEASE_RE.match(version)
+    if not m:
+        raise PinError(f"{version!r} is not a vLLM release (X.Y.Z)")
+    return tuple(int(g) for g in m.groups())
+
+
+@dataclass(frozen=True)
+class Sdist:
+    version: str
+    url: str
+    sha256: str
+    filename: str
+
+
+@dataclass
+class Release:
+    """What the pins job reads from a vLLM release's source."""
+
+    version: str
+    commit_prefix: str | None
+    triton_kernels_commit: str | None
+    base_dockerfiles: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> ARG defaults
+    files: dict[str, str] = field(default_factory=dict)  # requirements/*.txt, docker/Dockerfile.rocm*
+
+
+def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
+    """Every X.Y.Z release of vLLM on PyPI that has an sdist that is not yanked."""
+    url = f"{index_url.rstrip('/')}/vllm/json"
+    try:
+        releases = json.loads(resolve._http(url).body).get("releases", {})
+    except (ValueError, AttributeError):
+        raise PinError(f"{url}: the answer is not PyPI's JSON API: check vllm.index_url") from None
+    out: dict[str, Sdist] = {}
+    for version, files in releases.items():
+        if not RELEASE_RE.match(version) or not isinstance(files, list):
+            continue
+        sdists = [f for f in files if isinstance(f, dict) and f.get("packagetype") == "sdist" and not f.get("yanked")]
+        if sdists:
+            f = sdists[0]
+            out[version] = Sdist(version, urllib.parse.urljoin(url, f["url"]), f["digests"]["sha256"], f["filename"])
+    return out
+
+
+def new_releases(data: dict, sdists: dict[str, Sdist], up_to: str | None = None) -> list[Sdist]:
+    """The newest release of each release line newer than the newest track, oldest line first;
+    up_to: leave out releases after it."""
+    newest = release_key(data["tracks"][model.track_names(data)[0]]["vllm"]["version"])
+    limit = release_key(up_to) if up_to else None
+    lines: dict[tuple[int, int], Sdist] = {}
+    for version, sdist in sdists.items():
+        key = release_key(version)
+        if key[:2] <= newest[:2] or (limit and key > limit):
+            continue
+        if key[:2] not in lines or key > release_key(lines[key[:2]].version):
+            lines[key[:2]] = sdist
+    return [lines[k] for k in sorted(lines)]
+
+
+def fetch(sdist: Sdist, cache: Path) -> Path:
+    """The sdist archive in cache (downloaded once), its sha256 checked against PyPI's."""
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / sdist.filename
+    if archive.is_file() and _sha256(archive) == sdist.sha256:
+        return archive
+    partial = archive.with_name(archive.name + ".part")
+    with partial.open("wb") as f:
+        resolve._http(sdist.url, sink=f.write)
+    if _sha256(partial) != sdist.sha256:
+        partial.unlink()
+        raise PinError(f"{sdist.url}: sha256 differs from the one PyPI lists ({sdist.sha256}): download refused")
+    partial.replace(archive)
+    return archive
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _args(text: str) -> dict[str, str]:
+    """ARG defaults of a Dockerfile (quotes and trailing comments dropped; the first of each name)."""
+    found: dict[str, str] = {}
+    for m in re.finditer(r'^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)', text, re.M):
+        found.setdefault(m.group(1), m.group(2).strip('"'))
+    return found
+
+
+def read_release(archive: Path, version: str) -> Release:
+    """Read the files the pins job needs from an sdist archive (nothing is unpacked to disk)."""
+    release = Release(version, None, None)
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                parts = member.name.split("/", 1)
+                if len(parts) != 2 or not member.isfile():
+                    continue
+                path = parts[1]
+                wanted = (path == "vllm/_version.py" or path == "cmake/external_projects/triton_kernels.cmake"
+                          or re.fullmatch(r"requirements/[\w./-]+\.txt", path)
+                          or re.fullmatch(r"docker/Dockerfile\.rocm[\w.-]*", path))
+                if not wanted:
+                    continue
+                handle = tar.extractfile(member)
+                text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace").read() if handle else ""
+                if path == "vllm/_version.py":
+                    m = re.search(r"commit_id\s*=\s*'g?([0-9a-f]{7,40})'", text)
+                    release.commit_prefix = m.group(1) if m else None
+                elif path.endswith("triton_kernels.cmake"):
+                    m = re.search(r'VLLM_TARGET_DEVICE STREQUAL "rocm".*?set\(TRITON_KERNELS_TAG "([0-9a-f]{40})"\)',
+                                  text, re.S)
+                    release.triton_kernels_commit = m.group(1) if m else None
+                else:
+                    release.files[path] = text
+                    if re.fullmatch(r"docker/Dockerfile\.rocm(_\w+)?_base", path):
+                        release.base_dockerfiles[path] = _args(text)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise PinError(f"{archive}: not a readable sdist ({exc})") from None
+    return release
+
+
+def choose_base(release: Release, base_image: dict) -> tuple[str, bool]:
+    """(the upstream base Dockerfile the new track follows, whether it is the ROCm stack of base_image)."""
+    wanted = f"{base_image['name']}:{base_image['tag']}"
+    same = sorted(p for p, args in release.base_dockerfiles.items() if args.get("BASE_IMAGE") == wanted)
+    if same:
+        return same[0], True
+    if "docker/Dockerfile.rocm_base" in release.base_dockerfiles:
+        return "docker/Dockerfile.rocm_base", False
+    raise PinError(f"vLLM {release.version} ships no docker/Dockerfile.rocm*_base: add its track by hand")
+
+
+@dataclass
+class Proposal:
+    track: str
+    version: str
+    aiter_tag: str
+    base_dockerfile: str
+    same_stack: bool
+    notes: list[str]
+
+
+def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
+    """Add the release as a track (the new default) to data; returns what was added."""
+    newest = model.track_names(data)[0]
+    base_path, same = choose_base(release, model.section(data, "base_image", newest))
+    args = release.base_dockerfiles[base_path]
+    tag = args.get("AITER_BRANCH")
+    if not tag or not AITER_TAG_RE.match(tag):
+        raise PinError(f"vLLM {release.version}'s {base_path} names no AITER release tag (AITER_BRANCH={tag!r}): "
+                       "add its track by hand")
+    notes: list[str] = []
+    if not same:
+        shared = model.section(data, "base_image", newest)
+        notes.append(f"vLLM {release.version} has no base Dockerfile for {shared['name']}:{shared['tag']}; "
+                     f"{base_path} builds on "
+                     f"{args.get('BASE_IMAGE')}: the track keeps the shared ROCm stack until its own rocm, "
+                     "base_image and pytorch are added")
+    major, minor, _ = release_key(release.version)
+    name = f"{major}.{minor}"
+    vllm = {"version": release.version, "tag": f"v{release.version}", "commit": None}
+    if release.commit_prefix:
+        vllm["commit_prefix"] = release.commit_prefix
+    else:
+        notes.append(f"vLLM {release.version}'s sdist records no commit id: commit_prefix left out")
+    vllm["unresolved"] = ["commit"]
+    vllm["sdist"] = {"url": sdist.url, "sha256": sdist.sha256}
+    if not release.triton_kernels_commit:
+        raise PinError(f"vLLM {release.version}: cmake/external_projects/triton_kernels.cmake names no ROCm "
+                       "triton_kernels commit: add its track by hand")
+    vllm["triton_kernels_commit"] = release.triton_kernels_commit
+    data["tracks"][name] = {
+        "about": f"vLLM {name} on the ROCm stack of its {base_path}, with the AITER that file names "
+                 "(proposed by python3 -m ci.pins discover).",
+        "upstream_base_dockerfile": base_path,
+        "aiter": tag,
+        "vllm": vllm,
+    }
+    if tag not in data["aiter"]["pins"]:
+        data["aiter"]["pins"][tag] = {"tag": tag, "commit": None, "ck_commit": None, "hipkittens_commit": None,
+                                      "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+    data["default_track"] = name
+    return Proposal(name, release.version, tag, base_path, same, notes)
+
+
+def newer_aiter_tags(data: dict, tags: list[str]) -> list[str]:
+    """One line per track whose AITER tag is older than the newest release tag of AITER."""
+    releases = sorted((t for t in tags if AITER_TAG_RE.match(t)), key=_aiter_key)
+    if not releases:
+        return []
+    newest = releases[-1]
+    lines = []
+    for name in model.track_names(data):
+        tag = data["aiter"]["pins"][data["tracks"][name]["aiter"]]["tag"]
+        if AITER_TAG_RE.match(tag) and _aiter_key(tag) < _aiter_key(newest):
+            lines.append(f"track {name} builds AITER {tag}; AITER has {newest} (not taken: a track follows the AITER "
+                         "its vLLM names; try it with AITER_PIN)")
+    return lines
+
+
+def _aiter_key(tag: str) -> tuple[int, ...]:
+    m = AITER_TAG_RE.match(tag)
+    return tuple(int(g or 0) for g in m.groups())
+
+
+def aiter_tags(repository: str) -> list[str]:
+    out = resolve._git("ls-remote", "--tags", repository)
+    return sorted({line.split("refs/tags/", 1)[1].removesuffix("^{}") for line in out.splitlines()
+                   if "refs/tags/" in line})
+
+
+def summary(old: Release, new: Release, proposal: Proposal) -> str:
+    """Markdown: the new track and what changed upstream between the two releases' files."""
+    lines = [f"### vLLM {new.version}: track {proposal.track}",
+             "",
+             f"- AITER {proposal.aiter_tag} (named by `{proposal.base_dockerfile}` of the sdist)",
+             f"- the ROCm stack of the newest track: {'yes' if proposal.same_stack else 'no'}",
+             *[f"- {note}" for note in proposal.notes],
+             "",
+             f"Changed upstream since vLLM {old.version} (requirement files and ROCm Dockerfiles):", ""]
+    changed = 0
+    for path in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(path, ""), new.files.get(path, "")
+        if a == b:
+            continue
+        changed += 1
+        diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{old.version}/{path}",
+                                         f"{new.version}/{path}", lineterm="", n=1))
+        more = [f"... {len(diff) - SUMMARY_LINES} more lines"] if len(diff) > SUMMARY_LINES else []
+        cut = diff[:SUMMARY_LINES] + more
+        lines += [f"<details><summary>{path}</summary>", "", "```diff", *cut, "```", "", "</details>", ""]
+    if not changed:
+        lines.append("(none)")
+    return "\n".join(lines) + "\n"

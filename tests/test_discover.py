@@ -1,0 +1,142 @@
+"""python3 -m ci.pins discover: new vLLM releases found on PyPI's real JSON API and proposed as
+release tracks from their real sdists (the archives tests/vllm_sdist.py keeps; their sha256 is
+PyPI's), and newer AITER tags read from a local git repository."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.pins import discover, model
+from vllm_sdist import cache_dir, sdist_archive, track_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tool(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def sdists() -> Path:
+    """The tracks' sdists, downloaded once (the pins job's cache is the tests' cache)."""
+    for track in track_names():
+        sdist_archive(track)
+    return cache_dir()
+
+
+def older_tree(tmp_path: Path) -> tuple[Path, dict, str]:
+    """A copy of versions.json, the Dockerfiles and the backend's range with the newest track
+    removed (as before its release), and that track's name."""
+    data = model.load(ROOT / "versions.json")
+    newest = model.track_names(data)[0]
+    own = data["tracks"].pop(newest)
+    data["default_track"] = model.track_names(data)[0]
+    if all(t["aiter"] != own["aiter"] for t in data["tracks"].values()):
+        data["aiter"]["pins"].pop(own["aiter"])
+    model.dump(data, tmp_path / "versions.json")
+    for name in model.DOCKERFILES:
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    init = tmp_path / model.BACKEND_INIT
+    init.parent.mkdir(parents=True)
+    init.write_text((ROOT / model.BACKEND_INIT).read_text().replace(
+        model.supported_vllm(model.load(ROOT / "versions.json")), model.supported_vllm(data)))
+    model.write_files(model.global_arg_updates(data, tmp_path)[1])
+    return tmp_path / "versions.json", data, newest
+
+
+def test_discover_proposes_the_newest_track_as_released(sdists, tmp_path):
+    """With the newest track taken out, the pins job finds its release on PyPI and proposes a track
+    whose vLLM pins are the ones versions.json holds, with the AITER its upstream base names."""
+    path, _, newest = older_tree(tmp_path)
+    want = model.load(ROOT / "versions.json")["tracks"][newest]
+    version = want["vllm"]["version"]
+    proc = run_tool("--file", path, "discover", "--up-to", version, "--sdist-cache", sdists, "--write",
+                    "--summary", tmp_path / "summary.md")
+    assert proc.returncode == 0, proc.stderr
+    assert f"tracks.{newest}: vLLM {version}, AITER {want['aiter']}" in proc.stdout
+    got = model.load(path)
+    assert got["default_track"] == newest
+    track = got["tracks"][newest]
+    assert (track["aiter"], track["upstream_base_dockerfile"]) == (want["aiter"], want["upstream_base_dockerfile"])
+    assert track["vllm"]["sdist"]["sha256"] == want["vllm"]["sdist"]["sha256"]
+    # the file's address on PyPI's file host (the JSON API may give it relative to itself)
+    assert track["vllm"]["sdist"]["url"].rsplit("/packages/", 1)[1] == want["vllm"]["sdist"]["url"].rsplit(
+        "/packages/", 1)[1]
+    for key in ("version", "tag", "commit", "commit_prefix", "unresolved", "triton_kernels_commit"):
+        assert track["vllm"][key] == want["vllm"][key], key
+    assert got["aiter"]["pins"][want["aiter"]]["unresolved"] or got["aiter"]["pins"][want["aiter"]]["commit"]
+    # written with the Dockerfiles' defaults and the backend's range, and it verifies
+    assert f"ARG VLLM_VERSION={version}\n" in (tmp_path / "Dockerfile.rocm").read_text()
+    assert model.backend_supported_vllm(tmp_path)[1] == model.supported_vllm(model.load(ROOT / "versions.json"))
+    assert run_tool("--file", path, "verify").returncode == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"### vLLM {version}: track {newest}" in summary and "requirements/common.txt" in summary
+    # nothing more to find up to that release
+    proc = run_tool("--file", path, "discover", "--up-to", version, "--sdist-cache", sdists)
+    assert proc.returncode == 0 and f"no vLLM release newer than track {newest}" in proc.stdout
+
+
+def test_list_and_release_name_what_would_be_added(sdists, tmp_path):
+    path, _, newest = older_tree(tmp_path)
+    version = model.load(ROOT / "versions.json")["tracks"][newest]["vllm"]["version"]
+    proc = run_tool("--file", path, "discover", "--list", "--up-to", version)
+    assert proc.returncode == 0 and proc.stdout.split() == [version]
+    before = path.read_bytes()
+    proc = run_tool("--file", path, "discover", "--release", "0.0.1", "--write")
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "--release 0.0.1" in proc.stderr
+    assert path.read_bytes() == before
+
+
+def test_new_releases_take_the_newest_patch_of_each_newer_line():
+    data = model.load(ROOT / "versions.json")
+    newest = tuple(map(int, data["tracks"][data["default_track"]]["vllm"]["version"].split(".")))
+    line = f"{newest[0]}.{newest[1] + 1}"
+    sdists = {v: discover.Sdist(v, f"https://x/{v}", "0" * 64, f"vllm-{v}.tar.gz")
+              for v in (f"{line}.0", f"{line}.1", f"{newest[0]}.{newest[1]}.9", f"{newest[0]}.{newest[1] + 2}.0")}
+    found = discover.new_releases(data, sdists)
+    assert [s.version for s in found] == [f"{line}.1", f"{newest[0]}.{newest[1] + 2}.0"]
+    assert [s.version for s in discover.new_releases(data, sdists, up_to=f"{line}.0")] == [f"{line}.0"]
+
+
+def test_another_rocm_stack_is_reported_not_hidden():
+    data = model.load(ROOT / "versions.json")
+    release = discover.Release("9.1.0", "abcdef123", "1" * 40, base_dockerfiles={
+        "docker/Dockerfile.rocm_base": {"BASE_IMAGE": "ubuntu:22.04", "AITER_BRANCH": "v0.2.0"}})
+    proposal = discover.add_track(copy.deepcopy(data), discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
+    assert not proposal.same_stack and proposal.base_dockerfile == "docker/Dockerfile.rocm_base"
+    assert any("ubuntu:22.04" in note for note in proposal.notes)
+    release.base_dockerfiles["docker/Dockerfile.rocm_base"]["AITER_BRANCH"] = "main"
+    with pytest.raises(model.PinError, match="names no AITER release tag"):
+        discover.add_track(copy.deepcopy(data), discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
+
+
+def test_newer_aiter_tags_are_reported_for_each_track(tmp_path):
+    repo = tmp_path / "aiter"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=repo, check=True)
+    for tag in ("v0.1.26", "v0.1.27", "v0.1.27.post1", "v0.2.0rc1", "nightly"):
+        subprocess.run([*git, "tag", "-a", tag, "-m", tag], cwd=repo, check=True)
+    data = model.load(ROOT / "versions.json")
+    tags = discover.aiter_tags(repo.as_uri())
+    assert {"v0.1.26", "v0.1.27.post1", "nightly"} <= set(tags)
+    lines = discover.newer_aiter_tags(data, tags)
+    assert len(lines) == len(data["tracks"]) and all("v0.1.27.post1" in line for line in lines)
+    assert discover.newer_aiter_tags(data, ["v0.1.0"]) == []
+
+
+def test_a_tampered_sdist_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "vllm-9.9.9.tar.gz").write_bytes(b"not the release")
+    served = tmp_path / "served.tar.gz"
+    served.write_bytes(b"also not the release")
+    with pytest.raises(model.PinError, match="sha256 differs"):
+        discover.fetch(discover.Sdist("9.9.9", served.as_uri(), "0" * 64, "vllm-9.9.9.tar.gz"), cache)
+    assert not (cache / "vllm-9.9.9.tar.gz.part").exists()
