@@ -213,7 +213,10 @@ def run_discover(ns, data: dict, root: Path) -> int:
     if not found:
         print(f"no vLLM release newer than track {newest} (vLLM {data['tracks'][newest]['vllm']['version']}) on PyPI")
     if ns.aiter_tags:
-        lines = discover.newer_aiter_tags(data, discover.aiter_tags(data["aiter"]["repository"]))
+        try:
+            lines = discover.newer_aiter_tags(data, discover.aiter_tags(data["aiter"]["repository"]))
+        except PinError as exc:  # a report only: the proposal stands without it
+            lines = [f"AITER's tags could not be read ({exc})"]
         for line in lines:
             print(f"note: {line}")
         if lines:

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Resolve pins against upstream and propose the result as a pull request. Never pushes
-# to the base branch: the change goes to its own branch and a pull request carries it,
-# with the resolve and `verify --strict` output in its description.
+# Follow upstream and propose the results as pull requests. Never pushes to the base branch:
+# each change goes to a branch of its own and a pull request carries it.
 #
 #   ci/pipeline/propose-pins.sh
 #
+# 1. New vLLM releases (python3 -m ci.pins discover): one pull request per release, on the branch
+#    pins/vllm-<version>, adding it as the default release track from its sdist (AITER named by its
+#    ROCm base Dockerfile), with its pins resolved where upstream answers, `verify --strict`, the
+#    tests of PINS_TESTS, what changed upstream and newer AITER tags in the description.
+# 2. The existing pins re-resolved (python3 -m ci.pins resolve) on PINS_BRANCH, as before.
+#
 # Settings:
 #   PINS_WHAT     what `python3 -m ci.pins resolve` resolves (default "aiter vllm")
+#   PINS_RELEASE_WHAT  what is resolved for a new release's track (default "aiter vllm")
+#   PINS_TESTS    command run on a new release's proposal (default: the pins, sdist and track tests
+#                 through bash ci/test.sh); its exit status goes into the description
+#   PINS_UP_TO    leave out vLLM releases after this one (default: none)
+#   PINS_SDIST_CACHE  where discover keeps sdists (default ~/.cache/rocm-vllm-pins)
 #   PINS_BRANCH   branch the proposal is pushed to, force-updated (default pins/resolve)
 #   PINS_BASE     base branch of the pull request (default main)
 #   PINS_REMOTE   git remote to push the branch to (default origin)
@@ -24,7 +34,7 @@ base=${PINS_BASE:-main}
 remote=${PINS_REMOTE:-origin}
 author=${PINS_AUTHOR:-github-actions[bot] <41898282+github-actions[bot]@users.noreply.github.com>}
 results=${RESULTS_DIR:-pins-results}
-files=(versions.json Dockerfile.rocm_base Dockerfile.rocm)
+files=(versions.json Dockerfile.rocm_base Dockerfile.rocm backend/src/vllm_aiter_mla/__init__.py)
 
 if [ "$branch" = "$base" ]; then
   echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2
@@ -36,6 +46,88 @@ if ! git diff --quiet HEAD -- "${files[@]}"; then
 fi
 mkdir -p "$results"
 read -r -a items <<<"$what"
+read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"
+tests_cmd=${PINS_TESTS:-bash ci/test.sh tests/test_pins.py tests/test_discover.py tests/test_vllm_source.py tests/test_tracks.py tests/test_aiter_calls.py}
+discover_args=(--sdist-cache "${PINS_SDIST_CACHE:-$HOME/.cache/rocm-vllm-pins}")
+if [ -n "${PINS_UP_TO:-}" ]; then discover_args+=(--up-to "$PINS_UP_TO"); fi
+name=${author%% <*}
+email=${author#*<}
+email=${email%>}
+start=$(git rev-parse HEAD)
+
+# Push HEAD to $1 and open (or update) its pull request into $base with title $2 and body file $3.
+propose() {
+  git push --quiet --force "$remote" "HEAD:refs/heads/$1"
+  local number
+  number=$("$gh_cmd" pr list --head "$1" --base "$base" --state open --json number --jq '.[0].number')
+  if [ -n "$number" ]; then
+    "$gh_cmd" pr edit "$number" --body-file "$3"
+    echo "== updated pull request #$number from $1"
+  else
+    "$gh_cmd" pr create --base "$base" --head "$1" --title "$2" --body-file "$3"
+    echo "== opened a pull request from $1 into $base"
+  fi
+  if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
+    cat "$3" >>"$GITHUB_STEP_SUMMARY"
+  fi
+}
+
+echo "== python3 -m ci.pins discover --list"
+if ! releases=$(python3 -m ci.pins discover --list "${discover_args[@]}"); then
+  echo "error: python3 -m ci.pins discover failed: see the line above; nothing proposed" >&2
+  exit 1
+fi
+for version in $releases; do
+  echo "== vLLM $version: python3 -m ci.pins discover --release $version --write"
+  git switch --quiet --detach "$start"
+  out=$results/vllm-$version
+  mkdir -p "$out"
+  if ! python3 -m ci.pins discover --release "$version" --write --aiter-tags "${discover_args[@]}" \
+      --summary "$out/summary.md" >"$out/discover.log" 2>&1; then
+    cat "$out/discover.log"
+    echo "error: python3 -m ci.pins discover --release $version failed: see the line above; nothing proposed" >&2
+    exit 1
+  fi
+  cat "$out/discover.log"
+  track=$(python3 -c 'import json; print(json.load(open("versions.json"))["default_track"])')
+  set +e
+  python3 -m ci.pins resolve "${release_items[@]}" --track "$track" --write >"$out/resolve.log" 2>&1
+  resolve_status=$?
+  python3 -m ci.pins verify --strict --track "$track" >"$out/verify.log" 2>&1
+  verify_status=$?
+  bash -c "$tests_cmd" >"$out/tests.log" 2>&1
+  tests_status=$?
+  set -e
+  body=$out/pr-body.md
+  {
+    echo "vLLM $version was released: proposed as the release track $track (\`python3 -m ci.pins discover\`)."
+    echo
+    cat "$out/summary.md"
+    echo
+    echo "\`python3 -m ci.pins resolve ${release_items[*]} --track $track --write\` (exit $resolve_status):"
+    echo
+    echo '```'
+    cat "$out/resolve.log"
+    echo '```'
+    echo
+    echo "\`python3 -m ci.pins verify --strict --track $track\` (exit $verify_status):"
+    echo
+    echo '```'
+    cat "$out/verify.log"
+    echo '```'
+    echo
+    echo "Tests (\`$tests_cmd\`): exit $tests_status; last lines:"
+    echo
+    echo '```'
+    tail -n 20 "$out/tests.log"
+    echo '```'
+  } >"$body"
+  git switch --quiet -C "pins/vllm-$version"
+  git -c "user.name=$name" -c "user.email=$email" commit --quiet \
+    -m "pins: vLLM $version as release track $track (tests exit $tests_status)" -- "${files[@]}"
+  propose "pins/vllm-$version" "pins: vLLM $version as release track $track" "$body"
+done
+git switch --quiet --detach "$start"
 
 echo "== python3 -m ci.pins resolve ${items[*]} --write"
 set +e
@@ -78,22 +170,7 @@ body=$results/pr-body.md
   echo "Proposed by the scheduled pins job (ci/pipeline/propose-pins.sh); the images are built when this merges."
 } >"$body"
 
-name=${author%% <*}
-email=${author#*<}
-email=${email%>}
 git switch --quiet -C "$branch"
 git -c "user.name=$name" -c "user.email=$email" commit --quiet \
   -m "pins: resolve ${items[*]} (verify --strict exit $verify_status)" -- "${files[@]}"
-git push --quiet --force "$remote" "HEAD:refs/heads/$branch"
-
-number=$("$gh_cmd" pr list --head "$branch" --base "$base" --state open --json number --jq '.[0].number')
-if [ -n "$number" ]; then
-  "$gh_cmd" pr edit "$number" --body-file "$body"
-  echo "== updated pull request #$number from $branch"
-else
-  "$gh_cmd" pr create --base "$base" --head "$branch" --title "pins: resolve ${items[*]}" --body-file "$body"
-  echo "== opened a pull request from $branch into $base"
-fi
-if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
-  cat "$body" >>"$GITHUB_STEP_SUMMARY"
-fi
+propose "$branch" "pins: resolve ${items[*]}" "$body"

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from ci.pins import model
+from vllm_sdist import cache_dir, sdist_archive, track_names
 
 REPO = Path(__file__).resolve().parents[3]
+NEWEST = model.load(REPO / "versions.json")["tracks"][model.track_names(model.load(REPO / "versions.json"))[0]][
+    "vllm"]["version"]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main",
        "-c", "protocol.file.allow=always"]
 
@@ -26,13 +29,15 @@ def git(*args: str, cwd: Path) -> str:
 
 
 FAKE_GH = """#!/usr/bin/env python3
-import json, os, sys
+import json, os, re, sys
 argv = sys.argv[1:]
 body = None
-ok = argv == ["pr", "list", "--head", "pins/resolve", "--base", "main", "--state", "open",
-              "--json", "number", "--jq", ".[0].number"]
+heads = re.compile(r"pins/(resolve|vllm-[0-9]+[.][0-9]+[.][0-9]+)")
+ok = len(argv) == 12 and argv[:3] == ["pr", "list", "--head"] and heads.fullmatch(argv[3]) and argv[4:] == [
+    "--base", "main", "--state", "open", "--json", "number", "--jq", ".[0].number"]
 if argv[:2] == ["pr", "create"] and len(argv) == 10:
-    ok = argv[2:8] == ["--base", "main", "--head", "pins/resolve", "--title", argv[7]] and argv[8] == "--body-file"
+    ok = (argv[2:5] == ["--base", "main", "--head"] and heads.fullmatch(argv[5]) and argv[6] == "--title"
+          and argv[8] == "--body-file")
     body = open(argv[9]).read() if ok else None
 if argv[:2] == ["pr", "edit"] and len(argv) == 5:
     ok = argv[2] == os.environ.get("FAKE_GH_OPEN_PR") and argv[3] == "--body-file"
@@ -66,6 +71,8 @@ def project(tmp_path: Path):
     root.mkdir()
     for name in ("versions.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl"):
         shutil.copy(REPO / name, root / name)
+    (root / model.BACKEND_INIT).parent.mkdir(parents=True)
+    shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
     shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
     data["vllm"]["repository"] = str(upstream)
     for own in data["tracks"].values():
@@ -99,9 +106,11 @@ def project(tmp_path: Path):
 
         @staticmethod
         def run(**env: str) -> subprocess.CompletedProcess[str]:
+            # releases after the newest track's are left out: what PyPI publishes later changes nothing here
             full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
                     "PINS_WHAT": "vllm", "RESULTS_DIR": str(tmp_path / "pins-results"),
-                    "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), **env}
+                    "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "PINS_UP_TO": NEWEST,
+                    "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m ci.pins verify", **env}
             for name in ("GH", "PINS_BRANCH", "PINS_BASE", "PINS_REMOTE"):
                 if name not in env:
                     full.pop(name, None)
@@ -174,3 +183,50 @@ def test_the_base_branch_is_never_the_proposal_branch(project) -> None:
     assert proc.stderr.strip().splitlines() == [
         "error: PINS_BRANCH is the base branch 'main': set PINS_BRANCH to a branch of its own"]
     assert project.gh_calls() == []
+
+
+def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
+    """With the newest track taken out of the project, the job finds that release on PyPI, proposes
+    it as a track on pins/vllm-<version> with what changed upstream, and main stays as it was."""
+    for track in track_names():
+        sdist_archive(track)  # the real sdists, from the tests' cache
+    data = model.load(project.path / "versions.json")
+    newest = model.track_names(data)[0]
+    own = data["tracks"].pop(newest)
+    data["default_track"] = model.track_names(data)[0]
+    if all(t["aiter"] != own["aiter"] for t in data["tracks"].values()):
+        data["aiter"]["pins"].pop(own["aiter"])
+    aiter = project.path.parent / "aiter-upstream"  # AITER's tags, one newer than any track builds
+    aiter.mkdir()
+    git("init", "-q", cwd=aiter)
+    git("commit", "-q", "--allow-empty", "-m", "x", cwd=aiter)
+    for tag in (own["aiter"], "v9.0.0"):
+        git("tag", "-a", tag, "-m", tag, cwd=aiter)
+    data["aiter"]["repository"] = aiter.as_uri()
+    (project.path / "versions.json").write_text(model.canonical(data))
+    sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; d = model.load(); "
+                           "model.write_files({**model.global_arg_updates(d)[1], **model.backend_range_update(d)})"],
+                          cwd=project.path, capture_output=True, text=True)
+    assert sync.returncode == 0, sync.stderr
+    git("commit", "-q", "-am", "before the release", cwd=project.path)
+    git("push", "-q", "origin", "main", cwd=project.path)
+    main_before = git("rev-parse", "main", cwd=project.remote)
+
+    proc = project.run(PINS_RELEASE_WHAT="vllm")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert git("rev-parse", "main", cwd=project.remote) == main_before
+    branch = f"pins/vllm-{NEWEST}"
+    proposed = json.loads(project.remote_file(branch, "versions.json"))
+    assert proposed["default_track"] == newest and proposed["tracks"][newest]["aiter"] == own["aiter"]
+    assert proposed["tracks"][newest]["vllm"]["sdist"]["sha256"] == own["vllm"]["sdist"]["sha256"]
+    assert f"ARG VLLM_VERSION={NEWEST}" in project.remote_file(branch, "Dockerfile.rocm")
+    assert model.supported_vllm(proposed) in project.remote_file(branch, str(model.BACKEND_INIT))
+    calls = project.gh_calls()
+    creates = [c for c in calls if c["argv"][:2] == ["pr", "create"]]
+    assert creates[0]["argv"][5] == branch and creates[0]["argv"][7] == f"pins: vLLM {NEWEST} as release track {newest}"
+    body = creates[0]["body"]
+    assert f"### vLLM {NEWEST}: track {newest}" in body and "requirements/common.txt" in body
+    # the local upstream's tag is not the release's commit: the prefix check says so, in the body
+    assert f"does not start with tracks.{newest}.vllm.commit_prefix" in body
+    assert "Tests (`python3 -m ci.pins verify`): exit 0" in body
+    assert f"track {newest} builds AITER {own['aiter']}; AITER has v9.0.0" in body
