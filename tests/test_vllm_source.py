@@ -266,6 +266,18 @@ def env_of(text: str) -> dict[str, str]:
     return found
 
 
+def test_the_guard_accepts_the_aiter_switch_values_vllm_reads(vllm_src):
+    """The runtime guard accepts 1/true/0/false (any case) for each AITER switch it checks and refuses
+    the rest: each track's vLLM reads those switches as on exactly for "true"/"1", lower-cased."""
+    from rocm_vllm_runtime.guard import AITER_SWITCHES, AITER_VALUES
+
+    envs = (vllm_src / "vllm/envs.py").read_text()
+    for name in AITER_SWITCHES:
+        m = re.search(rf'"{name}": lambda: \(\s*os\.getenv\("{name}", "(\w+)"\)\.lower\(\) in \("true", "1"\)', envs)
+        assert m, f"{vllm_src.name}'s vllm/envs.py no longer reads {name} as .lower() in ('true', '1')"
+        assert {v for v, on in AITER_VALUES.items() if on} == {"true", "1"}
+
+
 def test_serving_image_sets_upstreams_rocm_runtime_environment(vllm_src):
     upstream = {**env_of((vllm_src / "docker/Dockerfile.rocm_base").read_text()),
                 **env_of((vllm_src / "docker/Dockerfile.rocm").read_text())}

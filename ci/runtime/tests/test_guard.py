@@ -197,13 +197,20 @@ def test_aiter_values_vllm_reads_are_kept_and_interpreted_as_vllm_does(value: st
     assert len(kept) == 1 and ("AITER on" if on else "AITER off") in kept[0]
 
 
+@pytest.mark.parametrize("switch", ["VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA"])
 @pytest.mark.parametrize("value", ["yes", "on", "2", " 1", "enabled", "-1"])
-def test_aiter_values_vllm_ignores_are_rejected_in_one_line(value: str) -> None:
+def test_aiter_values_vllm_ignores_are_rejected_in_one_line(switch: str, value: str) -> None:
     for mode in ("serve", "selftest", "exec"):
-        decision = decide(inputs([smi("amdsmi_gfx942.txt")], mode=mode, env={"VLLM_ROCM_USE_AITER": value}))
+        decision = decide(inputs([smi("amdsmi_gfx942.txt")], mode=mode, env={switch: value}))
         assert not decision.ok
-        assert decision.fatal.startswith("VLLM_ROCM_USE_AITER=") and "\n" not in decision.fatal
+        assert decision.fatal.startswith(f"{switch}=") and "\n" not in decision.fatal
         assert "1" in decision.fatal and "0" in decision.fatal
+
+
+@pytest.mark.parametrize("value", ["1", "TRUE", "0", "False", ""])
+def test_aiter_mla_switch_values_vllm_reads_are_kept(value: str) -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"VLLM_ROCM_USE_AITER_MLA": value}))
+    assert decision.ok, decision.fatal
 
 
 def test_aiter_false_without_aiter_installed_serves_with_aiter_off() -> None:

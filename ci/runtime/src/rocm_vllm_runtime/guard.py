@@ -18,6 +18,8 @@ Settings (environment; a value outside the listed ones stops the container with 
   AITER_JIT_DIR          used as given when set
   VLLM_ROCM_USE_AITER    as vLLM reads it: 1 or true (any case) on, 0 or false off; kept when
                          set; unset or empty: 1 on gfx942/gfx950, 0 elsewhere
+  VLLM_ROCM_USE_AITER_MLA  as vLLM reads it (1/true on, 0/false off, any case; unset: on); any
+                         other value stops the container (vLLM would read it as off)
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ DEFAULT_KFD = "/dev/kfd"
 DRI_ENV = "ROCM_VLLM_DRI_PATH"
 DEFAULT_DRI = "/dev/dri"
 USE_AITER_ENV = "VLLM_ROCM_USE_AITER"
+# The AITER switches vLLM's MLA selection reads (vllm/envs.py; tests/test_vllm_source.py holds
+# each track's reading to AITER_VALUES).
+AITER_SWITCHES = (USE_AITER_ENV, "VLLM_ROCM_USE_AITER_MLA")
 LOG_PREFIX = "[rocm-vllm]"
 # vLLM 0.32 (vllm/envs.py): on for "1"/"true", any case; every other value is off. Only the
 # values vLLM gives a meaning to are accepted: anything else would be silently off.
@@ -120,11 +125,13 @@ def user_aiter(env: Mapping[str, str]) -> bool | None:
 
 def setting_problem(env: Mapping[str, str]) -> str:
     """One line naming the first setting whose value is not one of its documented values."""
-    value = env.get(USE_AITER_ENV, "")
-    if value != "" and value.lower() not in AITER_VALUES:
-        return (f"{USE_AITER_ENV}={shlex.quote(value)} is not a value vLLM reads (it would "
-                "silently mean off): set 1 or true for AITER on, 0 or false for off, or leave it "
-                "empty for the guard's choice")
+    for name in AITER_SWITCHES:
+        value = env.get(name, "")
+        if value != "" and value.lower() not in AITER_VALUES:
+            default = "for the guard's choice" if name == USE_AITER_ENV else "for vLLM's default (on)"
+            return (f"{name}={shlex.quote(value)} is not a value vLLM reads (it would "
+                    f"silently mean off): set 1 or true for on, 0 or false for off, or leave it "
+                    f"empty {default}")
     value = env.get(REQUIRE_GPU_ENV, "")
     if value != "" and value not in REQUIRE_GPU_VALUES:
         return (f"{REQUIRE_GPU_ENV}={shlex.quote(value)} is not one of its values: set 1 (every "
