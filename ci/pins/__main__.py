@@ -62,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="where sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
 
     ns = parser.parse_args(argv)
-    root = ns.file.resolve().parent
     try:
+        try:
+            root = ns.file.resolve().parent
+        except (RuntimeError, OSError) as exc:  # a symlink loop
+            raise PinError(f"{ns.file}: cannot resolve the path ({exc})") from None
         return run(ns, parser, root)
     except PinError as exc:
         print(f"error: {exc}", file=sys.stderr)

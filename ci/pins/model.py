@@ -48,13 +48,20 @@ class PinError(Exception):
 def load(path: Path | str = VERSIONS_FILE) -> dict:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise PinError(f"{path}: cannot read the versions file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise PinError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PinError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise PinError(f"{path}: nested too deeply to be a versions file") from None
+    if not isinstance(data, dict):
+        raise PinError(f"{path}: a versions file is a JSON object, this is a {type(data).__name__}")
+    return data
 
 
 def canonical(data: dict) -> str:

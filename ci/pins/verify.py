@@ -10,17 +10,25 @@ from .model import COMMIT_RE, DIGEST_RE, SHA256_RE
 
 def _check_unresolved_list(node: dict, path: str, errors: list[str]) -> None:
     listed = node.get("unresolved", [])
-    if not isinstance(listed, list):
-        errors.append(f"{path}.unresolved: must be a list of field names")
+    if not _names(listed, f"{path}.unresolved", errors):
         return
     for field in listed:
         if field not in node:
             errors.append(f"{path}.unresolved names {field!r}, which is not a field of {path}")
         elif node[field] is not None:
             errors.append(f"{path}.{field} is set but still listed in {path}.unresolved: remove it from the list")
-    for field, value in node.items():
-        if value is None and field not in listed:
-            errors.append(f"{path}.{field} is null but not listed in {path}.unresolved: set it or list it")
+
+
+def _names(value, path: str, errors: list[str]) -> bool:
+    """value is a list of non-empty strings (no null, number, list or object among them)."""
+    if not isinstance(value, list):
+        errors.append(f"{path}: must be a list of names")
+        return False
+    bad = [v for v in value if not isinstance(v, str) or not v.strip()]
+    if bad:
+        errors.append(f"{path}: {bad[0]!r} is not a name: every element must be a non-empty string")
+        return False
+    return True
 
 
 def _check_format(node: dict, path: str, field: str, regex, what: str, errors: list[str]) -> None:
@@ -31,22 +39,41 @@ def _check_format(node: dict, path: str, field: str, regex, what: str, errors: l
         errors.append(f"{path}.{field} = {value!r}: must be {what}")
 
 
-def _require(node, path: str, fields: dict, errors: list[str], optional=()) -> bool:
-    """node is an object with every field of fields (of those types, or null) and no key other
-    than those, optional ones, "about" and "unresolved"."""
+def _type_ok(value, types) -> bool:
+    # JSON true/false are not numbers (bool is an int in Python)
+    if isinstance(value, bool):
+        return types is bool or (isinstance(types, tuple) and bool in types)
+    return isinstance(value, types)
+
+
+def _require(node, path: str, fields: dict, errors: list[str], optional: dict | None = None) -> bool:
+    """node is an object with every field of fields, each of that type or null, null only where
+    "unresolved" lists it; optional fields, when present, of their type; no key other than
+    those, "about" (text) and "unresolved"."""
     if not isinstance(node, dict):
         errors.append(f"{path}: must be an object")
         return False
+    optional = optional or {}
     known = set(fields) | set(optional) | {"about", "unresolved"}
     for key in node:
         if key not in known:
             errors.append(f"{path}.{key}: unknown key (known: {', '.join(sorted(known))}): fix the spelling")
+    if "about" in node and not isinstance(node["about"], str):
+        errors.append(f"{path}.about: must be text")
+    listed = node.get("unresolved") if isinstance(node.get("unresolved"), list) else []
     ok = True
-    for field, types in fields.items():
+    for field, types in {**fields, **{k: v for k, v in optional.items() if k in node}}.items():
         if field not in node:
             errors.append(f"{path}.{field}: missing")
             ok = False
-        elif node[field] is not None and not isinstance(node[field], types):
+        elif node[field] is None:
+            if "unresolved" not in node:  # an object that holds no pins: null is never right
+                errors.append(f"{path}.{field}: must not be null")
+                ok = False
+            elif field not in listed:
+                errors.append(f"{path}.{field} is null but not listed in {path}.unresolved: set it or list it")
+                ok = False
+        elif not _type_ok(node[field], types):
             errors.append(f"{path}.{field}: wrong type {type(node[field]).__name__}")
             ok = False
     return ok
@@ -62,8 +89,11 @@ def check_schema(data: dict) -> list[str]:
         return errors
     sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm", "ray",
                 "default_track", "tracks")
-    if any(data[k] is None for k in sections):
+    if any(data[k] is None for k in sections) or not _type_ok(data["schema"], int):
         return errors + [f"versions: {', '.join(sections)} must not be null"]
+    for key in ("gpu_archs",):
+        if not _names(data[key], key, errors):
+            return errors
     if data["schema"] != model.SCHEMA:
         errors.append(f"schema = {data['schema']!r}: this tool reads schema {model.SCHEMA} (release tracks)")
     if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
@@ -94,7 +124,8 @@ def check_schema(data: dict) -> list[str]:
 
     aiter = data["aiter"]
     if _require(aiter, "aiter", {"repository": str, "ck_submodule_path": str,
-                                 "hipkittens_repository": str, "required_modules": list, "pins": dict}, errors):
+                                 "hipkittens_repository": str, "required_modules": list, "pins": dict}, errors) \
+            and _names(aiter["required_modules"], "aiter.required_modules", errors):
         if not aiter["required_modules"]:
             errors.append("aiter.required_modules: empty; list the prebuilt modules the image must hold")
         for name, pin in aiter["pins"].items():
@@ -111,7 +142,7 @@ def check_schema(data: dict) -> list[str]:
                                   "the CK commit comes from the AITER commit")
 
     vllm = data["vllm"]
-    if _require(vllm, "vllm", {"repository": str, "triton_kernels": dict}, errors, optional=("index_url",)):
+    if _require(vllm, "vllm", {"repository": str, "triton_kernels": dict}, errors, optional={"index_url": str}):
         if vllm.get("index_url") is not None and not str(vllm["index_url"]).startswith("https://"):
             errors.append("vllm.index_url: must be an https:// URL (PyPI's JSON API, where discover finds releases)")
         _require(vllm["triton_kernels"], "vllm.triton_kernels", {"repository": str, "path": str}, errors)
@@ -164,17 +195,18 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
         if not _TRACK_RE.match(name):
             errors.append(f"{path}: a track is named after its vLLM release line, like 0.33")
         if not _require(own, path, {"aiter": str, "upstream_base_dockerfile": str, "vllm": dict}, errors,
-                        optional=model.TRACK_OVERRIDES):
+                        optional=dict.fromkeys(model.TRACK_OVERRIDES, dict)):
             continue
         for key in model.TRACK_OVERRIDES:
             if key in own:
                 _OVERRIDE_CHECKS[key](own[key], f"{path}.{key}", errors)
-        if own["aiter"] not in data["aiter"].get("pins", {}):
+        pins = data["aiter"].get("pins") if isinstance(data["aiter"], dict) else None
+        if not isinstance(pins, dict) or own["aiter"] not in pins:
             errors.append(f"{path}.aiter = {own['aiter']!r}: not a key of aiter.pins: add that pin or name another")
         vllm = own["vllm"]
         where = f"{path}.vllm"
         if not _require(vllm, where, {"version": str, "tag": str, "commit": str, "sdist": dict,
-                                      "triton_kernels_commit": str}, errors, optional=("commit_prefix",)):
+                                      "triton_kernels_commit": str}, errors, optional={"commit_prefix": str}):
             continue
         _check_unresolved_list(vllm, where, errors)
         m = _VERSION_RE.match(vllm["version"] or "")
@@ -199,7 +231,8 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
 
 def _check_ray(data: dict, errors: list[str]) -> None:
     ray = data["ray"]
-    if not _require(ray, "ray", {"index_url": str, "pythons": list, "wheels": dict}, errors):
+    if not _require(ray, "ray", {"index_url": str, "pythons": list, "wheels": dict}, errors) \
+            or not _names(ray["pythons"], "ray.pythons", errors):
         return
     if not str(ray["index_url"]).startswith("https://"):
         errors.append("ray.index_url: must be an https:// URL (PyPI's JSON API)")

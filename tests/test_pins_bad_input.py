@@ -1,0 +1,122 @@
+"""The pin tool on bad input: every command refuses a versions file of the wrong shape or type,
+or one it cannot read, in one line naming the file or the field, with exit status 1, never a
+traceback, and never renders null as "None" into a build argument."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.pins import model
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = (["verify"], ["args"], ["tracks"], ["resolve", "ray"])
+
+
+def _set(path: list, value):
+    def apply(d):
+        node = d
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return apply
+
+
+# name -> (mutation, text the error names)
+TYPES = {
+    "archs list of lists": (_set(["gpu_archs"], [["gfx942"]]), "gpu_archs"),
+    "archs null element": (_set(["gpu_archs"], [None]), "gpu_archs"),
+    "epoch true": (_set(["source_date_epoch"], True), "source_date_epoch"),
+    "epoch float": (_set(["source_date_epoch"], 1.5), "source_date_epoch"),
+    "modules null element": (_set(["aiter", "required_modules"], [None]), "aiter.required_modules"),
+    "modules number": (_set(["aiter", "required_modules"], [3]), "aiter.required_modules"),
+    "ray pythons list of lists": (_set(["ray", "pythons"], [["3.12"]]), "ray.pythons"),
+    "unresolved number": (_set(["base_image", "unresolved"], [1]), "base_image.unresolved"),
+    "unresolved list of lists": (_set(["base_image", "unresolved"], [["digest"]]), "base_image.unresolved"),
+    "track aiter list": (_set(["tracks", "0.32", "aiter"], ["v0.1.24.post1"]), "tracks.0.32.aiter"),
+    "tracks a list": (_set(["tracks"], []), "tracks"),
+    "pins null": (_set(["aiter", "pins"], None), "aiter.pins"),
+    "pin null": (_set(["aiter", "pins", "v0.1.26"], None), "aiter.pins.v0.1.26"),
+    "track null": (_set(["tracks", "0.32"], None), "tracks.0.32"),
+    "sdist sha256 true": (_set(["tracks", "0.32", "vllm", "sdist", "sha256"], True), "tracks.0.32.vllm.sdist.sha256"),
+    "wheel version number": (_set(["pytorch", "wheels", "torch", "version"], 2.13), "pytorch.wheels.torch.version"),
+    "ray sha256 a list": (_set(["ray", "wheels", "ray", "sha256"], ["a"]), "ray.wheels.ray.sha256"),
+    "ray sha256 null value": (_set(["ray", "wheels", "ray", "sha256", "3.12"], None), "ray.wheels.ray.sha256.3.12"),
+    "python version number": (_set(["python", "version"], 3.12), "python.version"),
+    "default track number": (_set(["default_track"], 0.33), "default_track"),
+    "platform null": (_set(["platform"], None), "platform: must not be null"),
+    "index url true": (_set(["vllm", "index_url"], True), "vllm.index_url"),
+    "commit prefix number": (_set(["tracks", "0.32", "vllm", "commit_prefix"], 5), "tracks.0.32.vllm.commit_prefix"),
+    "schema text": (_set(["schema"], "2"), "schema"),
+    "schema true": (_set(["schema"], True), "schema"),
+    "about number": (_set(["about"], 1), "versions.about"),
+    "rocm version null": (_set(["rocm", "version"], None), "rocm.version"),
+    "triton_kernels null": (_set(["vllm", "triton_kernels"], None), "vllm.triton_kernels"),
+    "vllm repository null": (_set(["vllm", "repository"], None), "vllm.repository"),
+    "track vllm a list": (_set(["tracks", "0.33", "vllm"], []), "tracks.0.33.vllm"),
+    "wheels null": (_set(["pytorch", "wheels"], None), "pytorch.wheels"),
+    "ray wheels a list": (_set(["ray", "wheels"], [1]), "ray.wheels"),
+    "pin tag null": (_set(["aiter", "pins", "v0.1.26", "tag"], None), "aiter.pins.v0.1.26.tag"),
+    "deeply nested about": (_set(["tracks", "0.32", "about"], [[[[[]]]]]), "tracks.0.32.about"),
+    "track name not a release line": (lambda d: d["tracks"].update({"latest": d["tracks"]["0.32"]}),
+                                      "tracks.latest"),
+    "version that is no Docker tag": (_set(["tracks", "0.32", "vllm", "version"], "0.32.0 beta"),
+                                      "tracks.0.32.vllm.version"),
+}
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    return model.load(ROOT / "versions.json")
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_wrong_types_are_refused_by_every_command(name, data, tmp_path):
+    mutate, where = TYPES[name]
+    bad = copy.deepcopy(data)
+    mutate(bad)
+    path = tmp_path / "versions.json"
+    path.write_text(model.canonical(bad))
+    for command in COMMANDS:
+        proc = run_tool("--file", path, *command)
+        assert proc.returncode == 1, f"{command}: accepted\n{proc.stdout}"
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert where in proc.stderr, f"{command}: {proc.stderr}"
+        assert "None" not in proc.stdout
+
+
+def _unreadable(kind: str, tmp_path: Path) -> Path:
+    path = tmp_path / "versions.json"
+    if kind == "not UTF-8":
+        path.write_bytes(b"\xff\xfe{}")
+    elif kind == "nested too deeply":
+        path.write_text("[" * 100000 + "]" * 100000)
+    elif kind == "a JSON list":
+        path.write_text("[1]\n")
+    elif kind == "a directory":
+        path.mkdir()
+    elif kind == "a symlink loop":
+        (tmp_path / "other").symlink_to(path)
+        path.symlink_to(tmp_path / "other")
+    elif kind == "empty":
+        path.write_text("")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["not UTF-8", "nested too deeply", "a JSON list", "a directory", "a symlink loop",
+                                  "empty"])
+def test_files_that_are_no_versions_file_fail_in_one_line(kind, tmp_path):
+    path = _unreadable(kind, tmp_path)
+    for command in COMMANDS:
+        proc = run_tool("--file", path, *command)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "versions.json" in lines[0], lines
