@@ -66,7 +66,7 @@ def test_backend_decode_matches_dense(case_id, q_lens, seq_lens, block_size, hea
 
 @pytest.mark.parametrize("heads,mode,expected", [
     (8, contract.PERSISTENT, 16), (8, contract.NON_PERSISTENT, 16), (12, contract.NON_PERSISTENT, 16),
-    (32, contract.NON_PERSISTENT, 128), (48, contract.NON_PERSISTENT, 128), (24, contract.PERSISTENT, 32),
+    (24, contract.NON_PERSISTENT, 32), (48, contract.NON_PERSISTENT, 128), (24, contract.PERSISTENT, 48),
     (112, contract.NON_PERSISTENT, 128),
 ])
 def test_padded_head_counts_give_the_unpadded_result(heads, mode, expected):

@@ -40,6 +40,7 @@ from .config import (
     check_unsupported_features,
     decode_head_count,
     decode_mode,
+    kernel_family,
 )
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
@@ -148,7 +149,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "
-            "<= %d (KV as pages of 1 slot, block size %d), prefill=%s",
+            "<= %d (KV as pages of 1 slot, block size %d), kernels: %s, prefill=%s",
             BACKEND_NAME,
             __version__,
             self._kernels.name,
@@ -157,6 +158,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             self._decode_heads,
             shape.max_qlen,
             self.page_size,
+            kernel_family(self._decode_heads, shape),
             prefill,
         )
         if _on_rocm() and prefill != AITER_PREFILL_BACKEND:

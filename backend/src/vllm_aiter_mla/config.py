@@ -42,42 +42,60 @@ class DecodeShape:
     archs: tuple[str, ...] = contract.ARCHS  # the GPU's arch, or every supported arch
 
 
-def _qlen_problem(shape: DecodeShape) -> str | None:
-    spec = shape.max_qlen - 1
-    if shape.kv_dtype == contract.FP8 and shape.max_qlen > 4:
-        return (f"ROCM_AITER_MLA has no AITER decode kernel for an fp8 KV cache at query length {shape.max_qlen} "
-                f"({spec} speculative tokens, ROCm/aiter#2760); use --kv-cache-dtype auto or at most 3 "
-                "num_speculative_tokens in --speculative-config.")
-    if shape.mode == contract.NON_PERSISTENT and shape.max_qlen >= 3:
-        return (f"ROCM_AITER_MLA non-persistent decode is wrong at query length 3 (ROCm/aiter#2720), which "
-                f"{spec} speculative tokens produce; set {DECODE_MODE_ENV}={contract.PERSISTENT} or use at most 1 "
-                "num_speculative_tokens in --speculative-config.")
-    return None
+def _heads_for(num_heads: int, shape: DecodeShape, table: contract.KernelTable, **change) -> int | None:
+    """kernel_head_count for ``shape`` with some fields changed (max_qlen, mode, q_dtype, kv_dtype)."""
+    s = {"max_qlen": shape.max_qlen, "mode": shape.mode, "q_dtype": shape.q_dtype, "kv_dtype": shape.kv_dtype,
+         **change}
+    return contract.kernel_head_count(num_heads, shape.archs, s["mode"], range(1, s["max_qlen"] + 1), s["q_dtype"],
+                                      s["kv_dtype"], table)
+
+
+def _hints(num_heads: int, total_heads: int | None, shape: DecodeShape, table: contract.KernelTable) -> list[str]:
+    """Settings that would make this layer run, one phrase each."""
+    hints = []
+    shorter = [m for m in range(1, min(shape.max_qlen, contract.MAX_QLEN + 1)) if _heads_for(num_heads, shape, table,
+                                                                                            max_qlen=m) is not None]
+    if shorter:
+        hints.append(f"use at most {shorter[-1] - 1} num_speculative_tokens in --speculative-config")
+    other = contract.NON_PERSISTENT if shape.mode == contract.PERSISTENT else contract.PERSISTENT
+    if _heads_for(num_heads, shape, table, mode=other) is not None:
+        hints.append(f"set {DECODE_MODE_ENV}={other}")
+    if shape.kv_dtype == contract.FP8 and _heads_for(num_heads, shape, table, q_dtype=contract.BF16,
+                                                     kv_dtype=contract.BF16) is not None:
+        hints.append("use --kv-cache-dtype auto")
+    sizes = [tp for tp in range(1, (total_heads or 0) + 1) if total_heads % tp == 0
+             and _heads_for(total_heads // tp, shape, table) is not None]
+    if sizes:
+        hints.append(f"use --tensor-parallel-size in {sizes} (this model has {total_heads} heads)")
+    elif num_heads > contract.MAX_HEADS or not hints:
+        hints.append("change --tensor-parallel-size")
+    return hints
 
 
 def decode_head_count(num_heads: int, total_heads: int | None = None, shape: DecodeShape = DecodeShape()) -> int:
     """Heads the decode kernel runs with: the smallest count >= num_heads that has a correct
-    AITER kernel for every query length 1..max_qlen (zero query heads pad up to it).
-    Anything else fails at start-up with one line naming the setting to change."""
-    problem = _qlen_problem(shape)
-    if problem is not None:
-        raise ValueError(problem)
-    qlens = range(1, shape.max_qlen + 1)
-    heads = contract.kernel_head_count(num_heads, shape.archs, shape.mode, qlens, shape.q_dtype, shape.kv_dtype)
+    AITER kernel (contract.py: the pinned AITER's kernel table minus known defects) for every
+    query length 1..max_qlen (zero query heads pad up to it). Anything else fails at start-up
+    with one line naming the settings that would work."""
+    table = contract.active_table()
+    heads = _heads_for(num_heads, shape, table)
     if heads is not None:
         return heads
-    reason = contract.first_problem(shape.archs, shape.mode, max(num_heads, 1), qlens, shape.q_dtype, shape.kv_dtype)
-    hint = ""
-    if total_heads:
-        sizes = [tp for tp in range(1, total_heads + 1) if total_heads % tp == 0
-                 and contract.kernel_head_count(total_heads // tp, shape.archs, shape.mode, qlens, shape.q_dtype,
-                                                shape.kv_dtype) is not None]
-        if sizes:
-            hint = f" For this model ({total_heads} heads) use --tensor-parallel-size in {sizes}."
+    qlens = range(1, shape.max_qlen + 1)
+    reason = contract.first_problem(shape.archs, shape.mode, max(num_heads, 1), qlens, shape.q_dtype,
+                                    shape.kv_dtype, table)
     raise ValueError(
-        f"ROCM_AITER_MLA cannot run {num_heads} attention heads per GPU ({reason}); "
-        f"change --tensor-parallel-size.{hint}"
+        f"ROCM_AITER_MLA cannot run {num_heads} attention heads per GPU with {shape.mode} decode at query length "
+        f"up to {shape.max_qlen} ({shape.max_qlen - 1} speculative tokens), q {shape.q_dtype} / KV {shape.kv_dtype} "
+        f"on {', '.join(shape.archs)} ({reason}); {' or '.join(_hints(num_heads, total_heads, shape, table))}."
     )
+
+
+def kernel_family(num_heads: int, shape: DecodeShape) -> str:
+    """The AITER kernels the decode runs with ``num_heads`` (decode_head_count's result), for
+    the start-up log line."""
+    return contract.describe(shape.archs, shape.mode, num_heads, range(1, shape.max_qlen + 1), shape.q_dtype,
+                             shape.kv_dtype)
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> None:

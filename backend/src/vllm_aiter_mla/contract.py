@@ -1,26 +1,33 @@
 """AITER's MLA decode contract, as data: which (arch, mode, heads, query length, q dtype,
-KV dtype) has a kernel, and which of those AITER computes wrongly.
+KV dtype) AITER dispatches a kernel for, per AITER pin, and which of those are known wrong.
 
-Read from AITER's source (ROCm/aiter; the pinned tag is in the repository's versions
-file): the host-side dispatch in ``aiter/mla.py`` (``mla_decode_fwd``: the persistent /
-non-persistent split and the head fold of the persistent path) and
-``csrc/py_itfs_cu/asm_mla.cu`` (the kernel lookup that fails with a KeyError-like
-"cannot get heuristic kernel" for a missing entry), the kernel lists
-``hsa/gfx942/mla/mla_asm.csv`` and ``hsa/gfx950/mla/mla_asm.csv``, and AITER's issue
-tracker for the defects. vLLM 0.32's built-in backend
-(``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``) routes around the same gaps.
+* ``kernel_tables/<tag>.json``: one table per AITER pin, derived by
+  ``ci/docker/aiter_kernel_table.py`` from that AITER's kernel lists
+  (``hsa/<arch>/mla/mla_asm.csv``) and its dispatch rules (``aiter/mla.py``,
+  ``csrc/py_itfs_cu/asm_mla.cu``, the persistent-mode metadata), never edited by hand. A row
+  is a call AITER runs (the kernel names, and the head fold of persistent mode); any other
+  call stops inside AITER (mostly an AITER_CHECK, which aborts the process unless AITER is
+  built to throw; an assert or KeyError in its Python layer). The base image's aiter-check
+  stage re-derives the table from the AITER it built and stops on a difference.
+* ``kernel_tables/defects.json``: AITER issues that make a dispatched kernel unusable, each
+  citing its issue; refused as well.
 
-The table is deliberately the conservative intersection of what those sources show:
-the reference kernel refuses everything outside it, so a call the backend makes on
-CPU fails loudly wherever AITER would fail or compute garbage on a GPU. Widening it
-(a newer AITER with more kernels) is a data change here, verified on an AMD GPU.
+Which table: ``AITER_MLA_KERNEL_TABLE=<tag>`` if set; else the installed AITER's version
+(distribution ``amd-aiter`` or ``aiter``; a version without a table stops at start-up); with
+no AITER installed (CPU development, tests) the newest table.
 
 Plain Python + torch dtypes, no AITER or vLLM import.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata, resources
 
 import torch
 
@@ -33,68 +40,114 @@ DECODE_MODES = (PERSISTENT, NON_PERSISTENT)
 BF16 = "bf16"
 FP8 = "fp8"
 
-# Head counts the persistent path accepts: 16 natively; 32..128 in steps of 16 are folded
-# onto the 16-head kernels by mla_decode_fwd (aiter/mla.py, "nhead in range(32, 128 + 1, 16)
-# and persistent_mode").
-_PERSISTENT_HEADS = tuple(range(16, 129, 16))
+MAX_HEADS = 128
+MAX_QLEN = 8  # the tables cover query lengths 1..8 (up to 7 speculative tokens)
+
+TABLE_ENV = "AITER_MLA_KERNEL_TABLE"
+AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
+
+Key = tuple[str, str, int, str, str, int]  # arch, mode, heads, q, kv, qlen
 
 
 @dataclass(frozen=True)
-class KernelRow:
-    """One family of assembly kernels: every listed (heads, query length) exists."""
+class KernelTable:
+    """What one AITER pin dispatches: key -> (kernel names, head fold)."""
 
-    mode: str
-    archs: tuple[str, ...]
-    heads: tuple[int, ...]
-    q_dtype: str
-    kv_dtype: str
-    qlens: tuple[int, ...]
-    source: str
-
-
-KERNELS: tuple[KernelRow, ...] = (
-    # Non-persistent (hsa/<arch>/mla/mla_asm.csv, non-"_ps" entries).
-    KernelRow(NON_PERSISTENT, ARCHS, (16,), BF16, BF16, tuple(range(1, 9)),
-              "mla_a16w16_qh16 m16x4/m32x4 (qlen 1, <=4, <=8)"),
-    KernelRow(NON_PERSISTENT, ARCHS, (16,), FP8, FP8, (1, 2, 3, 4),
-              "mla_a8w8_qh16_qseqlen1/2/4 (qlen 3 runs on the qseqlen4 kernel)"),
-    KernelRow(NON_PERSISTENT, ARCHS, (128,), BF16, BF16, tuple(range(1, 17)),
-              "mla_dec_stage1_bf16_a16w16_subQ128_mqa128 (rows = heads x qlen, any qlen)"),
-    KernelRow(NON_PERSISTENT, ARCHS, (128,), FP8, FP8, (1, 2, 3, 4),
-              "mla_a8w8_qh128_m32x4"),
-    # Persistent (get_mla_metadata_v1 + "_ps" kernels; heads 32..128 folded onto 16).
-    KernelRow(PERSISTENT, ARCHS, _PERSISTENT_HEADS, BF16, BF16, (1, 2, 3, 4),
-              "mla_a16w16_qh16_m16x4 _ps (16 heads x 4 rows)"),
-    KernelRow(PERSISTENT, ARCHS, _PERSISTENT_HEADS, FP8, FP8, (1, 2, 3, 4),
-              "mla_a8w8_qh16_qseqlen1/2/4 _ps"),
-    KernelRow(PERSISTENT, ARCHS, _PERSISTENT_HEADS, BF16, FP8, (1, 2, 3, 4),
-              "mla_a16w8_qh16_m16x4 _ps"),
-)
+    tag: str
+    rows: Mapping[Key, tuple[tuple[str, ...], int]]
 
 
 @dataclass(frozen=True)
 class Defect:
-    """A call AITER accepts but gets wrong (or aborts on)."""
+    """A call AITER dispatches but gets wrong. A None field matches every value."""
 
     issue: str
     what: str
-    mode: str | None  # None: both modes
-    q_dtype: str | None
-    kv_dtype: str | None
+    archs: tuple[str, ...] | None
+    modes: tuple[str, ...] | None
     heads: tuple[int, ...] | None
-    min_qlen: int
-    non_power_of_two_only: bool = False
+    q: tuple[str, ...] | None
+    kv: tuple[str, ...] | None
+    qlens: tuple[int, ...] | None
+    non_power_of_two_qlen: bool
+    fixed_in: str | None
+
+    def matches(self, tag: str, key: Key) -> bool:
+        if self.fixed_in is not None and version_key(tag) >= version_key(self.fixed_in):
+            return False
+        arch, mode, heads, q, kv, qlen = key
+        for allowed, value in ((self.archs, arch), (self.modes, mode), (self.heads, heads), (self.q, q),
+                               (self.kv, kv), (self.qlens, qlen)):
+            if allowed is not None and value not in allowed:
+                return False
+        return not (self.non_power_of_two_qlen and _is_power_of_two(qlen))
 
 
-DEFECTS: tuple[Defect, ...] = (
-    Defect("ROCm/aiter#2720", "non-persistent decode gives every query position of a request the same "
-           "output when max_seqlen_q is not a power of two", NON_PERSISTENT, None, None, None, 3,
-           non_power_of_two_only=True),
-    Defect("ROCm/aiter#2760", "no MLA decode kernels for an fp8 KV cache at query length above 4",
-           None, None, FP8, None, 5),
-    Defect("ROCm/aiter#4751", "persistent decode with bf16 queries and an fp8 KV cache aborts for 16 heads "
-           "per GPU at query length above 4", PERSISTENT, BF16, FP8, (16,), 5),
-)
+def version_key(tag: str) -> tuple[int, ...]:
+    """v0.1.20.post1 -> (0, 1, 20, 1): orders AITER tags."""
+    return tuple(int(n) for n in re.findall(r"\d+", tag))
+
+
+def _data(name: str) -> dict:
+    return json.loads(resources.files(__package__).joinpath("kernel_tables", name).read_text())
+
+
+def available_tables() -> tuple[str, ...]:
+    """Tags with a kernel table, oldest first."""
+    folder = resources.files(__package__).joinpath("kernel_tables")
+    tags = [p.name.removesuffix(".json") for p in folder.iterdir()
+            if p.name.startswith("v") and p.name.endswith(".json")]
+    return tuple(sorted(tags, key=version_key))
+
+
+@functools.cache
+def load_table(tag: str) -> KernelTable:
+    if tag not in available_tables():
+        raise ValueError(f"no AITER MLA kernel table for {tag} (tables: {', '.join(available_tables())}); "
+                         f"set {TABLE_ENV} to one of them or derive one with ci/docker/aiter_kernel_table.py")
+    data = _data(f"{tag}.json")
+    rows = {(r[0], r[1], r[2], r[3], r[4], r[5]): (tuple(r[6]), r[7]) for r in data["rows"]}
+    return KernelTable(tag, rows)
+
+
+@functools.cache
+def defects() -> tuple[Defect, ...]:
+    def opt(value):
+        return None if value is None else tuple(value)
+
+    return tuple(Defect(d["issue"], d["what"], opt(d["archs"]), opt(d["modes"]), opt(d["heads"]), opt(d["q"]),
+                        opt(d["kv"]), opt(d["qlens"]), bool(d["non_power_of_two_qlen"]), d["fixed_in"])
+                 for d in _data("defects.json")["defects"])
+
+
+@functools.cache
+def installed_aiter_version() -> str | None:
+    """The installed AITER's version (from its distribution metadata; AITER is not imported)."""
+    for name in AITER_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def active_table(environ: Mapping[str, str] = os.environ) -> KernelTable:
+    """The table of the AITER in use (see the module docstring); ValueError in one line when
+    there is none."""
+    tag = environ.get(TABLE_ENV, "").strip()
+    if tag:
+        return load_table(tag)
+    version = installed_aiter_version()
+    if version is None:
+        return load_table(available_tables()[-1])
+    tag = "v" + version.split("+")[0]
+    if tag not in available_tables():
+        raise ValueError(
+            f"ROCM_AITER_MLA has no kernel table for the installed AITER {version} (tables: "
+            f"{', '.join(available_tables())}): build the image with an AITER pin that has one "
+            f"(AITER_PIN), or add backend/src/vllm_aiter_mla/kernel_tables/{tag}.json "
+            f"(ci/docker/aiter_kernel_table.py derive); {TABLE_ENV}=<tag> overrides at your own risk.")
+    return load_table(tag)
 
 
 # e4m3fnuz on gfx942, e4m3fn on gfx950 (per-tensor q_scale / kv_scale).
@@ -114,53 +167,78 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _defect(mode: str, heads: int, qlen: int, q_dtype: str, kv_dtype: str) -> Defect | None:
-    for d in DEFECTS:
-        if d.mode not in (None, mode) or d.q_dtype not in (None, q_dtype) or d.kv_dtype not in (None, kv_dtype):
-            continue
-        if d.heads is not None and heads not in d.heads:
-            continue
-        if qlen < d.min_qlen or (d.non_power_of_two_only and _is_power_of_two(qlen)):
-            continue
-        return d
-    return None
+def defect(table: KernelTable, key: Key) -> Defect | None:
+    return next((d for d in defects() if d.matches(table.tag, key)), None)
 
 
-def kernel_problem(arch: str, mode: str, heads: int, qlen: int, q_dtype: str, kv_dtype: str) -> str | None:
+def kernel_problem(arch: str, mode: str, heads: int, qlen: int, q_dtype: str, kv_dtype: str,
+                   table: KernelTable | None = None) -> str | None:
     """None when AITER has a correct kernel for this call, else why not (one phrase)."""
+    table = table or active_table()
     if arch not in ARCHS:
         return f"no AITER MLA decode kernels for {arch} (supported: {', '.join(ARCHS)})"
     if mode not in DECODE_MODES:
         return f"unknown decode mode {mode!r}"
-    defect = _defect(mode, heads, qlen, q_dtype, kv_dtype)
-    if defect is not None:
-        return f"{defect.what} ({defect.issue})"
-    for row in KERNELS:
-        if (row.mode == mode and arch in row.archs and heads in row.heads and q_dtype == row.q_dtype
-                and kv_dtype == row.kv_dtype and qlen in row.qlens):
-            return None
-    return (f"no {mode} AITER MLA decode kernel on {arch} for {heads} heads, query length {qlen}, "
-            f"q {q_dtype}, KV {kv_dtype}")
+    if not 1 <= qlen <= MAX_QLEN:
+        return f"the AITER kernel tables cover query lengths 1-{MAX_QLEN}, not {qlen}"
+    key = (arch, mode, heads, q_dtype, kv_dtype, qlen)
+    if key not in table.rows:
+        return (f"AITER {table.tag} has no {mode} MLA decode kernel on {arch} for {heads} heads, query length "
+                f"{qlen}, q {q_dtype}, KV {kv_dtype}; its dispatch would stop the process")
+    found = defect(table, key)
+    if found is not None:
+        return f"{found.what} ({found.issue})"
+    return None
 
 
-def first_problem(
-    archs: tuple[str, ...], mode: str, heads: int, qlens: range | tuple[int, ...], q_dtype: str, kv_dtype: str
-) -> str | None:
+def first_problem(archs: tuple[str, ...], mode: str, heads: int, qlens: range | tuple[int, ...], q_dtype: str,
+                  kv_dtype: str, table: KernelTable | None = None) -> str | None:
     """The first problem over every arch and query length, or None."""
+    table = table or active_table()
     for arch in archs:
         for qlen in qlens:
-            problem = kernel_problem(arch, mode, heads, qlen, q_dtype, kv_dtype)
+            problem = kernel_problem(arch, mode, heads, qlen, q_dtype, kv_dtype, table)
             if problem is not None:
                 return problem
     return None
 
 
-def kernel_head_count(
-    num_heads: int, archs: tuple[str, ...], mode: str, qlens: range | tuple[int, ...], q_dtype: str, kv_dtype: str
-) -> int | None:
+def kernel_head_count(num_heads: int, archs: tuple[str, ...], mode: str, qlens: range | tuple[int, ...],
+                      q_dtype: str, kv_dtype: str, table: KernelTable | None = None) -> int | None:
     """Smallest head count >= num_heads with a correct kernel for every arch and query
     length (queries are padded with zero heads up to it), or None."""
-    for heads in range(max(num_heads, 1), 129):
-        if first_problem(archs, mode, heads, qlens, q_dtype, kv_dtype) is None:
+    table = table or active_table()
+    for heads in range(max(num_heads, 1), MAX_HEADS + 1):
+        if first_problem(archs, mode, heads, qlens, q_dtype, kv_dtype, table) is None:
             return heads
     return None
+
+
+def _ranges(values: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(parts)
+
+
+def describe(archs: tuple[str, ...], mode: str, heads: int, qlens: range | tuple[int, ...], q_dtype: str,
+             kv_dtype: str, table: KernelTable | None = None) -> str:
+    """The kernel family each arch runs, e.g. ``AITER v0.1.20.post1 gfx942:
+    mla_a16w16_qh16_m16x4_n16x1_coex0_mask1_ps (qlen 1-4, 16-head calls x2)``."""
+    table = table or active_table()
+    parts = []
+    for arch in archs:
+        by_kernel: dict[tuple[tuple[str, ...], int], list[int]] = {}
+        for qlen in qlens:
+            row = table.rows.get((arch, mode, heads, q_dtype, kv_dtype, qlen))
+            if row is not None:
+                by_kernel.setdefault(row, []).append(qlen)
+        for (names, fold), lens in by_kernel.items():
+            folded = f", {heads // fold}-head calls x{fold}" if fold > 1 else ""
+            # A second kernel: the non-persistent one AITER switches to at batch >= 32.
+            kernels = names[0] + (f", at batch >= 32 {names[1]}" if len(names) > 1 else "")
+            parts.append(f"{arch}: {kernels} (qlen {_ranges(lens)}{folded})")
+    return f"AITER {table.tag} " + "; ".join(parts)
