@@ -81,10 +81,14 @@ def test_render_gid_is_required_and_named():
     assert "RENDER_GID" in proc.stderr and "getent group render" in proc.stderr
 
 
-def test_healthcheck_on_health_with_configurable_start_period():
+def test_healthcheck_is_the_runtimes_probe_with_configurable_start_period():
+    """One health probe everywhere: compose.yaml runs the runtime's (compose.ray.yaml and the
+    Kubernetes manifests do too), its whole check bounded within compose's own timeout."""
     vllm = compose_config(env=BASE_ENV)["services"]["vllm"]
     hc = vllm["healthcheck"]
-    assert "/health" in " ".join(hc["test"])
+    assert hc["test"][:4] == ["CMD", "python3", "-m", "rocm_vllm_runtime.health"]
+    probe_timeout = float(hc["test"][hc["test"].index("--timeout") + 1])
+    assert probe_timeout < int(hc["timeout"].rstrip("s"))
     assert hc["start_period"] == "30m0s"
     assert compose_config(env={**BASE_ENV, "HEALTH_START_PERIOD": "5m"})["services"]["vllm"][
         "healthcheck"]["start_period"] == "5m0s"
@@ -170,4 +174,4 @@ def test_cpu_override():
     assert any(v["source"] == str(ROOT / "tests/fake_amx") and v["target"] == "/opt/fake_amx"
                for v in vllm["volumes"])
     assert vllm["restart"] == "no"
-    assert "/health" in " ".join(vllm["healthcheck"]["test"])
+    assert "rocm_vllm_runtime.health" in vllm["healthcheck"]["test"]

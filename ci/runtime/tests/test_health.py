@@ -12,13 +12,15 @@ import threading
 
 import pytest
 
+import time
+
 from rocm_vllm_runtime.health import default_url, main, problem
 
 
 @pytest.fixture()
 def server():
     """A server answering as `state` says: health status, completion status, required API key, hang."""
-    state = {"health": 200, "completion": 200, "key": "", "hang": False, "requests": []}
+    state = {"health": 200, "completion": 200, "key": "", "hang": False, "trickle": False, "requests": []}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def reply(self, status: int, doc: dict) -> None:
@@ -37,7 +39,19 @@ def server():
 
         def do_GET(self) -> None:
             state["requests"].append(("GET", self.path))
-            if self.path == "/health":
+            if self.path == "/health" and state["trickle"]:
+                # one byte a second: each read answers within any per-read timeout
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                for _ in range(100):
+                    try:
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    threading.Event().wait(1)
+            elif self.path == "/health":
                 self.send_response(state["health"])
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -119,3 +133,45 @@ def test_cli_exit_status_and_one_line(server):
 def test_default_url_follows_serve_port():
     assert default_url({}) == "http://127.0.0.1:8000"
     assert default_url({"SERVE_PORT": "8011"}) == "http://127.0.0.1:8011"
+
+
+def run_probe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.health", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_timeout_bounds_the_whole_check_against_a_trickling_server(server):
+    server["trickle"] = True
+    start = time.monotonic()
+    proc = run_probe("--url", server["base"], "--timeout", "2")
+    assert time.monotonic() - start < 20  # the old per-read timeout waited the whole 100 s body
+    assert proc.returncode == 1 and "no complete answer within 2s" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "-inf", "ten"])
+def test_timeouts_that_are_not_positive_seconds_are_refused(value):
+    proc = run_probe("--timeout", value)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--timeout" in proc.stderr
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "http://127.0.0.1:8000/health", "ftp://x", "http://"])
+def test_urls_without_a_scheme_or_with_a_path_name_the_cause(url):
+    proc = run_probe("--url", url)
+    assert proc.returncode == 2 and "--url" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "70000", "80.5", " 8000"])
+def test_a_serve_port_that_is_no_port_is_one_line(port):
+    proc = run_probe(env={"SERVE_PORT": port})
+    assert proc.returncode == 2 and "SERVE_PORT" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["s3cret\n", "s3cret\r\n", "s3 cret", "s3cret\t"])
+def test_an_api_key_an_http_header_cannot_carry_is_named_never_shown(server, key):
+    server["key"] = "s3cret"
+    proc = run_probe("--url", server["base"], "--generate", env={"VLLM_API_KEY": key})
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert "VLLM_API_KEY" in proc.stderr and "s3cret" not in proc.stderr and "s3" not in proc.stderr
+    assert server["requests"] == []  # nothing sent with a key that cannot be one

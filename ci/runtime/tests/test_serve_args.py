@@ -83,3 +83,25 @@ def test_reachable_addresses_need_a_key(host: str, published: str, reachable: bo
 def test_masked_hides_every_key_form() -> None:
     assert masked(["--api-key", "a", "b", "--port", "1", "--api-key=c", "m"]) == \
         ["--api-key", "***", "***", "--port", "1", "--api-key=***", "m"]
+
+
+def test_the_host_vllm_uses_is_the_last_one_given() -> None:
+    """vLLM's argument parser takes the last --host: a loopback --host in SERVE_EXTRA_ARGS followed
+    by a reachable one on the command line is a reachable server, and needs a key."""
+    env = {"SERVE_EXTRA_ARGS": "--host 127.0.0.1"}
+    args = build_argv(["--host", "0.0.0.0"], env)
+    with pytest.raises(ServeError, match="refusing to serve without an API key on 0.0.0.0"):
+        exposure(args, {})
+    assert exposure(build_argv(["--host=0.0.0.0", "--host=127.0.0.1"], {}), {}) == ""
+
+
+@pytest.mark.parametrize("key", ["k3y\n", "k3y\r\n", " k3y", "k\x00y"])
+def test_an_api_key_no_client_could_send_stops_in_one_line_never_shown(key: str) -> None:
+    from rocm_vllm_runtime.serve import check_api_keys
+
+    for args, env in (([], {"VLLM_API_KEY": key}), (["--api-key", key], {}), ([f"--api-key={key}"], {})):
+        with pytest.raises(ServeError) as err:
+            check_api_keys(build_argv(args, env), env)
+        message = str(err.value)
+        assert "\n" not in message and "k3y" not in message and "not shown" in message
+    check_api_keys(build_argv(["--api-key", "k3y"], {}), {"VLLM_API_KEY": "k3y"})

@@ -8,17 +8,24 @@ peer is gone. `--generate` therefore also asks the served model for one token, s
 shows without other traffic (the request fails or does not answer within the timeout).
 
 URL: default http://127.0.0.1:$SERVE_PORT (8000). The API key, when the server has one, comes
-from VLLM_API_KEY, as the server's own. Exit status 0 healthy, 1 not (one line saying why).
+from VLLM_API_KEY, as the server's own (never shown). --timeout bounds the whole check, every
+request together: a server that answers one byte at a time is cut off at the deadline as well.
+Exit status 0 healthy, 1 not (one line saying why); 2 for a bad --timeout, --url or SERVE_PORT.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
+
+from rocm_vllm_runtime.secrets import api_key_problem
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -71,7 +78,31 @@ def problem(base: str, generate: bool, api_key: str = "", timeout: float = DEFAU
 
 
 def default_url(env: Mapping[str, str]) -> str:
-    return f"http://127.0.0.1:{env.get('SERVE_PORT') or '8000'}"
+    port = env.get("SERVE_PORT") or "8000"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"SERVE_PORT={port!r} is not a TCP port (1-65535): set it to the server's port")
+    return f"http://127.0.0.1:{port}"
+
+
+def url_problem(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"--url {url!r}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000"
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        return f"--url {url!r}: give the server's base URL without a path (the probe adds /health)"
+    return ""
+
+
+def within(deadline: float, check, *args) -> str:
+    """check(*args), or the line saying it did not finish within deadline seconds (it runs in a
+    thread of its own: a server that trickles bytes cannot hold the caller past the deadline)."""
+    result: list[str] = []
+    worker = threading.Thread(target=lambda: result.append(check(*args)), daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if not result:
+        return f"{args[0]}: no complete answer within {deadline:g}s: the server is down or hangs"
+    return result[0]
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
@@ -80,11 +111,24 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
     parser.add_argument("--url", default=None, help="server base URL (default http://127.0.0.1:$SERVE_PORT)")
     parser.add_argument("--generate", action="store_true",
                         help="also ask the served model for one token (sees a lost node of a multi-node deployment)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per request (default 10)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds for the whole check, every request together (default 10)")
     args = parser.parse_args(argv)
-    if args.timeout <= 0:
-        parser.error("--timeout must be positive")
-    why = problem(args.url or default_url(env), args.generate, env.get("VLLM_API_KEY", ""), args.timeout)
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
+    try:
+        url = args.url or default_url(env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    bad_url = url_problem(url)
+    if bad_url:
+        parser.error(bad_url)
+    key = env.get("VLLM_API_KEY", "")
+    bad_key = api_key_problem(key) if key else ""
+    if bad_key:
+        print(f"unhealthy: VLLM_API_KEY: {bad_key}", file=sys.stderr)
+        return 1
+    why = within(args.timeout, problem, url, args.generate, key, args.timeout)
     if why:
         print(f"unhealthy: {why}", file=sys.stderr)
         return 1

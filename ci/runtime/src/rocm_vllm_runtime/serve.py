@@ -34,6 +34,8 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
+from rocm_vllm_runtime.secrets import api_key_problem
+
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TINY_MODEL_ENV = "TINY_MLA_MODEL"
 DEFAULT_TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
@@ -69,12 +71,14 @@ def _given(args: Sequence[str], option: str) -> bool:
 
 
 def _option_value(args: Sequence[str], option: str) -> str | None:
+    """The value vLLM takes for option: the last one given (its argument parser's rule)."""
+    found = None
     for i, arg in enumerate(args):
         if arg == option and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(option + "="):
-            return arg.split("=", 1)[1]
-    return None
+            found = args[i + 1]
+        elif arg.startswith(option + "="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def extra_args(env: Mapping[str, str]) -> list[str]:
@@ -178,10 +182,21 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
                      f"127.0.0.1, or set {ALLOW_NO_KEY_ENV}=1 to serve without a key anyway")
 
 
+def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
+    """ServeError, in one line that never shows a key, when an API key cannot be one: an HTTP
+    header cannot carry it, so every client would be refused."""
+    keys = [(API_KEY_ENV, env.get(API_KEY_ENV, ""))] + [("--api-key", k) for k in _api_keys(server_args)]
+    for where, key in keys:
+        why = api_key_problem(key) if key else ""
+        if why:
+            raise ServeError(f"{where}: {why}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     user_args = list(sys.argv[1:] if argv is None else argv)
     try:
         server_args = build_argv(user_args, os.environ)
+        check_api_keys(server_args, os.environ)
         warning = exposure(server_args, os.environ)
     except ServeError as exc:
         print(f"{LOG_PREFIX} error: {exc}", file=sys.stderr, flush=True)
