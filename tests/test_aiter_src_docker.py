@@ -5,6 +5,7 @@ by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
 import json
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,31 @@ def git(*args, cwd):
                            *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
+# A small MLA kernel list per arch and stand-ins for the dispatch functions the kernel-table
+# rules are read from (their fingerprints are taken from these files: FAKE_RULES).
+FAKE_CSV = {
+    "gfx942": ["bf16,bf16,16,1,4,0,1,0,_ZN5aiter2psE,mla_fake_qh16_ps.co",
+               "bf16,bf16,16,0,1,0,1,0,_ZN5aiter2q1E,mla_fake_qh16_q1.co",
+               "bf16,bf16,128,0,0,0,1,0,_ZN5aiter3anyE,mla_fake_qh128.co"],
+    "gfx950": ["fp8,fp8,32,1,4,0,1,0,_ZN5aiter3h32E,mla_fake_qh32_q4_ps.co"],
+}
+FAKE_DISPATCH = {
+    "aiter/mla.py": "def mla_decode_fwd(q):\n    return q\n",
+    "csrc/py_itfs_cu/asm_mla.cu": "void mla_decode_stage1_asm_fwd(int q)\n{\n}\n",
+}
+FAKE_RULES = {"aiter/mla.py": {"mla_decode_fwd": ""}, "csrc/py_itfs_cu/asm_mla.cu": {"mla_decode_stage1_asm_fwd": ""}}
+
+
+def write_fake_kernel_sources(aiter):
+    for arch, rows in FAKE_CSV.items():
+        path = aiter / "hsa" / arch / "mla" / "mla_asm.csv"
+        path.parent.mkdir(parents=True)
+        path.write_text("qType,kvType,Gqa,ps,qSeqLen,prefill,causal,lse,knl_name,co_name\n" + "\n".join(rows) + "\n")
+    for rel, text in FAKE_DISPATCH.items():
+        (aiter / rel).parent.mkdir(parents=True, exist_ok=True)
+        (aiter / rel).write_text(text)
+
+
 @pytest.fixture(scope="module")
 def git_server(tmp_path_factory):
     """git daemon on 127.0.0.1 serving ck.git and aiter.git (tag v1.0, CK submodule)."""
@@ -77,6 +103,7 @@ def git_server(tmp_path_factory):
     aiter.mkdir()
     git("init", "-q", "-b", "main", cwd=aiter)
     (aiter / "setup.py").write_text("# stand-in for AITER\n")
+    write_fake_kernel_sources(aiter)
     git("add", ".", cwd=aiter)
     git("-c", "protocol.file.allow=always", "submodule", "add", "-q", str(srv / "ck.git"),
         "3rdparty/composable_kernel", cwd=aiter)
@@ -195,3 +222,56 @@ def test_source_stages_are_byte_identical_across_cold_builds(base_image, git_ser
         print(f"{target}: {len(found[(target, 1)])} layer(s), identical: {found[(target, 1)] == found[(target, 2)]}")
     assert found[("aiter-src", 1)] == found[("aiter-src", 2)]
     assert found[("aiter-verified", 1)] == found[("aiter-verified", 2)]
+
+
+def run_kernel_check(source, table, rules):
+    return subprocess.run([sys.executable, str(ROOT / "ci/docker/aiter_kernel_table.py"), "check", str(source),
+                           "--table", str(table), "--rules-read-from", str(rules)], capture_output=True, text=True)
+
+
+def test_kernel_table_check_on_the_verified_source(base_image, git_server, tmp_path):
+    """The aiter-check stage's kernel check (ci/docker/aiter_kernel_table.py check, which
+    check_aiter.py kernels runs) on the source the aiter-verified stage produced: the right table
+    passes, a wrong row stops it in one line naming the row. The real stage runs on the ROCm image
+    (not available here), so the script runs on the exported stage."""
+    out = tmp_path / "verified"
+    proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"],
+                 output=("--output", f"type=local,dest={out}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    source = out / "opt" / "aiter" / "src"
+    sys.path.insert(0, str(ROOT / "ci" / "docker"))
+    import aiter_kernel_table as akt  # noqa: PLC0415
+
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({rel: akt.fingerprints(source, FAKE_RULES)[rel] for rel in FAKE_RULES}))
+    table = akt.derive_table(source, "v1.0", git_server["commit"])
+    # the derivation from the fake lists, by hand: gfx942 persistent 16 heads (and 32..128 folded) qlen 1-4,
+    # non-persistent 16 heads qlen 1 and 128 heads any qlen; gfx950 persistent fp8 on the 32-head qSeqLen-4 kernel
+    keys = {tuple(r[:6]) for r in table["rows"]}
+    assert {("gfx942", "persistent", h, "bf16", "bf16", q) for h in range(16, 129, 16) for q in range(1, 5)} <= keys
+    assert ("gfx942", "non-persistent", 16, "bf16", "bf16", 1) in keys
+    assert ("gfx942", "non-persistent", 16, "bf16", "bf16", 2) not in keys
+    assert {("gfx942", "non-persistent", 128, "bf16", "bf16", q) for q in range(1, 9)} <= keys
+    assert {("gfx950", "persistent", 16, "fp8", "fp8", q) for q in range(5, 9)} <= keys
+    right = tmp_path / "v1.0.json"
+    right.write_text(akt.dump_table(table))
+    proc = run_kernel_check(source, right, rules)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0 and "aiter-check: OK kernel table v1.0.json" in proc.stdout, proc.stderr
+
+    wrong = dict(table, rows=[list(r) for r in table["rows"]])
+    i = next(i for i, r in enumerate(wrong["rows"]) if r[:6] == ["gfx942", "non-persistent", 16, "bf16", "bf16", 1])
+    wrong["rows"][i][6] = ["mla_fake_qh16_ps"]
+    wrong["rows"].append(["gfx942", "non-persistent", 16, "bf16", "bf16", 2, ["mla_fake_qh16_q1"], 1])
+    bad = tmp_path / "bad" / "v1.0.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(wrong))
+    proc = run_kernel_check(source, bad, rules)
+    print(proc.stderr)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "disagrees with this AITER's kernel lists in 2 row(s)" in line
+    assert ("gfx942 non-persistent 16 heads q bf16 kv bf16 qlen 1: AITER runs ['mla_fake_qh16_q1'] (fold 1), "
+            "table says ['mla_fake_qh16_ps']") in line
+    assert ("gfx942 non-persistent 16 heads q bf16 kv bf16 qlen 2: table says ['mla_fake_qh16_q1'], "
+            "AITER has no kernel") in line

@@ -61,3 +61,22 @@ def test_libs_check_finds_unresolved_library(tmp_path):
     bad.write_bytes(b"not an elf file")
     problems = check.check_libs(site, [])
     assert len(problems) == 1 and "module_bad.so" in problems[0]
+
+
+def test_kernels_check_wiring(tmp_path, capsys):
+    """`check_aiter.py kernels` runs aiter_kernel_table.check: a pin without a table and an AITER
+    whose dispatch code differs from the encoded rules both stop in one line (the table rows
+    themselves are tested in backend/tests/test_kernel_table.py and test_aiter_src_docker.py)."""
+    src = tmp_path / "aiter"
+    csv = src / "hsa" / "gfx942" / "mla" / "mla_asm.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text("qType,kvType,Gqa,ps,qSeqLen,prefill,causal,lse,knl_name,co_name\n"
+                   "bf16,bf16,16,1,4,0,1,0,_ZN5aiter1kE,k.co\n")
+    tables = ROOT / "backend" / "src" / "vllm_aiter_mla" / "kernel_tables"
+    assert check.main(["kernels", str(src), "--tag", "v9.9.9", "--tables", str(tables)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no MLA kernel table for AITER v9.9.9" in err
+    assert "aiter_kernel_table.py derive AITER_CHECKOUT --tag v9.9.9" in err
+    assert check.main(["kernels", str(src), "--tag", "v0.1.20.post1", "--tables", str(tables)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "dispatch code differs" in err and "aiter/mla.py: mla_decode_fwd" in err

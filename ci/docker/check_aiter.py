@@ -10,6 +10,11 @@
     check_aiter.py modules WHEEL    print the prebuilt module names, one per line
     check_aiter.py amdsmi           the AMD SMI Python package imports in this image (vLLM
                                     detects ROCm through it; no GPU needed to import it)
+    check_aiter.py kernels SOURCE --tag TAG --tables DIR
+        the backend's MLA kernel table for this AITER pin (DIR/TAG.json) is what SOURCE (the
+        AITER source the wheel was built from) dispatches: derived from its kernel lists with
+        the rules of aiter_kernel_table.py; no table, changed dispatch code or a differing row
+        stops the build
 
 Exit status 1 with one line per problem naming what is missing and the setting to change.
 """
@@ -74,6 +79,13 @@ def check_amdsmi() -> list[str]:
     return []
 
 
+def check_kernels(source: Path, tag: str, tables: Path) -> list[str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import aiter_kernel_table  # noqa: PLC0415  (a sibling script, stdlib only)
+
+    return aiter_kernel_table.check(source, tables / f"{tag}.json")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -87,6 +99,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("modules")
     p.add_argument("wheel", type=Path)
     sub.add_parser("amdsmi")
+    p = sub.add_parser("kernels")
+    p.add_argument("source", type=Path)
+    p.add_argument("--tag", required=True)
+    p.add_argument("--tables", type=Path, required=True)
     ns = parser.parse_args(argv)
 
     if ns.cmd == "modules":
@@ -97,6 +113,8 @@ def main(argv=None) -> int:
         problems = check_wheel(ns.wheel, ns.modules.split(), [a for a in ns.archs.split(";") if a])
     elif ns.cmd == "amdsmi":
         problems = check_amdsmi()
+    elif ns.cmd == "kernels":
+        problems = check_kernels(ns.source, ns.tag, ns.tables)
     else:
         problems = check_libs(ns.site, ns.lib_path)
     for line in problems:
