@@ -107,6 +107,32 @@ def test_identity_names_the_manifest_and_the_gpus(tmp_path):
     assert a.startswith("rocm-vllm-") and a != b and a.endswith("-cpu")
 
 
+def test_identity_covers_every_owned_layer_not_only_the_manifest(tmp_path):
+    """The manifest sits below the runtime, backend and application layers: two images of different
+    commits of this repository can share it. Their identities must differ all the same."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text('{"vllm": {"version": "0.33.0"}}')
+    app = tmp_path / "app"
+    (app / "ci" / "suites").mkdir(parents=True)
+    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 1\n")
+    env = {"ROCM_VLLM_MANIFEST": str(manifest), "ROCM_VLLM_APP_DIR": str(app)}
+    before = ray_cluster.identity(env)
+    (app / "ci" / "suites" / "__pycache__").mkdir()
+    (app / "ci" / "suites" / "__pycache__" / "test_smoke.cpython-312.pyc").write_bytes(b"cache")
+    assert ray_cluster.identity(env) == before  # byte-code caches are not content
+    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 2\n")
+    assert ray_cluster.identity(env) != before
+    # the installed backend and runtime packages count: a changed file of a package changes the digest
+    package = tmp_path / "vllm_aiter_mla"
+    package.mkdir()
+    (package / "backend.py").write_text("a\n")
+    one = ray_cluster.content_digest([manifest, package])
+    (package / "backend.py").write_text("b\n")
+    assert ray_cluster.content_digest([manifest, package]) != one
+    owned = ray_cluster.owned_paths(env)
+    assert {p.name for p in owned[2:]} == set(ray_cluster.OWNED_PACKAGES)  # found where they are installed
+
+
 # ----------------------------------------------------------------- the node script, with stand-ins
 
 def executable(path: Path, text: str) -> Path:
@@ -134,7 +160,9 @@ def stand_ins(tmp_path):
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "py"),
            "ROCM_VLLM_ENTRYPOINT": str(entry), "ROCM_VLLM_MANIFEST": str(manifest),
            "RAY_HEAD_ADDRESS": "10.0.0.1", "RAY_JOIN_TIMEOUT": "0", "HOME": str(tmp_path)}
-    me = ray_cluster.identity({"ROCM_VLLM_MANIFEST": str(manifest)})
+    # the identity as the node script computes it: the same python3, the same environment
+    me = subprocess.run([bin_dir / "python3", ROOT / "deploy/ray/ray_cluster.py", "identity"], env=env,
+                        capture_output=True, text=True, check=True).stdout.strip()
     return env, log, me
 
 

@@ -6,16 +6,23 @@ them matches the head.
   python3 ray_cluster.py wait N          (head) wait until N alive nodes carry the head's identity;
                                          a node that differs is refused with one line, exit 1
 
-The identity is `rocm-vllm-<12 hex of the image manifest's sha256>-<GPU archs and count>`, e.g.
+The identity is `rocm-vllm-<12 hex of the image's own content>-<GPU archs and count>`, e.g.
 rocm-vllm-3f2a9c1b0d4e-gfx942x8; on a CPU run (ROCM_VLLM_REQUIRE_GPU=0) the GPU part is `cpu`.
+The content is every layer this repository owns, not only the manifest (written below the runtime,
+backend and application layers): the manifest, the installed backend (vllm_aiter_mla) and runtime
+(rocm_vllm_runtime) packages, and the application files under /opt/rocm-vllm (ROCM_VLLM_APP_DIR),
+each file by path and bytes (byte-code caches left out). Nodes built from different commits of
+this repository differ.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 PREFIX = "rocm-vllm-"
 DEFAULT_MANIFEST = "/opt/rocm-vllm/manifest.json"
@@ -31,13 +38,44 @@ def gpu_part() -> str:
     return f"{'+'.join(archs)}x{count}" if count else "cpu"
 
 
+DEFAULT_APP_DIR = "/opt/rocm-vllm"
+OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
+
+
+def owned_paths(env: Mapping[str, str]) -> list[Path]:
+    """The manifest, the application folder and the installed packages this repository owns."""
+    paths = [Path(env.get("ROCM_VLLM_MANIFEST") or DEFAULT_MANIFEST), Path(env.get("ROCM_VLLM_APP_DIR") or
+                                                                          DEFAULT_APP_DIR)]
+    for name in OWNED_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        paths += [Path(p) for p in (spec.submodule_search_locations or []) if spec] if spec else []
+    return paths
+
+
+def content_digest(paths: Iterable[Path]) -> str:
+    """sha256 over every regular file under paths (sorted; each file's path, within its root, and
+    bytes; __pycache__ and *.pyc left out). A path that is absent counts as absent."""
+    digest = hashlib.sha256()
+    for root in paths:
+        digest.update(f"root {root.name}\n".encode())
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+        if not root.exists():
+            digest.update(b"absent\n")
+        for path in files:
+            rel = path.relative_to(root).as_posix() if path != root else root.name
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            digest.update(f"{rel} {len(data)}\n".encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
 def identity(env: Mapping[str, str] = os.environ) -> str:
-    path = env.get("ROCM_VLLM_MANIFEST") or DEFAULT_MANIFEST
-    try:
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    except OSError:
-        digest = "nomanifest"
+    paths = owned_paths(env)
+    digest = content_digest(paths)[:12] if paths[0].is_file() else "nomanifest"
     return f"{PREFIX}{digest}-{gpu_part()}"
 
 
