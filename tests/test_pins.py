@@ -833,3 +833,67 @@ def test_image_ref_on_another_registry():
     assert resolve.image_ref("rocm/dev-ubuntu-22.04", "7.2.3-complete") == "rocm/dev-ubuntu-22.04:7.2.3-complete"
     assert resolve.image_ref("rocm/dev", "t", "mirror.local:5000") == "mirror.local:5000/rocm/dev:t"
     assert resolve.image_ref("ghcr.io/org/img", "t", "mirror.local") == "mirror.local/org/img:t"
+
+
+# ---- the backend's kernel table of an AITER pin ------------------------------------------------
+
+def _stand_in_dispatch(root: Path, rules, changed: str = "") -> None:
+    """Every dispatch function the rules were read from, as a stand-in body (changed: one differs)."""
+    for rel, names in rules.RULES_READ_FROM.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".py"):
+            text = "".join(f"def {n}(x):\n    return x + {1 + (n == changed)}\n\n\n" for n in names)
+        else:
+            text = "".join(f"int {n}(int x)\n{{\n    return x + {1 + (n == changed)};\n}}\n" for n in names)
+        path.write_text(text)
+
+
+def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monkeypatch):
+    """resolve aiter --write writes backend/.../kernel_tables/<tag>.json, derived from the pinned
+    commit's kernel lists (here AITER v0.1.20.post1's real CSVs), when that commit's dispatch code is
+    the code the rules encode; when it is not, no table is written and one line says so."""
+    from ci.pins import __main__ as cli
+    from ci.pins import kernel_table
+
+    rules = kernel_table.rules_module()
+    repo = upstream["path"]
+    for arch in rules.ARCHS:
+        csv = ROOT / "backend/tests/data/aiter-v0.1.20.post1/hsa" / arch / "mla/mla_asm.csv"
+        (repo / "hsa" / arch / "mla").mkdir(parents=True)
+        shutil.copy(csv, repo / "hsa" / arch / "mla/mla_asm.csv")
+    _stand_in_dispatch(repo, rules)
+    git("add", ".", cwd=repo)
+    git("commit", "-qm", "kernel lists", cwd=repo)
+    git("tag", "-a", "v1.1", "-m", "release", cwd=repo)
+    monkeypatch.setattr(rules, "RULES_READ_FROM", rules.fingerprints(repo))
+    d = _aiter_data(data, upstream)
+    d["aiter"]["pins"]["test"]["tag"] = "v1.1"
+    model.dump(d, tree / "versions.json")
+    (tree / kernel_table.TABLES).mkdir(parents=True)
+    assert cli.main(["--file", str(tree / "versions.json"), "resolve", "aiter", "--aiter-pin", "test",
+                     "--write"]) == 0
+    written = (tree / kernel_table.TABLES / "v1.1.json").read_text()
+    commit = git("rev-parse", "HEAD", cwd=repo)
+    assert written == rules.dump_table(rules.derive_table(repo, "v1.1", commit))
+    # the rows of the real lists: what the committed v0.1.20.post1 table holds
+    committed = json.loads((ROOT / kernel_table.TABLES / "v0.1.20.post1.json").read_text())
+    assert json.loads(written)["rows"] == committed["rows"]
+
+    # a commit whose dispatch code differs: the pins resolve, the table is not derived
+    _stand_in_dispatch(repo, rules, changed=next(iter(next(iter(rules.RULES_READ_FROM.values())))))
+    git("commit", "-qam", "dispatch changed", cwd=repo)
+    git("tag", "-a", "v1.2", "-m", "release", cwd=repo)
+    d["aiter"]["pins"]["next"] = {"tag": "v1.2", "commit": None, "ck_commit": None, "hipkittens_commit": None,
+                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+    model.dump(d, tree / "versions.json")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["--file", str(tree / "versions.json"), "resolve", "aiter", "--aiter-pin", "next",
+                         "--write"]) == 0
+    assert "warning: AITER v1.2" in out.getvalue() and "dispatch code differs" in out.getvalue()
+    assert not (tree / kernel_table.TABLES / "v1.2.json").exists()
+    assert model.load(tree / "versions.json")["aiter"]["pins"]["next"]["commit"] == git("rev-parse", "HEAD", cwd=repo)

@@ -423,9 +423,9 @@ def check(source: Path, table_path: Path, rules: dict[str, dict[str, str]] | Non
     """Problems (one line each) of TABLE against the AITER source tree."""
     if not table_path.is_file():
         return [f"no MLA kernel table for AITER {table_path.stem} (the backend refuses an AITER without one): "
-                f"on a host with its checkout run python3 ci/docker/aiter_kernel_table.py derive AITER_CHECKOUT "
-                f"--tag {table_path.stem} > backend/src/vllm_aiter_mla/kernel_tables/{table_path.name}, review and "
-                f"commit it, or build a pin that has one (AITER_PIN)"]
+                f"python3 -m ci.pins resolve aiter --write derives it from the pinned commit (or, on a host with "
+                f"its checkout, python3 ci/docker/aiter_kernel_table.py derive AITER_CHECKOUT --tag "
+                f"{table_path.stem}); review and commit it, or build a pin that has one (AITER_PIN)"]
     changed = changed_dispatch_code(source, rules)
     if changed:
         return [f"AITER's MLA dispatch code differs from what ci/docker/aiter_kernel_table.py encodes "

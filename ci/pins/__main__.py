@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import discover, model, resolve, verify
+from . import discover, kernel_table, model, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
@@ -150,10 +150,18 @@ def run(ns, parser, root: Path) -> int:
                                f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
                                "apt-get install python3-packaging)") from None
         changes: list[str] = []
+        tables: dict[Path, str] = {}
         for item in what:
             if item == "aiter":
                 for name in pin_names:
                     changes += resolve.resolve_aiter(data, name, ns.force)
+                    # the backend's kernel table of the pin, derived from its commit
+                    texts, lines = kernel_table.resolve_table(data, name, root)
+                    tables.update(texts)
+                    changes += [line for line in lines if not line.startswith(("warning:", "aiter.pins."))]
+                    for line in lines:  # notes: the pins resolve all the same
+                        if line.startswith(("warning:", "aiter.pins.")):
+                            print(line)
             elif item == "vllm":
                 for track in tracks:
                     changes += resolve.resolve_vllm(data, track, ns.force)
@@ -173,6 +181,7 @@ def run(ns, parser, root: Path) -> int:
             # versions file and Dockerfiles together: all written, or none
             docker_changes, texts = model.global_arg_updates(data, root)
             texts[ns.file] = model.canonical(data)
+            texts.update(tables)
             model.write_files(texts)
             for line in docker_changes:
                 print(line)

@@ -1,0 +1,93 @@
+"""The backend's MLA kernel table of an AITER pin, derived by `resolve aiter` from the pinned commit.
+
+The table (backend/src/vllm_aiter_mla/kernel_tables/<tag>.json) is what
+ci/docker/aiter_kernel_table.py derives from the commit's kernel lists with the dispatch rules it
+encodes; the base image's aiter-check stage holds the built AITER to it. Deriving needs only the
+kernel lists and the dispatch sources the rules were read from: those files of the commit are
+fetched (git, bounded by PINS_TIMEOUT) into a scratch tree. When the commit's dispatch code is not
+what the rules encode, no table is written and the line says what to re-read. Standard library only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from . import model, resolve
+from .model import PinError
+
+TABLES = Path("backend/src/vllm_aiter_mla/kernel_tables")
+SCRIPT = model.REPO_ROOT / "ci/docker/aiter_kernel_table.py"
+
+
+def rules_module():
+    """ci/docker/aiter_kernel_table.py, loaded once (a script of the build, not a package)."""
+    if "aiter_kernel_table" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("aiter_kernel_table", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["aiter_kernel_table"]
+
+
+def table_path(tag: str, root: Path = model.REPO_ROOT) -> Path:
+    return root / TABLES / f"{tag}.json"
+
+
+def needed_files(rules) -> list[str]:
+    return [rules.kernel_list_path(Path("."), arch).as_posix() for arch in rules.ARCHS] + list(rules.RULES_READ_FROM)
+
+
+def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> None:
+    """The files of one commit (absent ones left out) under dest, fetched without a checkout."""
+    repo = dest / ".git-scratch"
+    resolve._git("init", "--quiet", "--bare", str(repo))
+    resolve._git("--git-dir", str(repo), "remote", "add", "origin", repository)
+    try:
+        resolve._git("--git-dir", str(repo), "fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin",
+                     commit, url=repository)
+    except PinError:  # servers that do not allow fetching a bare commit or filters
+        resolve._git("--git-dir", str(repo), "fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", url=repository)
+    for rel in paths:
+        listed = resolve._git("--git-dir", str(repo), "ls-tree", "--name-only", commit, "--", rel).strip()
+        if not listed:
+            continue
+        text = resolve._git("--git-dir", str(repo), "show", f"{commit}:{rel}", url=repository)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def derive(repository: str, commit: str, tag: str, rules=None) -> tuple[str | None, str]:
+    """(the table's text, '') or (None, why it cannot be derived: one line). rules: the module of
+    ci/docker/aiter_kernel_table.py (default: loaded from there)."""
+    rules = rules or rules_module()
+    with tempfile.TemporaryDirectory(prefix="pins-kernels-") as tmp:
+        source = Path(tmp)
+        fetch_files(repository, commit, needed_files(rules), source)
+        if not rules.read_kernel_lists(source):
+            return None, (f"AITER {tag} ({commit[:12]}) has no MLA kernel lists (hsa/<arch>/mla/mla_asm.csv): "
+                          "its kernel table cannot be derived")
+        changed = rules.changed_dispatch_code(source)
+        if changed:
+            return None, (f"AITER {tag} ({commit[:12]}): its MLA dispatch code differs from what "
+                          f"ci/docker/aiter_kernel_table.py encodes ({', '.join(changed)}): re-read it, update the "
+                          f"rules, then derive {TABLES / (tag + '.json')}; the build stops at aiter-check until then")
+        return rules.dump_table(rules.derive_table(source, tag, commit)), ""
+
+
+def resolve_table(data: dict, name: str, root: Path = model.REPO_ROOT) -> tuple[dict[Path, str], list[str]]:
+    """({table path: text} when it is new or changed, lines to print) for the AITER pin `name`."""
+    pin = data["aiter"]["pins"][name]
+    if not pin.get("commit"):
+        return {}, [f"aiter.pins.{name}: no commit yet: its kernel table is derived once it is resolved"]
+    text, why = derive(data["aiter"]["repository"], pin["commit"], pin["tag"])
+    if text is None:
+        return {}, [f"warning: {why}"]
+    path = table_path(pin["tag"], root)
+    if path.is_file() and path.read_text() == text:
+        return {}, []
+    rows = len(json.loads(text)["rows"])
+    return {path: text}, [f"{TABLES / path.name}: derived from {pin['commit'][:12]}'s kernel lists ({rows} rows)"]
