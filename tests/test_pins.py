@@ -897,3 +897,17 @@ def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monke
     assert "warning: AITER v1.2" in out.getvalue() and "dispatch code differs" in out.getvalue()
     assert not (tree / kernel_table.TABLES / "v1.2.json").exists()
     assert model.load(tree / "versions.json")["aiter"]["pins"]["next"]["commit"] == git("rev-parse", "HEAD", cwd=repo)
+
+
+def test_resolve_write_goes_through_a_symlinked_versions_file(tree, upstream):
+    """A versions file that is a symbolic link keeps being one: its target gets the change."""
+    real = tree / "real"
+    real.mkdir()
+    d = _aiter_data(model.load(tree / "versions.json"), upstream)
+    model.dump(d, real / "versions.json")
+    (tree / "versions.json").unlink()
+    (tree / "versions.json").symlink_to(real / "versions.json")
+    proc = run_tool("--file", str(tree / "versions.json"), "resolve", "aiter", "--aiter-pin", "test", "--write")
+    assert proc.returncode == 0, proc.stderr
+    assert (tree / "versions.json").is_symlink()
+    assert model.load(real / "versions.json")["aiter"]["pins"]["test"]["commit"] == upstream["commit"]

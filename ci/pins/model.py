@@ -90,7 +90,7 @@ def write_files(contents: dict) -> list[Path]:
     are not touched. Returns the paths written."""
     todo = {}
     for path, text in contents.items():
-        path = Path(path)
+        path = Path(os.path.realpath(path))  # a symbolic link is written through: its target changes
         try:
             if path.read_bytes() == text.encode():
                 continue

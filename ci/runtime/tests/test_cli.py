@@ -116,3 +116,69 @@ def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_pat
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[selector] PASSED" in proc.stdout and "test_selector::test_decision_table" in proc.stdout
+
+
+def test_two_outputs_into_one_file_are_refused_before_any_suite(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    (tmp_path / "target.json").write_text("keep")
+    (tmp_path / "link.xml").symlink_to(tmp_path / "target.json")
+    for json_path, junit_path in ((tmp_path / "r.out", tmp_path / "r.out"), (tmp_path / "target.json",
+                                                                             tmp_path / "link.xml")):
+        proc = run(ci_dir, suites, "selector", "--json", str(json_path), "--junit", str(junit_path))
+        assert proc.returncode == 2 and "name the same file" in proc.stderr, proc.stderr
+        assert "== selftest selector" not in proc.stdout
+    assert (tmp_path / "target.json").read_text() == "keep"
+
+
+def test_results_are_written_through_a_symlink(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real/r.json").write_text("old")
+    (tmp_path / "r.json").symlink_to(tmp_path / "real/r.json")
+    proc = run(ci_dir, suites, "selector", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r.json").is_symlink()  # the link stays, its target has the results
+    assert json.loads((tmp_path / "real/r.json").read_text())["result"] == "passed"
+    assert not [p for p in (tmp_path / "real").iterdir() if p.name.startswith(".")]
+
+
+BENCH_WRITES = ("import json, os, pathlib\n\ndef test_bench():\n"
+                "    out = pathlib.Path(os.environ['SELFTEST_RESULTS_DIR']) / 'bench.json'\n"
+                "    out.write_text(os.environ.get('BENCH_TEXT', '{\"runs\": []}'))\n")
+
+
+def test_a_bench_json_an_earlier_run_left_is_never_reported(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "bench.json").write_text('{"runs": [{"backend": "stale", "output_throughput": 1e9}]}')
+    proc = run(ci_dir, suites, "bench", "--json", str(results / "r.json"))  # bench cannot run (no GPU)
+    doc = json.loads((results / "r.json").read_text())
+    assert "bench" not in doc and "stale" not in proc.stdout
+    assert not (results / "bench.json").exists()
+
+
+def test_a_truncated_bench_json_is_reported_as_such_and_the_rest_written(ci_dir: Path, suites: Path,
+                                                                        tmp_path: Path) -> None:
+    (suites / "test_bench.py").write_text(BENCH_WRITES)
+    results = tmp_path / "results"
+    env_text = '{"runs": [{"backend": "ROCM_AITER_MLA", "output_th'
+    proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "bench", "--json", str(results / "r.json"),
+                           "--junit", str(results / "r.xml")], cwd=suites, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin",
+                                                BENCH_TEXT=env_text))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads((results / "r.json").read_text())
+    assert "truncated or not JSON" in doc["bench"]["error"]
+    assert "<testsuite" in (results / "r.xml").read_text()
+
+
+def test_a_truncated_junit_report_fails_its_suite_in_one_line(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    # a suite whose report is cut short (the process killed while writing it)
+    (suites / "conftest.py").write_text(
+        "import os\n\ndef pytest_unconfigure(config):\n"
+        "    path = config.option.xmlpath\n"
+        "    if path and os.path.exists(path):\n"
+        "        text = open(path).read()\n"
+        "        open(path, 'w').write(text[: len(text) // 2])\n")
+    proc = run(ci_dir, suites, "selector", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["suites"][0]["status"] == "failed" and "truncated" in doc["suites"][0]["reason"]

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from . import health
+from . import files, health
 from .selection import OURS, VLLMS, Selection, selection
 
 PLUGIN_PACKAGE = "vllm_aiter_mla"
@@ -426,7 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = compare(chosen, args.serve_args, load, args.port, Path(args.out_dir), args.start_timeout)
     print(render(doc), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        try:
+            files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
+        except OSError as exc:
+            print(f"bench: error: cannot write --json {args.json} ({exc.strerror or exc})", file=sys.stderr)
+            return 2
     return 0 if doc["ok"] else 1
 
 

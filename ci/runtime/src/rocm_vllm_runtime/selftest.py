@@ -1,4 +1,4 @@
-"""`selftest [selector|smoke|bench|all] [--json PATH] [--junit PATH] [-- PYTEST_ARGS...]`
+"""`selftest [selector|smoke|bench|accuracy|all] [--json PATH] [--junit PATH] [-- PYTEST_ARGS...]`
 
 Runs the pytest suites under the suites directory (env SELFTEST_SUITES, default
 /opt/rocm-vllm/ci/suites, where the image keeps them), then prints each check with its outcome, the
@@ -13,7 +13,9 @@ Suites:
   selector  backend selection rules against the installed vLLM, plugin, image manifest (no GPU)
   smoke     AITER kernels against the reference, vLLM on the tiny MLA model (AMD GPU)
   bench     serving benchmark, this backend vs vLLM's AITER MLA vs TRITON_MLA (AMD GPU)
-  all       all three
+  accuracy  lm-eval on the same questions per backend, paired gate and log-likelihoods (AMD GPU;
+            task data from ACCURACY_DATA: missing data is one line and exit 1)
+  all       all four
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocm_vllm_runtime import report
+from rocm_vllm_runtime import files, report
 from rocm_vllm_runtime.guard import find_gpus, run_tool
 from rocm_vllm_runtime.versions import stack_versions
 
@@ -35,8 +37,11 @@ SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
     "selector": (("test_selector.py",), False),
     "smoke": (("test_smoke.py",), True),
     "bench": (("test_bench.py",), True),
+    "accuracy": (("test_accuracy.py",), True),
 }
-ORDER = ("selector", "smoke", "bench")
+ORDER = ("selector", "smoke", "bench", "accuracy")
+# Suite -> (file it writes next to the --json report, key it gets in that report).
+ARTIFACTS = {"bench": "bench.json", "accuracy": "accuracy.json"}
 
 
 # Where the image keeps the suites (Dockerfile.rocm, app-files).
@@ -56,6 +61,11 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
         return report.SuiteResult(name, report.NOT_RUN,
                                   f"suite files missing in {directory}: {', '.join(missing)} "
                                   "(set SELFTEST_SUITES)"), ""
+    problem = preflight(name)
+    if problem:
+        print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
+        check = report.Check(f"{name}::preflight", "failed", problem)
+        return report.SuiteResult(name, report.FAILED, problem, [check]), report.junit_of(name, [check])
     junit = workdir / f"{name}.xml"
     command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-rA",
                f"--junitxml={junit}", "-o", "junit_family=xunit2",
@@ -63,12 +73,25 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
     print(f"\n== selftest {name}: {' '.join(command[1:])}", flush=True)
     rc = subprocess.call(command)
     xml_text = junit.read_text() if junit.is_file() else ""
-    checks = report.parse_junit(xml_text) if xml_text else []
+    try:
+        checks = report.parse_junit(xml_text) if xml_text else []
+    except report.ET.ParseError as exc:  # a suite killed while writing its report
+        return report.SuiteResult(name, report.FAILED, f"its JUnit report is truncated or not XML ({exc}): "
+                                  "see the output above"), ""
     result = report.judge(name, checks, needs_gpu, rc)
     if missing and result.status != report.FAILED:
         result.status = report.NOT_RUN
         result.reason = f"suite files missing in {directory}: {', '.join(missing)}"
     return result, xml_text
+
+
+def preflight(name: str) -> str:
+    """'' when suite `name` can start, else the one line that says what is missing (a failed suite)."""
+    if name == "accuracy":
+        from rocm_vllm_runtime import accuracy  # noqa: PLC0415
+
+        return accuracy.data_problem(os.environ)
+    return ""
 
 
 def output_problem(option: str, path: str) -> str:
@@ -105,16 +128,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.pytest_args = pytest_args
 
-    for option, path in (("--json", args.json), ("--junit", args.junit)):
-        problem = output_problem(option, path) if path else ""
-        if problem:
-            print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
-            return report.EXIT_NOT_RUN
+    outputs = {"--json": args.json, "--junit": args.junit}
+    problems = [files.check_outputs(outputs)] + [output_problem(o, p) for o, p in outputs.items() if p]
+    problem = next((p for p in problems if p), "")
+    if problem:
+        print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
+        return report.EXIT_NOT_RUN
     names = ORDER if args.suite == "all" else (args.suite,)
     directory = suites_dir()
     if args.json and not os.environ.get("SELFTEST_RESULTS_DIR"):
         # suites that write artifacts (bench) put them next to the summary
         os.environ["SELFTEST_RESULTS_DIR"] = str(Path(args.json).resolve().parent)
+    bench_json = Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / "bench.json"
+    if "bench" in names and bench_json.is_file():
+        # only this run's benchmark may be reported: an earlier run's file goes first
+        bench_json.unlink()
+    for name in names:  # a report of an earlier run is not this run's
+        if name in ARTIFACTS:
+            (Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / ARTIFACTS[name]).unlink(missing_ok=True)
     results, xml_texts = [], []
     with tempfile.TemporaryDirectory(prefix="selftest-") as tmp:
         for name in names:
@@ -125,18 +156,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpus, source = detect_gpus()
     extra: dict[str, object] = {}
-    bench_json = Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / "bench.json"
     if "bench" in names and bench_json.is_file():
-        extra["bench"] = json.loads(bench_json.read_text())
+        try:
+            extra["bench"] = json.loads(bench_json.read_text())
+        except (ValueError, OSError) as exc:  # the other results are still written
+            extra["bench"] = {"error": f"{bench_json} is truncated or not JSON ({exc.__class__.__name__})"}
     doc = report.to_json(results, stack_versions(), gpus, source, extra)
     print(report.render(doc), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    if args.junit:
-        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.junit).write_text(xml_texts[0] if len(xml_texts) == 1
-                                    else report.merge_junit(xml_texts))
+    try:
+        if args.json:
+            files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
+        if args.junit:
+            files.write_text(args.junit, xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts))
+    except OSError as exc:
+        print(f"selftest: error: cannot write the results ({exc.strerror or exc}): choose a writable path",
+              file=sys.stderr, flush=True)
+        return report.EXIT_NOT_RUN
     return int(doc["exit_code"])  # type: ignore[call-overload]
 
 
