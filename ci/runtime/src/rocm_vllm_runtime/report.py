@@ -148,6 +148,19 @@ def render(doc: Mapping[str, object]) -> str:
     return "\n".join(lines)
 
 
+def junit_of(suite: str, checks: Sequence[Check]) -> str:
+    """A JUnit document for checks that did not come from pytest (e.g. a suite stopped before it ran)."""
+    root = ET.Element("testsuites")
+    node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(checks)),
+                         failures=str(sum(c.outcome == "failed" for c in checks)), errors="0", skipped="0")
+    for check in checks:
+        classname, _, name = check.id.rpartition("::")
+        case = ET.SubElement(node, "testcase", classname=classname, name=name, time=f"{check.seconds:.3f}")
+        if check.outcome == "failed":
+            ET.SubElement(case, "failure", message=check.message)
+    return ET.tostring(root, encoding="unicode")
+
+
 def merge_junit(xml_texts: Sequence[str]) -> str:
     """One <testsuites> document from several pytest JUnit files."""
     merged = ET.Element("testsuites")

@@ -156,11 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpus, source = detect_gpus()
     extra: dict[str, object] = {}
-    if "bench" in names and bench_json.is_file():
-        try:
-            extra["bench"] = json.loads(bench_json.read_text())
-        except (ValueError, OSError) as exc:  # the other results are still written
-            extra["bench"] = {"error": f"{bench_json} is truncated or not JSON ({exc.__class__.__name__})"}
+    for name, file_name in ARTIFACTS.items():  # bench.json, accuracy.json: embedded in the report
+        artifact = Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / file_name
+        if name in names and artifact.is_file():
+            try:
+                extra[name] = json.loads(artifact.read_text())
+            except (ValueError, OSError) as exc:  # the other results are still written
+                extra[name] = {"error": f"{artifact} is truncated or not JSON ({exc.__class__.__name__})"}
     doc = report.to_json(results, stack_versions(), gpus, source, extra)
     print(report.render(doc), flush=True)
     try:

@@ -1,0 +1,466 @@
+"""Accuracy gate: attention backends side by side on the same questions, each scored by lm-eval.
+
+For each backend in turn (the backends of the serving benchmark, `rocm_vllm_runtime.bench`): start
+a server with the serve launcher on 127.0.0.1 (the selection in its log checked as the benchmark
+checks it), run lm-eval (`local-completions` against its OpenAI-compatible API, the server's own
+tokenizer) on the same tasks with the same settings, stop it. Then compare the first backend (this
+project's) with each other one, question by question:
+
+* generation tasks (default gsm8k, 5-shot, strict-match and flexible-extract): the questions one
+  backend answers right and the other wrong (discordant pairs). The gate fails when this backend
+  answers significantly fewer right: exact one-sided binomial (McNemar) test on the discordant
+  pairs, p < ACCURACY_ALPHA. The differing questions are listed.
+* loglikelihood tasks (default gsm8k_loglik: each reference solution's log-likelihood given its
+  question): the numbers must agree within the dtype's tolerance, |a - b| <= atol + rtol * max(|a|, |b|):
+  float32 atol 1e-3, rtol 1e-5; bfloat16/float16 (and auto) atol 0.5, rtol 0.02 (README says why).
+
+The task data is local: ACCURACY_DATA/<dataset>/<split>.jsonl, <dataset> the last part of the
+task's dataset_path (gsm8k: ACCURACY_DATA/gsm8k/test.jsonl and train.jsonl); lm-eval runs with
+HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 and never reaches the hub. Task definitions: lm-eval's
+own and those in ACCURACY_TASKS_DIR (the suites' accuracy_tasks/).
+
+    python3 -m rocm_vllm_runtime.accuracy --json accuracy.json -- --model deepseek-ai/DeepSeek-V2-Lite
+    python3 -m rocm_vllm_runtime.accuracy --backends cpu-plugin,cpu-vllm --tasks tiny_mla_gen \\
+        --loglik-tasks tiny_mla_loglik --num-fewshot 0 --concurrency 1 -- --model DIR --dtype float32
+
+Exit status: 0 the gate passed, 1 it failed (or the data is missing: one line saying what to
+mount), 2 a setting is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import bench, files
+from .selection import selection
+
+ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
+    "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
+    "ACCURACY_TASKS": "gsm8k",
+    "ACCURACY_LOGLIK_TASKS": "gsm8k_loglik",
+    "ACCURACY_NUM_FEWSHOT": "5",
+    "ACCURACY_LIMIT": "400",
+    "ACCURACY_CONCURRENCY": "32",
+    "ACCURACY_ALPHA": "0.01",
+    "ACCURACY_DATA": "/data/accuracy",
+    "ACCURACY_LL_TOLERANCE": "",
+    "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
+    "ACCURACY_PORT": "8012",
+    "ACCURACY_START_TIMEOUT": "1800",
+}
+TOLERANCES = {"float32": (1e-3, 1e-5), "low": (0.5, 0.02)}  # (atol, rtol) of a question's log-likelihood
+SHOWN = 20  # differing questions listed per comparison
+
+
+class AccuracyError(Exception):
+    """A setting the gate cannot work with; the message names it."""
+
+
+class DataMissing(AccuracyError):
+    """The task data is not where ACCURACY_DATA says; the message says what to mount."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    tasks: tuple[str, ...] = ("gsm8k",)
+    loglik_tasks: tuple[str, ...] = ("gsm8k_loglik",)
+    num_fewshot: int = 5
+    limit: int | None = 400
+    concurrency: int = 32
+    alpha: float = 0.01
+    data: str = "/data/accuracy"
+    tasks_dir: str = ""
+    ll_tolerance: tuple[float, float] | None = None  # None: by the servers' dtype
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        def get(name: str) -> str:
+            value = env.get(name)
+            return ENV_DEFAULTS[name] if value is None or value == "" and ENV_DEFAULTS[name] else value
+
+        def number(name: str, kind: type = int, low: float = 1) -> float:
+            raw = get(name)
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise AccuracyError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
+            if value < low:
+                raise AccuracyError(f"{name}={value} is too small")
+            return value
+
+        alpha = number("ACCURACY_ALPHA", float, 0)
+        if not 0 < alpha < 1:
+            raise AccuracyError(f"ACCURACY_ALPHA={alpha} is not between 0 and 1")
+        limit = int(number("ACCURACY_LIMIT", int, 0))
+        tolerance = None
+        if get("ACCURACY_LL_TOLERANCE"):
+            try:
+                atol, rtol = (float(x) for x in get("ACCURACY_LL_TOLERANCE").split(","))
+            except ValueError:
+                raise AccuracyError(f"ACCURACY_LL_TOLERANCE={get('ACCURACY_LL_TOLERANCE')!r} is not ATOL,RTOL "
+                                    "(e.g. 0.5,0.02)") from None
+            tolerance = (atol, rtol)
+        tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
+        loglik = tuple(t.strip() for t in get("ACCURACY_LOGLIK_TASKS").split(",") if t.strip() not in ("", "none"))
+        if not tasks and not loglik:
+            raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
+        return cls(tasks, loglik, int(number("ACCURACY_NUM_FEWSHOT", int, 0)), limit or None,
+                   int(number("ACCURACY_CONCURRENCY")), alpha, get("ACCURACY_DATA"),
+                   env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance)
+
+
+def default_tasks_dir(env: Mapping[str, str]) -> str:
+    return str(Path(env.get("SELFTEST_SUITES") or "/opt/rocm-vllm/ci/suites") / "accuracy_tasks")
+
+
+# ---------------------------------------------------------------- tasks and their local data
+
+def _offline() -> None:
+    """lm-eval and datasets read these at import: set them before either is imported."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def task_configs(settings: Settings) -> list[dict]:
+    """lm-eval task configs of every task, their data pointed at ACCURACY_DATA (DataMissing if absent)."""
+    _offline()
+    try:
+        from lm_eval.tasks import TaskManager  # noqa: PLC0415
+        from lm_eval.tasks._yaml_loader import load_yaml  # noqa: PLC0415
+    except ImportError as exc:
+        raise AccuracyError(f"lm-eval is not installed ({exc}): run the accuracy gate in the ci image") from None
+    import datasets  # noqa: PLC0415
+
+    if not datasets.config.HF_DATASETS_OFFLINE:
+        raise AccuracyError("datasets was imported before HF_DATASETS_OFFLINE=1 was set: "
+                            "set HF_DATASETS_OFFLINE=1 in the environment")
+    manager = TaskManager(include_path=settings.tasks_dir if Path(settings.tasks_dir).is_dir() else None)
+    configs = []
+    missing = []
+    for name, fewshot in [*((t, settings.num_fewshot) for t in settings.tasks),
+                          *((t, 0) for t in settings.loglik_tasks)]:
+        entry = manager.task_index.get(name)
+        if entry is None or entry.yaml_path is None:
+            raise AccuracyError(f"ACCURACY_TASKS / ACCURACY_LOGLIK_TASKS: {name!r} is not a single lm-eval task "
+                                f"(lm-eval's own or one in ACCURACY_TASKS_DIR={settings.tasks_dir})")
+        cfg = dict(load_yaml(entry.yaml_path, resolve_func=True))
+        folder = Path(settings.data) / str(cfg.get("dataset_path", name)).rstrip("/").rsplit("/", 1)[-1]
+        splits = sorted({cfg[k] for k in ("test_split", "validation_split", "training_split", "fewshot_split")
+                         if cfg.get(k)})
+        files = {s: folder / f"{s}.jsonl" for s in splits}
+        absent = [str(p.relative_to(settings.data)) for p in files.values() if not p.is_file()]
+        if absent:
+            missing.append((name, absent))
+        for key in ("tag", "group"):
+            cfg.pop(key, None)
+        cfg.update(dataset_path="json", dataset_name=None, num_fewshot=fewshot,
+                   dataset_kwargs={"data_files": {s: str(p) for s, p in files.items()}})
+        configs.append(cfg)
+    if missing:
+        wanted = ", ".join(f for _, files in missing for f in files)
+        raise DataMissing(f"no data for {', '.join(n for n, _ in missing)} in {settings.data}: mount a directory "
+                          f"holding {wanted} (JSON lines with the dataset's fields, e.g. GSM8K's question/answer) "
+                          f"at {settings.data}, or set ACCURACY_DATA to one")
+    return configs
+
+
+def data_problem(env: Mapping[str, str]) -> str:
+    """'' when the settings are usable and every task's data is there, else the one line that says why."""
+    try:
+        task_configs(Settings.from_env(env))
+    except AccuracyError as exc:
+        return str(exc)
+    return ""
+
+
+# ---------------------------------------------------------------- one backend: server + lm-eval
+
+def served_model(base_url: str) -> str:
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=30) as resp:
+        return json.load(resp)["data"][0]["id"]
+
+
+def run_lm_eval(base_url: str, configs: Sequence[dict], settings: Settings) -> dict:
+    """lm-eval's results and samples for `configs` against the server at `base_url`."""
+    _offline()
+    from lm_eval import simple_evaluate  # noqa: PLC0415
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415
+
+    manager = TaskManager(include_path=settings.tasks_dir if Path(settings.tasks_dir).is_dir() else None)
+    model_args = {"base_url": f"{base_url}/v1/completions", "model": served_model(base_url),
+                  "tokenizer_backend": "remote", "num_concurrent": settings.concurrency, "max_retries": 3,
+                  "tokenized_requests": True}
+    out = simple_evaluate(model="local-completions", model_args=model_args, tasks=[dict(c) for c in configs],
+                          task_manager=manager, num_fewshot=None, limit=settings.limit, log_samples=True,
+                          random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=1234)
+    return {"results": out["results"], "samples": out["samples"]}
+
+
+def per_question(samples: Mapping[str, Sequence[Mapping]], loglik_tasks: Sequence[str]) -> dict[str, dict]:
+    """task -> filter -> doc_id -> {correct, response, target, prompt} (generation) or
+    task -> "loglik" -> doc_id -> {loglik: [..], prompt} (loglikelihood tasks)."""
+    out: dict[str, dict] = {}
+    for task, rows in samples.items():
+        for row in rows:
+            doc = str(row["doc_id"])
+            if task in loglik_tasks:
+                values = row["filtered_resps"]
+                values = [values] if values and not isinstance(values[0], (list, tuple)) else values
+                out.setdefault(task, {}).setdefault("loglik", {})[doc] = {
+                    "loglik": [float(v[0]) for v in values], "prompt": row.get("prompt_hash", "")}
+                continue
+            metric = next((m for m in row.get("metrics", []) if m in row), "exact_match")
+            response = row["filtered_resps"][0] if row.get("filtered_resps") else ""
+            out.setdefault(task, {}).setdefault(row.get("filter", "none"), {})[doc] = {
+                "correct": bool(row.get(metric)), "response": str(response), "target": str(row.get("target", "")),
+                "prompt": row.get("prompt_hash", "")}
+    return out
+
+
+def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequence[dict], settings: Settings,
+                port: int, out_dir: Path, start_timeout_s: float) -> dict[str, object]:
+    log = out_dir / f"server-accuracy-{backend.name}.log"
+    command = bench.server_command([*serve_args, "--enable-tokenizer-info-endpoint"], backend, port)
+    base_url = f"http://127.0.0.1:{port}"
+    print(f"== accuracy {backend.name}: {shlex.join(command[1:])} (log {log})", flush=True)
+    run: dict[str, object] = {"asked": {"attention_backend": backend.attention_backend,
+                                        "implementation": backend.implementation}, "server_log": str(log)}
+    problems: list[str] = []
+    scores: dict[str, dict[str, float]] = {}
+    questions: dict[str, dict] = {}
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=bench.server_env(backend, os.environ), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        problem = bench.start_problem(backend, proc, base_url, log, start_timeout_s)
+        if problem:
+            problems.append(problem)
+        else:
+            t1 = time.monotonic()
+            try:
+                result = run_lm_eval(base_url, configs, settings)
+            except Exception as exc:  # noqa: BLE001 -- this run's failure; the next runs go on
+                problems.append(f"{backend.name}: lm-eval failed: {exc.__class__.__name__}: {exc}")
+            else:
+                run["eval_s"] = round(time.monotonic() - t1, 1)
+                scores = {task: {k: v for k, v in values.items() if isinstance(v, (int, float))
+                                 and not isinstance(v, bool) and "," in k}
+                          for task, values in result["results"].items()}
+                questions = per_question(result["samples"], settings.loglik_tasks)
+                samples_file = out_dir / f"lm-eval-samples-{backend.name}.json"
+                samples_file.write_text(json.dumps(result["samples"], default=str) + "\n")
+                run["samples_file"] = str(samples_file)
+    finally:
+        bench.stop(proc, grace_s=60.0 if questions or bench.healthy(base_url) else 5.0)
+    selected = selection(log.read_text(errors="replace"))
+    run["selected"] = {"attention_backends": list(selected.attention_backends),
+                       "implementation": selected.implementation}
+    if not problems and (why := bench.mismatch(backend, selected, complete=True)):
+        problems.append(why)
+    run.update(ok=not problems, problems=problems, scores=scores, questions=questions,
+               total_s=round(time.monotonic() - t0, 1))
+    return run
+
+
+# ---------------------------------------------------------------- comparisons
+
+def binomial_tail(k: int, n: int) -> float:
+    """P(X >= k), X ~ Binomial(n, 1/2): the one-sided exact McNemar p-value of k losses in n discordant pairs."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
+
+
+def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: float) -> dict[str, object]:
+    """One generation task and filter, question by question."""
+    docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
+    problems = []
+    if set(ours) != set(theirs):
+        problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
+    prompts_differ = [d for d in docs if ours[d]["prompt"] != theirs[d]["prompt"]]
+    if prompts_differ:
+        problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
+                        f"(e.g. {prompts_differ[0]}): same settings are needed")
+    lost = [d for d in docs if theirs[d]["correct"] and not ours[d]["correct"]]
+    won = [d for d in docs if ours[d]["correct"] and not theirs[d]["correct"]]
+    p = binomial_tail(len(lost), len(lost) + len(won))
+    differ = [{"doc_id": d, "right": "reference" if d in lost else "ours", "target": ours[d]["target"][:200],
+               "ours": ours[d]["response"][:200], "reference": theirs[d]["response"][:200]}
+              for d in sorted(lost + won, key=lambda d: (len(d), d))]
+    significant = p < alpha
+    if significant:
+        problems.append(f"answers {len(lost)} questions wrong that the reference answers right and {len(won)} "
+                        f"the other way round: p = {p:.2g} < {alpha} (questions {', '.join(lost[:SHOWN])})")
+    return {"n": len(docs), "ours_correct": sum(ours[d]["correct"] for d in docs),
+            "reference_correct": sum(theirs[d]["correct"] for d in docs), "lost": len(lost), "won": len(won),
+            "p_value": p, "significant": significant,
+            "identical_responses": sum(ours[d]["response"] == theirs[d]["response"] for d in docs),
+            "differing": differ[:SHOWN], "problems": problems, "ok": not problems}
+
+
+def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
+                     tolerance: tuple[float, float]) -> dict[str, object]:
+    atol, rtol = tolerance
+    docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
+    problems, beyond, max_diff, max_rel = [], [], 0.0, 0.0
+    if set(ours) != set(theirs):
+        problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
+    for d in docs:
+        a, b = ours[d]["loglik"], theirs[d]["loglik"]
+        for x, y in zip(a, b):
+            diff = abs(x - y) if math.isfinite(x) and math.isfinite(y) else math.inf
+            scale = max(abs(x), abs(y))
+            max_diff = max(max_diff, diff)
+            max_rel = max(max_rel, diff / scale if scale else 0.0)
+            if diff > atol + rtol * scale:
+                beyond.append({"doc_id": d, "ours": x, "reference": y, "diff": diff})
+    if beyond:
+        worst = max(beyond, key=lambda r: r["diff"])
+        problems.append(f"{len(beyond)} of {len(docs)} log-likelihoods differ beyond atol {atol:g} + rtol {rtol:g}"
+                        f" (worst question {worst['doc_id']}: {worst['ours']:.6g} vs {worst['reference']:.6g})")
+    return {"n": len(docs), "max_abs_diff": max_diff, "max_rel_diff": max_rel, "tolerance": [atol, rtol],
+            "beyond": beyond[:SHOWN], "problems": problems, "ok": not problems}
+
+
+def dtype_tolerance(serve_args: Sequence[str], settings: Settings) -> tuple[str, tuple[float, float]]:
+    dtype = "auto"
+    for i, arg in enumerate(serve_args):
+        if arg == "--dtype" and i + 1 < len(serve_args):
+            dtype = serve_args[i + 1]
+        elif arg.startswith("--dtype="):
+            dtype = arg.split("=", 1)[1]
+    if settings.ll_tolerance:
+        return dtype, settings.ll_tolerance
+    return dtype, TOLERANCES["float32" if dtype in ("float32", "float") else "low"]
+
+
+def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings: Settings, port: int,
+            out_dir: Path, start_timeout_s: float) -> dict[str, object]:
+    configs = task_configs(settings)  # DataMissing before any server starts
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {b.name: run_backend(b, serve_args, configs, settings, port, out_dir, start_timeout_s) for b in chosen}
+    return document(runs, settings, *dtype_tolerance(serve_args, settings))
+
+
+def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
+             tolerance: tuple[float, float]) -> dict[str, object]:
+    names = list(runs)
+    ours_name = names[0]
+    comparisons: dict[str, dict] = {}
+    ours = runs[ours_name]
+    for other in names[1:]:
+        theirs = runs[other]
+        entry: dict[str, object] = {"tasks": {}, "loglik": {}}
+        if ours.get("ok") and theirs.get("ok"):
+            for task, filters in ours["questions"].items():
+                for flt, questions in filters.items():
+                    other_q = theirs["questions"].get(task, {}).get(flt, {})
+                    if flt == "loglik":
+                        entry["loglik"][task] = loglik_agreement(questions, other_q, tolerance)  # type: ignore[index]
+                    else:
+                        entry["tasks"].setdefault(task, {})[flt] = paired(questions, other_q, settings.alpha)  # type: ignore[union-attr]
+        entry["ok"] = bool(ours.get("ok") and theirs.get("ok")) and all(
+            r["ok"] for t in entry["tasks"].values() for r in t.values()) and all(  # type: ignore[union-attr]
+            r["ok"] for r in entry["loglik"].values())  # type: ignore[union-attr]
+        comparisons[other] = entry
+    slim = {n: {k: v for k, v in r.items() if k != "questions"} for n, r in runs.items()}
+    return {"settings": {**asdict(settings), "dtype": dtype, "ll_tolerance": list(tolerance)},
+            "ours": ours_name, "runs": slim, "comparisons": comparisons,
+            "ok": all(r.get("ok") for r in runs.values()) and all(c["ok"] for c in comparisons.values())}
+
+
+def score_line(doc: Mapping, name: str) -> str:
+    scores = (doc["runs"][name].get("scores") or {})
+    return ", ".join(f"{task} {key.split(',')[1]} {value:.3f}" for task, values in scores.items()
+                     for key, value in values.items() if not key.split(",")[0].endswith("_stderr")
+                     and task not in doc["settings"]["loglik_tasks"])
+
+
+def render(doc: Mapping[str, object]) -> str:
+    runs: Mapping[str, Mapping] = doc["runs"]  # type: ignore[assignment]
+    lines = []
+    for name, run in runs.items():
+        selected = run.get("selected", {})
+        lines.append(f"{name}: selected {', '.join(selected.get('attention_backends') or []) or '(none logged)'} "
+                     f"({selected.get('implementation', '?')}): {score_line(doc, name) or '-'}"
+                     f" -> {'ok' if run.get('ok') else 'FAILED'}")
+        lines += [f"  problem: {p}" for p in run.get("problems") or []]
+    for other, entry in doc["comparisons"].items():  # type: ignore[union-attr]
+        for task, filters in entry["tasks"].items():
+            for flt, r in filters.items():
+                lines.append(f"{doc['ours']} vs {other}, {task} {flt}: {r['ours_correct']} vs "
+                             f"{r['reference_correct']} of {r['n']} right, {r['lost']} lost / {r['won']} won, "
+                             f"p = {r['p_value']:.3g} -> {'ok' if r['ok'] else 'FAILED'}")
+                lines += [f"  question {q['doc_id']}: target {q['target']!r}, ours {q['ours']!r}, "
+                          f"reference {q['reference']!r}" for q in r["differing"]]
+                lines += [f"  problem: {p}" for p in r["problems"]]
+        for task, r in entry["loglik"].items():
+            lines.append(f"{doc['ours']} vs {other}, {task} log-likelihoods: max |diff| {r['max_abs_diff']:.3g} "
+                         f"over {r['n']} (tolerance {r['tolerance'][0]:g} + {r['tolerance'][1]:g}|ll|) "
+                         f"-> {'ok' if r['ok'] else 'FAILED'}")
+            lines += [f"  problem: {p}" for p in r["problems"]]
+    lines.append(f"accuracy gate: {'passed' if doc['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: Sequence[str] | None = None) -> int:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.accuracy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    options = (("--backends", "ACCURACY_BACKENDS"), ("--tasks", "ACCURACY_TASKS"),
+               ("--loglik-tasks", "ACCURACY_LOGLIK_TASKS"), ("--num-fewshot", "ACCURACY_NUM_FEWSHOT"),
+               ("--limit", "ACCURACY_LIMIT"), ("--concurrency", "ACCURACY_CONCURRENCY"),
+               ("--alpha", "ACCURACY_ALPHA"), ("--data", "ACCURACY_DATA"),
+               ("--ll-tolerance", "ACCURACY_LL_TOLERANCE"), ("--port", "ACCURACY_PORT"),
+               ("--start-timeout", "ACCURACY_START_TIMEOUT"))
+    for option, name in options:
+        parser.add_argument(option, dest=name, default=None, help=f"default ${name} or {ENV_DEFAULTS[name]!r}")
+    parser.add_argument("--tasks-dir", dest="ACCURACY_TASKS_DIR", default=None,
+                        help="further lm-eval task definitions "
+                        "(ACCURACY_TASKS_DIR, default $SELFTEST_SUITES/accuracy_tasks)")
+    parser.add_argument("--out-dir", default=env.get("ACCURACY_OUT_DIR") or ".",
+                        help="server logs and lm-eval's samples (ACCURACY_OUT_DIR, default .)")
+    parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    parser.add_argument("serve_args", nargs="*", help="after --: arguments for every server (ACCURACY_SERVE_ARGS)")
+    args = parser.parse_args(argv)
+    merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("ACCURACY_") and v is not None}}
+    try:
+        settings = Settings.from_env(merged)
+        chosen = bench.choose([n.strip() for n in merged.get("ACCURACY_BACKENDS", ENV_DEFAULTS["ACCURACY_BACKENDS"])
+                               .split(",") if n.strip()], bench.backends(bench.plugin_names()))
+        serve_args = args.serve_args or split_serve_args(merged)
+        port = int(merged.get("ACCURACY_PORT") or ENV_DEFAULTS["ACCURACY_PORT"])
+        timeout = float(merged.get("ACCURACY_START_TIMEOUT") or ENV_DEFAULTS["ACCURACY_START_TIMEOUT"])
+        doc = compare(chosen, serve_args, settings, port, Path(args.out_dir), timeout)
+    except DataMissing as exc:
+        print(f"accuracy: error: {exc}", file=sys.stderr)
+        return 1
+    except (AccuracyError, bench.BenchError, ValueError) as exc:
+        print(f"accuracy: error: {exc}", file=sys.stderr)
+        return 2
+    print(render(doc), flush=True)
+    if args.json:
+        files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
+    return 0 if doc["ok"] else 1
+
+
+def split_serve_args(env: Mapping[str, str]) -> list[str]:
+    try:
+        return shlex.split(env.get("ACCURACY_SERVE_ARGS") or ENV_DEFAULTS["ACCURACY_SERVE_ARGS"])
+    except ValueError as exc:
+        raise AccuracyError(f"ACCURACY_SERVE_ARGS cannot be split as shell words ({exc}): fix its quoting") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
