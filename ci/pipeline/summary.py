@@ -1,5 +1,6 @@
 """Markdown summary of a self-test run: one row per suite with its result, the attention
-backends vLLM selected and the throughput ratio AITER MLA / Triton MLA.
+backends vLLM selected, the throughput ratio AITER MLA / Triton MLA (bench) and this backend's
+accuracy against each other backend on the same questions (accuracy: selftest.json's "accuracy").
 
 Reads a results directory as ci/pipeline/amd-runner/selftest.sh leaves it: selftest.json (the
 self-test report), selftest.xml (JUnit; the smoke suite prints the backends it saw, kept
@@ -87,6 +88,38 @@ def throughput_ratios(bench: Mapping) -> str:
     return " · ".join(cells) or f"{NONE} (no AITER run)"
 
 
+def accuracy_cell(acc: Mapping) -> str:
+    """This backend against each other one on the same questions: right answers, discordant
+    questions (lost / won), the paired test's p-value, and the log-likelihoods' largest difference."""
+    if acc.get("error"):
+        return f"{NONE} ({acc['error']})"
+    comparisons = acc.get("comparisons")
+    if not isinstance(comparisons, Mapping) or not comparisons:
+        return f"{NONE} (no comparison)"
+    ours, cells = acc.get("ours", "?"), []
+    for other, entry in comparisons.items():
+        if not isinstance(entry, Mapping):
+            continue
+        for task, filters in (entry.get("tasks") or {}).items():
+            for flt, r in (filters or {}).items():
+                try:
+                    cells.append(f"{ours} vs {other} {task} {flt}: {r['ours_correct']}/{r['n']} vs "
+                                 f"{r['reference_correct']}/{r['n']} right, {r['lost']} lost / {r['won']} won, "
+                                 f"p {float(r['p_value']):.2g}{'' if r.get('ok') else ' FAILED'}")
+                except (KeyError, TypeError, ValueError):
+                    cells.append(f"{ours} vs {other} {task} {flt}: (not recorded)")
+        for task, r in (entry.get("loglik") or {}).items():
+            try:
+                cells.append(f"{task} max Δ log-likelihood {float(r['max_abs_diff']):.2g} "
+                             f"(atol {r['tolerance'][0]:g}, rtol {r['tolerance'][1]:g})"
+                             f"{'' if r.get('ok') else ' FAILED'}")
+            except (KeyError, TypeError, ValueError, IndexError):
+                cells.append(f"{task}: (not recorded)")
+        if not entry.get("ok") and not cells:
+            cells.append(f"{ours} vs {other}: a run failed")
+    return " · ".join(cells) or NONE
+
+
 def _counts(suite: Mapping) -> str:
     counts = suite.get("counts") or {}
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no checks"
@@ -114,6 +147,10 @@ def render(results: Path, title: str = "Self-test") -> str:
         if name == "bench" and isinstance(bench, Mapping):
             selected = bench_backends(bench)
             ratio = throughput_ratios(bench)
+        accuracy = doc.get("accuracy")
+        if name == "accuracy" and isinstance(accuracy, Mapping):
+            selected = bench_backends(accuracy)
+            ratio = accuracy_cell(accuracy)
         lines.append(f"| {name} | {suite['status']} | {_counts(suite)} | {selected} | {ratio} |")
         if suite.get("reason"):
             notes.append(f"- **{name}**: {suite['reason']}")
