@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the in-image self-tests on this AMD GPU host and publish the results.
 #
-#   ci/pipeline/amd-runner/selftest.sh [SUITE] [-- PYTEST_ARGS...]     SUITE: selector|smoke|bench|all (default all)
+#   ci/pipeline/amd-runner/selftest.sh [SUITE] [-- PYTEST_ARGS...]     SUITE: selector|smoke|bench|accuracy|all (default all)
 #
 # Writes RESULTS_DIR/selftest.json, selftest.xml (JUnit), selftest.log and, for
 # bench, bench.json and server logs; appends the summary to $GITHUB_STEP_SUMMARY
@@ -17,7 +17,9 @@
 #   SHM_SIZE        shared memory of the container (default 16g)
 #   JIT_CACHE_VOLUME  Docker volume kept for AITER's JIT cache (default rocm-vllm-aiter-jit)
 #   HF_CACHE        host directory mounted as the Hugging Face cache (optional)
-#   HIP_VISIBLE_DEVICES, PYTEST_ADDOPTS, BENCH_*  passed into the container when set
+#   ACCURACY_DATA_DIR  host directory with the accuracy suite's task data (e.g. gsm8k/test.jsonl,
+#                   gsm8k/train.jsonl), mounted read-only at /data/accuracy (ACCURACY_DATA's default)
+#   HIP_VISIBLE_DEVICES, PYTEST_ADDOPTS, BENCH_*, ACCURACY_*  passed into the container when set
 #                   (PYTEST_ADDOPTS reaches every suite's pytest, e.g. -o junit_logging=system-out)
 #   DOCKER          docker command (default docker)
 set -euo pipefail
@@ -59,7 +61,10 @@ args=(run --rm
 if [ -n "${HF_CACHE:-}" ]; then
   args+=(-v "$HF_CACHE:/root/.cache/huggingface")
 fi
-for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep '^BENCH_' || true); do
+if [ -n "${ACCURACY_DATA_DIR:-}" ]; then
+  args+=(-v "$ACCURACY_DATA_DIR:/data/accuracy:ro")
+fi
+for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep -E '^(BENCH|ACCURACY)_' | grep -v '^ACCURACY_DATA_DIR$' || true); do
   if [ -n "${!name:-}" ]; then
     args+=(-e "$name=${!name}")
   fi
