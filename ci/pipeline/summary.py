@@ -28,17 +28,34 @@ class SummaryError(Exception):
     pass
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SummaryError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise SummaryError(f"{path} is not UTF-8 text: not a file the self-test wrote") from None
+    except json.JSONDecodeError as exc:
+        raise SummaryError(f"{path} is not JSON, or truncated ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise SummaryError(f"{path} is nested too deeply to be a self-test file") from None
+
+
 def load_report(results: Path) -> dict:
     path = results / "selftest.json"
     try:
-        doc = json.loads(path.read_text())
+        doc = _read_json(path)
     except FileNotFoundError:
         raise SummaryError(f"{path} not found: the self-test did not write its report "
                            "(see selftest.log; set RESULTS_DIR to the self-test's results directory)") from None
-    except json.JSONDecodeError as exc:
-        raise SummaryError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict) or "suites" not in doc or "result" not in doc:
         raise SummaryError(f"{path} is not a self-test report (no 'result'/'suites')")
+    suites = doc["suites"]
+    if not isinstance(suites, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str)
+                                               for x in suites):
+        raise SummaryError(f"{path}: 'suites' must be a list of objects with a name")
     return doc
 
 
@@ -47,8 +64,12 @@ def printed_backends(results: Path) -> dict[str, list[str]]:
     path = results / "selftest.xml"
     if not path.is_file():
         return {}
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError, UnicodeDecodeError) as exc:
+        raise SummaryError(f"{path} is not XML, or truncated ({exc}): the selected backends cannot be read") from None
     found: dict[str, list[str]] = {}
-    for suite in ET.parse(path).getroot().iter("testsuite"):
+    for suite in root.iter("testsuite"):
         name = suite.get("name", "")
         for node in suite.iter("system-out"):
             for match in PRINTED_SELECTED.findall(node.text or ""):
@@ -59,9 +80,14 @@ def printed_backends(results: Path) -> dict[str, list[str]]:
     return found
 
 
+def _runs(bench: Mapping) -> Mapping:
+    runs = bench.get("runs")
+    return runs if isinstance(runs, Mapping) else {}
+
+
 def bench_backends(bench: Mapping) -> str:
     cells = []
-    for name, run in (bench.get("runs") or {}).items():
+    for name, run in _runs(bench).items():
         selected = run.get("selected") if isinstance(run, Mapping) else None
         names = selected.get("attention_backends") if isinstance(selected, Mapping) else None
         if not isinstance(names, list):
@@ -73,18 +99,39 @@ def bench_backends(bench: Mapping) -> str:
     return " · ".join(cells) or NONE
 
 
+def metric(run, name: str = RATIO_METRIC) -> tuple[float | None, str]:
+    """(the run's metric, '') or (None, what is wrong with it: missing, not a number, NaN, ...)."""
+    metrics = run.get("metrics") if isinstance(run, Mapping) else None
+    if not isinstance(metrics, Mapping) or name not in metrics:
+        return None, f"no {name}"
+    value = metrics[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"{name} {value!r} is not a number"
+    if not math.isfinite(value):
+        return None, f"{name} is {value}"
+    if value < 0:
+        return None, f"{name} is negative ({value:g})"
+    return float(value), ""
+
+
 def throughput_ratios(bench: Mapping) -> str:
-    runs = bench.get("runs") or {}
+    runs = _runs(bench)
     if TRITON_RUN not in runs:
         return f"{NONE} (no {TRITON_RUN} run)" if runs else NONE
-    triton = float(runs[TRITON_RUN]["metrics"].get(RATIO_METRIC, 0.0))
+    triton, why = metric(runs[TRITON_RUN])
+    if triton is not None and triton == 0:
+        why = f"{RATIO_METRIC} is 0 tok/s"
     cells = []
     for name in AITER_RUNS:
         if name not in runs:
             continue
-        value = float(runs[name]["metrics"].get(RATIO_METRIC, 0.0))
-        ratio = value / triton if triton > 0 else math.nan
-        cells.append(f"{name} {ratio:.2f}x" if math.isfinite(ratio) else f"{name} n/a (Triton 0 tok/s)")
+        value, own = metric(runs[name])
+        if why:
+            cells.append(f"{name} n/a (Triton: {why})")
+        elif own:
+            cells.append(f"{name} n/a ({own})")
+        else:
+            cells.append(f"{name} {value / triton:.2f}x")
     return " · ".join(cells) or f"{NONE} (no AITER run)"
 
 
@@ -130,7 +177,9 @@ def render(results: Path, title: str = "Self-test") -> str:
     printed = printed_backends(results)
     bench = doc.get("bench")
     if not isinstance(bench, Mapping) and (results / "bench.json").is_file():
-        bench = json.loads((results / "bench.json").read_text())
+        bench = _read_json(results / "bench.json")
+        if not isinstance(bench, Mapping):
+            raise SummaryError(f"{results / 'bench.json'} is not a benchmark report (not an object)")
     lines = [f"### {title}: {str(doc['result']).upper()} (exit {doc.get('exit_code')})", ""]
     gpus = doc.get("gpus") or []
     archs = sorted({str(g.get("target")) for g in gpus})
@@ -147,6 +196,8 @@ def render(results: Path, title: str = "Self-test") -> str:
         if name == "bench" and isinstance(bench, Mapping):
             selected = bench_backends(bench)
             ratio = throughput_ratios(bench)
+            if bench.get("error"):
+                notes.append(f"- **bench.json**: {bench['error']}")
         accuracy = doc.get("accuracy")
         if name == "accuracy" and isinstance(accuracy, Mapping):
             selected = bench_backends(accuracy)

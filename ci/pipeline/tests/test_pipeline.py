@@ -494,3 +494,65 @@ def test_summary_without_a_report_fails_in_one_line(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'selftest.json'} not found: the self-test did not write its report "
         "(see selftest.log; set RESULTS_DIR to the self-test's results directory)"]
+
+
+def _report_with(results: Path, mutate) -> None:
+    report = json.loads((results / "selftest.json").read_text())
+    mutate(report)
+    (results / "selftest.json").write_text(json.dumps(report))
+
+
+@pytest.mark.parametrize("value,says", [
+    (float("nan"), "Triton: total_token_throughput is nan"), (float("inf"), "Triton: total_token_throughput is inf"),
+    (-5.0, "Triton: total_token_throughput is negative"), (0, "Triton: total_token_throughput is 0 tok/s"),
+    ("fast", "Triton: total_token_throughput 'fast' is not a number"), (None, "Triton: total_token_throughput None"),
+    (True, "is not a number")])
+def test_summary_names_what_is_wrong_with_a_metric(tmp_path: Path, value, says: str) -> None:
+    """A NaN, infinite, negative, missing or non-numeric throughput is named, never shown as 0 tok/s."""
+    results, proc = run_selftest(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+    def mutate(report):
+        report["bench"]["runs"]["triton"]["metrics"]["total_token_throughput"] = value
+    _report_with(results, mutate)
+    summary = pipeline("summary", str(results))
+    assert summary.returncode == 0 and "Traceback" not in summary.stderr, summary.stderr
+    ratio = table_rows(summary.stdout)["bench"][3]
+    assert ratio.startswith("plugin n/a (") and says in ratio, ratio
+    if value != 0:
+        assert "0 tok/s" not in ratio
+
+
+@pytest.mark.parametrize("case", ["truncated json", "json list", "suites of numbers", "truncated xml", "not utf-8",
+                                  "report is a directory", "truncated bench.json", "runs a list", "no metrics"])
+def test_summary_of_odd_inputs_is_one_line_or_a_table_never_a_traceback(tmp_path: Path, case: str) -> None:
+    results, proc = run_selftest(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = results / "selftest.json"
+    if case == "truncated json":
+        report.write_text(report.read_text()[:200])
+    elif case == "json list":
+        report.write_text("[]")
+    elif case == "suites of numbers":
+        _report_with(results, lambda r: r.update(suites=[1, 2]))
+    elif case == "truncated xml":
+        (results / "selftest.xml").write_text((results / "selftest.xml").read_text()[:300])
+    elif case == "not utf-8":
+        report.write_bytes(b"\xff\xfe{}")
+    elif case == "report is a directory":
+        report.unlink()
+        report.mkdir()
+    elif case == "truncated bench.json":
+        _report_with(results, lambda r: r.pop("bench"))
+        (results / "bench.json").write_text('{"runs": {"triton": {"metr')
+    elif case == "runs a list":
+        _report_with(results, lambda r: r["bench"].update(runs=[1]))
+    elif case == "no metrics":
+        _report_with(results, lambda r: r["bench"]["runs"]["triton"].pop("metrics"))
+    summary = pipeline("summary", str(results))
+    assert "Traceback" not in summary.stderr, summary.stderr
+    if summary.returncode == 0:
+        assert "| bench |" in summary.stdout
+    else:
+        assert summary.returncode == 1 and len(summary.stderr.strip().splitlines()) == 1, summary.stderr
+        assert str(results) in summary.stderr
