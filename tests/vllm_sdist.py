@@ -3,15 +3,13 @@ from versions.json tracks.<track>.vllm.sdist), checked and unpacked into VLLM_SD
 (default ~/.cache/rocm-vllm-test), shared by the tests that read upstream's files."""
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from ci.pins import discover, model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,30 +47,16 @@ def cache_dir() -> Path:
     return path
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def sdist_archive(track: str) -> Path:
-    """The track's sdist archive, downloaded once and checked against versions.json."""
-    sdist = model.track(versions(), track)["vllm"]["sdist"]
-    name = sdist["url"].rsplit("/", 1)[-1]
-    archive = cache_dir() / name
-    if not archive.is_file() or sha256(archive) != sdist["sha256"]:
-        partial = archive.with_suffix(".part")
-        try:
-            with urllib.request.urlopen(sdist["url"], timeout=120) as resp, partial.open("wb") as f:
-                for chunk in iter(lambda: resp.read(1 << 20), b""):
-                    f.write(chunk)
-        except OSError as exc:
-            pytest.fail(f"cannot download {sdist['url']} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
-        partial.replace(archive)
-    assert sha256(archive) == sdist["sha256"], f"{archive}: sha256 differs from versions.json tracks.{track}.vllm.sdist"
-    return archive
+    """The track's sdist archive, downloaded once into the cache, its sha256 checked against
+    versions.json (as the pins job fetches a release: ci.pins.discover.fetch)."""
+    own = model.track(versions(), track)["vllm"]
+    url = own["sdist"]["url"]
+    try:
+        return discover.fetch(discover.Sdist(own["version"], url, own["sdist"]["sha256"], url.rsplit("/", 1)[-1]),
+                              cache_dir())
+    except model.PinError as exc:
+        pytest.fail(f"cannot get {url} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
 
 
 def sdist_source(track: str) -> Path:
