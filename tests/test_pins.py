@@ -911,3 +911,19 @@ def test_resolve_write_goes_through_a_symlinked_versions_file(tree, upstream):
     assert proc.returncode == 0, proc.stderr
     assert (tree / "versions.json").is_symlink()
     assert model.load(real / "versions.json")["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
+
+
+@pytest.mark.parametrize("remote", ["/nonexistent/aiter", "git@127.0.0.1:ROCm/aiter.git", "file:///nonexistent/x.git"])
+def test_a_git_remote_that_fails_is_named_with_gits_own_reason(tree, remote):
+    """A local path or an ssh address (no '://') is named in the one line, beside git's reason."""
+    d = model.load(tree / "versions.json")
+    d["aiter"]["repository"] = remote
+    model.dump(d, tree / "versions.json")
+    env = {**os.environ, "PINS_TIMEOUT": "20", "GIT_SSH_COMMAND": "ssh -o BatchMode=yes -o ConnectTimeout=5"}
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+                           "aiter"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"git ls-remote {remote} failed: " in lines[0], lines
+    reason = lines[0].split(" failed: ", 1)[1]
+    assert reason and reason != "exit status 128", lines

@@ -42,19 +42,19 @@ def needed_files(rules) -> list[str]:
 
 def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> None:
     """The files of one commit (absent ones left out) under dest, fetched without a checkout."""
-    repo = dest / ".git-scratch"
-    resolve._git("init", "--quiet", "--bare", str(repo))
-    resolve._git("--git-dir", str(repo), "remote", "add", "origin", repository)
+    repo = str(dest / ".git-scratch")
+    resolve._git("init", "--quiet", "--bare", repo)
+    resolve._git("remote", "add", "origin", repository, cwd=repo)
     try:
-        resolve._git("--git-dir", str(repo), "fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin",
-                     commit, url=repository)
+        resolve._git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=repo,
+                     url=repository)
     except PinError:  # servers that do not allow fetching a bare commit or filters
-        resolve._git("--git-dir", str(repo), "fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", url=repository)
+        resolve._git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", cwd=repo, url=repository)
     for rel in paths:
-        listed = resolve._git("--git-dir", str(repo), "ls-tree", "--name-only", commit, "--", rel).strip()
+        listed = resolve._git("ls-tree", "--name-only", commit, "--", rel, cwd=repo).strip()
         if not listed:
             continue
-        text = resolve._git("--git-dir", str(repo), "show", f"{commit}:{rel}", url=repository)
+        text = resolve._git("show", f"{commit}:{rel}", cwd=repo, url=repository)
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)

@@ -52,7 +52,7 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
 
 def tag_commit(repository: str, tag: str) -> str:
     """The commit a tag names (annotated tags peeled)."""
-    out = _git("ls-remote", repository, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}")
+    out = _git("ls-remote", repository, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", url=repository)
     refs = dict(reversed(line.split("\t")) for line in out.splitlines() if "\t" in line)
     commit = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
     if not commit:
