@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from build_script_env import install_script_requirements, wheelhouse
-from ci.pins import model
+from ci.pins import discover, model
 from vllm_sdist import sdist_source, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,20 +114,12 @@ def test_triton_kernels_pin_is_the_commit_vllm_names(vllm_src, own):
     assert proc.returncode == 1 and "vllm.triton_kernels.commit" in proc.stderr
 
 
-def _dockerfile_args(text: str) -> dict[str, str]:
-    """ARG defaults of a Dockerfile (quotes and trailing comments dropped)."""
-    found = {}
-    for m in re.finditer(r'^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)', text, re.M):
-        found.setdefault(m.group(1), m.group(2).strip('"'))
-    return found
-
-
 def test_track_follows_the_rocm_base_its_vllm_names(vllm_src, own, versions, track):
     """The track's AITER pin and ROCm base image are the ones in the upstream base Dockerfile the
     track names (vLLM 0.33 keeps the ROCm 7.2 stack as docker/Dockerfile.rocm_72_base)."""
     path = vllm_src / own["upstream_base_dockerfile"]
     assert path.is_file(), f"tracks.{track}.upstream_base_dockerfile: {path.name} is not in {vllm_src.name}"
-    upstream = _dockerfile_args(path.read_text())
+    upstream = discover.dockerfile_args(path.read_text())
     aiter_tag = versions["aiter"]["pins"][own["aiter"]]["tag"]
     assert upstream["AITER_BRANCH"] == aiter_tag, (
         f"{vllm_src.name}/{own['upstream_base_dockerfile']} builds AITER {upstream['AITER_BRANCH']}, "

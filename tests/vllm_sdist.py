@@ -50,13 +50,11 @@ def cache_dir() -> Path:
 def sdist_archive(track: str) -> Path:
     """The track's sdist archive, downloaded once into the cache, its sha256 checked against
     versions.json (as the pins job fetches a release: ci.pins.discover.fetch)."""
-    own = model.track(versions(), track)["vllm"]
-    url = own["sdist"]["url"]
+    sdist = discover.track_sdist(versions(), model.track_name(versions(), track))
     try:
-        return discover.fetch(discover.Sdist(own["version"], url, own["sdist"]["sha256"], url.rsplit("/", 1)[-1]),
-                              cache_dir())
+        return discover.fetch(sdist, cache_dir())
     except model.PinError as exc:
-        pytest.fail(f"cannot get {url} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
+        pytest.fail(f"cannot get {sdist.url} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
 
 
 def sdist_source(track: str) -> Path:

@@ -156,12 +156,11 @@ def run(ns, parser, root: Path) -> int:
                 for name in pin_names:
                     changes += resolve.resolve_aiter(data, name, ns.force)
                     # the backend's kernel table of the pin, derived from its commit
-                    texts, lines = kernel_table.resolve_table(data, name, root)
+                    texts, change, note = kernel_table.resolve_table(data, name, root)
                     tables.update(texts)
-                    changes += [line for line in lines if not line.startswith(("warning:", "aiter.pins."))]
-                    for line in lines:  # notes: the pins resolve all the same
-                        if line.startswith(("warning:", "aiter.pins.")):
-                            print(line)
+                    changes += [change] if change else []
+                    if note:
+                        print(note)
             elif item == "vllm":
                 for track in tracks:
                     changes += resolve.resolve_vllm(data, track, ns.force)
@@ -179,8 +178,7 @@ def run(ns, parser, root: Path) -> int:
             print("nothing changed")
         if ns.write and changes:
             # versions file and Dockerfiles together: all written, or none
-            docker_changes, texts = model.global_arg_updates(data, root)
-            texts[ns.file] = model.canonical(data)
+            docker_changes, texts = model.recorded_files(data, ns.file, root)
             texts.update(tables)
             model.write_files(texts)
             for line in docker_changes:
@@ -208,12 +206,10 @@ def run_discover(ns, data: dict, root: Path) -> int:
             print(sdist.version)
         return 0
     newest = model.track_names(data)[0]
-    old_sdist = data["tracks"][newest]["vllm"]["sdist"]
     parts: list[str] = []
     if found:
-        old = discover.read_release(discover.fetch(discover.Sdist(
-            data["tracks"][newest]["vllm"]["version"], old_sdist["url"], old_sdist["sha256"],
-            old_sdist["url"].rsplit("/", 1)[-1]), ns.sdist_cache), data["tracks"][newest]["vllm"]["version"])
+        old_sdist = discover.track_sdist(data, newest)
+        old = discover.read_release(discover.fetch(old_sdist, ns.sdist_cache), old_sdist.version)
     for sdist in found:
         release = discover.read_release(discover.fetch(sdist, ns.sdist_cache), sdist.version)
         proposal = discover.add_track(data, sdist, release)
@@ -239,9 +235,7 @@ def run_discover(ns, data: dict, root: Path) -> int:
         errors = verify.check_schema(data)
         if errors:
             raise PinError(f"the proposed versions file would not verify: {errors[0]}")
-        docker_changes, texts = model.global_arg_updates(data, root)
-        texts[ns.file] = model.canonical(data)
-        texts.update(model.backend_range_update(data, root))
+        docker_changes, texts = model.recorded_files(data, ns.file, root)
         model.write_files(texts)
         for line in docker_changes:
             print(line)

@@ -80,6 +80,13 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
     return out
 
 
+def track_sdist(data: dict, track: str) -> Sdist:
+    """The sdist a track pins (versions.json tracks.<track>.vllm.sdist)."""
+    vllm = data["tracks"][track]["vllm"]
+    url = vllm["sdist"]["url"]
+    return Sdist(vllm["version"], url, vllm["sdist"]["sha256"], url.rsplit("/", 1)[-1])
+
+
 def new_releases(data: dict, sdists: dict[str, Sdist], up_to: str | None = None) -> list[Sdist]:
     """The newest release of each release line newer than the newest track, oldest line first;
     up_to: leave out releases after it."""
@@ -119,7 +126,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _args(text: str) -> dict[str, str]:
+def dockerfile_args(text: str) -> dict[str, str]:
     """ARG defaults of a Dockerfile (quotes and trailing comments dropped; the first of each name)."""
     found: dict[str, str] = {}
     for m in re.finditer(r'^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)', text, re.M):
@@ -154,7 +161,7 @@ def read_release(archive: Path, version: str) -> Release:
                 else:
                     release.files[path] = text
                     if re.fullmatch(r"docker/Dockerfile\.rocm(_\w+)?_base", path):
-                        release.base_dockerfiles[path] = _args(text)
+                        release.base_dockerfiles[path] = dockerfile_args(text)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise PinError(f"{archive}: not a readable sdist ({exc})") from None
     return release

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 from . import model, resolve
-from .model import PinError
 
 TABLES = Path("backend/src/vllm_aiter_mla/kernel_tables")
 SCRIPT = model.REPO_ROOT / "ci/docker/aiter_kernel_table.py"
@@ -43,13 +42,7 @@ def needed_files(rules) -> list[str]:
 def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> None:
     """The files of one commit (absent ones left out) under dest, fetched without a checkout."""
     repo = str(dest / ".git-scratch")
-    resolve._git("init", "--quiet", "--bare", repo)
-    resolve._git("remote", "add", "origin", repository, cwd=repo)
-    try:
-        resolve._git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=repo,
-                     url=repository)
-    except PinError:  # servers that do not allow fetching a bare commit or filters
-        resolve._git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", cwd=repo, url=repository)
+    resolve.fetch_commit(repository, commit, repo)
     for rel in paths:
         listed = resolve._git("ls-tree", "--name-only", commit, "--", rel, cwd=repo).strip()
         if not listed:
@@ -78,16 +71,17 @@ def derive(repository: str, commit: str, tag: str, rules=None) -> tuple[str | No
         return rules.dump_table(rules.derive_table(source, tag, commit)), ""
 
 
-def resolve_table(data: dict, name: str, root: Path = model.REPO_ROOT) -> tuple[dict[Path, str], list[str]]:
-    """({table path: text} when it is new or changed, lines to print) for the AITER pin `name`."""
+def resolve_table(data: dict, name: str, root: Path = model.REPO_ROOT) -> tuple[dict[Path, str], str, str]:
+    """({table path: text} when it is new or changed, the change line or '', a note or '') for the
+    AITER pin `name`; a note says why no table was derived (the pins resolve all the same)."""
     pin = data["aiter"]["pins"][name]
     if not pin.get("commit"):
-        return {}, [f"aiter.pins.{name}: no commit yet: its kernel table is derived once it is resolved"]
+        return {}, "", f"aiter.pins.{name}: no commit yet: its kernel table is derived once it is resolved"
     text, why = derive(data["aiter"]["repository"], pin["commit"], pin["tag"])
     if text is None:
-        return {}, [f"warning: {why}"]
+        return {}, "", f"warning: {why}"
     path = table_path(pin["tag"], root)
     if path.is_file() and path.read_text() == text:
-        return {}, []
+        return {}, "", ""
     rows = len(json.loads(text)["rows"])
-    return {path: text}, [f"{TABLES / path.name}: derived from {pin['commit'][:12]}'s kernel lists ({rows} rows)"]
+    return {path: text}, f"{TABLES / path.name}: derived from {pin['commit'][:12]}'s kernel lists ({rows} rows)", ""

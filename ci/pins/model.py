@@ -75,6 +75,16 @@ def dump(data: dict, path: Path | str = VERSIONS_FILE) -> None:
     write_files({Path(path): canonical(data)})
 
 
+def recorded_files(data: dict, path: Path, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
+    """(what changes in the Dockerfiles, {path: text}) of recording data: the versions file at path
+    in its canonical layout, the Dockerfiles' global ARG defaults and the backend's supported range,
+    for one all-or-nothing write_files."""
+    docker_changes, texts = global_arg_updates(data, root)
+    texts[Path(path)] = canonical(data)
+    texts.update(backend_range_update(data, root))
+    return docker_changes, texts
+
+
 def backend_range_update(data: dict, root: Path = REPO_ROOT) -> dict[Path, str]:
     """{backend __init__.py: its text with SUPPORTED_VLLM set to the tracks' range}, or {} when it is."""
     path, declared = backend_supported_vllm(root)

@@ -63,18 +63,25 @@ def tag_commit(repository: str, tag: str) -> str:
 HIPKITTENS_FILE = "aiter/jit/core.py"
 
 
+def fetch_commit(repository: str, commit: str, repo: str) -> None:
+    """Init a scratch repository at repo and fetch one commit of repository into it (blobs on
+    demand where the server allows; all tags and branches where it does not); read it with
+    _git(..., cwd=repo)."""
+    _git("init", "--quiet", repo)
+    _git("remote", "add", "origin", repository, cwd=repo)
+    try:
+        _git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=repo, url=repository)
+    except PinError:  # servers that do not allow fetching a bare commit or filters
+        _git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", "+refs/heads/*:refs/heads/*",
+             cwd=repo, url=repository)
+
+
 def aiter_commit_facts(repository: str, commit: str, ck_path: str) -> tuple[str, str]:
     """(CK submodule commit, HipKittens commit or "none") that an AITER commit records: the
     submodule entry at ck_path, and the HipKittens commit aiter/jit/core.py names for its
     prebuild clone. Fetches that one commit (blobs on demand where the server allows)."""
     with tempfile.TemporaryDirectory(prefix="pins-") as tmp:
-        _git("init", "--quiet", tmp)
-        _git("remote", "add", "origin", repository, cwd=tmp)
-        try:
-            _git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=tmp, url=repository)
-        except PinError:  # servers that do not allow fetching a bare commit or filters
-            _git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", "+refs/heads/*:refs/heads/*",
-                 cwd=tmp, url=repository)
+        fetch_commit(repository, commit, tmp)
         out = _git("ls-tree", commit, "--", ck_path, cwd=tmp).split()
         if len(out) < 3 or out[1] != "commit":
             raise PinError(f"{repository}@{commit} has no submodule at {ck_path}: check aiter.ck_submodule_path")
