@@ -44,11 +44,12 @@ OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
 
 def owned_paths(env: Mapping[str, str]) -> list[Path]:
     """The manifest, the application folder and the installed packages this repository owns."""
-    paths = [Path(env.get("ROCM_VLLM_MANIFEST") or DEFAULT_MANIFEST), Path(env.get("ROCM_VLLM_APP_DIR") or
-                                                                          DEFAULT_APP_DIR)]
+    paths = [Path(env.get("ROCM_VLLM_MANIFEST") or DEFAULT_MANIFEST),
+             Path(env.get("ROCM_VLLM_APP_DIR") or DEFAULT_APP_DIR)]
     for name in OWNED_PACKAGES:
         spec = importlib.util.find_spec(name)
-        paths += [Path(p) for p in (spec.submodule_search_locations or []) if spec] if spec else []
+        if spec is not None:
+            paths += [Path(p) for p in spec.submodule_search_locations or []]
     return paths
 
 
