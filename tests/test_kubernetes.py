@@ -1,6 +1,8 @@
 """deploy/kubernetes: every overlay renders with `kubectl kustomize` and validates offline against
 the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail), and the settings a
-ROCm server needs are in the rendered objects.
+ROCm server needs are in the rendered objects. The overlays render from a copy of deploy/kubernetes
+with base/secrets.env written as README says (the file the Secret is made from; without it the
+render stops, naming it). tests/test_kubernetes_run.py runs the rendered containers on Docker.
 
 LeaderWorkerSet is a custom resource whose CRD schema is not packaged on PyPI, Debian or npm:
 its pod templates (leader and worker) are validated as core PodTemplates, and its own fields
@@ -8,8 +10,8 @@ against the small hand-written schema below (field names and enums of leaderwork
 kubectl: `bash ci/test-machine/k8s-tools.sh install`."""
 from __future__ import annotations
 
+import base64
 import copy
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,6 +31,8 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 STARTUP_BUDGET_S = 1800  # a DeepSeek-size model loads for many minutes (compose's HEALTH_START_PERIOD)
 CACHES = {"/var/cache/huggingface", "/var/cache/aiter-jit"}
 VIDEO_GID = 44
+SECRETS_ENV = "base/secrets.env"  # the file the Secret is made from: the user creates it (README.md)
+TEST_SECRETS = "VLLM_API_KEY=test-key-0123456789\n"
 
 # Hand-written: the fields of LeaderWorkerSet v1 this project uses and their allowed values; any
 # other field fails (the pod templates themselves are validated with the core schemas).
@@ -82,9 +86,19 @@ def kustomize(directory: Path, check: bool = True):
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+def deploy_copy(dest: Path, secrets: str | None = TEST_SECRETS) -> Path:
+    """deploy/kubernetes copied to dest/kubernetes, with base/secrets.env holding `secrets` (None: no file)."""
+    tree = dest / "kubernetes"
+    shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("secrets.env"))
+    if secrets is not None:
+        (tree / SECRETS_ENV).write_text(secrets)
+    return tree
+
+
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict]]:
-    return {name: kustomize(K8S / "overlays" / name) for name in OVERLAYS}
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    tree = deploy_copy(tmp_path_factory.mktemp("deploy"))
+    return {name: kustomize(tree / "overlays" / name) for name in OVERLAYS}
 
 
 def by_kind(objs: list[dict], kind: str) -> list[dict]:
@@ -151,7 +165,7 @@ def reference_errors(objs: list[dict]) -> list[str]:
                         errors.append(f"{role}/{c['name']}: mount of undefined volume {m['name']}")
                 for e in c.get("env", []):
                     ref = e.get("valueFrom", {}).get("secretKeyRef")
-                    if ref and ref["key"] not in secrets.get(ref["name"], set()):
+                    if ref and not ref.get("optional") and ref["key"] not in secrets.get(ref["name"], set()):
                         errors.append(f"{role}/{c['name']}: {e['name']} refers to secret {ref['name']} "
                                       f"key {ref['key']}, which is not rendered")
     for svc in by_kind(objs, "Service"):
@@ -238,7 +252,8 @@ def check_pod(template: dict, c: dict) -> None:
     if template["metadata"]["labels"]["app.kubernetes.io/component"] != "api-server" or c.get("args") != ["serve"]:
         # not the serve command: the guard only warns unless told a GPU is required
         assert env["ROCM_VLLM_REQUIRE_GPU"] == "1"
-    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "HF_TOKEN"}}
+    # optional: a model that needs no token runs without one (absent from the Secret: unset)
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "rocm-vllm-secrets", "key": "HF_TOKEN", "optional": True}}
 
 
 GENERATE_PROBE = ["python3", "-m", "rocm_vllm_runtime.health", "--generate"]
@@ -297,10 +312,12 @@ def test_multinode_leader_is_ray_head_and_api_server_workers_join(rendered):
         syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
         assert syntax.returncode == 0, f"{role} script: {syntax.stderr}"
     check_api_server(leader, across_nodes=True)
-    assert "ray start --head --port=6379" in leader["args"][2]
+    assert 'ray start --head --port="$RAY_PORT"' in leader["args"][2]
+    ray_port = next(p["containerPort"] for p in leader["ports"] if p["name"] == "ray")
+    assert env_of(leader)["RAY_PORT"] == env_of(worker)["RAY_PORT"] == str(ray_port)
     assert "entrypoint.sh serve --distributed-executor-backend ray" in leader["args"][2]
     assert "--pipeline-parallel-size \"$LWS_GROUP_SIZE\"" in leader["args"][2]
-    assert 'ray start --address="$LWS_LEADER_ADDRESS:6379"' in worker["args"][2]
+    assert 'ray start --address="$LWS_LEADER_ADDRESS:$RAY_PORT"' in worker["args"][2]
     service = one(objs, "Service", "rocm-vllm")
     assert service["spec"]["selector"].items() <= templates["leader"]["metadata"]["labels"].items()
     assert not service["spec"]["selector"].items() <= templates["worker"]["metadata"]["labels"].items()
@@ -308,9 +325,41 @@ def test_multinode_leader_is_ray_head_and_api_server_workers_join(rendered):
         assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
-def test_secret_has_the_api_key_and_token_and_a_stable_name(rendered):
+def test_secret_is_made_from_the_users_secrets_file_under_a_stable_name(rendered):
     for objs in rendered.values():
         secret = one(objs, "Secret")
         assert secret["metadata"]["name"] == "rocm-vllm-secrets"  # the custom resource refers to it by name
-        assert set(secret["data"]) == {"VLLM_API_KEY", "HF_TOKEN"}
-        assert json.dumps(secret["data"]) == json.dumps({"HF_TOKEN": "", "VLLM_API_KEY": ""})
+        assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+            "VLLM_API_KEY": "test-key-0123456789"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_without_the_secrets_file_the_render_stops_naming_it(tmp_path, overlay):
+    """The servers listen on the pod network and refuse to start there without an API key: rather than
+    pods in a crash loop, `kubectl apply -k` (which renders first) stops in one line naming the file."""
+    tree = deploy_copy(tmp_path, secrets=None)
+    proc = kustomize(tree / "overlays" / overlay, check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tree / SECRETS_ENV}: no such file or directory" in lines[0], proc.stderr
+    assert (K8S / "base/.gitignore").read_text().splitlines()[-1] == "secrets.env"
+
+
+BAD_JOIN_TIMEOUTS = ("", "abc", "0", "-5", "nan", "inf", "1e3", "1.5", "010", " 5", "9999999999")
+
+
+@pytest.mark.parametrize("value", BAD_JOIN_TIMEOUTS)
+@pytest.mark.parametrize("role", ("leader", "worker"))
+def test_lws_scripts_refuse_a_join_timeout_that_is_no_whole_number_of_seconds(rendered, role, value, tmp_path):
+    """Before Ray starts: one line naming RAY_JOIN_TIMEOUT, exit 2 (bash arithmetic would read `abc` as 0
+    and stop at `1e3` with its own message). `ray` is a stand-in that records any call."""
+    lws = one(rendered["multinode"], "LeaderWorkerSet")
+    c = container(pod_templates(lws)[role])
+    (tmp_path / "ray").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'calls'}\nexit 1\n")
+    (tmp_path / "ray").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "RAY_JOIN_TIMEOUT": value, "RAY_PORT": "6379",
+           "GPUS_PER_NODE": "8", "LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "10.0.0.1"}
+    proc = subprocess.run(c["args"], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: RAY_JOIN_TIMEOUT='{value}' "), proc.stderr
+    assert not (tmp_path / "calls").exists()
