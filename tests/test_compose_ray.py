@@ -159,7 +159,7 @@ def stand_ins(tmp_path):
     manifest.write_text("{}")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "py"),
            "ROCM_VLLM_ENTRYPOINT": str(entry), "ROCM_VLLM_MANIFEST": str(manifest),
-           "RAY_HEAD_ADDRESS": "10.0.0.1", "RAY_JOIN_TIMEOUT": "0", "HOME": str(tmp_path)}
+           "RAY_HEAD_ADDRESS": "10.0.0.1", "RAY_JOIN_TIMEOUT": "1", "HOME": str(tmp_path)}
     # the identity as the node script computes it: the same python3, the same environment
     me = subprocess.run([bin_dir / "python3", ROOT / "deploy/ray/ray_cluster.py", "identity"], env=env,
                         capture_output=True, text=True, check=True).stdout.strip()
@@ -188,7 +188,7 @@ def test_head_refuses_a_node_that_differs_and_a_cluster_that_never_fills(stand_i
     assert proc.stderr.strip().splitlines()[-1].startswith("error: Ray node 10.0.0.5 runs ['rocm-vllm-ffffffffffff")
     proc = run_node("head", {**env, "FAKE_RAY_NODES": json.dumps([node(me)])})
     assert proc.returncode == 1, proc.stderr
-    assert "1 of 2 Ray nodes joined within 0s" in proc.stderr and "RAY_JOIN_TIMEOUT" in proc.stderr
+    assert "1 of 2 Ray nodes joined within 1s" in proc.stderr and "RAY_JOIN_TIMEOUT" in proc.stderr
 
 
 def test_worker_joins_the_head_and_exits_when_it_is_gone(stand_ins):
@@ -200,3 +200,34 @@ def test_worker_joins_the_head_and_exits_when_it_is_gone(stand_ins):
     start, status = log.read_text().splitlines()
     assert start.startswith("start --address=10.0.0.1:6379") and "--node-ip-address=10.0.0.2" in start
     assert me in start and status == "status --address=10.0.0.1:6379"
+
+
+BAD_COUNTS = ("abc", "0", "-1", "nan", "NaN", "inf", "-inf", "1e3", "1.5", "2.0", " 2", "0x10", "\u0662",
+              "99999999999")
+
+
+@pytest.mark.parametrize("value", BAD_COUNTS)
+@pytest.mark.parametrize("setting", ("RAY_NODES", "RAY_JOIN_TIMEOUT"))
+@pytest.mark.parametrize("role", ("head", "worker"))
+def test_node_script_refuses_a_count_that_is_no_whole_number(stand_ins, role, setting, value):
+    """Before Ray starts, in one line naming the setting, exit 2 (no traceback; bash arithmetic
+    would read `abc` as 0 and Python's float() takes nan and inf)."""
+    env, log, me = stand_ins
+    proc = run_node(role, {**env, "RAY_NODE_ADDRESS": "10.0.0.2", setting: value,
+                           "FAKE_RAY_NODES": json.dumps([node(me), node(me)])})
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith(f"error: {setting}={value!r} is not a whole number of ") and \
+        proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not log.exists() and "ENTRYPOINT" not in proc.stdout
+
+
+def test_counts_take_their_defaults_when_unset_or_empty_and_wait_checks_its_argument(stand_ins):
+    env, log, me = stand_ins
+    assert ray_cluster.settings({}) == {"RAY_NODES": 2, "RAY_JOIN_TIMEOUT": 1200}
+    assert ray_cluster.settings({"RAY_NODES": "", "RAY_JOIN_TIMEOUT": "30"}) == {"RAY_NODES": 2, "RAY_JOIN_TIMEOUT": 30}
+    proc = subprocess.run([sys.executable, ROOT / "deploy/ray/ray_cluster.py", "wait", "two"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: RAY_NODES='two' is not a whole number"), proc.stderr
+    proc = subprocess.run([sys.executable, ROOT / "deploy/ray/ray_cluster.py", "wait", "2"],
+                          env={**env, "RAY_JOIN_TIMEOUT": "inf"}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: RAY_JOIN_TIMEOUT='inf'"), proc.stderr

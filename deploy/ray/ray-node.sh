@@ -13,9 +13,10 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${RAY_HEAD_ADDRESS:?set RAY_HEAD_ADDRESS to the head node's address on the hosts' network}"
 port=${RAY_PORT:-6379}
-nodes=${RAY_NODES:-2}
 gpus=${GPUS_PER_NODE:-8}
-timeout=${RAY_JOIN_TIMEOUT:-1200}
+# RAY_NODES and RAY_JOIN_TIMEOUT: whole numbers >= 1, else one line naming the setting (exit 2)
+checked=$(python3 "$here/ray_cluster.py" settings) || exit $?
+read -r nodes timeout <<<"$checked"
 me=$(python3 "$here/ray_cluster.py" identity)
 resources="{\"$me\": 1}"
 common=(--num-gpus="$gpus" --resources="$resources" --node-ip-address="${RAY_NODE_ADDRESS:-$RAY_HEAD_ADDRESS}" --disable-usage-stats)

@@ -5,6 +5,12 @@ them matches the head.
   python3 ray_cluster.py identity        the resource name of this node: image manifest + GPUs
   python3 ray_cluster.py wait N          (head) wait until N alive nodes carry the head's identity;
                                          a node that differs is refused with one line, exit 1
+  python3 ray_cluster.py settings        RAY_NODES and RAY_JOIN_TIMEOUT checked, printed as one
+                                         line `N S` for ray-node.sh; exit 2 with one line naming
+                                         the setting when one is no whole number >= 1
+
+RAY_NODES (default 2) and RAY_JOIN_TIMEOUT (seconds, default 1200) are whole numbers from 1 to
+MAX_SETTING (unset or empty: the default): no sign, fraction, exponent, NaN or infinity.
 
 The identity is `rocm-vllm-<12 hex of the image's own content>-<GPU archs and count>`, e.g.
 rocm-vllm-3f2a9c1b0d4e-gfx942x8; on a CPU run (ROCM_VLLM_REQUIRE_GPU=0) the GPU part is `cpu`.
@@ -39,6 +45,27 @@ def gpu_part() -> str:
 
 
 DEFAULT_APP_DIR = "/opt/rocm-vllm"
+# (setting, default, what it counts): whole numbers >= 1, read by ray-node.sh through `settings`
+SETTINGS = (("RAY_NODES", 2, "nodes"), ("RAY_JOIN_TIMEOUT", 1200, "seconds"))
+MAX_SETTING = 10**9
+
+
+class SettingError(ValueError):
+    """A setting that is no whole number >= 1; the message is one line naming it."""
+
+
+def whole_number(name: str, value: str | None, default: int, unit: str) -> int:
+    """value (unset: default) as a whole number from 1 to MAX_SETTING, else SettingError."""
+    if value is None or value == "":
+        return default
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_SETTING:
+        raise SettingError(f"error: {name}={value!r} is not a whole number of {unit} from 1 to {MAX_SETTING}: "
+                           f"set {name} (default {default})")
+    return int(value)
+
+
+def settings(env: Mapping[str, str]) -> dict[str, int]:
+    return {name: whole_number(name, env.get(name), default, unit) for name, default, unit in SETTINGS}
 OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
 
 
@@ -116,16 +143,25 @@ def wait(expected: int, timeout: float, interval: float = 5.0) -> int:
                   f"(docker compose -f compose.ray.yaml --profile worker up -d) or raise RAY_JOIN_TIMEOUT",
                   file=sys.stderr, flush=True)
             return 1
-        time.sleep(interval)
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["identity"]:
+    if argv[:1] == ["identity"] and len(argv) == 1:
         print(identity())
         return 0
-    if argv[:1] == ["wait"] and len(argv) == 2:
-        return wait(int(argv[1]), float(os.environ.get("RAY_JOIN_TIMEOUT") or 1200))
-    print("usage: ray_cluster.py identity | wait N", file=sys.stderr)
+    try:
+        if argv[:1] == ["settings"] and len(argv) == 1:
+            found = settings(os.environ)
+            print(found["RAY_NODES"], found["RAY_JOIN_TIMEOUT"])
+            return 0
+        if argv[:1] == ["wait"] and len(argv) == 2:
+            expected = whole_number("RAY_NODES", argv[1], 2, "nodes")
+            return wait(expected, settings(os.environ)["RAY_JOIN_TIMEOUT"])
+    except SettingError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 2
+    print("usage: ray_cluster.py identity | settings | wait N", file=sys.stderr)
     return 2
 
 
