@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,3 +229,57 @@ def test_the_build_steps_run_from_the_source_folder(tmp_path):
     out.write_text(json.dumps({**written.to_json(), "schema": 2}))
     proc = run_module(tmp_path, "show", str(out))
     assert proc.returncode == 1 and "has schema 2" in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+# ------------------------------------------------------------------------------------ writing the file
+
+def written_manifest():
+    return mf.with_vllm(base(), VLLM_ENV, lookup=lookup_in({"vllm": "0.32.0+rocm723"}))
+
+
+def test_the_manifest_is_written_atomically_through_a_symlink_with_lf_endings(tmp_path, monkeypatch):
+    m = written_manifest()
+    real = tmp_path / "real" / "manifest.json"
+    real.parent.mkdir()
+    real.write_text("{}\n")
+    real.chmod(0o640)
+    link = tmp_path / "manifest.json"
+    link.symlink_to(real)
+    mf.write_manifest(m, link)
+    assert link.is_symlink() and os.readlink(link) == str(real)  # the link stays, its target changes
+    assert mf.read_manifest(real) == m and real.stat().st_mode & 0o777 == 0o640
+    assert b"\r" not in real.read_bytes() and real.read_bytes().endswith(b"}\n")
+    # a write that fails half-way leaves the old file whole and no temporary file behind
+    before = real.read_bytes()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        mf.write_manifest(mf.with_vllm(None, VLLM_ENV, lookup=lookup_in({"vllm": "0.32.0"})), link)
+    assert real.read_bytes() == before and sorted(p.name for p in real.parent.iterdir()) == ["manifest.json"]
+
+
+def test_a_directory_as_the_manifest_path_is_refused_in_one_line(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ManifestError, match="is a directory: give the manifest a file path"):
+        mf.write_manifest(written_manifest(), tmp_path / "out")
+    (tmp_path / "pins.json").write_text(json.dumps(AITER_PINS))
+    (tmp_path / "modules.txt").write_text("module_mla_asm\n")
+    proc = run_module(tmp_path, "base", "--aiter-pins", "pins.json", "--modules", "modules.txt", "--out",
+                      str(tmp_path / "out"), **BUILD_ARGS)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "is a directory" in proc.stderr
+
+
+def test_the_dockerfiles_mount_every_module_the_manifest_step_imports():
+    """The builds run the manifest step from single files bind-mounted into a source folder: each
+    rocm_vllm_runtime module manifest.py imports must be among them."""
+    imported = set(re.findall(r"^from rocm_vllm_runtime\.(\w+) import", Path(mf.__file__).read_text(), re.M))
+    assert "files" in imported
+    root = Path(mf.__file__).resolve().parents[4]
+    for name in ("Dockerfile.rocm", "Dockerfile.rocm_base"):
+        text = (root / name).read_text()
+        (step,) = [s for s in re.split(r"\n(?=RUN |FROM )", text) if "-m rocm_vllm_runtime.manifest" in s]
+        mounted = set(re.findall(r"target=/tmp/runtime-src/rocm_vllm_runtime/(\w+)\.py", step))
+        assert imported <= mounted, f"{name}: not mounted for the manifest step: {sorted(imported - mounted)}"

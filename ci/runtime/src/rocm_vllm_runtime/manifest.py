@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, installed, requires
 
 SCHEMA = 1
@@ -270,10 +271,13 @@ def dumps(manifest: Manifest) -> str:
 
 
 def write_manifest(manifest: Manifest, path: str | Path) -> None:
+    """Atomically (rocm_vllm_runtime.files): a reader sees the old manifest or the new one, never
+    part of one; a symbolic link is written through to its target; LF line endings on every OS.
+    A directory at path is refused (ManifestError, one line)."""
     text = dumps(manifest)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    if Path(path).is_dir():
+        raise ManifestError(f"{path} is a directory: give the manifest a file path (--out)")
+    write_text(path, text)
 
 
 def _pin(env: Mapping[str, str], name: str) -> str | None:
