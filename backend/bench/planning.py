@@ -4,9 +4,11 @@ its previous version and against the time to write its index array, side by side
 
 Plain PyTorch + Triton on a GPU (no vLLM). For each batch:
 
-* ``previous``: the Triton planner as it was before the per-key binary search (kept here,
-  for this comparison only): a tile that spans several requests compared its keys with the
-  requests' ends ``WINDOW`` requests at a time.
+* ``previous``: the Triton planner as it was before the cursor walk (kept here, for this
+  comparison only): every program held the prefix sum of all lengths in registers for its
+  whole run, took the requests of each tile's first and last key by two reductions over all
+  requests, and searched a spanning tile's keys over that prefix sum; tiles of 4096 keys
+  dealt out round-robin, the grid capped by the batch's largest possible key count.
 * ``new``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the host).
 * ``bound``: the time to write ``kv_indices`` (int32, one per key) at the GPU's write
   bandwidth, measured in the same run on the same number of bytes: the faster of a fill
@@ -26,8 +28,8 @@ Usage::
 
     PYTHONPATH=backend/src python backend/bench/planning.py [--only SUBSTRING,...] [--sweep]
 
-``--sweep`` times the new planner under a few launch shapes (tile size, warps, programs per
-multiprocessor) instead.
+``--sweep`` times the new planner under a few launch shapes (largest and smallest tile,
+warps, programs per multiprocessor) instead.
 """
 
 from __future__ import annotations
@@ -49,12 +51,24 @@ from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode, plan_decode_
 from vllm_aiter_mla.planning_triton import plan_decode_triton
 
 # ---------------------------------------------------------------------------------------
-# The previous kernel (linear scan over the requests a tile spans), for comparison only.
+# The previous kernel (every program holds the prefix sum in registers for its whole run and
+# finds the requests of each tile by reductions over all of them), for comparison only.
 
 _PREVIOUS_BLOCK_T = 4096
-_PREVIOUS_WINDOW = 4
 _PREVIOUS_PROGRAMS_PER_SM = 4
 _PREVIOUS_NUM_WARPS = 4
+
+
+@triton.jit
+def _previous_write_keys(kv_indices_ptr, row_ptr, t, start, total, FULL: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    pos = t - start
+    if FULL:
+        block = tl.load(row_ptr + pos // BLOCK_SIZE)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE)
+    else:
+        valid = t < total
+        block = tl.load(row_ptr + pos // BLOCK_SIZE, mask=valid, other=0)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
 @triton.jit
@@ -71,52 +85,59 @@ def _previous_plan_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    WINDOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
 
-    # Every program: max(seq_len, qlen) and its inclusive prefix sum, in registers.
+    # Every program: max(seq_len, qlen), its inclusive prefix sum (ends) and the requests'
+    # starts, in registers.
     r = tl.arange(0, BLOCK_R)
     in_batch = r < num_reqs
     lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
     lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)
+    starts = ends - lens
     total = tl.minimum(tl.sum(lens, 0), capacity)
     ends = tl.where(in_batch, ends, 2147483647)  # rows past the batch never end before a key
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
         tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
-        tl.store(qo_indptr_ptr + r, r * qlen, mask=r <= num_reqs)
+        tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
+        tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 
-    w = tl.arange(0, WINDOW)
-    for t0 in range(pid * BLOCK_T, total, num_programs * BLOCK_T):
+    for tile in range(pid, tl.cdiv(total, BLOCK_T), num_programs):
+        t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
         t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < total
+        full = t0 + BLOCK_T <= total
         t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-        # Request of the tile's first and last key: how many requests end at or before it.
+        # Requests of the tile's first and last key: how many requests end at or before it.
         req_lo = tl.sum((ends <= t0).to(tl.int32), 0)
         req_hi = tl.sum((ends <= t_last).to(tl.int32), 0)
-        start_lo = tl.max(tl.where(ends <= t0, ends, 0), 0)
-        req = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
-        start = tl.zeros((BLOCK_T,), dtype=tl.int32) + start_lo
-        if req_hi > req_lo:
-            # The tile spans requests req_lo..req_hi: per key, count the request ends at or
-            # before it (ends of requests req_lo.. rebuilt from their lengths, WINDOW at a time).
-            carry = start_lo
-            for w0 in range(req_lo, req_hi, WINDOW):
-                k = w0 + w
-                in_window = k < req_hi
-                wl = tl.load(seq_lens_ptr + k, mask=in_window, other=0)
-                wl = tl.where(in_window, tl.maximum(wl, qlen), 0)
-                wend = carry + tl.cumsum(wl, 0)
-                hit = (wend[None, :] <= t[:, None]) & in_window[None, :]
-                req += tl.sum(hit.to(tl.int32), 1)
-                start = tl.maximum(start, tl.max(tl.where(hit, wend[None, :], 0), 1))
-                carry += tl.sum(wl, 0)
-        pos = t - start
-        block = tl.load(block_table_ptr + req * block_table_stride + pos // BLOCK_SIZE, mask=valid, other=0)
-        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
+        if req_hi == req_lo:
+            req_start = tl.max(tl.where(ends <= t0, ends, 0), 0)
+            req_row = block_table_ptr + req_lo.to(tl.int64) * block_table_stride
+            if full:
+                _previous_write_keys(kv_indices_ptr, req_row, t, req_start, total, True, BLOCK_SIZE)
+            else:
+                _previous_write_keys(kv_indices_ptr, req_row, t, req_start, total, False, BLOCK_SIZE)
+        else:
+            # Per key, a binary search over the prefix sum in [req_lo, req_hi].
+            key = tl.minimum(t, t_last)
+            lo = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
+            hi = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_hi
+            steps = req_hi - req_lo
+            while steps > 0:
+                mid = (lo + hi) >> 1
+                after = tl.gather(ends, mid, 0) <= key
+                lo = tl.where(after, mid + 1, lo)
+                hi = tl.where(after, hi, mid)
+                steps = steps >> 1
+            key_start = tl.gather(starts, lo, 0)
+            key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
+            if full:
+                _previous_write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
+            else:
+                _previous_write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
 
 
 def previous_plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_len=None):
@@ -127,8 +148,8 @@ def previous_plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_le
     _previous_plan_kernel[(programs,)](
         block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
         buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices,
-        BLOCK_SIZE=buffers.block_size, BLOCK_R=triton.next_power_of_2(buffers.max_reqs + 1),
-        BLOCK_T=_PREVIOUS_BLOCK_T, WINDOW=_PREVIOUS_WINDOW, num_warps=_PREVIOUS_NUM_WARPS,
+        BLOCK_SIZE=buffers.block_size, BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
+        BLOCK_T=_PREVIOUS_BLOCK_T, num_warps=_PREVIOUS_NUM_WARPS,
     )
     return buffers.kv_indptr[: num_reqs + 1], buffers.kv_indices
 
@@ -337,20 +358,32 @@ def _time_new_and_bound(case: Case, device: torch.device, args) -> tuple[float, 
 
 
 def sweep(device: torch.device, args) -> int:
-    shapes = [(4096, 4, 4), (4096, 4, 8), (4096, 8, 4), (2048, 4, 8), (2048, 8, 8), (8192, 8, 4)]
+    shapes = [(4096, 256, 4, 4, 512), (2048, 256, 4, 8, 512), (1024, 256, 4, 8, 512), (2048, 256, 8, 8, 512),
+              (2048, 256, 4, 8, 256), (2048, 256, 4, 8, 1024)]
+    if args.shapes:
+        try:
+            shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
+        except ValueError:
+            shapes = []
+        if not shapes or any(len(shape) != 5 or min(shape) < 1 for shape in shapes):
+            print(f"--shapes {args.shapes!r}: expected LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS,... "
+                  "(positive integers)", file=sys.stderr)
+            return 2
     picked = [c for c in cases() if _picked(c, args)]
-    print("| launch (tile, warps, programs/SM) | " + " | ".join(c.name for c in picked) + " |")
+    print("| launch (largest tile, smallest tile, warps, programs/SM, group keys) | "
+          + " | ".join(c.name for c in picked) + " |")
     print("|---|" + "---|" * len(picked))
-    for block_t, warps, per_sm in shapes:
-        planning_triton.BLOCK_T, planning_triton.NUM_WARPS = block_t, warps
-        planning_triton.PROGRAMS_PER_SM = per_sm
+    for block_t, min_block_t, warps, per_sm, group_keys in shapes:
+        planning_triton.BLOCK_T, planning_triton.MIN_BLOCK_T = block_t, min_block_t
+        planning_triton.NUM_WARPS, planning_triton.PROGRAMS_PER_SM = warps, per_sm
+        planning_triton.GROUP_KEYS = group_keys
         planning_triton._num_programs.cache_clear()
         cells = []
         for case in picked:
             ms, bound = _time_new_and_bound(case, device, args)
             cells.append(f"{ms:.4f} ({ms / bound:.2f}x)")
             torch.cuda.empty_cache()
-        print(f"| {block_t}, {warps}, {per_sm} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| {block_t}, {min_block_t}, {warps}, {per_sm}, {group_keys} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
@@ -362,6 +395,9 @@ def main() -> int:
     ap.add_argument("--only", default="",
                     help="run only the batches whose name contains one of these (comma-separated)")
     ap.add_argument("--sweep", action="store_true", help="time launch shapes of the new planner")
+    ap.add_argument("--shapes", default="",
+                    help="with --sweep: launch shapes to time, comma-separated "
+                         "LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS")
     args = ap.parse_args()
     device = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")

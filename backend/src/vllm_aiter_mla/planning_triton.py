@@ -10,18 +10,28 @@ decode takes), written into the same :class:`planning.DecodePlanBuffers`:
 * ``kv_indices[t]`` for every key ``t < kv_indptr[B]``: the slot of that key,
   ``block_table[b, p // block_size] * block_size + p % block_size``
 
-One launch with a fixed grid: every program computes the prefix sum of the sequence
-lengths in registers (a batch holds at most ``max_num_seqs`` requests; program 0 writes
-it out), then handles every ``num_programs``-th tile of ``BLOCK_T`` keys. The requests of
-a tile's first and last key come from the prefix sum (one reduction each). A tile inside
-one request (every tile but those holding a request boundary) has one row of the block
-table and one start; a tile that spans several requests finds each key's request by a
-binary search over the prefix sum, vectorised per key and bounded to the tile's requests
-(``ceil(log2(span + 1))`` gather steps, whatever the span: a tile of one-key requests
-spans up to ``BLOCK_T`` of them). Nothing is allocated and nothing is read back on the
-host, so the call can also be captured in a CUDA graph. Work: ``O(programs x requests +
-total keys)``, independent of the block table's width (``max_model_len``); memory traffic
-is the index array written plus the block-table entries read.
+One launch, a fixed grid, nothing allocated and nothing read back on the host (so the call
+can also be captured in a CUDA graph):
+
+1. Every program computes the prefix sum of the sequence lengths once, in registers (a batch
+   holds at most ``MAX_REQS`` requests; program 0 writes it out), and from it the batch's key
+   count and the request of the first key of its own range of tiles: the tiles of
+   ``block_t`` keys are dealt out as contiguous ranges, one per program.
+2. A program then walks its tiles in order with a cursor (the request holding the tile's
+   first key, its start and its end). A tile that ends inside that request (every tile of a
+   long request but its last) is written with one row of the block table and one start,
+   without looking at any other request. A tile that holds request boundaries reads a
+   window of the next lengths (16 requests, or ``block_t`` if the tile spans more: a tile of
+   ``block_t`` keys spans at most ``block_t`` requests), takes their prefix sum from the
+   cursor, and finds each key's request by a binary search in that window
+   (``ceil(log2(span + 1))`` gather steps); the window also moves the cursor on.
+
+Work: ``O(programs x requests + total keys)``, independent of the block table's width
+(``max_model_len``); memory traffic is the index array written plus the block-table
+entries and the lengths read. The host picks the tile size from the batch's largest
+possible key count (requests x longest request): small batches get small tiles over more
+programs, so a step of a few thousand keys is one short launch rather than one program
+searching thousands of requests.
 """
 
 from __future__ import annotations
@@ -35,9 +45,15 @@ import triton.language as tl
 from .planning import DecodePlan, DecodePlanBuffers
 
 # Launch shape, measured on an H200 (backend/bench/planning.py).
-BLOCK_T = 4096  # keys per tile
-PROGRAMS_PER_SM = 4
+BLOCK_T = 2048  # keys per tile, the most
+MIN_BLOCK_T = 256  # keys per tile, the fewest (small batches)
+SMALL_WINDOW = 16  # requests read first at a tile that holds request boundaries
+PROGRAMS_PER_SM = 8
 NUM_WARPS = 4
+GROUP_KEYS = 512  # grouped kernel: requests per program chosen for at least this many keys
+GROUP_MAX_KEYS = 8192  # grouped kernel: only where a program has at most this many keys
+MAX_GROUP = 1024
+MAX_CHUNK = 2048
 MAX_REQS = 4096  # the prefix sum of all sequence lengths lives in registers
 _NO_END = tl.constexpr(2147483647)  # the "end" of rows past the batch: after every key
 
@@ -57,6 +73,78 @@ def _write_keys(kv_indices_ptr, row_ptr, t, start, total, FULL: tl.constexpr, BL
 
 
 @triton.jit
+def _cursor_combine(count_a, start_a, end_a, count_b, start_b, end_b):
+    return count_a + count_b, tl.maximum(start_a, start_b), tl.minimum(end_a, end_b)
+
+
+@triton.jit
+def _cursor(ends, key, start_before):
+    """(requests that end at or before key, the last such end or start_before, the first end
+    after key) over ``ends``: one reduction for the three."""
+    done = ends <= key
+    return tl.reduce((done.to(tl.int32), tl.where(done, ends, start_before), tl.where(done, _NO_END, ends)), 0,
+                     _cursor_combine)
+
+
+@triton.jit
+def _end_of(seq_lens_ptr, req, start, num_reqs, qlen):
+    """End of request ``req`` that starts at ``start`` (past the batch: after every key)."""
+    length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
+    return tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
+
+
+@triton.jit
+def _window(seq_lens_ptr, req, req_start, num_reqs, qlen, WINDOW: tl.constexpr):
+    """Ends and starts of requests req .. req + WINDOW - 1 (request req starts at req_start);
+    rows past the batch end after every key."""
+    rq = req + tl.arange(0, WINDOW)
+    in_batch = rq < num_reqs
+    lens = tl.load(seq_lens_ptr + rq, mask=in_batch, other=0)
+    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
+    ends = req_start + tl.cumsum(lens, 0)
+    starts = ends - lens
+    return tl.where(in_batch, ends, _NO_END), starts
+
+
+@triton.jit
+def _write_window_tile(kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
+                       total, t, t_last, req, req_start, ends, starts, span, full, last,
+                       BLOCK_T: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Write a tile whose keys lie in requests req .. req + span (window ends/starts from req);
+    return the cursor (request, start, end) of the key after the tile (unless it is the
+    program's last)."""
+    # Per key, the number of window requests that end at or before it: a binary search in
+    # [0, span] (one gather per step; bit_length(span) steps narrow span + 1 candidates to
+    # one). Keys past the batch (last tile) search as its last key.
+    key = tl.minimum(t, t_last)
+    lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
+    hi = lo + span
+    steps = span
+    while steps > 0:
+        mid = (lo + hi) >> 1
+        after = tl.gather(ends, mid, 0) <= key  # the key lies after request req + mid
+        lo = tl.where(after, mid + 1, lo)
+        hi = tl.where(after, hi, mid)
+        steps = steps >> 1
+    key_start = tl.gather(starts, lo, 0)
+    key_row = block_table_ptr + (req + lo).to(tl.int64) * block_table_stride
+    if full:
+        _write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
+    else:
+        _write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
+    # Cursor: the request of the next key, from the window when it holds that request's end.
+    next_req = req
+    next_start = req_start
+    next_end = req_start
+    if not last:
+        done, next_start, next_end = _cursor(ends, t_last + 1, req_start)
+        next_req += done
+        if next_end == _NO_END:
+            next_end = _end_of(seq_lens_ptr, next_req, next_start, num_reqs, qlen)
+    return next_req, next_start, next_end
+
+
+@triton.jit
 def _plan_kernel(
     block_table_ptr,
     block_table_stride,
@@ -70,68 +158,182 @@ def _plan_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    SMALL: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
 
-    # Every program: max(seq_len, qlen), its inclusive prefix sum (ends) and the requests'
-    # starts, in registers.
+    # Every program: max(seq_len, qlen) and its inclusive prefix sum (ends), in registers.
     r = tl.arange(0, BLOCK_R)
     in_batch = r < num_reqs
     lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
     lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)
-    starts = ends - lens
     total = tl.minimum(tl.sum(lens, 0), capacity)
-    ends = tl.where(in_batch, ends, _NO_END)  # rows past the batch never end before a key
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
         tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
         tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
         tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 
-    for tile in range(pid, tl.cdiv(total, BLOCK_T), num_programs):
-        t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
-        t = t0 + tl.arange(0, BLOCK_T)
-        full = t0 + BLOCK_T <= total
-        t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-        # Requests of the tile's first and last key: how many requests end at or before it.
-        req_lo = tl.sum((ends <= t0).to(tl.int32), 0)
-        req_hi = tl.sum((ends <= t_last).to(tl.int32), 0)
-        if req_hi == req_lo:
-            # One request: one row of the block table, one start.
-            req_start = tl.max(tl.where(ends <= t0, ends, 0), 0)
-            req_row = block_table_ptr + req_lo.to(tl.int64) * block_table_stride
-            if full:
-                _write_keys(kv_indices_ptr, req_row, t, req_start, total, True, BLOCK_SIZE)
-            else:
-                _write_keys(kv_indices_ptr, req_row, t, req_start, total, False, BLOCK_SIZE)
-        else:
-            # Requests req_lo..req_hi: per key, the first request that ends after it, by a
-            # binary search in [lo, hi] (one gather from the prefix sum per step; bit_length
-            # (req_hi - req_lo) steps narrow req_hi - req_lo + 1 candidates to one). Keys past
-            # the batch (last tile) search as its last key, so every index stays in [lo, hi].
-            key = tl.minimum(t, t_last)
-            lo = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
-            hi = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_hi
-            steps = req_hi - req_lo
+    num_tiles = tl.cdiv(total, BLOCK_T)
+    if DIRECT:
+        # Small batches (about one tile per program): per key, a binary search over the whole
+        # prefix sum (bit_length(num_reqs - 1) gather steps narrow num_reqs candidates to one),
+        # with no further reduction. Keys past the batch search as its last key.
+        starts = ends - lens
+        for tile in range(pid, num_tiles, num_programs):
+            t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
+            t = t0 + tl.arange(0, BLOCK_T)
+            key = tl.minimum(t, total - 1)
+            lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
+            hi = lo + num_reqs - 1
+            steps = num_reqs - 1
             while steps > 0:
                 mid = (lo + hi) >> 1
                 after = tl.gather(ends, mid, 0) <= key  # the key lies after request mid
                 lo = tl.where(after, mid + 1, lo)
                 hi = tl.where(after, hi, mid)
                 steps = steps >> 1
-            key_start = tl.gather(starts, lo, 0)
             key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
-            if full:
-                _write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
-            else:
-                _write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
+            _write_keys(kv_indices_ptr, key_row, t, tl.gather(starts, lo, 0), total, False, BLOCK_SIZE)
+    else:
+        # This program's tiles: a contiguous range, the same count for every program but the last.
+        per_program = tl.cdiv(num_tiles, num_programs)
+        tile_first = pid * per_program
+        tile_end = tl.minimum(tile_first + per_program, num_tiles)
+        if tile_first < tile_end:
+            # Cursor: the request holding key `first`, its start and its end.
+            first = tile_first * BLOCK_T
+            ends = tl.where(in_batch, ends, _NO_END)  # rows past the batch never end before a key
+            cur_req, cur_start, cur_end = _cursor(ends, first, 0)
+            for tile in range(tile_first, tile_end):
+                last = tile == tile_end - 1
+                t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
+                t = t0 + tl.arange(0, BLOCK_T)
+                full = t0 + BLOCK_T <= total
+                t_last = tl.minimum(t0 + BLOCK_T, total) - 1
+                if cur_end > t_last:
+                    # The whole tile lies in the cursor's request: one row, one start.
+                    row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
+                    if full:
+                        _write_keys(kv_indices_ptr, row, t, cur_start, total, True, BLOCK_SIZE)
+                    else:
+                        _write_keys(kv_indices_ptr, row, t, cur_start, total, False, BLOCK_SIZE)
+                    if cur_end == t_last + 1 and not last:
+                        cur_req += 1
+                        cur_start = cur_end
+                        cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                else:
+                    # Request boundaries in the tile: a small window first, the tile's worth of
+                    # requests when the small one ends before the tile does.
+                    w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
+                    span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
+                    if span < SMALL:
+                        cur_req, cur_start, cur_end = _write_window_tile(
+                            kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
+                            total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
+                            BLOCK_SIZE)
+                    else:
+                        b_ends, b_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, BLOCK_T)
+                        span = tl.sum((b_ends <= t_last).to(tl.int32), 0)
+                        cur_req, cur_start, cur_end = _write_window_tile(
+                            kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
+                            total, t, t_last, cur_req, cur_start, b_ends, b_starts, span, full, last, BLOCK_T,
+                            BLOCK_SIZE)
+
+
+@triton.jit
+def _plan_grouped_kernel(
+    block_table_ptr,
+    block_table_stride,
+    seq_lens_ptr,
+    num_reqs,
+    qlen,
+    capacity,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Batches of short requests: program p plans requests p * GROUP .. (p + 1) * GROUP - 1,
+    from one sum over the lengths before them, CHUNK keys at a time."""
+    pid = tl.program_id(0)
+    first = pid * GROUP
+    r = tl.arange(0, BLOCK_R)
+    before = r < first  # first < num_reqs: the grid has one program per group
+    lens = tl.load(seq_lens_ptr + r, mask=before, other=0)
+    offset = tl.sum(tl.where(before, tl.maximum(lens, qlen), 0), 0)
+    g = tl.arange(0, GROUP)
+    req = first + g
+    in_batch = req < num_reqs
+    lens = tl.load(seq_lens_ptr + req, mask=in_batch, other=0)
+    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
+    ends = tl.cumsum(lens, 0)  # of the group's keys
+    starts = ends - lens
+    tl.store(kv_indptr_ptr + 1 + req, offset + ends, mask=in_batch)
+    tl.store(qo_indptr_ptr + req, req * qlen, mask=in_batch)
+    if pid == 0:
+        tl.store(kv_indptr_ptr, 0)
+        tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
+    count = tl.sum(lens, 0)
+    for c0 in range(0, count, CHUNK):
+        k = c0 + tl.arange(0, CHUNK)  # key of the group
+        if GROUP == 1:
+            pos = k
+            row = block_table_ptr + first.to(tl.int64) * block_table_stride
+        else:
+            # Per key, a binary search over the group's ends (log2(GROUP) gather steps narrow
+            # GROUP candidates to one; rows past the batch end after every key).
+            key = tl.minimum(k, count - 1)
+            lo = tl.zeros((CHUNK,), dtype=tl.int32)
+            hi = lo + GROUP - 1
+            steps = GROUP - 1
+            while steps > 0:
+                mid = (lo + hi) >> 1
+                after = tl.gather(ends, mid, 0) <= key
+                lo = tl.where(after, mid + 1, lo)
+                hi = tl.where(after, hi, mid)
+                steps = steps >> 1
+            pos = k - tl.gather(starts, lo, 0)
+            row = block_table_ptr + (first + lo).to(tl.int64) * block_table_stride
+        t = offset + k
+        valid = (k < count) & (t < capacity)
+        block = tl.load(row + pos // BLOCK_SIZE, mask=valid, other=0)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
 @functools.cache
 def _num_programs(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
+
+
+def launch_shape(programs: int, most_keys: int | None) -> tuple[int, int, bool]:
+    """(tile size, programs, direct search) for a batch of at most ``most_keys`` keys (None:
+    unknown). Batches of at most one tile per program search each key directly."""
+    if most_keys is None:
+        return BLOCK_T, programs, False
+    block_t = MIN_BLOCK_T
+    while block_t < BLOCK_T and block_t * 2 * programs <= most_keys:
+        block_t *= 2
+    tiles = -(-most_keys // block_t)
+    return block_t, max(1, min(programs, tiles)), tiles <= programs
+
+
+def grouped_shape(programs: int, num_reqs: int, longest: int | None) -> tuple[int, int, int] | None:
+    """(requests per program, keys per chunk, programs) of the grouped kernel for a batch of
+    requests of at most ``longest`` keys, or None where it does not pay (long requests)."""
+    if longest is None:
+        return None
+    group = max(triton.next_power_of_2(-(-num_reqs // programs)), triton.next_power_of_2(-(-GROUP_KEYS // longest)))
+    group = min(group, triton.next_power_of_2(max(num_reqs, 1)), MAX_GROUP)
+    if group * longest > GROUP_MAX_KEYS:
+        return None
+    return group, min(triton.next_power_of_2(group * longest), MAX_CHUNK), max(1, -(-num_reqs // group))
 
 
 def plan_decode_triton(
@@ -145,7 +347,8 @@ def plan_decode_triton(
 
     ``block_table`` [B, W] and ``seq_lens`` [B] are int32 on the plan buffers' device;
     the table may be wider than needed (only the blocks holding keys are read).
-    ``max_seq_len`` (host), if given, caps the grid for small batches. The buffers'
+    ``max_seq_len`` (host), if given, sizes the tiles and the grid to the batch (speed only:
+    the plan is the same for any lengths, e.g. in a graph replayed with others). The buffers'
     ``capacity`` must hold the step's keys (the builder sizes it by the KV cache's slot
     count plus ``qlen`` per padding row, which no batch can exceed).
     """
@@ -158,9 +361,34 @@ def plan_decode_triton(
                          f"plan buffers for {buffers.max_reqs}")
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_table.stride(1) != 1:
         raise ValueError("block_table (rows contiguous) and seq_lens must be int32")
-    programs = _num_programs(block_table.device.index or 0)
-    if max_seq_len is not None:
-        programs = max(1, min(programs, -(-num_reqs * max(max_seq_len, qlen) // BLOCK_T)))
+    longest = None if max_seq_len is None else max(max_seq_len, qlen)
+    grouped = grouped_shape(_num_programs(block_table.device.index or 0), num_reqs, longest)
+    if grouped is not None:
+        group, chunk, programs = grouped
+        _plan_grouped_kernel[(programs,)](
+            block_table,
+            block_table.stride(0),
+            seq_lens,
+            num_reqs,
+            qlen,
+            buffers.capacity,
+            buffers.qo_indptr,
+            buffers.kv_indptr,
+            buffers.kv_indices,
+            BLOCK_SIZE=buffers.block_size,
+            BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
+            GROUP=group,
+            CHUNK=chunk,
+            num_warps=NUM_WARPS,
+        )
+        return DecodePlan(
+            qo_indptr=buffers.qo_indptr[: num_reqs + 1],
+            kv_indptr=buffers.kv_indptr[: num_reqs + 1],
+            kv_indices=buffers.kv_indices,
+            kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
+        )
+    most_keys = None if longest is None else num_reqs * longest
+    block_t, programs, direct = launch_shape(_num_programs(block_table.device.index or 0), most_keys)
     _plan_kernel[(programs,)](
         block_table,
         block_table.stride(0),
@@ -173,7 +401,9 @@ def plan_decode_triton(
         buffers.kv_indices,
         BLOCK_SIZE=buffers.block_size,
         BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
-        BLOCK_T=BLOCK_T,
+        BLOCK_T=block_t,
+        SMALL=min(SMALL_WINDOW, block_t),
+        DIRECT=direct,
         num_warps=NUM_WARPS,
     )
     return DecodePlan(
