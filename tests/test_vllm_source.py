@@ -10,7 +10,6 @@ distributions, under the constraints the script writes, without touching any of 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -178,58 +177,27 @@ def pinned_env(versions, track, tmp_path_factory):
             "triton": triton_pkg}
 
 
-def installs(report_path: Path) -> dict[str, str]:
-    report = json.loads(report_path.read_text())
-    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in report["install"]}
-
-
-def test_runtime_requirements_resolve_without_touching_the_pins(vllm_src, pinned_env, own, tmp_path):
-    """build_vllm.sh check: the triton alias (install_torch.sh's step), then the constraints and
-    a dry-run resolution of requirements/rocm.txt: nothing pinned is installed or replaced."""
-    py = pinned_env["python"]
-    proc = run([py, DOCKER / "pinned_dists.py", "triton-alias"])
-    assert proc.returncode == 0, proc.stderr
+def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinned_env, own, track, tmp_path):
+    """build_vllm.sh check, as the vllm-wheel stage runs it: the track's lock of vLLM's runtime
+    requirements is accepted for this source and handed on; another release's lock is refused."""
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
            "TRITON_PACKAGE": pinned_env["triton"],
-           "TRITON_KERNELS_COMMIT": own["vllm"]["triton_kernels_commit"]}
+           "TRITON_KERNELS_COMMIT": own["vllm"]["triton_kernels_commit"],
+           "VLLM_LOCK": str(ROOT / f"ci/locks/vllm-{track}-rocm.txt")}
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    constraints = (out / "constraints.txt").read_text()
-    for name, ver in pinned_env["pins"].items():
-        assert f"{name}=={ver}" in constraints
-    touched = installs(out / "runtime-report.json")
-    assert "xgrammar" in touched  # the requirement that pulls `triton` was resolved
-    pinned = set(pinned_env["pins"]) | {"triton"}
-    assert not pinned & set(touched), {n: touched[n] for n in pinned & set(touched)}
-
-
-def test_without_the_constraints_and_alias_pip_replaces_the_rocm_triton(vllm_src, versions, track,
-                                                                        tmp_path_factory):
-    """The resolution as the old build did it (no constraints, no alias), of vLLM's own xgrammar
-    requirement line (requirements/common.txt): pip brings PyPI's triton beside the ROCm one,
-    and the report check names it."""
-    wheels = model.section(versions, "pytorch", track)["wheels"]
-    base = tmp_path_factory.mktemp("bare-env")
-    env = base / "venv"
-    assert run([sys.executable, "-m", "venv", env]).returncode == 0
-    triton_pkg = wheels["triton"]["package"] or "pytorch-triton-rocm"
-    triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
-    stubs = [stub_wheel(base, "torch", wheels["torch"]["version"], [f"{triton_pkg}=={triton_ver}"]),
-             stub_wheel(base, triton_pkg, triton_ver), stub_wheel(base, "amdsmi", STAND_IN["amdsmi"])]
-    install = [env / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *stubs]
-    assert run(install).returncode == 0
-    install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
-    line = next(raw for raw in (vllm_src / "requirements/common.txt").read_text().splitlines()
-                if raw.startswith("xgrammar"))
-    (base / "xgrammar.txt").write_text(line + "\n")
-    report = base / "report.json"
-    proc = run([env / "bin/python", "-m", "pip", "install", "--quiet", "--dry-run", "--report", report,
-                "-r", base / "xgrammar.txt"], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "triton" in installs(report)
-    proc = run([env / "bin/python", DOCKER / "pinned_dists.py", "check-report", report, "--step", "test"])
-    assert proc.returncode == 1 and "triton" in proc.stderr
+    assert (out / "requirements-lock.txt").read_text() == (ROOT / f"ci/locks/vllm-{track}-rocm.txt").read_text()
+    other = [p for p in (ROOT / "ci/locks").glob("vllm-*-rocm.txt") if p.name != f"vllm-{track}-rocm.txt"]
+    for lock in other:
+        inputs = [re.findall(r"^# input .*$", f.read_text(), re.M) for f in (lock, out / "requirements-lock.txt")]
+        differs = inputs[0] != inputs[1]
+        proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / "other"],
+                   env={**env, "VLLM_LOCK": str(lock)}, timeout=900)
+        assert (proc.returncode == 1) == differs, proc.stderr[-2000:]
+    proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / "none"],
+               env={**env, "VLLM_LOCK": str(tmp_path / "missing.txt")}, timeout=900)
+    assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr
 
 
 def test_constraints_missing_a_pinned_distribution_fail(tmp_path_factory):

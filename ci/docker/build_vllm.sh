@@ -5,12 +5,11 @@
 #
 #   build_vllm.sh check SRC OUT   no install, no compile: every file of SRC the build reads exists;
 #                                 vLLM's triton_kernels commit is the pinned one; the hash-pinned
-#                                 build tools satisfy vLLM's requirements/build/rocm.txt; vLLM's
-#                                 ROCm runtime requirements (requirements/rocm.txt, read where it
-#                                 is) resolve under OUT/constraints.txt without installing or
-#                                 replacing a pinned distribution (pip --dry-run --report)
+#                                 build tools satisfy vLLM's requirements/build/rocm.txt; the lock
+#                                 of vLLM's ROCm runtime requirements (VLLM_LOCK) was made from
+#                                 SRC's requirements/rocm.txt; it goes to OUT/requirements-lock.txt
 #   build_vllm.sh deps  SRC OUT   check, then install the hash-pinned build tools
-#   build_vllm.sh wheel SRC OUT   compile OUT/vllm-*.whl; copy vLLM's requirements/ folder to OUT
+#   build_vllm.sh wheel SRC OUT   compile OUT/vllm-*.whl
 #   build_vllm.sh all   SRC OUT   deps, then wheel
 #
 # Settings (build args): GPU_ARCHS (;-separated, becomes PYTORCH_ROCM_ARCH), VLLM_VERSION,
@@ -39,18 +38,17 @@ check() {
     *) python "$here/vllm_requirements.py" triton-kernels "$src" "$TRITON_KERNELS_COMMIT" ;;
   esac
   python "$here/vllm_requirements.py" build-tools "$src" "$tools"
-  python "$here/pinned_dists.py" constraints "$out/constraints.txt"
-  echo "vllm-wheel: resolving vLLM's ROCm runtime requirements under $out/constraints.txt (dry run)"
-  python -m pip install --quiet --dry-run --report "$out/runtime-report.json" \
-      -c "$out/constraints.txt" -r "$src/requirements/rocm.txt" \
-    || fail "vLLM's requirements/rocm.txt does not resolve with the base image's pins (constraints: $out/constraints.txt): fix the pins in versions.json"
-  python "$here/pinned_dists.py" check-report "$out/runtime-report.json" --step "vllm-wheel (runtime requirements)"
+  # vLLM's ROCm runtime requirements are installed from a hash-locked file made from this
+  # release's requirements/rocm.txt (python3 -m ci.pins lock): it must be this source's.
+  : "${VLLM_LOCK:?set VLLM_LOCK to the track's lock of vLLM's runtime requirements (ci/locks/vllm-<track>-rocm.txt)}"
+  python "$here/vllm_requirements.py" lock "$src" "$VLLM_LOCK"
+  cp "$VLLM_LOCK" "$out/requirements-lock.txt"
 }
 
 deps() {
   check
   python "$here/pinned_dists.py" snapshot "$out/pins-before.json"
-  python -m pip install --require-hashes --no-deps -r "$tools"
+  python -m pip install --require-hashes --no-deps -r "$here/requirements-build.txt"
   python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (build tools)"
   rm -f "$out/pins-before.json"
 }
@@ -79,9 +77,6 @@ PY
   (cd "$src" && python -m pip wheel --no-deps --no-build-isolation --wheel-dir "$out" .)
   python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (compile)"
   rm -f "$out/pins-before.json"
-  # The runtime requirements travel as vLLM's whole requirements/ folder: its -r includes are
-  # relative to their own folder.
-  rm -rf "$out/requirements" && cp -r "$src/requirements" "$out/requirements"
   python - "$out" "$VLLM_VERSION" <<'PY'
 import pathlib, sys
 out, want = pathlib.Path(sys.argv[1]), sys.argv[2]

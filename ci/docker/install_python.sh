@@ -12,6 +12,5 @@ if ! apt-cache show "python${PYTHON_VERSION}-venv" >/dev/null 2>&1; then
 fi
 apt-get install -y -q --no-install-recommends "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-venv" "python${PYTHON_VERSION}-dev"
 "python${PYTHON_VERSION}" -m venv /opt/venv
-/opt/venv/bin/python -m pip install --no-cache-dir --upgrade pip
 rm -rf /var/lib/apt/lists/*
 /opt/venv/bin/python --version

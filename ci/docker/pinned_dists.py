@@ -12,9 +12,6 @@ Run with the Python of the environment to protect:
                                         fail when one of them (other than the DISTs this step
                                         installs on purpose) changed, appeared or disappeared
                                         since the snapshot BEFORE
-    pinned_dists.py check-report REPORT --step NAME
-                                        fail when a `pip install --report` would install or
-                                        replace one of them
     pinned_dists.py torch-triton [--expect NAME==VERSION]
                                         print the Triton requirement of the installed torch
                                         (NAME==VERSION, from torch's metadata); with --expect,
@@ -150,20 +147,6 @@ def compare(before: dict, step: str, allow=()) -> list[str]:
     return problems
 
 
-def check_report(report: dict, step: str) -> list[str]:
-    pinned = set(pinned_names())
-    problems = []
-    for item in report.get("install", []):
-        meta = item.get("metadata", {})
-        name = canonicalize_name(meta.get("name", ""))
-        if name in pinned:
-            old = version(name)
-            what = f"install {name} {meta.get('version')}" + (f" over {old}" if old else "")
-            problems.append(f"{step}: pip would {what}: a requirement conflicts with the base image's pins; "
-                            "fix the pin in versions.json or install under the constraints file")
-    return problems
-
-
 def triton_alias() -> str:
     real = triton_dist()
     if real == "triton":
@@ -208,9 +191,6 @@ def main(argv=None) -> int:
     p.add_argument("before", type=Path)
     p.add_argument("--step", required=True)
     p.add_argument("--allow", action="append", default=[], help="a distribution this step installs on purpose")
-    p = sub.add_parser("check-report")
-    p.add_argument("report", type=Path, nargs="+")
-    p.add_argument("--step", required=True)
     sub.add_parser("triton-alias")
     sub.add_parser("torch-triton").add_argument("--expect")
     ns = parser.parse_args(argv)
@@ -222,9 +202,6 @@ def main(argv=None) -> int:
             ns.out.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
         elif ns.cmd == "compare":
             problems = compare(json.loads(ns.before.read_text()), ns.step, ns.allow)
-        elif ns.cmd == "check-report":
-            for path in ns.report:
-                problems += check_report(json.loads(path.read_text()), ns.step)
         elif ns.cmd == "torch-triton":
             found = torch_triton()
             if ns.expect and expected(ns.expect) != found:

@@ -11,6 +11,10 @@ folder), against this project's pins.
         image's builds are kept
     vllm_requirements.py triton-kernels SRC COMMIT
         vLLM's CMake fetches ROCm triton_kernels at COMMIT (versions.json vllm.triton_kernels)
+    vllm_requirements.py lock SRC LOCK
+        LOCK (ci/locks/vllm-<track>-rocm.txt, made by python3 -m ci.pins lock from the track's
+        sdist) was made from exactly SRC's requirements/rocm.txt and the files it includes (the
+        `# input PATH sha256:HEX` lines of its header)
 
 Requirement files are read as pip reads them: `\\` continuations joined, comments removed,
 `-r` includes followed (relative to the including file), options skipped (per requirement:
@@ -21,6 +25,7 @@ Errors: one line each naming the file and the setting to change; exit status 1.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata as md
 import re
 import sys
@@ -156,6 +161,24 @@ def check_triton_kernels(src: Path, commit: str) -> list[str]:
     return []
 
 
+def check_lock(src: Path, lock: Path) -> list[str]:
+    if not lock.is_file():
+        return [f"{lock}: no lock of vLLM's runtime requirements for this track: run python3 -m ci.pins lock vllm"]
+    recorded = dict(re.findall(r"^# input (\S+) sha256:([0-9a-f]{64})$", lock.read_text(), re.M))
+    relock = f"run python3 -m ci.pins lock vllm (the lock {lock.name} is stale)"
+    problems = []
+    src = src.resolve()
+    files = sorted({p for p, _ in read_requirements(src / RUNTIME_REQUIREMENTS)} | {src / RUNTIME_REQUIREMENTS})
+    for path in files:
+        name = path.relative_to(src).as_posix()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if name not in recorded:
+            problems.append(f"{lock.name} was not made from {name}: {relock}")
+        elif recorded[name] != digest:
+            problems.append(f"{name} differs from the one {lock.name} was made from: {relock}")
+    return problems
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -166,10 +189,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("triton-kernels")
     p.add_argument("src", type=Path)
     p.add_argument("commit")
+    p = sub.add_parser("lock")
+    p.add_argument("src", type=Path)
+    p.add_argument("lock", type=Path)
     ns = parser.parse_args(argv)
     notes: list[str] = []
     try:
-        problems = check_files(ns.src)
+        problems = check_files(ns.src) if ns.cmd != "lock" else check_lock(ns.src, ns.lock)
         if not problems and ns.cmd == "build-tools":
             problems, notes = check_build_tools(ns.src, ns.tools)
         elif not problems and ns.cmd == "triton-kernels":

@@ -1,5 +1,5 @@
 """python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | format |
-discover [--write]
+discover [--write] | lock [NAME...] [--check]
 
 --track NAME (verify, resolve, args): one release track of versions.json; default: every track
 (verify, resolve) or default_track (args)."""
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import discover, kernel_table, model, resolve, verify
+from . import discover, kernel_table, locks, model, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
@@ -61,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
                    help="where sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
 
+    p = sub.add_parser("lock", help="remake the hash-locked requirement files of ci/locks/locks.json with uv "
+                                     "(needs PyPI)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="locks to remake (default: every one)")
+    p.add_argument("--check", action="store_true", help="write nothing; fail when a lock differs from what its "
+                                                        "inputs lock to now")
+    p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
+                   help="where vLLM sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
+
     ns = parser.parse_args(argv)
     try:
         try:
@@ -109,6 +117,8 @@ def run(ns, parser, root: Path) -> int:
         return 0
     if ns.command == "discover":
         return run_discover(ns, data, root)
+    if ns.command == "lock":
+        return locks.run(root, ns.names, ns.check, ns.sdist_cache)
     if ns.command == "verify":
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         if ns.file.read_bytes() != model.canonical(data).encode():

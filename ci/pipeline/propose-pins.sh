@@ -17,6 +17,7 @@
 #                 through bash ci/test.sh); its exit status goes into the description
 #   PINS_UP_TO    leave out vLLM releases after this one (default: none)
 #   PINS_SDIST_CACHE  where discover keeps sdists (default ~/.cache/rocm-vllm-pins)
+#   PINS_PYTHON   Python with uv for `ci.pins lock` (default .venv/bin/python when present, else python3)
 #   PINS_BRANCH   branch the proposal is pushed to, force-updated (default pins/resolve)
 #   PINS_BASE     base branch of the pull request (default main)
 #   PINS_REMOTE   git remote to push the branch to (default origin)
@@ -48,6 +49,9 @@ mkdir -p "$results"
 read -r -a items <<<"$what"
 read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"
 tests_cmd=${PINS_TESTS:-bash ci/test.sh tests/test_pins.py tests/test_discover.py tests/test_vllm_source.py tests/test_tracks.py tests/test_aiter_calls.py}
+# The Python that runs `ci.pins lock` (it needs uv: tests/requirements.lock installs it).
+pins_python=${PINS_PYTHON:-python3}
+[ -n "${PINS_PYTHON:-}" ] || [ ! -x .venv/bin/python ] || pins_python=.venv/bin/python
 discover_args=(--sdist-cache "${PINS_SDIST_CACHE:-$HOME/.cache/rocm-vllm-pins}")
 if [ -n "${PINS_UP_TO:-}" ]; then discover_args+=(--up-to "$PINS_UP_TO"); fi
 name=${author%% <*}
@@ -95,6 +99,11 @@ for version in $releases; do
   resolve_status=$?
   python3 -m ci.pins verify --strict --track "$track" >"$out/verify.log" 2>&1
   verify_status=$?
+  # the new track's lock of vLLM's runtime requirements (uv: the test environment's, PINS_PYTHON)
+  lock=ci/locks/vllm-$track-rocm.txt
+  "$pins_python" -m ci.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
+  lock_status=$?
+  [ -f "$lock" ] && git add -- "$lock"
   bash -c "$tests_cmd" >"$out/tests.log" 2>&1
   tests_status=$?
   set -e
@@ -116,6 +125,12 @@ for version in $releases; do
     cat "$out/verify.log"
     echo '```'
     echo
+    echo "\`python3 -m ci.pins lock vllm-$track\` (exit $lock_status):"
+    echo
+    echo '```'
+    cat "$out/lock.log"
+    echo '```'
+    echo
     echo "Tests (\`$tests_cmd\`): exit $tests_status; last lines:"
     echo
     echo '```'
@@ -124,7 +139,8 @@ for version in $releases; do
   } >"$body"
   git switch --quiet -C "pins/vllm-$version"
   git -c "user.name=$name" -c "user.email=$email" commit --quiet \
-    -m "pins: vLLM $version as release track $track (tests exit $tests_status)" -- "${files[@]}"
+    -m "pins: vLLM $version as release track $track (tests exit $tests_status)" -- "${files[@]}" \
+    $([ -f "$lock" ] && echo "$lock")
   propose "pins/vllm-$version" "pins: vLLM $version as release track $track" "$body"
 done
 git switch --quiet --detach "$start"

