@@ -151,7 +151,7 @@ def test_missing_data_is_one_line_and_a_failed_suite(tmp_path: Path, command: li
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     expected = (f"no data for gsm8k, gsm8k_loglik in {tmp_path / 'empty'}: mount a directory holding "
-                "gsm8k/test.jsonl, gsm8k/train.jsonl, gsm8k/test.jsonl")
+                "gsm8k/test.jsonl, gsm8k/train.jsonl (JSON lines")
     assert len(errors) == 1 and expected in errors[0] and "set ACCURACY_DATA" in errors[0], proc.stderr
     assert "== accuracy" not in proc.stdout and "== selftest accuracy" not in proc.stdout  # no server, no pytest
     if command[-1] == "accuracy":

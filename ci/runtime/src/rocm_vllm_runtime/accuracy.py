@@ -167,7 +167,7 @@ def task_configs(settings: Settings) -> list[dict]:
                    dataset_kwargs={"data_files": {s: str(p) for s, p in files.items()}})
         configs.append(cfg)
     if missing:
-        wanted = ", ".join(f for _, files in missing for f in files)
+        wanted = ", ".join(dict.fromkeys(f for _, files in missing for f in files))  # each file once
         raise DataMissing(f"no data for {', '.join(n for n, _ in missing)} in {settings.data}: mount a directory "
                           f"holding {wanted} (JSON lines with the dataset's fields, e.g. GSM8K's question/answer) "
                           f"at {settings.data}, or set ACCURACY_DATA to one")
