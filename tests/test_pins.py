@@ -603,6 +603,90 @@ def test_network_calls_are_bounded_and_fail_in_one_line(what, tree, silent_serve
     assert len(lines) == 1 and silent_server in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
 
 
+@pytest.fixture()
+def trickling_server(tmp_path):
+    """An HTTPS server (its own certificate, trusted through SSL_CERT_FILE) that answers at once
+    and then sends its body one byte every 0.2 s (10 minutes' worth)."""
+    import socket
+    import ssl
+    import threading
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                           "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+
+    def serve(raw):
+        try:
+            conn = context.wrap_socket(raw, server_side=True)
+        except OSError:
+            raw.close()
+            return
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n")
+                for _ in range(3000):
+                    if stop.wait(0.2):
+                        return
+                    conn.sendall(b" ")
+            except OSError:
+                return
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}", cert
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.parametrize("args", [["discover", "--list"], ["resolve", "wheels"]], ids=["discover", "wheels"])
+def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_server):
+    """PINS_TIMEOUT bounds a request as a whole: a server that keeps sending a byte every 0.2 s
+    (each read answered well within the timeout) does not hold the command for its 10 minutes."""
+    address, cert = trickling_server
+    d = model.load(tree / "versions.json")
+    d["vllm"]["index_url"] = f"https://{address}/pypi"
+    d["pytorch"]["index_url"] = f"https://{address}/whl"
+    model.dump(d, tree / "versions.json")
+    env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+           "SSL_CERT_FILE": str(cert)}
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and address in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon"])
+def test_pins_timeout_must_be_a_positive_finite_number(value, tree, silent_server):
+    d = model.load(tree / "versions.json")
+    d["vllm"]["index_url"] = f"https://{silent_server}/pypi"
+    model.dump(d, tree / "versions.json")
+    env = {**os.environ, "PINS_TIMEOUT": value, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "discover",
+                           "--list"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: PINS_TIMEOUT={value!r}: must be a positive, finite number of seconds"
+
+
 def _bad(data, mutate):
     bad = copy.deepcopy(data)
     mutate(bad)

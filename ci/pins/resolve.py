@@ -3,16 +3,19 @@ names and the base image digest (the wheels: ci.pins.wheels). Needs the network 
 a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
 connected machine and commit the result. Standard library only.
 
-Every git, HTTP and registry call is bounded in time: PINS_TIMEOUT seconds (default 60) without
-an answer is an error naming the URL or image."""
+Every git, HTTP and registry call is bounded in time as a whole: one that has not finished
+within PINS_TIMEOUT seconds (default 60), however slowly its server keeps answering, is an error
+naming the URL or image."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -26,8 +29,8 @@ def timeout() -> float:
         seconds = float(value)
     except ValueError:
         seconds = 0
-    if seconds <= 0:
-        raise PinError(f"PINS_TIMEOUT={value!r}: must be a positive number of seconds")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise PinError(f"PINS_TIMEOUT={value!r}: must be a positive, finite number of seconds")
     return seconds
 
 
@@ -126,17 +129,36 @@ class _Response:
 
 
 def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None) -> _Response:
-    """One HTTP request, bounded by PINS_TIMEOUT per read; the body is read here (or fed to
-    sink in chunks). HTTP errors other than 401 and every network failure become one-line
-    PinErrors naming the URL; a 401 is raised as HTTPError for the token dance."""
+    """One HTTP request, finished within PINS_TIMEOUT seconds as a whole (a server that trickles
+    its answer is cut off too); the body is read here (or fed to sink in chunks). HTTP errors
+    other than 401 and every network failure become one-line PinErrors naming the URL; a 401 is
+    raised as HTTPError for the token dance."""
+    limit = timeout()
+    deadline = time.monotonic() + limit
     req = urllib.request.Request(url, headers=headers or {}, method=method)
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
     try:
-        with urllib.request.urlopen(req, timeout=timeout()) as resp:
-            if sink is None:
-                return _Response(resp.headers, resp.read())
-            for chunk in iter(lambda: resp.read(1 << 20), b""):
-                sink(chunk)
-            return _Response(resp.headers, b"")
+        with urllib.request.urlopen(req, timeout=limit) as resp:
+            sock = _socket_of(resp)
+            chunks = []
+            while True:
+                if sock is not None:
+                    sock.settimeout(left())
+                chunk = resp.read1(1 << 20)
+                left()
+                if not chunk:
+                    break
+                if sink is None:
+                    chunks.append(chunk)
+                else:
+                    sink(chunk)
+            return _Response(resp.headers, b"".join(chunks))
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             raise
@@ -152,6 +174,13 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None)
                        "PINS_TIMEOUT)") from None
     except OSError as exc:
         raise PinError(f"{url}: {exc.strerror or exc}: check the network or proxy") from None
+
+
+def _socket_of(resp):
+    """The socket under an HTTP response (to shorten its timeout to what is left), or None."""
+    raw = getattr(getattr(resp, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def image_ref(name: str, tag: str, registry: str | None = None) -> str:
