@@ -110,10 +110,6 @@ target "_versions" {
     TRITON_KERNELS_PATH    = vllm.triton_kernels.path
     // Ray wheels: {python: sha256} as pip --hash values, keys in sorted order (a function cannot take
     // the null of an unresolved pin, so each is spelled out).
-    RAY_VERSION            = ray.wheels.ray.version
-    RAY_HASHES             = ray.wheels.ray.sha256 == null ? "UNRESOLVED" : join(" ", [for python, hash in ray.wheels.ray.sha256 : "sha256:${hash}"])
-    RAY_MSGPACK_VERSION    = ray.wheels.msgpack.version
-    RAY_MSGPACK_HASHES     = ray.wheels.msgpack.sha256 == null ? "UNRESOLVED" : join(" ", [for python, hash in ray.wheels.msgpack.sha256 : "sha256:${hash}"])
   }
 }
 

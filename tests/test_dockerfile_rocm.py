@@ -3,6 +3,7 @@
 Static: BuildKit's own parser (the `dockerfile` package), no engine needed. The build itself
 runs in tests/test_engine_integration.py."""
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -242,12 +243,12 @@ def ray_layer_problems(commands, target) -> list[str]:
         problems.append(f"{target}: the Ray layer comes after runtime/backend/app layers: a backend/ change "
                         "would rebuild it")
     declared = {v.split("=")[0] for x in stages["ray-installed"][1] if x.cmd.upper() == "ARG" for v in x.value}
-    for arg in ("RAY_VERSION", "RAY_HASHES", "RAY_MSGPACK_VERSION", "RAY_MSGPACK_HASHES", "SOURCE_DATE_EPOCH"):
-        if arg not in declared:
-            problems.append(f"ray-installed: ARG {arg} not declared")
-    runs = [text_of(x) for x in stages["ray-installed"][1] if x.cmd.upper() == "RUN"]
-    if not runs or "install_ray.sh /staging" not in runs[-1]:
-        problems.append("ray-installed: its RUN does not call install_ray.sh /staging")
+    if "SOURCE_DATE_EPOCH" not in declared:
+        problems.append("ray-installed: ARG SOURCE_DATE_EPOCH not declared")
+    runs = [x for x in stages["ray-installed"][1] if x.cmd.upper() == "RUN"]
+    if not runs or "install_ray.sh /tmp/requirements-ray.txt /staging" not in text_of(runs[-1]) \
+            or "source=ci/docker/requirements-ray.txt" not in " ".join(runs[-1].flags):
+        problems.append("ray-installed: its RUN does not call install_ray.sh with the Ray lock (requirements-ray.txt)")
     return problems
 
 
@@ -272,14 +273,27 @@ def test_ray_layer_check_can_fail():
 def test_ray_install_script_pins_hashes_and_holds_the_image():
     """install_ray.sh: pip with --require-hashes, --no-compile, --root, under a constraints file of
     every installed distribution; the staging root must hold exactly what it installed on purpose;
-    the UNRESOLVED sentinel and empty pins stop it, naming the resolve command."""
+    a missing lock, or one without hash-pinned ray, stops it naming the lock command."""
     script = (ROOT / "ci/docker/install_ray.sh").read_text()
     pip = script[script.index("python3 -m pip install"):].split("||")[0]
     for option in ("--require-hashes", "--no-compile", '--root "$root"', '--constraint "$work/constraints.txt"'):
         assert option in pip, option
     assert "--no-deps" not in pip and "--ignore-installed" not in pip and "--upgrade" not in pip
     assert "md.distributions()" in script and "only" in script
-    assert "python3 -m ci.pins resolve ray --write" in script
+
+
+@pytest.mark.parametrize("lock_text", [None, "msgpack==1.2.4 \\\n    --hash=sha256:" + "a" * 64 + "\n",
+                                       "ray==2.60.0\nmsgpack==1.2.4\n"], ids=["missing", "no-ray", "no-hashes"])
+def test_ray_install_refuses_a_lock_without_hash_pinned_ray(tmp_path, lock_text):
+    lock = tmp_path / "requirements-ray.txt"
+    if lock_text is not None:
+        lock.write_text(lock_text)
+    proc = subprocess.run(["bash", ROOT / "ci/docker/install_ray.sh", lock, tmp_path / "root"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("install-ray: ERROR:")
+    assert "python3 -m ci.pins lock ray" in proc.stderr
+    assert not (tmp_path / "root").exists()
 
 
 def copied_stages(instructions) -> list[str]:

@@ -178,19 +178,8 @@ def _mutations():
         "ck without commit": (lambda d: (d["aiter"]["pins"]["v0.1.24.post1"].update(ck_commit=KNOWN_CK),
                                          d["aiter"]["pins"]["v0.1.24.post1"]["unresolved"].remove("ck_commit")),
                               "comes from the AITER commit"),
-        "ray lacks the image python": (setp(["ray", "pythons"], ["3.11"]), "lacks python.version '3.12'"),
-        "ray hash per python drifts": (lambda d: d["ray"]["pythons"].append("3.15"),
-                                       "run python3 -m ci.pins resolve ray"),
-        "ray bad sha256": (lambda d: d["ray"]["wheels"]["ray"].update(sha256={p: "abc" for p in d["ray"]["pythons"]}),
-                           "ray.wheels.ray.sha256.3.12 = 'abc'"),
-        "ray version range": (setp(["ray", "wheels", "ray", "version"], ">=2.60"), "must be an exact version"),
-        "ray unknown wheel": (setp(["ray", "wheels", "aiohttp"], {"package": "aiohttp", "version": "3.14.1",
-                                                                  "sha256": None, "unresolved": ["sha256"]}),
-                              "ray.wheels.aiohttp: unknown wheel"),
-        "ray unlisted null": (lambda d: d["ray"]["wheels"]["msgpack"].update(sha256=None), "is null but not listed"),
         "platform glibc": (setp(["platform", "glibc"], "2.35.1"), "platform.glibc"),
-        "missing ray": (lambda d: d.pop("ray"), "ray: missing"),
-        "ray wheel missing": (lambda d: d["ray"]["wheels"].pop("msgpack"), "ray.wheels.msgpack: missing"),
+        "missing rocm": (lambda d: d.pop("rocm"), "rocm: missing"),
         "pytorch unknown wheel": (setp(["pytorch", "wheels", "torchcodec"], {"package": "torchcodec", "version": "1",
                                                                            "sha256": None, "unresolved": ["sha256"]}),
                                   "pytorch.wheels.torchcodec: unknown wheel"),
@@ -410,59 +399,6 @@ def test_wheel_picking_build_tags_names_and_versions():
     assert wheels.pick_wheel(links[:1], "pytorch_triton_rocm", "3.8.0.0", "3.12", GLIBC_2_35)[1] == "a"
     with pytest.raises(model.PinError, match="glibc 2.17 x86_64"):
         wheels.pick_wheel(links[1:], "pytorch-triton-rocm", "3.8.0", "3.12", {"glibc": "2.17", "machine": "x86_64"})
-
-
-def _pypi(files: dict[str, str], version="2.60.0") -> bytes:
-    return json.dumps({"releases": {version: [
-        {"filename": name, "url": f"https://files.example/{name}", "digests": {"sha256": sha}, "yanked": False}
-        for name, sha in files.items()]}}).encode()
-
-
-def test_resolve_ray_takes_each_pythons_wheel_from_pypi_json(data, monkeypatch):
-    ray_files = {f"ray-2.60.0-cp3{m}-cp3{m}-{plat}.whl": hashlib.sha256(f"{m}{plat}".encode()).hexdigest()
-                 for m in (11, 12, 13, 14) for plat in ("macosx_12_0_arm64", "manylinux2014_x86_64", "win_amd64",
-                                                       "manylinux2014_aarch64")}
-    msgpack_files = {f"msgpack-1.2.4-cp3{m}-cp3{m}-{plat}.whl": hashlib.sha256(f"m{m}{plat}".encode()).hexdigest()
-                     for m in (11, 12, 13, 14) for plat in ("macosx_10_13_x86_64", "musllinux_1_2_x86_64",
-                                                           "manylinux2014_x86_64.manylinux_2_17_x86_64")}
-    msgpack_files["msgpack-1.2.4-cp312-cp312-manylinux_2_99_x86_64.whl"] = "f" * 64
-    asked = []
-
-    def fake_http(url, *a, **k):
-        asked.append(url)
-        body = _pypi(ray_files) if "/ray/" in url else _pypi(msgpack_files, "1.2.4")
-        return resolve._Response({}, body)
-
-    monkeypatch.setattr(resolve, "_http", fake_http)
-    d = copy.deepcopy(data)
-    for wheel in d["ray"]["wheels"].values():
-        wheel.update(sha256=None, unresolved=["sha256"])
-    changes = wheels.resolve_ray(d)
-    assert asked == ["https://pypi.org/pypi/ray/json", "https://pypi.org/pypi/msgpack/json"]
-    assert len(changes) == 2 and d["ray"]["wheels"]["ray"]["unresolved"] == []
-    assert d["ray"]["wheels"]["ray"]["sha256"] == {
-        f"3.{m}": ray_files[f"ray-2.60.0-cp3{m}-cp3{m}-manylinux2014_x86_64.whl"] for m in (11, 12, 13, 14)}
-    assert d["ray"]["wheels"]["msgpack"]["sha256"]["3.12"] == msgpack_files[
-        "msgpack-1.2.4-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"]
-    assert not verify.check_schema(d)
-    # a pin that moved upstream is never replaced without --force
-    ray_files["ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"] = "0" * 64
-    with pytest.raises(model.PinError, match="ray.wheels.ray.sha256 is .* --force"):
-        wheels.resolve_ray(d)
-    wheels.resolve_ray(d, force=True)
-    assert d["ray"]["wheels"]["ray"]["sha256"]["3.12"] == "0" * 64
-    d["ray"]["wheels"]["ray"]["version"] = "2.61.0"
-    with pytest.raises(model.PinError, match="ray has no release 2.61.0"):
-        wheels.resolve_ray(d, force=True)
-
-
-def test_ray_hashes_as_build_args(data):
-    args = model.build_args(data)
-    sha = data["ray"]["wheels"]["ray"]["sha256"]
-    assert args["RAY_VERSION"] == data["ray"]["wheels"]["ray"]["version"]
-    assert args["RAY_HASHES"].split() == [f"sha256:{sha[p]}" for p in sorted(sha)]
-    assert model.pip_hashes({"3.12": "b" * 64, "3.11": "a" * 64}) == f"sha256:{'a' * 64} sha256:{'b' * 64}"
-    assert model.pip_hashes(None) == model.UNRESOLVED
 
 
 # ---- writing, faults and bad input ------------------------------------------------------------
@@ -799,12 +735,12 @@ def test_only_the_wheel_pins_need_packaging():
     pins without packaging stops with one line that says what to install."""
     assert _tool_without_packaging("verify").returncode == 0
     assert _tool_without_packaging("args").returncode == 0
-    proc = _tool_without_packaging("resolve", "ray")
+    proc = _tool_without_packaging("resolve", "wheels")
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert "resolve ray needs the Python package packaging 22 or newer" in proc.stderr
+    assert "resolve wheels needs the Python package packaging 22 or newer" in proc.stderr
     assert "apt-get install python3-packaging" in proc.stderr
     proc = _tool_without_packaging("resolve", "nothing-such")
-    assert "unknown item(s) nothing-such" in proc.stderr and "ray" in proc.stderr
+    assert "unknown item(s) nothing-such" in proc.stderr and "wheels" in proc.stderr
     assert "packaging" not in (ROOT / "ci/pins/resolve.py").read_text()
 
 

@@ -13,7 +13,7 @@ import pytest
 from ci.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = (["verify"], ["args"], ["tracks"], ["resolve", "ray"])
+COMMANDS = (["verify"], ["args"], ["tracks"], ["resolve", "wheels"])
 
 
 def _set(path: list, value):
@@ -33,7 +33,6 @@ TYPES = {
     "epoch float": (_set(["source_date_epoch"], 1.5), "source_date_epoch"),
     "modules null element": (_set(["aiter", "required_modules"], [None]), "aiter.required_modules"),
     "modules number": (_set(["aiter", "required_modules"], [3]), "aiter.required_modules"),
-    "ray pythons list of lists": (_set(["ray", "pythons"], [["3.12"]]), "ray.pythons"),
     "unresolved number": (_set(["base_image", "unresolved"], [1]), "base_image.unresolved"),
     "unresolved list of lists": (_set(["base_image", "unresolved"], [["digest"]]), "base_image.unresolved"),
     "track aiter list": (_set(["tracks", "0.32", "aiter"], ["v0.1.24.post1"]), "tracks.0.32.aiter"),
@@ -43,8 +42,6 @@ TYPES = {
     "track null": (_set(["tracks", "0.32"], None), "tracks.0.32"),
     "sdist sha256 true": (_set(["tracks", "0.32", "vllm", "sdist", "sha256"], True), "tracks.0.32.vllm.sdist.sha256"),
     "wheel version number": (_set(["pytorch", "wheels", "torch", "version"], 2.13), "pytorch.wheels.torch.version"),
-    "ray sha256 a list": (_set(["ray", "wheels", "ray", "sha256"], ["a"]), "ray.wheels.ray.sha256"),
-    "ray sha256 null value": (_set(["ray", "wheels", "ray", "sha256", "3.12"], None), "ray.wheels.ray.sha256.3.12"),
     "python version number": (_set(["python", "version"], 3.12), "python.version"),
     "default track number": (_set(["default_track"], 0.33), "default_track"),
     "platform null": (_set(["platform"], None), "platform: must not be null"),
@@ -58,7 +55,6 @@ TYPES = {
     "vllm repository null": (_set(["vllm", "repository"], None), "vllm.repository"),
     "track vllm a list": (_set(["tracks", "0.33", "vllm"], []), "tracks.0.33.vllm"),
     "wheels null": (_set(["pytorch", "wheels"], None), "pytorch.wheels"),
-    "ray wheels a list": (_set(["ray", "wheels"], [1]), "ray.wheels"),
     "pin tag null": (_set(["aiter", "pins", "v0.1.26", "tag"], None), "aiter.pins.v0.1.26.tag"),
     "deeply nested about": (_set(["tracks", "0.32", "about"], [[[[[]]]]]), "tracks.0.32.about"),
     "track name not a release line": (lambda d: d["tracks"].update({"latest": d["tracks"]["0.32"]}),

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Install Ray (versions.json "ray") under a staging root, hash-checked, moving nothing the image has.
+# Install Ray under a staging root, hash-checked, moving nothing the image has.
 #
-#   install_ray.sh ROOT
+#   install_ray.sh LOCK ROOT
 #
-# Environment (build args from versions.json ray.wheels): RAY_VERSION, RAY_HASHES,
-# RAY_MSGPACK_VERSION, RAY_MSGPACK_HASHES; a *_HASHES value is "sha256:<hex> ...", one per Python
-# of ray.pythons: pip takes the wheel of this image's Python and checks it against them.
+# LOCK: ci/docker/requirements-ray.txt (python3 -m ci.pins lock ray), ray and msgpack with the
+# hashes of every wheel of their versions: pip takes the wheel of this image's Python.
 #
 # Every distribution installed in this Python is held at its version (a constraints file), so the
 # requirements of Ray that vLLM already brings (click, filelock, jsonschema, packaging, protobuf,
@@ -19,13 +18,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 
 fail() { echo "install-ray: ERROR: $*" >&2; exit 1; }
-[ $# -eq 1 ] || fail "usage: install_ray.sh ROOT"
-root=$1
-for name in RAY_VERSION RAY_HASHES RAY_MSGPACK_VERSION RAY_MSGPACK_HASHES; do
-  value=${!name:-}
-  [ -n "$value" ] || fail "$name is empty: pass it as a build arg (docker-bake.hcl sets it from versions.json ray)"
-  [ "$value" != UNRESOLVED ] || fail "$name is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve ray --write' on a connected machine"
-done
+[ $# -eq 2 ] || fail "usage: install_ray.sh LOCK ROOT"
+lock=$1 root=$2
+[ -f "$lock" ] || fail "$lock: no lock of Ray: run python3 -m ci.pins lock ray"
 use_ca_bundle
 
 work=$(mktemp -d)
@@ -46,17 +41,30 @@ with open(sys.argv[1], "w") as out:
     out.writelines(f"{name}=={version}\n" for name, version in sorted(held.items()))
 PY
 
-hashes() { local h; for h in $1; do printf ' --hash=%s' "$h"; done; }
+# The lock's entries to install: ray, and msgpack when the image lacks it.
 wanted=(ray)
-echo "ray==${RAY_VERSION}$(hashes "$RAY_HASHES")" >"$work/requirements.txt"
-if ! python3 -B -c 'import importlib.metadata as m; m.version("msgpack")' 2>/dev/null; then
-  echo "msgpack==${RAY_MSGPACK_VERSION}$(hashes "$RAY_MSGPACK_HASHES")" >>"$work/requirements.txt"
-  wanted+=(msgpack)
-fi
+python3 -B -c 'import importlib.metadata as m; m.version("msgpack")' 2>/dev/null || wanted+=(msgpack)
+python3 -B - "$lock" "$work/requirements.txt" "${wanted[@]}" <<'PY' || exit 1
+import re
+import sys
+
+lock, out, wanted = sys.argv[1], sys.argv[2], sys.argv[3:]
+entries = {}
+for block in re.split(r"\n(?=[A-Za-z0-9])", open(lock).read()):
+    m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
+    if m:
+        entries[m.group(1).lower()] = (m.group(2), re.findall(r"--hash=sha256:[0-9a-f]{64}", block))
+missing = [name for name in wanted if name not in entries or not entries[name][1]]
+if missing:
+    sys.exit(f"install-ray: ERROR: {lock} has no hash-pinned {', '.join(missing)}: run python3 -m ci.pins lock ray")
+with open(out, "w") as f:
+    f.writelines(f"{name}=={entries[name][0]} {' '.join(entries[name][1])}\n" for name in wanted)
+PY
+RAY_VERSION=$(head -n1 "$work/requirements.txt" | sed 's/^ray==\([^ ]*\) .*/\1/')
 echo "install-ray: installing ${wanted[*]} ($(wc -l <"$work/constraints.txt") distributions held)"
 python3 -m pip install --require-hashes --no-compile --no-warn-script-location --disable-pip-version-check \
   --root "$root" --constraint "$work/constraints.txt" --requirement "$work/requirements.txt" \
-  || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change ray.wheels in versions.json or the vLLM image"
+  || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change ci/docker/requirements-ray.in (then lock) or the vLLM image"
 
 # What ROOT holds must be exactly the distributions wanted; then Ray imports from it at the pin.
 python3 -B - "$root" "$RAY_VERSION" "${wanted[@]}" <<'PY'
@@ -76,7 +84,7 @@ found = {norm(p.name[: -len(".dist-info")].rsplit("-", 1)[0]) for site in paths
 if found != wanted:
     sys.exit(f"install-ray: ERROR: the Ray layer holds {', '.join(sorted(found))} but only "
              f"{', '.join(sorted(wanted))} may be installed: a requirement of Ray replaced one of the image's "
-             "distributions; change ray.wheels in versions.json")
+             "distributions; change ci/docker/requirements-ray.in (then python3 -m ci.pins lock ray)")
 env = {**os.environ, "PYTHONPATH": ":".join(f"{root}{site}" for site in paths)}
 got = subprocess.run([sys.executable, "-B", "-c", "import ray; print(ray.__version__)"], env=env,
                      capture_output=True, text=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import discover, kernel_table, locks, model, resolve, verify
 from .model import PinError
 
-RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "ray")
+RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,14 +149,13 @@ def run(ns, parser, root: Path) -> int:
             ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
             ("wheels", any(w.get("unresolved") for t in tracks
                            for w in model.section(data, "pytorch", t)["wheels"].values())),
-            ("ray", any(w.get("unresolved") for w in data["ray"]["wheels"].values())),
         ) if todo]
         wheels = None
-        if {"wheels", "ray"} & set(what):
+        if "wheels" in what:
             try:
                 from . import wheels
             except ImportError as exc:
-                raise PinError(f"resolve {' '.join(sorted({'wheels', 'ray'} & set(what)))} needs the Python package "
+                raise PinError("resolve wheels needs the Python package "
                                f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
                                "apt-get install python3-packaging)") from None
         changes: list[str] = []
@@ -180,8 +179,6 @@ def run(ns, parser, root: Path) -> int:
             elif item == "wheels":
                 for track in _distinct(data, tracks, "pytorch"):
                     changes += wheels.resolve_wheels(data, ns.force, track)
-            elif item == "ray":
-                changes += wheels.resolve_ray(data, ns.force)
         for line in changes:
             print(line)
         if not changes:

@@ -32,7 +32,6 @@ WHEEL_KEYS = ("torch", "triton", "torchvision", "torchaudio")
 # Machines the images are built for (platform.machine).
 MACHINES = ("x86_64",)
 # Ray (multi-node serving) and the requirements of Ray that vLLM does not bring, by build-arg prefix.
-RAY_WHEELS = {"ray": "RAY", "msgpack": "RAY_MSGPACK"}
 SCHEMA = 2
 # Shared sections a track may replace with its own (a track on another ROCm release).
 TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
@@ -257,19 +256,8 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
         args[f"{upper}_PACKAGE"] = render(wheel["package"])
         args[f"{upper}_VERSION"] = render(wheel["version"])
         args[f"{upper}_SHA256"] = render(wheel["sha256"])
-    for key, prefix in RAY_WHEELS.items():
-        wheel = data["ray"]["wheels"][key]
-        args[f"{prefix}_VERSION"] = wheel["version"]
-        args[f"{prefix}_HASHES"] = pip_hashes(wheel["sha256"])
     return args
 
-
-def pip_hashes(sha256: dict | None) -> str:
-    """A {python version: sha256} pin as pip --hash values ("sha256:<hex> ..."), in the sorted
-    order of the keys (the order bake's for expression iterates the same map in)."""
-    if sha256 is None:
-        return UNRESOLVED
-    return " ".join(f"sha256:{sha256[python]}" for python in sorted(sha256))
 
 
 def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> list[str]:

@@ -83,11 +83,11 @@ def check_schema(data: dict) -> list[str]:
     errors: list[str] = []
     if not _require(data, "versions", {
         "schema": int, "source_date_epoch": int, "gpu_archs": list, "python": dict, "rocm": dict,
-        "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict, "platform": dict, "ray": dict,
+        "base_image": dict, "pytorch": dict, "aiter": dict, "vllm": dict, "platform": dict,
         "default_track": str, "tracks": dict,
     }, errors):
         return errors
-    sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm", "ray",
+    sections = ("schema", "gpu_archs", "python", "rocm", "platform", "base_image", "pytorch", "aiter", "vllm",
                 "default_track", "tracks")
     if any(data[k] is None for k in sections) or not _type_ok(data["schema"], int):
         return errors + [f"versions: {', '.join(sections)} must not be null"]
@@ -147,7 +147,6 @@ def check_schema(data: dict) -> list[str]:
             errors.append("vllm.index_url: must be an https:// URL (PyPI's JSON API, where discover finds releases)")
         _require(vllm["triton_kernels"], "vllm.triton_kernels", {"repository": str, "path": str}, errors)
     _check_tracks(data, errors)
-    _check_ray(data, errors)
     return errors
 
 
@@ -227,40 +226,6 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
         if prefix and vllm["commit"] and not vllm["commit"].startswith(prefix):
             errors.append(f"{where}.commit {vllm['commit']} does not start with {where}.commit_prefix {prefix}: "
                           "wrong commit")
-
-
-def _check_ray(data: dict, errors: list[str]) -> None:
-    ray = data["ray"]
-    if not _require(ray, "ray", {"index_url": str, "pythons": list, "wheels": dict}, errors) \
-            or not _names(ray["pythons"], "ray.pythons", errors):
-        return
-    if not str(ray["index_url"]).startswith("https://"):
-        errors.append("ray.index_url: must be an https:// URL (PyPI's JSON API)")
-    pythons = ray["pythons"] or []
-    for python in pythons:
-        if not isinstance(python, str) or not re.match(r"^3\.\d+$", python):
-            errors.append(f"ray.pythons: {python!r} must be like 3.12")
-    if isinstance(data["python"], dict) and data["python"].get("version") not in pythons:
-        errors.append(f"ray.pythons: lacks python.version {data['python'].get('version')!r}, the Python the "
-                      "images are built with: add it")
-    for _key, path, wheel in _wheel_set(ray["wheels"], model.RAY_WHEELS, "ray.wheels", errors):
-        if not _require(wheel, path, {"package": str, "version": str, "sha256": dict}, errors):
-            continue
-        _check_unresolved_list(wheel, path, errors)
-        for field in ("package", "version"):
-            if wheel[field] is None:
-                errors.append(f"{path}.{field}: must be set (only sha256 is resolved)")
-        if wheel["version"] and not re.match(r"^[0-9][0-9A-Za-z.+!-]*$", wheel["version"]):
-            errors.append(f"{path}.version = {wheel['version']!r}: must be an exact version (pip's ==)")
-        sha = wheel["sha256"]
-        if sha is None:
-            continue
-        if sorted(sha) != sorted(pythons):
-            errors.append(f"{path}.sha256: has Pythons {', '.join(sorted(sha))} but ray.pythons lists "
-                          f"{', '.join(sorted(pythons))}: run python3 -m ci.pins resolve ray --write --force")
-        for python, value in sha.items():
-            if not isinstance(value, str) or not SHA256_RE.match(value):
-                errors.append(f"{path}.sha256.{python} = {value!r}: must be 64 lowercase hex digits")
 
 
 def _wheel_set(wheels: dict, known, where: str, errors: list[str]):

@@ -1,12 +1,11 @@
-"""The wheel pins: the PyTorch ROCm wheels (pytorch.wheels, from a PEP 503 index) and Ray
-(ray.wheels, from PyPI's JSON API). Wheel filenames, tags, versions and requirement lines are
+"""The wheel pins: the PyTorch ROCm wheels (pytorch.wheels, from a PEP 503 index; Ray and the
+other PyPI sets are locks: ci.pins.locks). Wheel filenames, tags, versions and requirement lines are
 read with `packaging` (22 or newer), the one module of ci.pins that needs more than the standard
 library."""
 from __future__ import annotations
 
 import hashlib
 import html.parser
-import json
 import urllib.parse
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -41,21 +40,6 @@ def wheel_links(index_url: str, package: str) -> list[tuple[str, str, dict]]:
         if filename.endswith(".whl"):
             out.append((filename, url, attrs))
     return out
-
-
-def pypi_links(index_url: str, package: str, version: str) -> list[tuple[str, str, dict]]:
-    """(filename, url#sha256=..., attributes) of every wheel of one release, from PyPI's JSON API
-    (index_url: its base, https://pypi.org/pypi). Yanked files are left out."""
-    url = f"{index_url.rstrip('/')}/{canonicalize_name(package)}/json"
-    try:
-        releases = json.loads(resolve._http(url).body).get("releases", {})
-    except ValueError:
-        raise PinError(f"{url}: the answer is not JSON: check ray.index_url") from None
-    files = next((f for v, f in releases.items() if _same_version(v, version)), None)
-    if files is None:
-        raise PinError(f"{url}: {package} has no release {version}: check the version in versions.json")
-    return [(f["filename"], f"{f['url']}#sha256={f['digests']['sha256']}", {})
-            for f in files if f.get("filename", "").endswith(".whl") and not f.get("yanked")]
 
 
 def _same_version(a: str, b: str) -> bool:
@@ -106,7 +90,7 @@ def pick_wheel(links, package: str, version: str, python: str, platform: dict):
     if best is None:
         where = f"CPython {python}, glibc {platform['glibc']} {platform['machine']}"
         raise PinError(f"no {package}=={version} wheel for {where} (cp{python.replace('.', '')}) on the index: "
-                       "check the version, python.version / ray.pythons and platform in versions.json")
+                       "check the version, python.version and platform in versions.json")
     return best[1]
 
 
@@ -173,19 +157,4 @@ def resolve_wheels(data: dict, force: bool = False, track: str | None = None) ->
         if key == "torch":
             torch_url = url
         changes += resolve._set(wheel, f"{where}.wheels.{key}", {"sha256": wheel_sha256(url)}, force)
-    return changes
-
-
-def resolve_ray(data: dict, force: bool = False) -> list[str]:
-    """The sha256 of each Ray wheel (ray.wheels) for every Python in ray.pythons, from PyPI's JSON
-    API: the wheel pip would install there (versions.json platform)."""
-    ray = data["ray"]
-    changes: list[str] = []
-    for key in model.RAY_WHEELS:
-        wheel = ray["wheels"][key]
-        links = pypi_links(ray["index_url"], wheel["package"], wheel["version"])
-        sha256 = {python: wheel_sha256(pick_wheel(links, wheel["package"], wheel["version"], python,
-                                                  data["platform"])[1])
-                  for python in sorted(ray["pythons"])}
-        changes += resolve._set(wheel, f"ray.wheels.{key}", {"sha256": sha256}, force)
     return changes
