@@ -358,32 +358,33 @@ def _time_new_and_bound(case: Case, device: torch.device, args) -> tuple[float, 
 
 
 def sweep(device: torch.device, args) -> int:
-    shapes = [(4096, 256, 4, 4, 512), (2048, 256, 4, 8, 512), (1024, 256, 4, 8, 512), (2048, 256, 8, 8, 512),
-              (2048, 256, 4, 8, 256), (2048, 256, 4, 8, 1024)]
+    shapes = [(1024, 256, 4, 8, 512, 2), (1024, 256, 4, 8, 512, 1), (1024, 256, 4, 8, 512, 4),
+              (1024, 256, 4, 4, 512, 2), (2048, 256, 4, 8, 512, 1), (1024, 256, 4, 8, 256, 2)]
     if args.shapes:
         try:
             shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
         except ValueError:
             shapes = []
-        if not shapes or any(len(shape) != 5 or min(shape) < 1 for shape in shapes):
-            print(f"--shapes {args.shapes!r}: expected LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS,... "
-                  "(positive integers)", file=sys.stderr)
+        if not shapes or any(len(shape) != 6 or min(shape) < 1 for shape in shapes):
+            print(f"--shapes {args.shapes!r}: expected LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS:"
+                  "FAST_TILES,... (positive integers)", file=sys.stderr)
             return 2
     picked = [c for c in cases() if _picked(c, args)]
-    print("| launch (largest tile, smallest tile, warps, programs/SM, group keys) | "
+    print("| launch (largest tile, smallest tile, warps, programs/SM, group keys, fast tiles) | "
           + " | ".join(c.name for c in picked) + " |")
     print("|---|" + "---|" * len(picked))
-    for block_t, min_block_t, warps, per_sm, group_keys in shapes:
+    for block_t, min_block_t, warps, per_sm, group_keys, fast in shapes:
         planning_triton.BLOCK_T, planning_triton.MIN_BLOCK_T = block_t, min_block_t
         planning_triton.NUM_WARPS, planning_triton.PROGRAMS_PER_SM = warps, per_sm
-        planning_triton.GROUP_KEYS = group_keys
+        planning_triton.GROUP_KEYS, planning_triton.FAST_TILES = group_keys, fast
         planning_triton._num_programs.cache_clear()
         cells = []
         for case in picked:
             ms, bound = _time_new_and_bound(case, device, args)
             cells.append(f"{ms:.4f} ({ms / bound:.2f}x)")
             torch.cuda.empty_cache()
-        print(f"| {block_t}, {min_block_t}, {warps}, {per_sm}, {group_keys} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| {block_t}, {min_block_t}, {warps}, {per_sm}, {group_keys}, {fast} | " + " | ".join(cells) + " |",
+              flush=True)
     return 0
 
 
@@ -397,7 +398,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="time launch shapes of the new planner")
     ap.add_argument("--shapes", default="",
                     help="with --sweep: launch shapes to time, comma-separated "
-                         "LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS")
+                         "LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS:FAST_TILES")
     args = ap.parse_args()
     device = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")

@@ -1,8 +1,10 @@
 """The fused Triton planner equals the PyTorch planner (uniform layout), on a GPU:
 random batches with padding rows, stale block-table entries, block sizes 1/16/64, query
 lengths 1-4, a narrow and a full-width table, plain and captured in a CUDA graph; and the
-edges of its tile walk: request ends on and beside tile boundaries, padding rows, one tile
-spanning 4096 one-key requests, many short requests, one long request, any grid size."""
+edges of its tile walk: request ends on and beside tile boundaries and pairs of tiles written
+at once, padding rows, tiles spanning more requests than one window holds, 4096 one-key
+requests, many short requests (the grouped kernel and the tile walk), one long request, any
+grid size, a max_seq_len hint below the real lengths."""
 
 from __future__ import annotations
 
@@ -138,6 +140,9 @@ def tile_boundary_batches(block_t):
         "total one short of a tile": [block_t - 1],
         "one-key requests across a boundary": [block_t - 3] + [1] * 6 + [block_t],
         "a tile boundary inside 4094 one-key requests": [block_t // 2] + [1] * (block_t - 2) + [block_t // 2 + 3],
+        "ends on pairs of tiles": [2 * block_t, 2 * block_t, 4 * block_t, 1],
+        "ends one short of and one past a pair": [2 * block_t - 1, 2 * block_t + 2, 3 * block_t - 1, 5],
+        "a pair ending on the last key": [3 * block_t - 7, 7 + 2 * block_t],
     }
 
 
@@ -146,7 +151,20 @@ def tile_boundary_batches(block_t):
 def test_tile_boundaries(name, block_size, qlen):
     from vllm_aiter_mla.planning_triton import BLOCK_T
 
-    assert_plan_equal(tile_boundary_batches(BLOCK_T)[name], qlen, block_size)
+    lens = tile_boundary_batches(BLOCK_T)[name]
+    assert_plan_equal(lens, qlen, block_size)
+    assert_plan_equal(lens, qlen, block_size, max_seq_len=max(lens))
+
+
+@pytest.mark.parametrize("run", [255, 256, 257, 1000])
+def test_tiles_spanning_more_requests_than_a_window(run):
+    # Runs of one- and two-key requests around the window size (256 requests), between long
+    # requests (the tile walk: no max_seq_len, so no grouped kernel).
+    from vllm_aiter_mla.planning_triton import BLOCK_T
+
+    lens = [BLOCK_T + 3] + [1] * run + [2] * run + [3 * BLOCK_T] + [1] * (run // 2)
+    assert_plan_equal(lens, 1, 16)
+    assert_plan_equal(lens, 2, 1, seed=1)
 
 
 @pytest.mark.parametrize("programs", [1, 3, None])
@@ -184,13 +202,39 @@ def test_4096_requests_of_one_key(block_size):
     assert_plan_equal([1] * MAX_REQS, 1, block_size, max_seq_len=1)
 
 
+@pytest.mark.parametrize("hint", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_many_short_requests(seed):
-    from vllm_aiter_mla.planning_triton import MAX_REQS
+def test_many_short_requests(seed, hint):
+    # With max_seq_len the grouped kernel plans them (checked), without it the tile walk.
+    from vllm_aiter_mla.planning_triton import MAX_REQS, _num_programs, grouped_shape
 
     rng = random.Random(seed)
     lens = [rng.randint(0, 40) for _ in range(MAX_REQS - rng.randint(0, 100))]
-    assert_plan_equal(lens, rng.randint(1, 4), rng.choice([1, 16]), max_reqs=MAX_REQS, seed=seed)
+    qlen = rng.randint(1, 4)
+    longest = max(max(lens), qlen) if hint else None
+    assert (grouped_shape(_num_programs(0), len(lens), longest) is not None) == hint
+    assert_plan_equal(lens, qlen, rng.choice([1, 16]), max_reqs=MAX_REQS, seed=seed,
+                      max_seq_len=max(lens) if hint else None)
+
+
+@pytest.mark.parametrize("num_reqs,longest", [(1, 1), (5, 300), (700, 9), (4096, 2), (1000, 2048)])
+def test_grouped_kernel(num_reqs, longest):
+    # Groups of several requests, one request per group, a last group cut short by the batch.
+    from vllm_aiter_mla.planning_triton import _num_programs, grouped_shape
+
+    assert grouped_shape(_num_programs(0), num_reqs, longest) is not None
+    rng = random.Random(num_reqs)
+    lens = [rng.choice([0, 1, longest, rng.randint(0, longest)]) for _ in range(num_reqs)]
+    lens[rng.randrange(num_reqs)] = longest
+    assert_plan_equal(lens, 1 + num_reqs % 3, rng.choice([1, 16, 64]), max_seq_len=longest)
+
+
+def test_a_max_seq_len_below_the_real_lengths_gives_the_same_plan():
+    # The hint picks the kernel and its launch shape only: understated, the grouped kernel
+    # (chosen for short requests) still plans every key.
+    lens = [5] * 300 + [9000, 3] + [5] * 200
+    assert_plan_equal(lens, 1, 16, max_seq_len=5)
+    assert_plan_equal(lens, 2, 16, max_seq_len=100)
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 64])

@@ -10,28 +10,31 @@ decode takes), written into the same :class:`planning.DecodePlanBuffers`:
 * ``kv_indices[t]`` for every key ``t < kv_indptr[B]``: the slot of that key,
   ``block_table[b, p // block_size] * block_size + p % block_size``
 
-One launch, a fixed grid, nothing allocated and nothing read back on the host (so the call
-can also be captured in a CUDA graph):
+One launch, nothing allocated and nothing read back on the host (so the call can also be
+captured in a CUDA graph). The host picks one of three ways from the batch's shape (requests
+and ``max_seq_len``, a hint for speed only: the plan is the same for any lengths):
 
-1. Every program computes the prefix sum of the sequence lengths once, in registers (a batch
-   holds at most ``MAX_REQS`` requests; program 0 writes it out), and from it the batch's key
-   count and the request of the first key of its own range of tiles: the tiles of
-   ``block_t`` keys are dealt out as contiguous ranges, one per program.
-2. A program then walks its tiles in order with a cursor (the request holding the tile's
-   first key, its start and its end). A tile that ends inside that request (every tile of a
-   long request but its last) is written with one row of the block table and one start,
-   without looking at any other request. A tile that holds request boundaries reads a
-   window of the next lengths (16 requests, or ``block_t`` if the tile spans more: a tile of
-   ``block_t`` keys spans at most ``block_t`` requests), takes their prefix sum from the
-   cursor, and finds each key's request by a binary search in that window
-   (``ceil(log2(span + 1))`` gather steps); the window also moves the cursor on.
+* Grouped (short requests, at most ``GROUP_MAX_KEYS`` keys per program): program ``p`` plans
+  a group of consecutive requests. Their first key is one sum over the lengths before them;
+  the group's prefix sum gives ``kv_indptr`` for its requests, and each key's request is a
+  binary search over the group's ends (``log2(group)`` gather steps). No program scans the
+  whole batch, so a step of a few thousand keys costs about one short launch.
+* Tile walk (long requests): every program computes the prefix sum of all lengths once, in
+  registers (a batch holds at most ``MAX_REQS`` requests; program 0 writes it out), deals the
+  batch's tiles of ``block_t`` keys out as contiguous ranges, one per program, and walks its
+  range with a cursor (the request holding the next key, its start and its end). Tiles inside
+  the cursor's request are written with one block-table row and one start, ``FAST_TILES`` at a
+  time while the request holds them all; a tile that holds request boundaries reads the next
+  ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans more), takes
+  their prefix sum from the cursor and finds each key's request by a binary search in that
+  window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor on. No
+  reduction over all requests per tile.
+* Direct (few long requests in a small batch, about one tile per program): each key's request
+  by a binary search over the whole prefix sum.
 
 Work: ``O(programs x requests + total keys)``, independent of the block table's width
 (``max_model_len``); memory traffic is the index array written plus the block-table
-entries and the lengths read. The host picks the tile size from the batch's largest
-possible key count (requests x longest request): small batches get small tiles over more
-programs, so a step of a few thousand keys is one short launch rather than one program
-searching thousands of requests.
+entries and the lengths read.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ import triton.language as tl
 from .planning import DecodePlan, DecodePlanBuffers
 
 # Launch shape, measured on an H200 (backend/bench/planning.py).
-BLOCK_T = 2048  # keys per tile, the most
+BLOCK_T = 1024  # keys per tile, the most
 MIN_BLOCK_T = 256  # keys per tile, the fewest (small batches)
 SMALL_WINDOW = 16  # requests read first at a tile that holds request boundaries
+FAST_TILES = 2  # tiles written at once where one request holds them all
+MID_WINDOW = 256  # requests read at once where the small window ends before the tile does
 PROGRAMS_PER_SM = 8
 NUM_WARPS = 4
 GROUP_KEYS = 512  # grouped kernel: requests per program chosen for at least this many keys
@@ -145,6 +150,28 @@ def _write_window_tile(kv_indices_ptr, block_table_ptr, block_table_stride, seq_
 
 
 @triton.jit
+def _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, key_lo, key_end, req, ends, starts,
+                       span, BLOCK_T: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Write the keys key_lo <= t < key_end of a tile, which lie in requests req .. req + span
+    (window ends/starts from req)."""
+    key = tl.minimum(tl.maximum(t, key_lo), key_end - 1)
+    lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
+    hi = lo + span
+    steps = span
+    while steps > 0:
+        mid = (lo + hi) >> 1
+        after = tl.gather(ends, mid, 0) <= key
+        lo = tl.where(after, mid + 1, lo)
+        hi = tl.where(after, hi, mid)
+        steps = steps >> 1
+    pos = t - tl.gather(starts, lo, 0)
+    row = block_table_ptr + (req + lo).to(tl.int64) * block_table_stride
+    valid = (t >= key_lo) & (t < key_end)
+    block = tl.load(row + pos // BLOCK_SIZE, mask=valid, other=0)
+    tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
+
+
+@triton.jit
 def _plan_kernel(
     block_table_ptr,
     block_table_stride,
@@ -159,7 +186,9 @@ def _plan_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
     SMALL: tl.constexpr,
+    MID: tl.constexpr,
     DIRECT: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -208,40 +237,72 @@ def _plan_kernel(
             first = tile_first * BLOCK_T
             ends = tl.where(in_batch, ends, _NO_END)  # rows past the batch never end before a key
             cur_req, cur_start, cur_end = _cursor(ends, first, 0)
-            for tile in range(tile_first, tile_end):
-                last = tile == tile_end - 1
-                t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
-                t = t0 + tl.arange(0, BLOCK_T)
-                full = t0 + BLOCK_T <= total
-                t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-                if cur_end > t_last:
-                    # The whole tile lies in the cursor's request: one row, one start.
-                    row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
-                    if full:
-                        _write_keys(kv_indices_ptr, row, t, cur_start, total, True, BLOCK_SIZE)
+            tile = tile_first
+            while tile < tile_end:
+                if FAST > 1:
+                    # Several tiles inside the cursor's request: written at once (more stores in
+                    # flight per program).
+                    while (tile + FAST <= tile_end) & (cur_end >= (tile + FAST) * BLOCK_T) \
+                            & ((tile + FAST) * BLOCK_T <= total):
+                        t_fast = tl.multiple_of(tile * BLOCK_T, BLOCK_T) + tl.arange(0, FAST * BLOCK_T)
+                        row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
+                        _write_keys(kv_indices_ptr, row, t_fast, cur_start, total, True, BLOCK_SIZE)
+                        tile += FAST
+                        if (cur_end == tile * BLOCK_T) & (tile < tile_end):
+                            cur_req += 1
+                            cur_start = cur_end
+                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                if tile < tile_end:
+                    last = tile == tile_end - 1
+                    t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
+                    t = t0 + tl.arange(0, BLOCK_T)
+                    full = t0 + BLOCK_T <= total
+                    t_last = tl.minimum(t0 + BLOCK_T, total) - 1
+                    if cur_end > t_last:
+                        # The whole tile lies in the cursor's request: one row, one start.
+                        row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
+                        if full:
+                            _write_keys(kv_indices_ptr, row, t, cur_start, total, True, BLOCK_SIZE)
+                        else:
+                            _write_keys(kv_indices_ptr, row, t, cur_start, total, False, BLOCK_SIZE)
+                        if cur_end == t_last + 1 and not last:
+                            cur_req += 1
+                            cur_start = cur_end
+                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
                     else:
-                        _write_keys(kv_indices_ptr, row, t, cur_start, total, False, BLOCK_SIZE)
-                    if cur_end == t_last + 1 and not last:
-                        cur_req += 1
-                        cur_start = cur_end
-                        cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
-                else:
-                    # Request boundaries in the tile: a small window first, the tile's worth of
-                    # requests when the small one ends before the tile does.
-                    w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
-                    span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
-                    if span < SMALL:
-                        cur_req, cur_start, cur_end = _write_window_tile(
-                            kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
-                            total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
-                            BLOCK_SIZE)
-                    else:
-                        b_ends, b_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, BLOCK_T)
-                        span = tl.sum((b_ends <= t_last).to(tl.int32), 0)
-                        cur_req, cur_start, cur_end = _write_window_tile(
-                            kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
-                            total, t, t_last, cur_req, cur_start, b_ends, b_starts, span, full, last, BLOCK_T,
-                            BLOCK_SIZE)
+                        # Request boundaries in the tile: a window of SMALL requests first.
+                        w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
+                        span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
+                        if span < SMALL:
+                            cur_req, cur_start, cur_end = _write_window_tile(
+                                kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
+                                total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
+                                BLOCK_SIZE)
+                        else:
+                            # Many requests: windows of MID requests, each writing the keys of the
+                            # tile that lie in its requests, until one holds the tile's last key.
+                            w_req = cur_req
+                            w_start = cur_start
+                            covered = 0
+                            while covered == 0:
+                                m_ends, m_starts = _window(seq_lens_ptr, w_req, w_start, num_reqs, qlen, MID)
+                                span = tl.sum((m_ends <= t_last).to(tl.int32), 0)
+                                covered = (span < MID).to(tl.int32)
+                                w_end = tl.max(m_ends, 0)  # the window's last end (when not covered)
+                                key_end = tl.where(covered != 0, t_last + 1, w_end)
+                                _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, w_start,
+                                                   key_end, w_req, m_ends, m_starts, tl.minimum(span, MID - 1),
+                                                   BLOCK_T, BLOCK_SIZE)
+                                if covered:
+                                    if not last:
+                                        done, cur_start, cur_end = _cursor(m_ends, t_last + 1, w_start)
+                                        cur_req = w_req + done
+                                        if cur_end == _NO_END:
+                                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                                else:
+                                    w_req += MID
+                                    w_start = w_end
+                    tile += 1
 
 
 @triton.jit
@@ -403,7 +464,9 @@ def plan_decode_triton(
         BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
         BLOCK_T=block_t,
         SMALL=min(SMALL_WINDOW, block_t),
+        MID=min(MID_WINDOW, block_t),
         DIRECT=direct,
+        FAST=FAST_TILES,
         num_warps=NUM_WARPS,
     )
     return DecodePlan(
