@@ -4,6 +4,11 @@
 //   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve  # another release track
 //   docker buildx bake -f docker-bake.hcl -f versions.json validate  # print-only check targets
 //
+// Images for a registry (what CI runs; --print shows the tags, cache refs and attestations):
+//
+//   PUSH=1 REGISTRY=ghcr.io/org/rocm-vllm TAG=main VCS_REF=$(git rev-parse HEAD) \
+//     docker buildx bake -f docker-bake.hcl -f versions.json base serve ci
+//
 // versions.json's top-level keys (tracks, aiter, vllm, base_image, gpu_archs, ...) become bake
 // variables; without it every target fails with "There is no variable named ...".
 // Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
@@ -23,7 +28,17 @@ variable "MAX_JOBS" { default = "" }
 variable "AITER_MEM_PER_JOB_GIB" { default = "4" }
 // Revision of this repository, recorded as an OCI label (CI sets it: VCS_REF=$(git rev-parse HEAD)).
 variable "VCS_REF" { default = "" }
-// Cache import/export, e.g. CACHE_FROM=type=registry,ref=ghcr.io/org/rocm-vllm:cache
+// "1": images for a registry. Each image is pushed (output push=true) and tagged
+// <name>:vllm<vLLM version>-aiter<12 hex of the AITER commit>-<12 hex of VCS_REF> (commit_tag; VCS_REF
+// must be the full commit id), plus <name>:TAG on the default track and <name>:TAG-vllm<track> on
+// another (TAG empty: none); registry build cache (CACHE_REPO) and attestations (ATTEST) default on.
+variable "PUSH" { default = "0" }
+// Registry build cache: one ref per target, <CACHE_REPO>:<cache_key>, exported with mode=max.
+// Empty: none (default with PUSH=1: <REGISTRY>/buildcache).
+variable "CACHE_REPO" { default = PUSH == "1" ? "${REGISTRY}/buildcache" : "" }
+// "1": SBOM and provenance (mode=max) attestations (a docker-container builder; default: PUSH).
+variable "ATTEST" { default = PUSH }
+// Further cache import/export, e.g. CACHE_FROM=type=local,src=/var/cache/rocm-vllm
 variable "CACHE_FROM" { default = "" }
 variable "CACHE_TO" { default = "" }
 // vLLM image to embed the backend into instead of building vLLM (Dockerfile.rocm); empty: build it.
@@ -44,10 +59,64 @@ function "track_section" {
   result = lookup(tracks[TRACK], name, shared)
 }
 
-// Tags of a target: <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default track.
+// Tags of a target. Local (PUSH=0): <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default
+// track. Pushed (PUSH=1): <name>:<commit_tag>, and the floating TAG (a branch or git tag name) when
+// set: <name>:<TAG> for the default track, <name>:<TAG>-vllm<track> for another.
 function "image_tags" {
   params = [name]
-  result = concat(["${REGISTRY}/${name}:${TAG}-vllm${TRACK}"], TRACK == default_track ? ["${REGISTRY}/${name}:${TAG}"] : [])
+  result = PUSH == "1" ? pushed_tags("${REGISTRY}/${name}") : concat(
+    ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}"],
+    TRACK == default_track ? ["${REGISTRY}/${name}:${TAG}"] : [])
+}
+
+function "pushed_tags" {
+  params = [image]
+  result = distinct(concat(
+    ["${image}:${commit_tag(VCS_REF)}"],
+    TAG == "" ? [] : [TRACK == default_track ? "${image}:${TAG}" : "${image}:${TAG}-vllm${TRACK}"]))
+}
+
+// The 12 hex of the AITER commit the build compiles (UNRESOLVED while the pin has none).
+function "aiter_short" {
+  params = []
+  result = substr(coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED"), 0, 12)
+}
+
+// Tag of a pushed build: what it holds (the track's vLLM version, the AITER commit) and the commit
+// it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
+function "commit_tag" {
+  params = [revision]
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+}
+
+// An empty object: reading an attribute of it stops bake with that attribute's name as the message.
+function "no_value" {
+  params = []
+  result = {}
+}
+
+// Build cache key of a target, from what its layers depend on. base: the AITER commit and the GPU
+// archs (not the vLLM version: a vLLM bump keeps the AITER layers' cache). vLLM targets: the
+// track's vLLM version as well.
+function "cache_key" {
+  params = [name]
+  result = name == "base" ? "base-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
+}
+
+// GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
+function "archs_key" {
+  params = [archs]
+  result = length(compact(split(";", replace(archs, ",", ";")))) > 0 ? join("-", compact(split(";", replace(archs, ",", ";")))) : no_value().GPU_ARCHS_is_empty_set_it_eg_gfx942
+}
+
+function "cache_from" {
+  params = [name]
+  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${cache_key(name)}"])
+}
+
+function "cache_to" {
+  params = [name]
+  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${cache_key(name)},mode=max"])
 }
 
 group "default" { targets = ["base"] }
@@ -64,10 +133,9 @@ target "_common" {
     VCS_REF           = VCS_REF
   }
   secret     = ["id=ca-bundle,src=${CA_BUNDLE}"]
-  cache-from = CACHE_FROM == "" ? [] : [CACHE_FROM]
-  cache-to   = CACHE_TO == "" ? [] : [CACHE_TO]
+  attest     = ATTEST == "1" ? ["type=sbom", "type=provenance,mode=max"] : []
   // Reproducible layers: file timestamps clamped to SOURCE_DATE_EPOCH.
-  output = ["type=image,rewrite-timestamp=true"]
+  output = [PUSH == "1" ? "type=image,rewrite-timestamp=true,push=true" : "type=image,rewrite-timestamp=true"]
   labels = {
     "org.opencontainers.image.source" = "rocm-vllm"
     "org.opencontainers.image.revision" = VCS_REF
@@ -122,6 +190,8 @@ target "base" {
     AITER_MEM_PER_JOB_GIB = AITER_MEM_PER_JOB_GIB
   }
   tags       = image_tags("base")
+  cache-from = cache_from("base")
+  cache-to   = cache_to("base")
 }
 
 // The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
@@ -130,28 +200,41 @@ target "base-aiter-src" {
   dockerfile = "Dockerfile.rocm_base"
   target     = "aiter-verified"
   output     = ["type=cacheonly"]
+  cache-from = CACHE_FROM == "" ? [] : [CACHE_FROM]
+  cache-to   = CACHE_TO == "" ? [] : [CACHE_TO]
+}
+
+// Dockerfile.rocm's settings, shared by its targets (each names its own tags and cache).
+target "_rocm" {
+  inherits   = ["_common", "_versions"]
+  dockerfile = "Dockerfile.rocm"
+  contexts   = { base = "target:base" }
+  args       = { VLLM_IMAGE = VLLM_IMAGE, AITER_CALLS_CHECK = AITER_CALLS_CHECK }
 }
 
 // vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
 target "vllm" {
-  inherits   = ["_common", "_versions"]
-  dockerfile = "Dockerfile.rocm"
+  inherits   = ["_rocm"]
   target     = "vllm"
-  contexts   = { base = "target:base" }
-  args       = { VLLM_IMAGE = VLLM_IMAGE, AITER_CALLS_CHECK = AITER_CALLS_CHECK }
   tags       = image_tags("vllm")
+  cache-from = cache_from("vllm")
+  cache-to   = cache_to("vllm")
 }
 
 // OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
 target "serve" {
-  inherits = ["vllm"]
-  target   = "serve"
-  tags     = image_tags("serve")
+  inherits   = ["_rocm"]
+  target     = "serve"
+  tags       = image_tags("serve")
+  cache-from = cache_from("serve")
+  cache-to   = cache_to("serve")
 }
 
 // serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
 target "ci" {
-  inherits = ["vllm"]
-  target   = "ci"
-  tags     = image_tags("ci")
+  inherits   = ["_rocm"]
+  target     = "ci"
+  tags       = image_tags("ci")
+  cache-from = cache_from("ci")
+  cache-to   = cache_to("ci")
 }

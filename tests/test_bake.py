@@ -96,3 +96,85 @@ def test_ray_comes_from_its_lock_not_from_build_args():
     assert proc.returncode == 0, proc.stderr
     for target in json.loads(proc.stdout)["target"].values():
         assert not [a for a in target["args"] if a.startswith("RAY_")], target["args"]
+
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+ATTESTATIONS = ["type=sbom", "type=provenance,mode=max"]
+CLEAR = {"PUSH": "0", "CACHE_FROM": "", "CACHE_TO": "", "TAG": "dev", "REGISTRY": "localhost/rocm-vllm"}
+
+
+@pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
+def test_local_images_are_tagged_per_track_without_push_cache_or_attestations(track):
+    """<name>:<TAG>-vllm<track>, plus <name>:<TAG> for the default track; nothing pushed."""
+    data = model.load()
+    targets = printed("base", "vllm", "serve", "ci", env={**CLEAR, "TRACK": track, "TAG": "t1"})
+    for name, target in targets.items():
+        plain = [f"localhost/rocm-vllm/{name}:t1"] if track == data["default_track"] else []
+        assert target["tags"] == [f"localhost/rocm-vllm/{name}:t1-vllm{track}"] + plain
+        assert not target.get("attest") and not target.get("cache-from") and not target.get("cache-to")
+        assert target["output"] == ["type=image,rewrite-timestamp=true"]
+
+
+def pushed(track=None, **env):
+    full = {**CLEAR, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA, **env}
+    if track:
+        full["TRACK"] = track
+    return printed("base", "serve", "ci", env=full)
+
+
+@pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
+def test_pushed_images_tags_cache_and_attestations_follow_the_versions_file(track):
+    """PUSH=1: the commit tag vllm<version>-aiter<12 hex>-<12 hex of VCS_REF> and the branch tag
+    (-vllm<track> outside the default track); one registry cache ref per target, the base's
+    without the vLLM version; SBOM and provenance; pushed."""
+    data = model.load()
+    pin = "v0.1.20.post1"
+    commit = data["aiter"]["pins"][pin]["commit"][:12]
+    version = data["tracks"][track]["vllm"]["version"]
+    archs = "-".join(data["gpu_archs"])
+    floating = "main" if track == data["default_track"] else f"main-vllm{track}"
+    for name, target in pushed(track, AITER_PIN=pin).items():
+        image = f"registry.example/team/{name}"
+        assert target["tags"] == [f"{image}:vllm{version}-aiter{commit}-{SHA[:12]}", f"{image}:{floating}"]
+        key = f"base-aiter{commit}-{archs}" if name == "base" else f"{name}-vllm{version}-aiter{commit}-{archs}"
+        assert target["cache-from"] == [f"type=registry,ref=registry.example/team/buildcache:{key}"]
+        assert target["cache-to"] == [f"type=registry,ref=registry.example/team/buildcache:{key},mode=max"]
+        assert target["attest"] == ATTESTATIONS
+        assert target["output"] == ["type=image,rewrite-timestamp=true,push=true"]
+
+
+def test_pushed_settings_are_switches():
+    """ATTEST=0 drops the attestations, CACHE_REPO moves (or, empty, drops) the registry cache,
+    CACHE_FROM/CACHE_TO add to it, TAG empty leaves the commit tag alone."""
+    base = pushed(ATTEST="0", CACHE_REPO="cache.example/c", CACHE_FROM="type=local,src=/c",
+                  CACHE_TO="type=local,dest=/c", TAG="")["base"]
+    assert not base.get("attest")
+    assert base["cache-from"][0] == "type=local,src=/c"
+    assert base["cache-from"][1].startswith("type=registry,ref=cache.example/c:base-aiter")
+    assert base["cache-to"][0] == "type=local,dest=/c" and base["cache-to"][1].endswith(",mode=max")
+    assert len(base["tags"]) == 1 and base["tags"][0].endswith(f"-{SHA[:12]}")
+    base = pushed(CACHE_REPO="")["base"]
+    assert not base.get("cache-from") and not base.get("cache-to") and base["attest"] == ATTESTATIONS
+
+
+def test_an_unresolved_aiter_commit_is_named_in_the_pushed_tag(tmp_path):
+    data = model.load()
+    own = data["tracks"][data["default_track"]]
+    data["aiter"]["pins"][own["aiter"]]["commit"] = None
+    path = tmp_path / "versions.json"
+    path.write_text(json.dumps(data))
+    env = {**CLEAR, "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": SHA}
+    proc = bake_print("serve", env=env, files=("docker-bake.hcl", str(path)))
+    assert proc.returncode == 0, proc.stderr
+    serve = json.loads(proc.stdout)["target"]["serve"]
+    version = own["vllm"]["version"]
+    assert serve["tags"][0] == f"registry.example/team/serve:vllm{version}-aiterUNRESOLVED-{SHA[:12]}"
+    assert f":serve-vllm{version}-aiterUNRESOLVED-" in serve["cache-from"][0]
+
+
+@pytest.mark.parametrize("env,names", [({"VCS_REF": "0123abc"}, "VCS_REF"), ({"VCS_REF": ""}, "VCS_REF"),
+                                       ({"GPU_ARCHS": ";"}, "GPU_ARCHS")])
+def test_pushed_images_need_a_commit_and_archs(env, names):
+    proc = bake_print("base", env={**CLEAR, "PUSH": "1", "VCS_REF": SHA, **env})
+    assert proc.returncode != 0
+    assert f'"{names}_' in proc.stderr, proc.stderr
