@@ -3,6 +3,7 @@ exists and is exercised by this repository's tests, secrets reach scripts only t
 environment, and every repository variable and secret they read is documented."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -170,3 +171,73 @@ def test_build_and_selftest_name_the_same_registry() -> None:
         assert jobs[name]["env"]["REGISTRY_INPUT"] == "${{ inputs.registry }}"
     assert computed[0] == computed[1] and len(computed[0]) == 2
     assert "image-prefix" not in str(jobs["selftest"])
+
+
+# ------------------------------------------------------------------ Dependabot
+
+DEPENDABOT = REPO / ".github" / "dependabot.yml"
+SKIP_DIRS = {".git", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+INTERVALS = {"daily", "weekly", "monthly", "quarterly", "semiannually", "yearly", "cron"}
+
+
+def action_dirs(root: Path) -> set[str]:
+    """Where Dependabot's github-actions ecosystem must look: for a `.github/workflows` folder the
+    folder holding `.github` ("/" for the repository root), for an action.yml its own folder."""
+    def spelled(folder: Path) -> str:
+        rel = folder.relative_to(root).as_posix()
+        return "/" if rel == "." else f"/{rel}"
+
+    found: set[str] = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".venv")]
+        here = Path(folder)
+        if here.name == "workflows" and here.parent.name == ".github" and \
+                any(f.endswith((".yml", ".yaml")) for f in files):
+            found.add(spelled(here.parent.parent))
+        if {"action.yml", "action.yaml"} & set(files):
+            found.add(spelled(here))
+    return found
+
+
+def uncovered(root: Path, config: dict) -> list[str]:
+    covered: list[str] = []
+    for entry in config["updates"]:
+        if entry["package-ecosystem"] == "github-actions":
+            covered += entry.get("directories", []) + ([entry["directory"]] if "directory" in entry else [])
+    patterns = [c.rstrip("/") or "/" for c in covered]
+    return sorted(d for d in action_dirs(root) if not any(fnmatch.fnmatchcase(d, p) for p in patterns))
+
+
+def test_dependabot_config_is_version_2_and_well_formed() -> None:
+    config = yaml.safe_load(DEPENDABOT.read_text())
+    assert config["version"] == 2
+    assert isinstance(config["updates"], list) and config["updates"]
+    for entry in config["updates"]:
+        assert set(entry) >= {"package-ecosystem", "schedule"}, entry
+        assert ("directory" in entry) != ("directories" in entry), entry
+        assert entry["schedule"]["interval"] in INTERVALS, entry
+    ecosystems = [e["package-ecosystem"] for e in config["updates"]]
+    assert "github-actions" in ecosystems
+    # the locks are made by `python3 -m ci.pins lock`: a pip update would edit a generated file
+    assert "pip" not in ecosystems
+
+
+def test_dependabot_covers_every_folder_with_workflows_or_actions() -> None:
+    config = yaml.safe_load(DEPENDABOT.read_text())
+    assert "/" in action_dirs(REPO)  # this repository's own .github/workflows
+    assert uncovered(REPO, config) == []
+
+
+def test_dependabot_check_finds_an_uncovered_folder(tmp_path: Path) -> None:
+    """The coverage check reads the tree: workflows or an action elsewhere are reported."""
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "ci.yml").write_text("on: push\n")
+    (tmp_path / "tools" / "sub" / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / "tools" / "sub" / ".github" / "workflows" / "x.yaml").write_text("on: push\n")
+    (tmp_path / "actions" / "setup").mkdir(parents=True)
+    (tmp_path / "actions" / "setup" / "action.yml").write_text("runs: {using: composite, steps: []}\n")
+    config = yaml.safe_load(DEPENDABOT.read_text())
+    assert uncovered(tmp_path, config) == ["/actions/setup", "/tools/sub"]
+    config["updates"].append({"package-ecosystem": "github-actions", "directories": ["/tools/*", "/actions/*"],
+                              "schedule": {"interval": "weekly"}})
+    assert uncovered(tmp_path, config) == []
