@@ -55,6 +55,7 @@ FAST_TILES = 2  # tiles written at once where one request holds them all
 MID_WINDOW = 256  # requests read at once where the small window ends before the tile does
 PROGRAMS_PER_SM = 8
 NUM_WARPS = 4
+GROUPED_NUM_WARPS = 8
 GROUP_KEYS = 512  # grouped kernel: requests per program chosen for at least this many keys
 GROUP_MAX_KEYS = 8192  # grouped kernel: only where a program has at most this many keys
 MAX_GROUP = 1024
@@ -440,7 +441,7 @@ def plan_decode_triton(
             BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
             GROUP=group,
             CHUNK=chunk,
-            num_warps=NUM_WARPS,
+            num_warps=GROUPED_NUM_WARPS,
         )
         return DecodePlan(
             qo_indptr=buffers.qo_indptr[: num_reqs + 1],
