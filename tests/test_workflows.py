@@ -153,7 +153,11 @@ def test_the_documented_gitlab_wrapper_calls_the_same_scripts() -> None:
     for script in called:
         assert (REPO / script).is_file()
     subcommands = {m for l in lines for m in re.findall(r"python3 -m ci\.pipeline (\w+)", l)}
-    assert subcommands == {"tag", "summary"}
+    assert subcommands == {"summary"}
+    # the selftest job's TAG: the file publish.sh writes into the build job's RESULTS_DIR
+    build = pipeline["build"]
+    assert build["artifacts"]["reports"]["dotenv"] == f"{build['variables']['RESULTS_DIR']}/tag.env"
+    assert '"$results/tag.env"' in (REPO / "ci/pipeline/amd-runner/publish.sh").read_text()
     help_text = subprocess.run([sys.executable, "-m", "ci.pipeline", "--help"], cwd=REPO, capture_output=True,
                                text=True, timeout=60).stdout
     assert all(c in help_text for c in subcommands)

@@ -3,9 +3,10 @@
 #
 #   ci/pipeline/amd-runner/build.sh [TARGET...]        default targets: ci serve
 #
-# Bake variables come from the environment (REGISTRY, TAG, GPU_ARCHS, MAX_JOBS,
-# CACHE_FROM, CACHE_TO, VCS_REF, ...; see docker-bake.hcl). Other settings:
-#   BAKE_ARGS    extra arguments for bake (default --load; e.g. "--push")
+# Bake variables come from the environment (REGISTRY, TAG, GPU_ARCHS, MAX_JOBS, PUSH,
+# CACHE_REPO, CACHE_FROM, CACHE_TO, VCS_REF, ...; see docker-bake.hcl). Other settings:
+#   BAKE_ARGS    extra arguments for bake (default --load, none with PUSH=1: the images are
+#                pushed; e.g. "--print")
 #   RESULTS_DIR  where the build metadata is written (default ./selftest-results)
 #   DOCKER       docker command (default docker)
 set -euo pipefail
@@ -24,7 +25,9 @@ VCS_REF=${VCS_REF:-$(git rev-parse HEAD 2>/dev/null || true)}
 export VCS_REF
 mkdir -p "$results"
 
-read -r -a extra <<<"${BAKE_ARGS:---load}"
+default_args=--load
+if [ "${PUSH:-0}" = 1 ]; then default_args=; fi
+read -r -a extra <<<"${BAKE_ARGS:-$default_args}"
 echo "== bake ${*} (REGISTRY=${REGISTRY:-<bake default>} TAG=${TAG:-<bake default>} GPU_ARCHS=${GPU_ARCHS:-<versions file>})" >&2
 start=$(date +%s)
 # versions.json is the bake file that defines the pins (variables aiter, vllm, ...).

@@ -4,24 +4,29 @@
 #
 #   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
+# Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
+# what differs per run:
 # 1. `python3 -m ci.pins verify --strict`: a pushed image has every pin resolved
 #    (PUBLISH=print: verify without --strict).
-# 2. `python3 -m ci.pipeline bake-file`: a bake file with, per target, the tags
-#    vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ the git tag or branch name of GIT_REF),
-#    cache-from/cache-to type=registry (one cache ref per target, keyed so that a vLLM bump
-#    reuses the AITER layers) and attest type=sbom / type=provenance,mode=max.
-# 3. ci/pipeline/amd-runner/build.sh with that file and --push.
+# 2. `docker buildx bake --print` with PUSH=1, REGISTRY, TAG (the branch or git tag name of
+#    GIT_REF) and VCS_REF=GIT_SHA: the resolved graph, written to RESULTS_DIR/bake-print.json.
+#    Tags vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ the branch or git tag name),
+#    cache-from/cache-to type=registry (one ref per target in CACHE_REPO, keyed so that a vLLM
+#    bump reuses the AITER layers), attest type=sbom / type=provenance,mode=max.
+# 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds and pushes that graph.
 #
 # Settings:
 #   REGISTRY     image repository prefix, required (images: $REGISTRY/<target>:<tag>)
 #   CACHE_REPO   build cache repository (default $REGISTRY/buildcache)
-#   GIT_SHA      commit being built (default: git rev-parse HEAD)
-#   GIT_REF      git ref being built, e.g. refs/tags/v1.0 (default $GITHUB_REF)
+#   GIT_SHA      commit being built, 40 hex (default: git rev-parse HEAD)
+#   GIT_REF      git ref being built, e.g. refs/tags/v1.0 or refs/heads/main (default $GITHUB_REF);
+#                its name, with characters a tag cannot have replaced by '-', tags the images too
 #   TRACK, AITER_PIN, GPU_ARCHS   as for bake (default: versions.json default_track, its AITER pin)
 #   BUILDER      buildx builder to use; created with the docker-container driver when missing
 #                (registry cache export and attestations need it). Empty: the current builder.
-#   PUBLISH      push (default) | print (resolve the graph with `bake --print`, push nothing)
-#   RESULTS_DIR  where the bake file and metadata are written (default ./selftest-results)
+#   PUBLISH      push (default) | print (print the resolved graph, push nothing)
+#   RESULTS_DIR  where the resolved graph, tag.env (TAG=<tag>) and the build metadata are written
+#                (default ./selftest-results)
 #   DOCKER       docker command (default docker)
 # When $GITHUB_OUTPUT is set, writes tag=<tag> and image-prefix=<REGISTRY> to it.
 set -euo pipefail
@@ -34,16 +39,37 @@ if [ "$#" -eq 0 ]; then
   set -- base serve ci
 fi
 case "$mode" in
-  push) bake_mode=--push ;;
-  print) bake_mode=--print ;;
+  push|print) ;;
   *) echo "error: PUBLISH=$mode: set PUBLISH to push or print" >&2; exit 1 ;;
 esac
-if [ -z "${REGISTRY:-}" ]; then
+registry=${REGISTRY:-}
+if [ -z "$registry" ]; then
   echo "error: REGISTRY is not set: set REGISTRY to the repository prefix to push to (e.g. ghcr.io/org/rocm-vllm)" >&2
   exit 1
 fi
+case "$registry" in
+  localhost/*) echo "error: REGISTRY '$registry' is not a registry to push to: set REGISTRY (e.g. ghcr.io/org/rocm-vllm)" >&2; exit 1 ;;
+  *[A-Z]*) echo "error: REGISTRY '$registry' has upper-case letters, which image names cannot have: set REGISTRY in lower case" >&2; exit 1 ;;
+esac
 sha=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || true)}
+if ! [[ $sha =~ ^[0-9a-f]{40}$ ]]; then
+  echo "error: GIT_SHA '$sha' is not a full 40-hex commit id: set GIT_SHA to the commit being built" >&2
+  exit 1
+fi
+# The floating tag: the branch or git tag name (none for other refs, e.g. refs/pull/1/merge).
 ref=${GIT_REF:-${GITHUB_REF:-}}
+name=
+case "$ref" in
+  refs/tags/*|refs/heads/*) name=${ref#refs/*/} ;;
+esac
+name=${name//[^A-Za-z0-9_.-]/-}
+while [[ $name == [.-]* ]]; do name=${name#?}; done
+name=${name:0:128}
+
+# An empty setting means "the default": left to bake (an empty variable would override it).
+for setting in TRACK AITER_PIN GPU_ARCHS CACHE_REPO; do
+  if [ -z "${!setting:-}" ]; then unset "$setting"; fi
+done
 pin_args=()
 if [ -n "${TRACK:-}" ]; then pin_args+=(--track "$TRACK"); fi
 if [ -n "${AITER_PIN:-}" ]; then pin_args+=(--aiter-pin "$AITER_PIN"); fi
@@ -58,16 +84,31 @@ fi
 
 mkdir -p "$results"
 results=$(cd "$results" && pwd)
-case "$results" in
-  *[[:space:]]*) echo "error: RESULTS_DIR '$results' contains whitespace: set RESULTS_DIR to a path without spaces" >&2; exit 1 ;;
-esac
-bake_file=$results/publish.bake.json
-python3 -m ci.pipeline bake-file --registry "$REGISTRY" --sha "$sha" --ref "$ref" \
-  --cache-repo "${CACHE_REPO:-}" --gpu-archs "${GPU_ARCHS:-}" "${pin_args[@]}" "$@" >"$bake_file"
-tag=$(python3 -m ci.pipeline tag --sha "$sha" "${pin_args[@]}")
-echo "== images: ${REGISTRY%/}/{$(IFS=,; echo "$*")}:$tag (bake file $bake_file)" >&2
+export PUSH=1 REGISTRY=${registry%/} TAG=$name VCS_REF=$sha RESULTS_DIR=$results
+if [ -n "${CACHE_REPO:-}" ]; then export CACHE_REPO=${CACHE_REPO%/}; fi
+graph=$results/bake-print.json
+"$docker_cmd" buildx bake -f docker-bake.hcl -f versions.json --print "$@" >"$graph"
+# The commit tag is each target's first tag (docker-bake.hcl, pushed_tags).
+tag=$(python3 - "$graph" <<'PY'
+import json, sys
+try:
+    targets = json.load(open(sys.argv[1]))["target"]
+    tags = {t["tags"][0].rsplit(":", 1)[1] for t in targets.values() if t.get("tags")}
+except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    sys.exit(f"error: {sys.argv[1]} is not the graph docker buildx bake --print writes ({exc!r}): see the bake output above")
+if len(tags) != 1:
+    sys.exit(f"error: the targets of {sys.argv[1]} do not share one commit tag: {sorted(tags)}")
+print(tags.pop())
+PY
+)
+echo "== images: $REGISTRY/{$(IFS=,; echo "$*")}:$tag (every tag, cache ref and attestation: $graph)" >&2
+echo "TAG=$tag" >"$results/tag.env"
 if [ -n "${GITHUB_OUTPUT:-}" ]; then
-  { echo "tag=$tag"; echo "image-prefix=${REGISTRY%/}"; } >>"$GITHUB_OUTPUT"
+  { echo "tag=$tag"; echo "image-prefix=$REGISTRY"; } >>"$GITHUB_OUTPUT"
+fi
+if [ "$mode" = print ]; then
+  cat "$graph"
+  exit 0
 fi
 
 if [ -n "${BUILDER:-}" ]; then
@@ -78,5 +119,4 @@ if [ -n "${BUILDER:-}" ]; then
   export BUILDX_BUILDER=$BUILDER
 fi
 
-export TAG=$tag VCS_REF=$sha RESULTS_DIR=$results
-BAKE_ARGS="$bake_mode -f $bake_file" DOCKER="$docker_cmd" exec bash ci/pipeline/amd-runner/build.sh "$@"
+BAKE_ARGS= DOCKER="$docker_cmd" exec bash ci/pipeline/amd-runner/build.sh "$@"

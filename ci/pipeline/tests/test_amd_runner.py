@@ -110,6 +110,10 @@ def test_build_bakes_targets(host, ci_dir: Path) -> None:
     host.run(ci_dir / "pipeline/amd-runner/build.sh", "base", BAKE_ARGS="--push --progress plain")
     assert host.calls()[1] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
                                "--metadata-file", metadata, "--push", "--progress", "plain", "base"]
+    # PUSH=1: bake pushes (docker-bake.hcl's output), so the images are not also loaded
+    host.run(ci_dir / "pipeline/amd-runner/build.sh", "serve", PUSH="1")
+    assert host.calls()[2] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+                               "--metadata-file", metadata, "serve"]
 
 
 def _real_buildx() -> str:

@@ -1,6 +1,7 @@
-"""The pipeline's scripts in their CPU form: image tags and build cache from versions.json,
-publish.sh through the real `docker buildx bake --print` and with a docker that records its
-argv, registry login, the self-test summary table on a real self-test run."""
+"""The pipeline's scripts in their CPU form: publish.sh's image tags, build cache and
+attestations (declared in docker-bake.hcl) through the real `docker buildx bake --print`, checked
+against what versions.json says they are; publish.sh with a docker that records its argv, registry
+login, the self-test summary table on a real self-test run."""
 from __future__ import annotations
 
 import json
@@ -85,75 +86,6 @@ def resolved_repo(tmp_path: Path) -> Path:
     return root
 
 
-# ------------------------------------------------------------------ tags and cache keys
-
-def test_tag_rendered_from_versions_json() -> None:
-    data = versions()
-    proc = pipeline("tag", "--sha", SHA, "--aiter-pin", KNOWN_PIN)
-    assert proc.returncode == 0, proc.stderr
-    commit = data["aiter"]["pins"][KNOWN_PIN]["commit"]
-    default = data["tracks"][data["default_track"]]["vllm"]["version"]
-    assert proc.stdout.strip() == f"vllm{default}-aiter{commit[:12]}-{SHA[:12]}"
-    for track, own in data["tracks"].items():
-        proc = pipeline("tag", "--sha", SHA, "--aiter-pin", KNOWN_PIN, "--track", track)
-        assert proc.stdout.strip() == f"vllm{own['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}", proc.stderr
-    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", proc.stdout.strip())  # a valid image tag
-    proc = pipeline("tag", "--sha", SHA, "--track", "0.1")
-    assert proc.returncode == 1 and "no release track '0.1'" in proc.stderr
-
-
-def test_tag_refuses_unresolved_aiter_commit_and_short_sha(tmp_path: Path) -> None:
-    data = versions()
-    name = data["tracks"][data["default_track"]]["aiter"]
-    data["aiter"]["pins"][name]["commit"] = None
-    (tmp_path / "versions.json").write_text(json.dumps(data))
-    proc = pipeline("--file", str(tmp_path / "versions.json"), "tag", "--sha", SHA)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"error: aiter.pins.{name}.commit is unresolved: run python3 -m ci.pins resolve aiter --write "
-        "(or set AITER_PIN to a resolved pin)"]
-    proc = pipeline("tag", "--sha", "abc123", "--aiter-pin", KNOWN_PIN)
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "GIT_SHA" in proc.stderr
-
-
-def _bake_file(path: Path, *extra: str) -> dict:
-    proc = pipeline("--file", str(path), "bake-file", "--registry", "registry.example/team", "--sha", SHA,
-                    "--aiter-pin", KNOWN_PIN, *extra, "base", "serve", "ci")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["target"]
-
-
-def test_vllm_bump_keeps_the_base_cache_ref_and_an_aiter_bump_does_not(tmp_path: Path) -> None:
-    """The base image's cache ref (AITER layers) does not depend on the vLLM pin."""
-    data = versions()
-    before = _bake_file(REPO / "versions.json")
-    bumped = json.loads(json.dumps(data))
-    own = bumped["tracks"][bumped["default_track"]]["vllm"]
-    own["version"] = own["version"].rsplit(".", 1)[0] + ".99"
-    (tmp_path / "vllm.json").write_text(json.dumps(bumped))
-    after = _bake_file(tmp_path / "vllm.json")
-    assert after["base"]["cache-from"] == before["base"]["cache-from"]
-    assert after["base"]["cache-to"] == before["base"]["cache-to"]
-    for target in ("serve", "ci"):
-        assert after[target]["cache-from"] != before[target]["cache-from"]
-        assert f"vllm{own['version']}" in after[target]["cache-from"][0]
-    assert after["base"]["tags"] != before["base"]["tags"]  # the tag names the vLLM version
-
-    aiter = json.loads(json.dumps(data))
-    aiter["aiter"]["pins"][KNOWN_PIN]["commit"] = "f" * 40
-    (tmp_path / "aiter.json").write_text(json.dumps(aiter))
-    assert _bake_file(tmp_path / "aiter.json")["base"]["cache-from"] != before["base"]["cache-from"]
-    # the GPU archs are compiled into the AITER layers: another arch list, another cache ref
-    assert _bake_file(REPO / "versions.json", "--gpu-archs", "gfx942")["base"]["cache-from"] \
-        != before["base"]["cache-from"]
-
-
-def test_bake_file_refuses_a_registry_it_cannot_push_to() -> None:
-    for registry, word in (("localhost/rocm-vllm", "REGISTRY"), ("ghcr.io/Org/rocm-vllm", "lower case")):
-        proc = pipeline("bake-file", "--registry", registry, "--sha", SHA, "--aiter-pin", KNOWN_PIN, "base")
-        assert proc.returncode == 1 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-
-
 # ------------------------------------------------------------------ publish.sh
 
 def _real_buildx() -> str:
@@ -164,43 +96,164 @@ def _real_buildx() -> str:
     return docker
 
 
-def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path: Path) -> None:
+def expected_graph(data: dict, track: str, aiter_commit: str, registry: str, sha: str, ref_name: str,
+                   targets=("base", "serve", "ci")) -> dict[str, dict]:
+    """What the pipeline pushes, from versions.json alone: per target its tags, cache refs, attestations."""
+    version = data["tracks"][track]["vllm"]["version"]
+    archs = "-".join(data["gpu_archs"])
+    tag = f"vllm{version}-aiter{aiter_commit[:12]}-{sha[:12]}"
+    floating = ref_name if track == data["default_track"] else f"{ref_name}-vllm{track}"
+    out = {}
+    for name in targets:
+        key = f"base-aiter{aiter_commit[:12]}-{archs}" if name == "base" else \
+            f"{name}-vllm{version}-aiter{aiter_commit[:12]}-{archs}"
+        ref = f"{registry}/buildcache:{key}"
+        out[name] = {"tags": [f"{registry}/{name}:{tag}"] + ([f"{registry}/{name}:{floating}"] if ref_name else []),
+                     "cache-from": [f"type=registry,ref={ref}"],
+                     "cache-to": [f"type=registry,ref={ref},mode=max"],
+                     "attest": ["type=sbom", "type=provenance,mode=max"]}
+    return out
+
+
+def pushed_settings(targets: dict) -> dict[str, dict]:
+    return {name: {k: t.get(k) for k in ("tags", "cache-from", "cache-to", "attest")} for name, t in targets.items()}
+
+
+def publish_print(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    results = tmp_path / "results"
+    env = {**os.environ, "PUBLISH": "print", "REGISTRY": "registry.example/team", "GIT_SHA": SHA,
+           "RESULTS_DIR": str(results), **settings}
+    for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG", "PUSH", "ATTEST", "CACHE_FROM", "CACHE_TO"):
+        if name not in settings:
+            env.pop(name, None)
+    return run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path), results
+
+
+@pytest.mark.parametrize("track", sorted(versions()["tracks"]))
+def test_publish_resolves_tags_cache_and_attestations_through_real_bake(tmp_path: Path, track: str) -> None:
     _real_buildx()
     data = versions()
     out = tmp_path / "github_output"
-    env = {**os.environ, "PUBLISH": "print", "REGISTRY": "registry.example/team", "GIT_SHA": SHA,
-           "GIT_REF": "refs/tags/v1.2.0", "AITER_PIN": KNOWN_PIN, "RESULTS_DIR": str(tmp_path / "results"),
-           "GITHUB_OUTPUT": str(out)}
-    for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG"):
-        env.pop(name, None)
-    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    proc, results = publish_print(tmp_path, GIT_REF="refs/tags/v1.2.0", AITER_PIN=KNOWN_PIN, TRACK=track,
+                                  GITHUB_OUTPUT=str(out))
     assert proc.returncode == 0, proc.stderr
     targets = json.loads(proc.stdout)["target"]
-    assert set(targets) == {"base", "serve", "ci"}
-    commit12 = data["aiter"]["pins"][KNOWN_PIN]["commit"][:12]
-    tag = f"vllm{data['tracks'][data['default_track']]['vllm']['version']}-aiter{commit12}-{SHA[:12]}"
-    archs = "-".join(data["gpu_archs"])
-    for name, target in targets.items():
-        assert target["tags"] == [f"registry.example/team/{name}:{tag}", f"registry.example/team/{name}:v1.2.0"]
-        key = (f"base-aiter{commit12}-{archs}" if name == "base"
-               else f"{name}-vllm{data['tracks'][data['default_track']]['vllm']['version']}-aiter{commit12}-{archs}")
-        ref = f"registry.example/team/buildcache:{key}"
-        assert target["cache-from"] == [f"type=registry,ref={ref}"]
-        assert target["cache-to"] == [f"type=registry,ref={ref},mode=max"]
-        assert "type=sbom" in target["attest"] and "type=provenance,mode=max" in target["attest"]
-        assert target["args"]["AITER_COMMIT"] == data["aiter"]["pins"][KNOWN_PIN]["commit"]
+    commit = data["aiter"]["pins"][KNOWN_PIN]["commit"]
+    assert pushed_settings(targets) == expected_graph(data, track, commit, "registry.example/team", SHA, "v1.2.0")
+    for target in targets.values():
+        assert target["args"]["AITER_COMMIT"] == commit
+        assert target["args"]["VLLM_VERSION"] == data["tracks"][track]["vllm"]["version"]
+        assert target["output"] == ["type=image,rewrite-timestamp=true,push=true"]
+        assert target["labels"]["org.opencontainers.image.revision"] == SHA
+    tag = f"vllm{data['tracks'][track]['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag)  # a valid image tag
     assert out.read_text().splitlines() == [f"tag={tag}", "image-prefix=registry.example/team"]
+    assert (results / "tag.env").read_text() == f"TAG={tag}\n"
+    assert json.loads((results / "bake-print.json").read_text()) == json.loads(proc.stdout)
+
+
+def test_publish_names_the_branch_as_a_tag_can_spell_it(tmp_path: Path) -> None:
+    """A branch name becomes a tag (characters a tag cannot have: '-'); a ref that is neither a
+    branch nor a git tag adds no floating tag; CACHE_REPO and GPU_ARCHS reach the cache refs."""
+    _real_buildx()
+    data = versions()
+    commit = data["aiter"]["pins"][KNOWN_PIN]["commit"]
+    proc, _ = publish_print(tmp_path, GIT_REF="refs/heads/.feature/Fix bug#2", AITER_PIN=KNOWN_PIN,
+                            CACHE_REPO="cache.example/c/", GPU_ARCHS="gfx942")
+    assert proc.returncode == 0, proc.stderr
+    serve = json.loads(proc.stdout)["target"]["serve"]
+    version = data["tracks"][data["default_track"]]["vllm"]["version"]
+    assert serve["tags"][1] == "registry.example/team/serve:feature-Fix-bug-2"
+    key = f"serve-vllm{version}-aiter{commit[:12]}-gfx942"
+    assert serve["cache-from"] == [f"type=registry,ref=cache.example/c:{key}"]
+    assert serve["args"]["GPU_ARCHS"] == "gfx942"
+    proc, _ = publish_print(tmp_path, GIT_REF="refs/pull/7/merge", AITER_PIN=KNOWN_PIN, TRACK="", GPU_ARCHS="")
+    assert proc.returncode == 0, proc.stderr
+    for name, target in json.loads(proc.stdout)["target"].items():
+        assert target["tags"] == [f"registry.example/team/{name}:vllm{version}-aiter{commit[:12]}-{SHA[:12]}"]
+        assert target["args"]["GPU_ARCHS"] == ";".join(data["gpu_archs"])  # empty: the versions file's
+
+
+def _bake_graph(path: Path, tmp_path: Path, **env: str) -> dict:
+    """bake --print as publish.sh runs it (PUSH=1), on another versions file."""
+    docker = _real_buildx()
+    root = tmp_path / f"repo-{path.stem}"
+    root.mkdir(exist_ok=True)
+    shutil.copy(REPO / "docker-bake.hcl", root / "docker-bake.hcl")
+    shutil.copy(path, root / "versions.json")
+    full = {**os.environ, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA,
+            "AITER_PIN": KNOWN_PIN, **env}
+    for name in ("CACHE_REPO", "GPU_ARCHS", "TRACK", "ATTEST", "CACHE_FROM", "CACHE_TO"):
+        if name not in env:
+            full.pop(name, None)
+    proc = run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
+                "base", "serve", "ci"], cwd=root, env=full)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["target"]
+
+
+def test_vllm_bump_keeps_the_base_cache_ref_and_an_aiter_bump_does_not(tmp_path: Path) -> None:
+    """The base image's cache ref (AITER layers) does not depend on the vLLM pin."""
+    data = versions()
+    before = _bake_graph(REPO / "versions.json", tmp_path)
+    bumped = json.loads(json.dumps(data))
+    own = bumped["tracks"][bumped["default_track"]]["vllm"]
+    own["version"] = own["version"].rsplit(".", 1)[0] + ".99"
+    (tmp_path / "vllm.json").write_text(json.dumps(bumped))
+    after = _bake_graph(tmp_path / "vllm.json", tmp_path)
+    assert after["base"]["cache-from"] == before["base"]["cache-from"]
+    assert after["base"]["cache-to"] == before["base"]["cache-to"]
+    for target in ("serve", "ci"):
+        assert after[target]["cache-from"] != before[target]["cache-from"]
+        assert f"vllm{own['version']}" in after[target]["cache-from"][0]
+    assert after["base"]["tags"] != before["base"]["tags"]  # the tag names the vLLM version
+
+    aiter = json.loads(json.dumps(data))
+    aiter["aiter"]["pins"][KNOWN_PIN]["commit"] = "f" * 40
+    (tmp_path / "aiter.json").write_text(json.dumps(aiter))
+    changed = _bake_graph(tmp_path / "aiter.json", tmp_path)
+    assert changed["base"]["cache-from"] == [
+        f"type=registry,ref=registry.example/team/buildcache:base-aiter{'f' * 12}-{'-'.join(data['gpu_archs'])}"]
+    # the GPU archs are compiled into the AITER layers: another arch list, another cache ref
+    assert _bake_graph(REPO / "versions.json", tmp_path, GPU_ARCHS="gfx942")["base"]["cache-from"] \
+        != before["base"]["cache-from"]
+
+
+@pytest.mark.parametrize("registry,says", [
+    ("localhost/rocm-vllm", "error: REGISTRY 'localhost/rocm-vllm' is not a registry to push to: "
+                            "set REGISTRY (e.g. ghcr.io/org/rocm-vllm)"),
+    ("ghcr.io/Org/rocm-vllm", "error: REGISTRY 'ghcr.io/Org/rocm-vllm' has upper-case letters, which image names "
+                              "cannot have: set REGISTRY in lower case")])
+def test_publish_refuses_a_registry_it_cannot_push_to(fake_docker, tmp_path: Path, registry: str, says: str) -> None:
+    env = {**fake_docker.env, "REGISTRY": registry, "GIT_SHA": SHA, "RESULTS_DIR": str(tmp_path / "results")}
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [says]
+    assert fake_docker.calls() == []
+
+
+def test_publish_refuses_a_short_commit_id(fake_docker, tmp_path: Path) -> None:
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": "abc123",
+           "RESULTS_DIR": str(tmp_path / "results")}
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: GIT_SHA 'abc123' is not a full 40-hex commit id: set GIT_SHA to the commit being built"]
+    assert fake_docker.calls() == []
 
 
 FAKE_DOCKER = """#!/usr/bin/env python3
 import json, os, sys
 argv = sys.argv[1:]
-names = ("TAG", "VCS_REF", "BUILDX_BUILDER", "REGISTRY_PASSWORD")
+names = ("PUSH", "REGISTRY", "TAG", "VCS_REF", "BUILDX_BUILDER", "REGISTRY_PASSWORD")
 record = {"argv": argv, "env": {k: os.environ.get(k) for k in names}}
 if argv[:1] == ["login"]:
     record["stdin"] = sys.stdin.read()
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
+if argv[:2] == ["buildx", "bake"] and "--print" in argv:
+    # resolving the graph changes nothing: the real bake does it
+    os.execv(os.environ["REAL_DOCKER"], ["docker", *argv])
 if argv[:2] == ["buildx", "inspect"]:
     sys.exit(int(os.environ.get("FAKE_INSPECT_RC", "0")))
 if argv[:1] == ["login"]:
@@ -217,7 +270,9 @@ def fake_docker(tmp_path: Path):
     log = tmp_path / "docker.jsonl"
 
     class Fake:
-        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_DOCKER_LOG": str(log)}
+        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_DOCKER_LOG": str(log),
+               "REAL_DOCKER": shutil.which("docker") or "/nonexistent/docker",
+               **{k: os.environ[k] for k in ("DOCKER_CONFIG", "DOCKER_HOST") if k in os.environ}}
 
         @staticmethod
         def calls() -> list[dict]:
@@ -227,9 +282,10 @@ def fake_docker(tmp_path: Path):
 
 
 def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
+    _real_buildx()
     results = tmp_path / "results"
-    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA, "GIT_REF": "refs/heads/main",
-           "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1"}
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm/", "GIT_SHA": SHA, "GIT_REF": "refs/heads/main",
+           "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1", "TRACK": ""}
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((resolved_repo / "versions.json").read_text())
@@ -238,23 +294,27 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     tag = f"vllm{default['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
     calls = fake_docker.calls()
     assert [c["argv"] for c in calls] == [
+        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", "base", "serve", "ci"],
         ["buildx", "inspect", "rocm-vllm"],
         ["buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"],
         ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
-         "--metadata-file", str(results / "bake-metadata.json"),
-         "--push", "-f", str(results / "publish.bake.json"), "base", "serve", "ci"],
+         "--metadata-file", str(results / "bake-metadata.json"), "base", "serve", "ci"],
     ]
-    assert calls[2]["env"] == {"TAG": tag, "VCS_REF": SHA, "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
-    pushed = json.loads((results / "publish.bake.json").read_text())["target"]
-    assert pushed["serve"]["tags"] == [f"ghcr.io/team/rocm-vllm/serve:{tag}", "ghcr.io/team/rocm-vllm/serve:main"]
+    assert calls[3]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
+                               "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
+    graph = json.loads((results / "bake-print.json").read_text())["target"]
+    assert pushed_settings(graph) == expected_graph(data, data["default_track"], commit, "ghcr.io/team/rocm-vllm",
+                                                    SHA, "main")
+    assert (results / "tag.env").read_text() == f"TAG={tag}\n"
 
     # an existing builder is used as it is
     (tmp_path / "docker.jsonl").unlink()
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh"), "base"],
                env={**env, "FAKE_INSPECT_RC": "0"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "inspect"], ["buildx", "bake"]]
-    assert fake_docker.calls()[1]["argv"][-1] == "base"
+    assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "bake"], ["buildx", "inspect"],
+                                                            ["buildx", "bake"]]
+    assert fake_docker.calls()[2]["argv"][-1] == "base"
 
 
 def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
