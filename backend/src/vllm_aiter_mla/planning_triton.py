@@ -424,45 +424,26 @@ def plan_decode_triton(
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_table.stride(1) != 1:
         raise ValueError("block_table (rows contiguous) and seq_lens must be int32")
     longest = None if max_seq_len is None else max(max_seq_len, qlen)
+    # what both kernels take: the batch, its query length and the plan buffers
+    args = (block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
+            buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices)
+    sizes = {"BLOCK_SIZE": buffers.block_size, "BLOCK_R": triton.next_power_of_2(buffers.max_reqs)}
+    plan = DecodePlan(
+        qo_indptr=buffers.qo_indptr[: num_reqs + 1],
+        kv_indptr=buffers.kv_indptr[: num_reqs + 1],
+        kv_indices=buffers.kv_indices,
+        kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
+    )
     grouped = grouped_shape(_num_programs(block_table.device.index or 0), num_reqs, longest)
     if grouped is not None:
         group, chunk, programs = grouped
-        _plan_grouped_kernel[(programs,)](
-            block_table,
-            block_table.stride(0),
-            seq_lens,
-            num_reqs,
-            qlen,
-            buffers.capacity,
-            buffers.qo_indptr,
-            buffers.kv_indptr,
-            buffers.kv_indices,
-            BLOCK_SIZE=buffers.block_size,
-            BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
-            GROUP=group,
-            CHUNK=chunk,
-            num_warps=GROUPED_NUM_WARPS,
-        )
-        return DecodePlan(
-            qo_indptr=buffers.qo_indptr[: num_reqs + 1],
-            kv_indptr=buffers.kv_indptr[: num_reqs + 1],
-            kv_indices=buffers.kv_indices,
-            kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
-        )
+        _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
+        return plan
     most_keys = None if longest is None else num_reqs * longest
     block_t, programs, direct = launch_shape(_num_programs(block_table.device.index or 0), most_keys)
     _plan_kernel[(programs,)](
-        block_table,
-        block_table.stride(0),
-        seq_lens,
-        num_reqs,
-        qlen,
-        buffers.capacity,
-        buffers.qo_indptr,
-        buffers.kv_indptr,
-        buffers.kv_indices,
-        BLOCK_SIZE=buffers.block_size,
-        BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
+        *args,
+        **sizes,
         BLOCK_T=block_t,
         SMALL=min(SMALL_WINDOW, block_t),
         MID=min(MID_WINDOW, block_t),
@@ -470,9 +451,4 @@ def plan_decode_triton(
         FAST=FAST_TILES,
         num_warps=NUM_WARPS,
     )
-    return DecodePlan(
-        qo_indptr=buffers.qo_indptr[: num_reqs + 1],
-        kv_indptr=buffers.kv_indptr[: num_reqs + 1],
-        kv_indices=buffers.kv_indices,
-        kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
-    )
+    return plan
