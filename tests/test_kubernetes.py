@@ -1,7 +1,7 @@
 """deploy/kubernetes: every overlay renders with `kubectl kustomize` and validates offline against
 the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail), and the settings a
 ROCm server needs are in the rendered objects. The overlays render from a copy of deploy/kubernetes
-with base/secrets.env written as README says (the file the Secret is made from; without it the
+with base/secrets.env written as docs/multi-host.md says (the file the Secret is made from; without it the
 render stops, naming it). tests/test_kubernetes_run.py runs the rendered containers on Docker.
 
 LeaderWorkerSet is a custom resource whose CRD schema is not packaged on PyPI, Debian or npm:
@@ -31,7 +31,7 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 STARTUP_BUDGET_S = 1800  # a DeepSeek-size model loads for many minutes (compose's HEALTH_START_PERIOD)
 CACHES = {"/var/cache/huggingface", "/var/cache/aiter-jit"}
 VIDEO_GID = 44
-SECRETS_ENV = "base/secrets.env"  # the file the Secret is made from: the user creates it (README.md)
+SECRETS_ENV = "base/secrets.env"  # the file the Secret is made from: the user creates it (docs/multi-host.md)
 TEST_SECRETS = "VLLM_API_KEY=test-key-0123456789\n"
 
 # Hand-written: the fields of LeaderWorkerSet v1 this project uses and their allowed values; any

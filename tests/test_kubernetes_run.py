@@ -1,6 +1,6 @@
 """deploy/kubernetes run as shipped (marker `docker` on the tests that start containers): each
 overlay is rendered with `kubectl kustomize` from a copy of deploy/kubernetes with base/secrets.env
-written as README says, the shipped image name replaced by the CPU serve image the way `kustomize
+written as docs/multi-host.md says, the shipped image name replaced by the CPU serve image the way `kustomize
 edit set image` does (an `images:` entry of a further kustomization), and each workload's container
 is run through Docker the way the kubelet would start it:
 
@@ -33,7 +33,7 @@ added (ROCM_VLLM_REQUIRE_GPU=0, the backend's CPU development mode with the refe
 the CPU_MLA attention backend, float32, --enforce-eager, a 512-token context, tests/fake_amx
 mounted so that vLLM's CPU platform selects the same backend on every CPU). The pod's own address
 (0.0.0.0, port 8000) is run as well, in a container without a network (a pod's own network
-namespace): the image's serve command must accept it with the Secret as README makes it (it
+namespace): the image's serve command must accept it with the Secret as docs/multi-host.md makes it (it
 refuses to serve there without an API key: the shipped base once had an empty key, a crash loop).
 
 replicas (StatefulSet): its two pods run at once as rendered, the first with HF_TOKEN absent from
@@ -632,7 +632,7 @@ def test_replicas_pods_serve_as_rendered(h, serve_image, tmp_path, running):
 @pytest.mark.docker
 def test_the_pods_own_address_needs_the_secrets_api_key(h, serve_image, tmp_path, running):
     """SERVE_HOST 0.0.0.0 and port 8000 as rendered, in a container with its own network namespace
-    (as a pod has): with README's Secret the serve command starts vLLM; with an empty key it refuses,
+    (as a pod has): with the documented Secret the serve command starts vLLM; with an empty key it refuses,
     and the harness reports that as a crash loop with the log tail (the shipped base's old default)."""
     env = {"SERVE_HOST": "0.0.0.0", "SERVE_PORT": "8000"}
     launch = "[rocm-vllm] serve: "

@@ -54,7 +54,7 @@ else
   TRITON_PACKAGE=$TRITON_PACKAGE python "$here/pinned_dists.py" torch-triton --expect "$TRITON_PACKAGE==$TRITON_VERSION"
 fi
 # Step 2: their pure-Python dependencies (numpy, sympy, ...) from PyPI; the pinned wheels
-# are already installed, so pip cannot replace them (not hash-pinned: see README).
+# are already installed, so pip cannot replace them (not hash-pinned yet: docs/building.md).
 sed 's/ --hash=.*//' "$req" >"$req.deps"
 python -m pip install -r "$req.deps"
 python -m pip check || { echo "install_torch: ERROR: dependency conflict after installing the pinned wheels" >&2; exit 1; }

@@ -12,7 +12,7 @@ project's) with each other one, question by question:
   pairs, p < ACCURACY_ALPHA. The differing questions are listed.
 * loglikelihood tasks (default gsm8k_loglik: each reference solution's log-likelihood given its
   question): the numbers must agree within the dtype's tolerance, |a - b| <= atol + rtol * max(|a|, |b|):
-  float32 atol 1e-3, rtol 1e-5; bfloat16/float16 (and auto) atol 0.5, rtol 0.02 (README says why).
+  float32 atol 1e-3, rtol 1e-5; bfloat16/float16 (and auto) atol 0.5, rtol 0.02 (docs/self-tests.md says why).
 
 The task data is local: ACCURACY_DATA/<dataset>/<split>.jsonl, <dataset> the last part of the
 task's dataset_path (gsm8k: ACCURACY_DATA/gsm8k/test.jsonl and train.jsonl); lm-eval runs with
