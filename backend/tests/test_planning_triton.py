@@ -259,3 +259,46 @@ def test_more_requests_than_the_planner_holds_is_refused():
     table = torch.zeros((2, 4), dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="max-num-seqs"):
         plan_decode_triton(buffers, table, torch.ones(2, dtype=torch.int32, device="cuda"), 1)
+
+
+def _compiled(kernel) -> int:
+    """How many compiled variants a Triton kernel holds (every device)."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:
+        return sum(len(entry[0]) for entry in caches.values())
+    return sum(len(c) for c in kernel.cache.values())
+
+
+def test_after_warm_up_no_batch_compiles_a_kernel():
+    """warm_up() compiles every launch shape: then batches of any size, lengths, query length and
+    max_seq_len hint (none, right, too small, too large) plan without a single compile, and the
+    plans are right. A shape warm_up() did not launch does compile (the count can move)."""
+    from vllm_aiter_mla import planning_triton as pt
+
+    max_reqs, block_size, max_len = 512, 16, 20000
+    buffers = DecodePlanBuffers.allocate(max_reqs=max_reqs, max_blocks=-(-max_len // block_size) + 1,
+                                         block_size=block_size, device="cuda", max_keys=max_reqs * (max_len + 4))
+    shapes = pt.warm_up(buffers, max_len + 4)
+    kernels = (pt._plan_kernel, pt._plan_grouped_kernel)
+    before = [_compiled(k) for k in kernels]
+    assert sum(before) >= shapes
+    rng = random.Random(7)
+    for step in range(300):
+        num_reqs = rng.choice([1, 2, 15, 16, 17, rng.randint(1, max_reqs), max_reqs])
+        qlen = rng.randint(1, 4)
+        short = rng.random() < 0.5
+        lens = [rng.randint(0, 64 if short else max_len) for _ in range(num_reqs)]
+        width = -(-max(max(lens), qlen) // block_size) + rng.randint(0, 2)
+        table = torch.randint(0, 50000, (num_reqs, width), dtype=torch.int32, device="cuda")
+        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        hint = rng.choice([None, max(lens), max(1, max(lens) // 3), max_len])
+        got = pt.plan_decode_triton(buffers, table, seq, qlen, hint)
+        if step % 25 == 0:
+            ref = expected_plan(block_size, qlen, table, seq)
+            total = int(ref.kv_indptr[-1])
+            assert torch.equal(got.kv_indptr, ref.kv_indptr)
+            assert torch.equal(got.kv_indices[:total], ref.kv_indices[:total])
+    torch.cuda.synchronize()
+    assert [_compiled(k) for k in kernels] == before
+    pt._launch(buffers, table[:1], seq[:1], 1, 1, ("walk", pt.MIN_BLOCK_T // 2, False, 1))
+    assert _compiled(pt._plan_kernel) == before[0] + 1

@@ -172,7 +172,15 @@ def _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, k
     tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
-@triton.jit
+# The block table's row stride, the query length and the buffers' capacity are not specialised
+# on (Triton would compile again for 1 and for multiples of 16); the request count is (worth
+# 20-30% on large batches), so warm_up() compiles each launch shape for 1, a multiple of 16 and
+# any other count.
+_RUNTIME_INTS = ("block_table_stride", "qlen", "capacity")
+_REQUEST_COUNTS = (1, 16, 17)  # one of each class Triton specialises an integer argument on
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _plan_kernel(
     block_table_ptr,
     block_table_stride,
@@ -306,7 +314,7 @@ def _plan_kernel(
                     tile += 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _plan_grouped_kernel(
     block_table_ptr,
     block_table_stride,
@@ -424,31 +432,87 @@ def plan_decode_triton(
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_table.stride(1) != 1:
         raise ValueError("block_table (rows contiguous) and seq_lens must be int32")
     longest = None if max_seq_len is None else max(max_seq_len, qlen)
-    # what both kernels take: the batch, its query length and the plan buffers
+    shape = launch_shape_of(_num_programs(block_table.device.index or 0), num_reqs, longest)
+    return _launch(buffers, block_table, seq_lens, num_reqs, qlen, shape)
+
+
+def launch_shape_of(programs: int, num_reqs: int, longest: int | None) -> tuple:
+    """The launch a batch gets: ("grouped", group, chunk, programs) or ("walk", block_t,
+    direct, programs)."""
+    grouped = grouped_shape(programs, num_reqs, longest)
+    if grouped is not None:
+        return ("grouped", *grouped)
+    block_t, grid, direct = launch_shape(programs, None if longest is None else num_reqs * longest)
+    return ("walk", block_t, direct, grid)
+
+
+def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, qlen: int, shape: tuple) -> DecodePlan:
     args = (block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
             buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices)
     sizes = {"BLOCK_SIZE": buffers.block_size, "BLOCK_R": triton.next_power_of_2(buffers.max_reqs)}
-    plan = DecodePlan(
+    if shape[0] == "grouped":
+        _, group, chunk, programs = shape
+        _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
+    else:
+        _, block_t, direct, programs = shape
+        _plan_kernel[(programs,)](
+            *args,
+            **sizes,
+            BLOCK_T=block_t,
+            SMALL=min(SMALL_WINDOW, block_t),
+            MID=min(MID_WINDOW, block_t),
+            DIRECT=direct,
+            FAST=FAST_TILES,
+            num_warps=NUM_WARPS,
+        )
+    return DecodePlan(
         qo_indptr=buffers.qo_indptr[: num_reqs + 1],
         kv_indptr=buffers.kv_indptr[: num_reqs + 1],
         kv_indices=buffers.kv_indices,
         kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
     )
-    grouped = grouped_shape(_num_programs(block_table.device.index or 0), num_reqs, longest)
-    if grouped is not None:
-        group, chunk, programs = grouped
-        _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
-        return plan
-    most_keys = None if longest is None else num_reqs * longest
-    block_t, programs, direct = launch_shape(_num_programs(block_table.device.index or 0), most_keys)
-    _plan_kernel[(programs,)](
-        *args,
-        **sizes,
-        BLOCK_T=block_t,
-        SMALL=min(SMALL_WINDOW, block_t),
-        MID=min(MID_WINDOW, block_t),
-        DIRECT=direct,
-        FAST=FAST_TILES,
-        num_warps=NUM_WARPS,
-    )
-    return plan
+
+
+def _boundaries(limit: int, *scales: int) -> set[int]:
+    """1..limit around every power of two (times each scale): where next_power_of_2 and the
+    launch-shape thresholds can change."""
+    out = {1, limit}
+    for scale in (1, *scales):
+        power = 1
+        while power * scale <= 2 * limit:
+            out.update(v for v in (power * scale - 1, power * scale, power * scale + 1) if 1 <= v <= limit)
+            power *= 2
+    return out
+
+
+def launch_shapes(programs: int, max_reqs: int, max_len: int) -> list[tuple]:
+    """Every launch shape (kernel and constexprs) a batch of at most ``max_reqs`` requests of at
+    most ``max_len`` keys each can get, with any ``max_seq_len`` hint or none: what warm_up()
+    compiles. The grid size is left out (it compiles nothing)."""
+    found = {launch_shape_of(programs, n, None)[:3] for n in (1, max_reqs)}
+    lens = _boundaries(max_len, GROUP_KEYS, GROUP_MAX_KEYS, MIN_BLOCK_T, BLOCK_T)
+    for n in _boundaries(max_reqs, programs):
+        for longest in lens:
+            found.add(launch_shape_of(programs, n, longest)[:3])
+    # the tile walk's tile sizes: every one, searched directly or walked
+    block_t = MIN_BLOCK_T
+    while block_t <= BLOCK_T:
+        found.update({("walk", block_t, True), ("walk", block_t, False)})
+        block_t *= 2
+    return sorted(found, key=repr)
+
+
+def warm_up(buffers: DecodePlanBuffers, max_len: int) -> int:
+    """Compile every launch shape of the planner for these buffers before the first request
+    (Triton compiles a kernel at its first launch): returns how many shapes were launched. The
+    buffers are written with plans of requests of one key."""
+    device = buffers.kv_indices.device
+    counts = [n for n in _REQUEST_COUNTS if n <= buffers.max_reqs]
+    block_table = torch.zeros((max(counts), 1), dtype=torch.int32, device=device)
+    seq_lens = torch.ones(max(counts), dtype=torch.int32, device=device)
+    shapes = launch_shapes(_num_programs(device.index or 0), buffers.max_reqs, max_len)
+    for shape in shapes:
+        for n in counts:
+            grid = -(-n // shape[1]) if shape[0] == "grouped" else 1  # the grouped kernel: a program per group
+            _launch(buffers, block_table[:n], seq_lens[:n], n, 1, (*shape, grid))
+    return len(shapes)

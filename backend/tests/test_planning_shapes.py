@@ -1,0 +1,39 @@
+"""The Triton planner's launch shapes, on the host (no GPU): warm_up() compiles the list
+launch_shapes() gives, and every batch, whatever its size, lengths and max_seq_len hint, gets
+a shape from that list, so no request waits for a compile."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_aiter_mla import planning_triton as pt
+
+
+@pytest.mark.parametrize("programs", [8, 1056, 2432])  # tiny grid, H200 (132 SMs), MI300X (304 CUs)
+@pytest.mark.parametrize(("max_reqs", "max_len"), [(1, 16), (256, 8192), (1024, 131072), (4096, 163840)])
+def test_every_batch_gets_a_shape_warm_up_compiles(programs, max_reqs, max_len):
+    shapes = set(pt.launch_shapes(programs, max_reqs, max_len))
+    rng = random.Random(f"{programs}-{max_reqs}-{max_len}")
+    cases = [(n, longest) for n in range(1, min(max_reqs, 64) + 1) for longest in (None, 1, 2, 3, max_len)]
+    for _ in range(20000):
+        n = rng.randint(1, max_reqs)
+        longest = rng.choice([None, rng.randint(1, max_len), rng.randint(1, min(max_len, 9000)),
+                              2 ** rng.randint(0, max_len.bit_length() - 1)])
+        cases.append((n, longest))
+    missing = {pt.launch_shape_of(programs, n, longest)[:3] for n, longest in cases} - shapes
+    assert not missing, missing
+
+
+def test_shapes_are_kernels_and_their_constants():
+    shapes = pt.launch_shapes(1056, 1024, 131072)
+    assert len(shapes) == len(set(shapes))
+    for shape in shapes:
+        kind, a, b = shape
+        if kind == "grouped":
+            assert a & (a - 1) == 0 and a <= pt.MAX_GROUP and b & (b - 1) == 0 and b <= pt.MAX_CHUNK
+        else:
+            assert kind == "walk" and pt.MIN_BLOCK_T <= a <= pt.BLOCK_T and isinstance(b, bool)
+    # both kernels, and every tile size of the walk with and without the direct search
+    assert {s[0] for s in shapes} == {"grouped", "walk"}
+    assert sum(s[0] == "walk" for s in shapes) == 2 * (pt.BLOCK_T // pt.MIN_BLOCK_T).bit_length()
