@@ -313,3 +313,21 @@ def test_jit_dir_not_exported_when_the_cache_cannot_be_prepared(box) -> None:
     assert "jit=unset" in proc.stdout
     warnings = [l for l in proc.stderr.splitlines() if "AITER JIT cache" in l]
     assert len(warnings) == 1 and "AITER_JIT_DIR not set" in warnings[0]
+
+
+def test_triton_cache_is_made_on_the_volume_and_exported(box) -> None:
+    """Triton's kernel cache lives on the JIT cache volume (the planner's warm-up and vLLM's
+    Triton kernels are compiled once per volume); where it cannot be made it is not exported."""
+    box.tool("amd-smi", "amdsmi_gfx942.txt")
+    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}")
+    assert proc.returncode == 0, proc.stderr
+    cache = box.root / "jit-cache" / "triton"
+    assert f"triton={cache}" in proc.stdout and cache.is_dir()
+    blocker = box.root / "file"
+    blocker.write_text("")
+    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}",
+                   ROCM_VLLM_JIT_CACHE=str(blocker / "sub"))
+    assert proc.returncode == 0, proc.stderr
+    assert "triton=unset" in proc.stdout and "TRITON_CACHE_DIR not set" in proc.stderr
+    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}", TRITON_CACHE_DIR="/mine")
+    assert "triton=/mine" in proc.stdout

@@ -156,6 +156,15 @@ def test_jit_dir_defaults_to_cache_keyed_by_aiter_commit() -> None:
     assert decision.jit_mount == "/var/cache/aiter-jit"
 
 
+def test_triton_cache_on_the_jit_cache_volume_unless_set() -> None:
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")]))
+    assert decision.env["TRITON_CACHE_DIR"] == "/var/cache/aiter-jit/triton"
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"ROCM_VLLM_JIT_CACHE": "/c"}))
+    assert decision.env["TRITON_CACHE_DIR"] == "/c/triton"
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"TRITON_CACHE_DIR": "/mine"}))
+    assert "TRITON_CACHE_DIR" not in decision.env and not decision.triton_dir
+
+
 def test_jit_dir_root_and_user_override() -> None:
     decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"ROCM_VLLM_JIT_CACHE": "/c"}))
     assert decision.env["AITER_JIT_DIR"] == f"/c/aiter-{COMMIT[:12]}"

@@ -16,6 +16,7 @@ Settings (environment; a value outside the listed ones stops the container with 
                          each must open read-write (the container needs the host's render group)
   ROCM_VLLM_JIT_CACHE    mount point of the AITER JIT cache (default /var/cache/aiter-jit)
   AITER_JIT_DIR          used as given when set
+  TRITON_CACHE_DIR       used as given when set; unset: triton/ under ROCM_VLLM_JIT_CACHE
   VLLM_ROCM_USE_AITER    as vLLM reads it: 1 or true (any case) on, 0 or false off; kept when
                          set; unset or empty: 1 on gfx942/gfx950, 0 elsewhere
   VLLM_ROCM_USE_AITER_MLA  as vLLM reads it (1/true on, 0/false off, any case; unset: on); any
@@ -94,6 +95,7 @@ class Decision:
     gpus: list[Gpu] = field(default_factory=list)
     jit_dir: str = ""
     jit_mount: str = ""  # where a volume keeps the JIT cache
+    triton_dir: str = ""  # Triton's kernel cache on that volume (empty: the user's TRITON_CACHE_DIR)
 
     @property
     def ok(self) -> bool:
@@ -188,6 +190,9 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
         inputs.env.get(jitcache.CACHE_ROOT_ENV) or jitcache.DEFAULT_CACHE_ROOT)
     if not by_user:
         decision.env[jitcache.JIT_DIR_ENV] = path
+    triton = jitcache.triton_dir_for(inputs.env)
+    if triton:
+        decision.triton_dir = decision.env[jitcache.TRITON_CACHE_ENV] = triton
 
 
 def decide(inputs: GuardInputs) -> Decision:
@@ -346,6 +351,16 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
     """Side effect: create the JIT cache directory and link the prebuilt modules."""
     if not decision.jit_dir:
         return
+    triton = ""
+    if decision.triton_dir:
+        try:
+            jitcache.prepare(decision.triton_dir, None)
+            triton = f", Triton kernels in {decision.triton_dir}"
+        except OSError as exc:
+            # Triton then uses its default (~/.triton/cache): kernels are compiled again each start.
+            decision.env.pop(jitcache.TRITON_CACHE_ENV, None)
+            decision.log.append(f"warning: cannot create the Triton cache {decision.triton_dir} "
+                                f"({exc.strerror or exc}); TRITON_CACHE_DIR not set (Triton uses ~/.triton/cache)")
     try:
         linked = jitcache.prepare(decision.jit_dir, jitcache.aiter_prebuilt_dir())
     except OSError as exc:
@@ -361,7 +376,7 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
         decision.log.append(f"warning: {message}")
         return
     decision.log.append(
-        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked; mount a "
+        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{triton}; mount a "
         f"volume at {decision.jit_mount} to keep modules compiled at run time)"
     )
 

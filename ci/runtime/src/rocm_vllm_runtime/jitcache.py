@@ -9,6 +9,11 @@ real files and survive container restarts when the directory is a volume.
 
 The default directory is keyed by the AITER commit of the image, so a cache
 volume kept across image upgrades never feeds an old module to a new AITER.
+
+Triton's kernel cache (`TRITON_CACHE_DIR`: the backend's decode planner, which compiles every
+launch shape at start, and vLLM's own Triton kernels) goes to `triton/` on the same volume
+unless set: Triton keys its entries by its version and each kernel's source, so one directory
+serves every image.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 JIT_DIR_ENV = "AITER_JIT_DIR"
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 CACHE_ROOT_ENV = "ROCM_VLLM_JIT_CACHE"
 DEFAULT_CACHE_ROOT = "/var/cache/aiter-jit"
 
@@ -30,6 +36,13 @@ def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
     if aiter_commit:
         return str(Path(root) / f"aiter-{aiter_commit[:12]}"), False
     return root, False
+
+
+def triton_dir_for(env: Mapping[str, str]) -> str | None:
+    """Triton's cache directory on the JIT cache volume, or None when TRITON_CACHE_DIR is set."""
+    if env.get(TRITON_CACHE_ENV):
+        return None
+    return str(Path(env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT) / "triton")
 
 
 def aiter_prebuilt_dir() -> Path | None:
