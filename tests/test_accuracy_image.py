@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import test_engine_integration as integration
-from test_engine_integration import IMAGE_PREFIX, ROOT, bake_settings, build_command
+from test_engine_integration import IMAGE_PREFIX, ROOT, own_target_image
 
 # The integration test's fixtures (pytest collects fixtures among a module's globals).
 h, cpu_vllm_image, context_dir = integration.h, integration.cpu_vllm_image, integration.context_dir
@@ -65,12 +65,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def ci_image(h, cpu_vllm_image, context_dir) -> str:
-    """The ci target on the CPU vLLM image under this test's own tag (layers from the build cache when
-    the integration test built the same context before)."""
-    target = bake_settings(h, cpu_vllm_image, context_dir)["ci"]
-    proc = h.run(build_command(target, CI_TAG), cwd=context_dir, what="ci build (accuracy)")
-    h.note(f"accuracy 0: ci image {CI_TAG}: {proc.seconds:.1f}s")
-    return CI_TAG
+    return own_target_image(h, cpu_vllm_image, context_dir, "ci", CI_TAG, "accuracy")
 
 
 @pytest.fixture(scope="module")

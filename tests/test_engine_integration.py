@@ -249,6 +249,15 @@ def build_command(target: dict, tag: str | None, extra=(), stage: str | None = N
     return cmd + list(extra) + ["."]
 
 
+def own_target_image(h, cpu_image: str, context: Path, name: str, tag: str, what: str) -> str:
+    """Target `name` (serve, ci) on the CPU vLLM image under a test's own tag (layers from the
+    build cache when the integration test built the same context before)."""
+    target = bake_settings(h, cpu_image, context)[name]
+    proc = h.run(build_command(target, tag), cwd=context, what=f"{name} build ({what})")
+    h.note(f"{what} 0: {name} image {tag}: {proc.seconds:.1f}s")
+    return tag
+
+
 @pytest.fixture(scope="module")
 def images(h, cpu_vllm_image, context_dir):
     targets = bake_settings(h, cpu_vllm_image, context_dir)

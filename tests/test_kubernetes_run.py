@@ -68,7 +68,7 @@ from pathlib import Path
 import pytest
 
 import test_engine_integration as integration
-from test_engine_integration import IMAGE_PREFIX, ROOT, bake_settings, build_command, free_port
+from test_engine_integration import IMAGE_PREFIX, ROOT, free_port, own_target_image
 from test_kubernetes import deploy_copy, kustomize, pod_templates, yaml
 
 # The integration test's fixtures (pytest collects fixtures among a module's globals): the harness,
@@ -541,12 +541,7 @@ def serve_and_complete(h, run: Running, label: str) -> None:
 
 @pytest.fixture(scope="module")
 def serve_image(h, cpu_vllm_image, context_dir) -> str:
-    """The serve target on the CPU vLLM image, under this test's own tag (layers from the build cache
-    when the integration test built the same context before)."""
-    target = bake_settings(h, cpu_vllm_image, context_dir)["serve"]
-    proc = h.run(build_command(target, SERVE_TAG), cwd=context_dir, what="serve build (kubernetes)")
-    h.note(f"kubernetes 0: serve image {SERVE_TAG}: {proc.seconds:.1f}s")
-    return SERVE_TAG
+    return own_target_image(h, cpu_vllm_image, context_dir, "serve", SERVE_TAG, "kubernetes")
 
 
 @pytest.fixture()
