@@ -22,7 +22,7 @@ DOCKER = ROOT / "ci/docker"
 
 
 def all_locks() -> list[locks.Lock]:
-    return locks.locks(ROOT)
+    return locks.locks(ROOT, model.load(ROOT / "versions.json"))
 
 
 def uv_or_skip() -> None:

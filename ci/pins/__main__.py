@@ -118,7 +118,7 @@ def run(ns, parser, root: Path) -> int:
     if ns.command == "discover":
         return run_discover(ns, data, root)
     if ns.command == "lock":
-        return locks.run(root, ns.names, ns.check, ns.sdist_cache)
+        return locks.run(root, data, ns.names, ns.check, ns.sdist_cache)
     if ns.command == "verify":
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         if ns.file.read_bytes() != model.canonical(data).encode():

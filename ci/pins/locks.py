@@ -67,9 +67,8 @@ def _platform(spec: dict, where: str) -> tuple[str, str]:
     return f"{spec['machine']}-manylinux_{spec['glibc'].replace('.', '_')}", spec.get("python", "")
 
 
-def locks(root: Path, data: dict | None = None, spec: dict | None = None) -> list[Lock]:
-    """Every lock locks.json defines (a per_track lock once per track of versions.json)."""
-    data = data if data is not None else model.load(root / model.VERSIONS_FILE)
+def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
+    """Every lock locks.json defines (a per_track lock once per track of the versions file data)."""
     spec = spec if spec is not None else load(root)
     image_platform, _ = _platform(data["platform"], "versions.json platform")
     platforms = {"image": (image_platform, data["python"]["version"])}
@@ -102,9 +101,8 @@ def locks(root: Path, data: dict | None = None, spec: dict | None = None) -> lis
     return out
 
 
-def base_image_versions(track: str | None, root: Path) -> dict[str, str]:
+def base_image_versions(data: dict, track: str | None) -> dict[str, str]:
     """NAME==VERSION (public part) of the base image's resolved pinned wheels of the track."""
-    data = model.load(root / model.VERSIONS_FILE)
     wheels = model.section(data, "pytorch", track)["wheels"]
     return {w["package"]: w["version"].split("+")[0] for w in wheels.values() if w.get("package") and w.get("version")}
 
@@ -195,13 +193,13 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_lock(lock: Lock, root: Path, spec: dict, sdist_cache: Path, uv: list[str] | None = None) -> str:
-    """The lock's text as the resolver makes it now."""
+def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path,
+                 uv: list[str] | None = None) -> str:
+    """The lock's text as the resolver makes it now (data: the versions file)."""
     uv = uv or uv_command()
     with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
         tmp_path = Path(tmp)
         if lock.track:
-            data = model.load(root / model.VERSIONS_FILE)
             archive = discover.fetch(discover.track_sdist(data, lock.track), sdist_cache)
             cwd = _sdist_tree(archive, tmp_path / "src")
             inputs = [i.removeprefix(SDIST) for i in lock.inputs]
@@ -223,7 +221,7 @@ def compile_lock(lock: Lock, root: Path, spec: dict, sdist_cache: Path, uv: list
             # The base image's versions bound the resolution (PyPI's builds of the same releases
             # stand for the ROCm ones: same version numbers), then leave the lock.
             held = tmp_path / "base-image.txt"
-            held.write_text("".join(f"{n}=={v}\n" for n, v in base_image_versions(lock.track, root).items()))
+            held.write_text("".join(f"{n}=={v}\n" for n, v in base_image_versions(data, lock.track).items()))
             cmd += ["--constraint", str(held)]
         if lock.find_links:
             local = [p for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
@@ -243,9 +241,9 @@ def compile_lock(lock: Lock, root: Path, spec: dict, sdist_cache: Path, uv: list
         return header(lock, spec, recorded) + body
 
 
-def run(root: Path, names: list[str], check: bool, sdist_cache: Path) -> int:
+def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path) -> int:
     spec = load(root)
-    known = locks(root, spec=spec)
+    known = locks(root, data, spec)
     chosen = [lk for lk in known if not names or lk.name in names or lk.family in names]
     unknown = [n for n in names if not any(n in (lk.name, lk.family) for lk in known)]
     if unknown:
@@ -254,14 +252,14 @@ def run(root: Path, names: list[str], check: bool, sdist_cache: Path) -> int:
     stale, texts = [], {}
     for lk in chosen:
         print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
-        text = compile_lock(lk, root, spec, sdist_cache, uv)
+        text = compile_lock(lk, root, data, spec, sdist_cache, uv)
         path = root / lk.output
         current = path.read_text() if path.is_file() else None
         if current != text:
             stale.append(lk)
             texts[path] = text
         print(f"lock {lk.name}: {lk.output} {'differs' if current != text else 'up to date'} "
-              f"({sum(1 for line in text.splitlines() if re.match(r'[A-Za-z0-9]', line))} distributions)")
+              f"({len(_blocks(text))} distributions)")
     if check:
         for lk in stale:
             print(f"error: {lk.output} is not what its inputs lock to now: run python3 -m ci.pins lock {lk.name}",
