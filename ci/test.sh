@@ -20,7 +20,7 @@ index=()
 [ -n "${PIP_FIND_LINKS:-}" ] || index=(--extra-index-url https://download.pytorch.org/whl/cpu)
 "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps "${index[@]}" -r tests/requirements.lock
 # this repository's own packages, from their source folders
-"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e ci/runtime
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime
 
 echo "== running tests"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -18,7 +18,7 @@ hub, no PyPI). Checks:
    line saying what to mount, the failed-suite exit status (1), no server started.
 
 Figures go to the terminal summary. The same gate against servers in the test venv:
-ci/runtime/tests/test_accuracy_cpu.py."""
+runtime/tests/test_accuracy_cpu.py."""
 from __future__ import annotations
 
 import json
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.docker
 ENGINE_LOG_SUFFIX = "accuracy"
 CI_TAG = f"{IMAGE_PREFIX}/ci:cpu-accuracy"
 MODEL = "/models/tiny-mla-seeded"
-QUESTIONS, RIGHT = 40, 30  # what ci/models/tiny_mla_accuracy.py wrote
+QUESTIONS, RIGHT = 40, 30  # what runtime/models/tiny_mla_accuracy.py wrote
 CHECKS = ("test_backend_served_and_evaluated[cpu-plugin]", "test_backend_served_and_evaluated[cpu-vllm]",
           "test_not_significantly_fewer_right[cpu-vllm]", "test_loglikelihoods_agree[cpu-vllm]")
 # vLLM's CPU platform told the CPU has AMX tiles (tests/fake_amx, mounted): the same selection on
@@ -70,11 +70,11 @@ def ci_image(h, cpu_vllm_image, context_dir) -> str:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_mla_weights import write_tiny_mla  # ci/models, on pytest.ini's pythonpath
+    from tiny_mla_weights import write_tiny_mla  # runtime/models, on pytest.ini's pythonpath
 
     out = write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(ROOT / "ci/models/tiny-mla" / name, out / name)
+        shutil.copy(ROOT / "runtime/models/tiny-mla" / name, out / name)
     return out
 
 
@@ -99,7 +99,7 @@ def selftest(h, image: str, results: Path, what: str, mounts: dict[str, Path], e
 
 def gate(h, image: str, results: Path, model: Path, what: str, mounts=None, **env: str):
     """The gate on the tiny_mla tasks: the model at MODEL, their data at the default ACCURACY_DATA."""
-    mounts = {MODEL: model, "/data/accuracy": ROOT / "ci/models/tiny-mla-accuracy",
+    mounts = {MODEL: model, "/data/accuracy": ROOT / "runtime/models/tiny-mla-accuracy",
               "/opt/fake_amx": ROOT / "tests/fake_amx", **(mounts or {})}
     return selftest(h, image, results, what, mounts, {**SETTINGS, **FAKE_AMX_ENV, **env})
 

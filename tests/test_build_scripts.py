@@ -221,15 +221,15 @@ def test_scripts_in_a_python_without_packaging_stop_naming_the_file(tmp_path, sc
 
 # ------------------------------------------------------------------ AMD SMI
 
-def test_aiter_check_imports_amdsmi(tmp_path):
+def test_amdsmi_check_needs_the_package_to_import(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, DOCKER / "check_aiter.py", "amdsmi"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, DOCKER / "check_amdsmi.py"], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 1 and "import amdsmi failed" in proc.stderr and "install_amdsmi.sh" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     (tmp_path / "amdsmi").mkdir()
     (tmp_path / "amdsmi" / "__init__.py").write_text("")
-    proc = subprocess.run([sys.executable, DOCKER / "check_aiter.py", "amdsmi"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, DOCKER / "check_amdsmi.py"], capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
 
@@ -238,10 +238,10 @@ def test_amdsmi_installed_in_the_torch_stage_and_checked():
     text = (ROOT / "Dockerfile.rocm_base").read_text()
     torch_stage = text[text.index("FROM base AS torch"):text.index("FROM torch AS aiter-wheel")]
     assert "install_amdsmi.sh" in torch_stage
-    check_stage = text[text.index("FROM runtime AS aiter-check"):text.index("FROM runtime AS final")]
-    assert "check_aiter.py amdsmi" in check_stage
+    check_stage = text[text.index("FROM aiter-installed AS aiter-check"):text.index("FROM aiter-installed AS final")]
+    assert "check_amdsmi.py" in check_stage
     script = (DOCKER / "install_amdsmi.sh").read_text()
-    assert "share/amd_smi" in script and "check_aiter.py\" amdsmi" in script
+    assert "share/amd_smi" in script and "check_amdsmi.py\"" in script
 
 
 # ------------------------------------------------------------------ source stages

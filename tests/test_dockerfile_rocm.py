@@ -172,7 +172,7 @@ def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
 def test_backend_wheel_stage_reads_backend_sources_only(commands):
     _, cmds = stage_map(commands)["backend-wheel"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    assert sources and all(p.startswith("backend/") or p in ("ci/docker/build_backend.sh", "ci/docker/lib.sh")
+    assert sources and all(p.startswith("backend/") or p in ("ci/docker/build_project_wheel.sh", "ci/docker/lib.sh")
                            for p in sources), sources
     assert "backend/tests" not in " ".join(sources)
     assert any(p.startswith("backend/src") for p in sources) and "backend/pyproject.toml" in sources
@@ -181,10 +181,10 @@ def test_backend_wheel_stage_reads_backend_sources_only(commands):
 def test_runtime_wheel_stage_reads_runtime_sources_only(commands):
     _, cmds = stage_map(commands)["runtime-wheel"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    assert sorted(sources) == ["ci/docker/build_backend.sh", "ci/docker/lib.sh", "ci/runtime/pyproject.toml",
-                               "ci/runtime/src/"], sources
+    assert sorted(sources) == ["ci/docker/build_project_wheel.sh", "ci/docker/lib.sh", "runtime/pyproject.toml",
+                               "runtime/src/"], sources
     runs = [text_of(c) for c in cmds if c.cmd.upper() == "RUN"]
-    assert runs and "build_backend.sh /opt/runtime /wheels rocm_vllm_runtime" in runs[-1]
+    assert runs and "build_project_wheel.sh /opt/runtime /wheels rocm_vllm_runtime" in runs[-1]
     _, installed = stage_map(commands)["runtime-installed"]
     assert any("runtime-wheel" in mounts_from(c) and "rocm_vllm_runtime-*.whl" in text_of(c)
                and "--no-deps" in text_of(c) for c in installed if c.cmd.upper() == "RUN")
@@ -214,12 +214,13 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
 def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     _, cmds = stage_map(commands)["app-files"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    for needed in ("ci/entrypoint.sh", "ci/bin/", "ci/suites/", "ci/models/tiny-mla/config.json",
-                   "ci/models/tiny-mla/tokenizer.json", "ci/models/tiny-mla/tokenizer_config.json"):
+    for needed in ("runtime/entrypoint.sh", "runtime/bin/", "ci/suites/", "runtime/models/tiny-mla/config.json",
+                   "runtime/models/tiny-mla/tokenizer.json", "runtime/models/tiny-mla/tokenizer_config.json"):
         assert needed in sources
     # the runtime package comes installed (runtime-installed), never as source files
-    assert not any(p.startswith(("ci/docker", "ci/pins", "ci/pipeline", "ci/runtime", "ci/test-machine"))
-                   or p == "ci/" for p in sources)
+    tooling = ("ci/docker", "ci/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
+               "runtime/pyproject")
+    assert not any(p.startswith(tooling) or p == "ci/" for p in sources)
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
@@ -357,7 +358,7 @@ def test_reproducibility_check_can_fail():
     unnormalised = text.replace(' \\\n && find /opt/app -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +', "", 1)
     assert unnormalised != text
     assert any("app-files" in p for p in reproducibility_problems(parse_text(unnormalised), "serve"))
-    direct = text.replace("FROM serve-base AS serve\n", "FROM serve-base AS serve\nCOPY ci/bin/ /opt/x/\n", 1)
+    direct = text.replace("FROM serve-base AS serve\n", "FROM serve-base AS serve\nCOPY runtime/bin/ /opt/x/\n", 1)
     assert any("not a COPY --link" in p for p in reproducibility_problems(parse_text(direct), "serve"))
 
 
@@ -380,7 +381,7 @@ def test_entrypoint_settings_and_labels(commands, target):
     _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
     cmds = [c for _, c in instructions]
     entry = _last(commands, cmds, "ENTRYPOINT")
-    assert entry.json and entry.value == ("/opt/rocm-vllm/ci/entrypoint.sh",)
+    assert entry.json and entry.value == ("/opt/rocm-vllm/entrypoint.sh",)
     cmd = _last(commands, cmds, "CMD")
     assert cmd.json and cmd.value[0] == ("serve" if target == "serve" else "selftest")
     env = " ".join(text_of(c) for c in cmds if c.cmd.upper() == "ENV")

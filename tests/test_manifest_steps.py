@@ -1,5 +1,5 @@
 """The build steps that write the image manifest: each runs the runtime's manifest model
-(rocm_vllm_runtime.manifest, ci/runtime) from its source files, bind-mounted for that step
+(rocm_vllm_runtime.manifest, runtime/) from its source files, bind-mounted for that step
 alone, so the base and the vLLM image write one model and nothing else writes the file."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from dockerfile_model import buildkit_parser, stages
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = "ci/runtime/src"
+SRC = "runtime/src"
 PACKAGE = "rocm_vllm_runtime"
 # (Dockerfile, stage, part of the manifest the step writes)
-STEPS = [("Dockerfile.rocm_base", "runtime", "base"), ("Dockerfile.rocm", "serve-files", "vllm")]
+STEPS = [("Dockerfile.rocm_base", "aiter-installed", "base"), ("Dockerfile.rocm", "serve-files", "vllm")]
 
 
 def package_imports(module: str) -> set[str]:

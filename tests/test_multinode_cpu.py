@@ -136,13 +136,13 @@ if __name__ == "__main__":
 
 
 def write_model(dest: Path) -> Path:
-    """The tiny MLA config with HEADS heads and seeded real weights (ci/models/tiny_mla_weights.py)."""
-    spec = importlib.util.spec_from_file_location("tiny_mla_weights", ROOT / "ci/models/tiny_mla_weights.py")
+    """The tiny MLA config with HEADS heads and seeded real weights (runtime/models/tiny_mla_weights.py)."""
+    spec = importlib.util.spec_from_file_location("tiny_mla_weights", ROOT / "runtime/models/tiny_mla_weights.py")
     weights = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(weights)
     from safetensors.torch import save_file
 
-    cfg = json.loads((ROOT / "ci/models/tiny-mla/config.json").read_text())
+    cfg = json.loads((ROOT / "runtime/models/tiny-mla/config.json").read_text())
     cfg.update(num_attention_heads=HEADS, num_key_value_heads=HEADS)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(cfg, indent=1))

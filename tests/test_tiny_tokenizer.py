@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import tiny_mla_tokenizer as gen  # ci/models, on pytest.ini's pythonpath
+import tiny_mla_tokenizer as gen  # runtime/models, on pytest.ini's pythonpath
 
 CONFIG = json.loads((gen.MODEL_DIR / "config.json").read_text())
 
@@ -16,7 +16,7 @@ def test_committed_files_are_what_the_generator_writes(tmp_path: Path) -> None:
     gen.write(tmp_path, CONFIG["vocab_size"])
     for name in gen.FILES:
         assert (tmp_path / name).read_bytes() == (gen.MODEL_DIR / name).read_bytes(), (
-            f"{name}: run python ci/models/tiny_mla_tokenizer.py and commit the result")
+            f"{name}: run python runtime/models/tiny_mla_tokenizer.py and commit the result")
     assert gen.main(["--check"]) == 0
 
 

@@ -68,6 +68,6 @@ def track_python(track: str) -> Path:
         copy = Path(shutil.copytree(src, Path(tmp) / src.name))
         _run([*pip, "--no-build-isolation", copy], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
              env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
-    _run([*pip, "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "ci/runtime"], "pip install the backend")
+    _run([*pip, "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "runtime"], "pip install the backend")
     marker.write_text(key + "\n")
     return python

@@ -8,8 +8,6 @@
         every prebuilt .so of the installed package resolves its libraries and symbol
         versions (GLIBCXX included) with ldd in this image
     check_aiter.py modules WHEEL    print the prebuilt module names, one per line
-    check_aiter.py amdsmi           the AMD SMI Python package imports in this image (vLLM
-                                    detects ROCm through it; no GPU needed to import it)
     check_aiter.py kernels SOURCE --tag TAG --tables DIR
         the backend's MLA kernel table for this AITER pin (DIR/TAG.json) is what SOURCE (the
         AITER source the wheel was built from) dispatches: derived from its kernel lists with
@@ -21,7 +19,6 @@ Exit status 1 with one line per problem naming what is missing and the setting t
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import subprocess
@@ -68,17 +65,6 @@ def check_libs(site: Path, lib_paths: list[str]) -> list[str]:
     return problems
 
 
-def check_amdsmi() -> list[str]:
-    try:
-        module = importlib.import_module("amdsmi")
-    except Exception as exc:  # ImportError, or OSError when libamd_smi.so cannot be loaded
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        return [f"import amdsmi failed ({detail}): vLLM would fail with 'Failed to infer device type'; "
-                f"install it from the ROCm image (ci/docker/install_amdsmi.sh in the torch stage)"]
-    print(f"aiter-check: amdsmi from {getattr(module, '__file__', '?')}")
-    return []
-
-
 def check_kernels(source: Path, tag: str, tables: Path) -> list[str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import aiter_kernel_table  # noqa: PLC0415  (a sibling script, stdlib only)
@@ -98,7 +84,6 @@ def main(argv=None) -> int:
     p.add_argument("--lib-path", action="append", default=[])
     p = sub.add_parser("modules")
     p.add_argument("wheel", type=Path)
-    sub.add_parser("amdsmi")
     p = sub.add_parser("kernels")
     p.add_argument("source", type=Path)
     p.add_argument("--tag", required=True)
@@ -111,8 +96,6 @@ def main(argv=None) -> int:
         return 0
     if ns.cmd == "wheel":
         problems = check_wheel(ns.wheel, ns.modules.split(), [a for a in ns.archs.split(";") if a])
-    elif ns.cmd == "amdsmi":
-        problems = check_amdsmi()
     elif ns.cmd == "kernels":
         problems = check_kernels(ns.source, ns.tag, ns.tables)
     else:

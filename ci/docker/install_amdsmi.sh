@@ -17,4 +17,4 @@ work=$(mktemp -d)
 cp -r "$src/." "$work/"
 python -m pip install "$work"
 rm -rf "$work"
-python "$here/check_aiter.py" amdsmi
+python "$here/check_amdsmi.py"

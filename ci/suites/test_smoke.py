@@ -229,7 +229,7 @@ def _free_port() -> int:
 
 def _model_dir() -> Path:
     for candidate in (os.environ.get("TINY_MLA_MODEL"), tiny_model({}),
-                      str(CI_DIR / "models" / "tiny-mla")):
+                      str(CI_DIR.parent / "runtime" / "models" / "tiny-mla")):
         if candidate and (Path(candidate) / "config.json").is_file():
             return Path(candidate)
     pytest.fail("tiny MLA model not found: set TINY_MLA_MODEL to its directory")

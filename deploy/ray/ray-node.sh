@@ -25,7 +25,7 @@ case "${1:-}" in
   head)
     ray start --head --port="$port" --include-dashboard=false "${common[@]}"
     RAY_JOIN_TIMEOUT=$timeout python3 "$here/ray_cluster.py" wait "$nodes"
-    exec "${ROCM_VLLM_ENTRYPOINT:-/opt/rocm-vllm/ci/entrypoint.sh}" serve --distributed-executor-backend ray \
+    exec "${ROCM_VLLM_ENTRYPOINT:-/opt/rocm-vllm/entrypoint.sh}" serve --distributed-executor-backend ray \
       --pipeline-parallel-size "${RAY_PIPELINE_PARALLEL_SIZE:-$nodes}"
     ;;
   worker)

@@ -25,7 +25,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory) -> Path:
-    from tiny_mla_weights import write_tiny_mla  # ci/models, on pytest.ini's pythonpath
+    from tiny_mla_weights import write_tiny_mla  # runtime/models, on pytest.ini's pythonpath
 
     return write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
 

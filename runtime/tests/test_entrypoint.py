@@ -16,7 +16,7 @@ TOOL_ARGV = {"amd-smi": "static --asic", "rocminfo": ""}
 
 
 @pytest.fixture
-def box(tmp_path: Path, ci_dir: Path):
+def box(tmp_path: Path, runtime_dir: Path):
     """A fake image: device tools, /dev/kfd, manifest, an aiter package with one prebuilt module
     and a stand-in for vLLM's API server that prints its arguments."""
     bin_dir = tmp_path / "bin"
@@ -70,7 +70,7 @@ def box(tmp_path: Path, ci_dir: Path):
             (bin_dir / name).chmod(0o755)
 
         def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["bash", str(ci_dir / "entrypoint.sh"), *args],
+            return subprocess.run(["bash", str(runtime_dir / "entrypoint.sh"), *args],
                                   env={**env, **extra}, capture_output=True, text=True, timeout=120)
 
     box = Box()

@@ -1,8 +1,8 @@
 """The accuracy gate through the selftest CLI against real vLLM API servers on CPU, scored by the real lm-eval.
 
-The tiny model with seeded weights (ci/models/tiny_mla_weights.py) and its tokenizer, the task
+The tiny model with seeded weights (runtime/models/tiny_mla_weights.py) and its tokenizer, the task
 tiny_mla_gen / tiny_mla_loglik (ci/suites/accuracy_tasks, data written by
-ci/models/tiny_mla_accuracy.py: 40 questions, a correct backend scores 30), this project's CPU
+runtime/models/tiny_mla_accuracy.py: 40 questions, a correct backend scores 30), this project's CPU
 development mode against vLLM's CPU_MLA. It passes; with the engine tests' decode fault
 (ROCM_VLLM_TEST_FAULT=last-slot-off-by-one: one slot index off in this backend's decode plan) it
 fails and names the questions. Without the data: one line, exit 1, no server started. lm-eval runs
@@ -25,11 +25,11 @@ import pytest
 
 from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pythonpath
 
-CI_DIR = Path(__file__).resolve().parents[2]
-REPO = CI_DIR.parent
-TINY = CI_DIR / "models" / "tiny-mla"
-DATA = CI_DIR / "models" / "tiny-mla-accuracy"
-QUESTIONS, RIGHT = 40, 30  # what ci/models/tiny_mla_accuracy.py wrote
+REPO = Path(__file__).resolve().parents[2]
+CI_DIR = REPO / "ci"
+TINY = REPO / "runtime" / "models" / "tiny-mla"
+DATA = REPO / "runtime" / "models" / "tiny-mla-accuracy"
+QUESTIONS, RIGHT = 40, 30  # what runtime/models/tiny_mla_accuracy.py wrote
 
 
 def free_port() -> int:
@@ -40,7 +40,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_mla_weights import write_tiny_mla  # ci/models, on pytest.ini's pythonpath
+    from tiny_mla_weights import write_tiny_mla  # runtime/models, on pytest.ini's pythonpath
 
     out = write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build a pure-Python package's wheel: build_backend.sh SRC WHEEL_DIR [WHEEL_NAME]
+# Build a pure-Python package's wheel: build_project_wheel.sh SRC WHEEL_DIR [WHEEL_NAME]
 # SRC holds the package's pyproject.toml and src/ only: backend/ (WHEEL_NAME vllm_aiter_mla, the
-# default) or ci/runtime/ (rocm_vllm_runtime). The wheel is pure Python and built
+# default) or runtime/ (rocm_vllm_runtime). The wheel is pure Python and built
 # with the image's own Python; setuptools from the image is used when it can build wheels
 # (no index needed), otherwise pip builds in isolation (needs an index; PIP_INDEX_URL/PIP_CERT).
 # SOURCE_DATE_EPOCH makes the wheel byte-identical for identical sources.

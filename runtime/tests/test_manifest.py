@@ -277,7 +277,7 @@ def test_the_dockerfiles_mount_every_module_the_manifest_step_imports():
     rocm_vllm_runtime module manifest.py imports must be among them."""
     imported = set(re.findall(r"^from rocm_vllm_runtime\.(\w+) import", Path(mf.__file__).read_text(), re.M))
     assert "files" in imported
-    root = Path(mf.__file__).resolve().parents[4]
+    root = Path(mf.__file__).resolve().parents[3]
     for name in ("Dockerfile.rocm", "Dockerfile.rocm_base"):
         text = (root / name).read_text()
         (step,) = [s for s in re.split(r"\n(?=RUN |FROM )", text) if "-m rocm_vllm_runtime.manifest" in s]

@@ -6,7 +6,7 @@
 #   anything else                  executed as given
 #
 # The commands are modules of the installed runtime package rocm_vllm_runtime
-# (ci/runtime). First its guard (python3 -m rocm_vllm_runtime.guard) checks the
+# (runtime). First its guard (python3 -m rocm_vllm_runtime.guard) checks the
 # GPUs against the archs the image was built for and decides VLLM_ROCM_USE_AITER
 # and AITER_JIT_DIR; its decisions are exported here, then the command runs.
 # `serve` stops with one error line when no usable GPU is found, or a render

@@ -4,9 +4,9 @@ vLLM's ``--load-format dummy`` weights are so small that attention barely moves 
 output; these are scaled so that it does, which makes token-by-token comparisons of
 attention backends meaningful.
 
-    python ci/models/tiny_mla_weights.py OUT_DIR [--seed 0] [--gain 2.0]
+    python runtime/models/tiny_mla_weights.py OUT_DIR [--seed 0] [--gain 2.0]
 
-OUT_DIR receives config.json (copied from ci/models/tiny-mla) and model.safetensors.
+OUT_DIR receives config.json (copied from runtime/models/tiny-mla) and model.safetensors.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pyt
 
 pytestmark = pytest.mark.engine
 
-CI_DIR = Path(__file__).resolve().parents[2]
-TINY = CI_DIR / "models" / "tiny-mla"
+CI_DIR = Path(__file__).resolve().parents[2] / "ci"
+TINY = CI_DIR.parent / "runtime" / "models" / "tiny-mla"
 CPU_SERVER = (f"--model {TINY} --dtype float32 --max-model-len 256 --max-num-seqs 4 "
               "--gpu-memory-utilization 0.5 --enforce-eager --seed 0")
 LOAD = {"BENCH_NUM_PROMPTS": "4", "BENCH_INPUT_LEN": "32", "BENCH_OUTPUT_LEN": "8",

@@ -1,6 +1,6 @@
 """Write the tiny-mla accuracy task's data: a few dozen questions the seeded tiny model answers.
 
-The tiny model has random weights (ci/models/tiny_mla_weights.py, seed 0), so no real benchmark
+The tiny model has random weights (runtime/models/tiny_mla_weights.py, seed 0), so no real benchmark
 means anything to it. This task stands in for one: each question is a run of words of the tiny
 tokenizer, its answer is the model's greedy continuation of ANSWER_TOKENS words, computed here by
 vLLM's own CPU_MLA backend in fp32 (the plugin left out), one question at a time (vLLM 0.32's CPU
@@ -12,7 +12,7 @@ question gets another answer than the model's (a question "the model gets wrong"
 backend scores (1 - 1/WRONG_EVERY) and not 1. Each question also carries a fixed continuation of
 random words whose log-likelihood the loglikelihood task asks for.
 
-    python ci/models/tiny_mla_accuracy.py [OUT_DIR]    (default: ci/models/tiny-mla-accuracy)
+    python runtime/models/tiny_mla_accuracy.py [OUT_DIR]    (default: runtime/models/tiny-mla-accuracy)
 
 Writes OUT_DIR/tiny_mla/test.jsonl (one question per line: id, question, answer, continuation),
 the layout `selftest accuracy` reads from ACCURACY_DATA; the lm-eval tasks that use it are

@@ -9,8 +9,8 @@ exact token lengths for it.
     ids 0, 1, 2   <s> (bos), </s> (eos), <unk>: the special tokens config.json names
     ids 3 ...     two-syllable words, consonant-vowel syllables in a fixed order
 
-    python ci/models/tiny_mla_tokenizer.py [OUT_DIR]      (default: ci/models/tiny-mla)
-    python ci/models/tiny_mla_tokenizer.py --check        exit 1 if the committed files differ
+    python runtime/models/tiny_mla_tokenizer.py [OUT_DIR]      (default: runtime/models/tiny-mla)
+    python runtime/models/tiny_mla_tokenizer.py --check        exit 1 if the committed files differ
 
 Writes tokenizer.json and tokenizer_config.json. Same bytes on every run for a given
 `tokenizers` release (the test of this file compares them with the committed ones).
