@@ -238,3 +238,51 @@ target "ci" {
   cache-from = cache_from("ci")
   cache-to   = cache_to("ci")
 }
+
+// ---------------------------------------------------------------- CPU path (no AMD GPU)
+// The serve and ci images embedded into a CPU build of the track's vLLM, served with the
+// backend's CPU development mode (compose.cpu.yaml); for a laptop or a CI machine, never for
+// production:
+//
+//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve-cpu
+//   docker compose -f compose.yaml -f compose.cpu.yaml up -d --wait
+//
+// The CPU vLLM image must hold the track's vLLM release (the build stops naming both versions
+// otherwise). Default: vLLM's own CPU release image of that version on Docker Hub,
+// vllm/vllm-openai-cpu:v<version> (x86_64 and arm64), pulled by tag. Another one, e.g. pinned by
+// digest or built locally: VLLM_CPU_IMAGE=<image>.
+variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[TRACK].vllm.version}" }
+
+// Tags of a CPU image: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs),
+// on every track: there is one CPU path at a time on a machine.
+function "cpu_tags" {
+  params = [name]
+  result = ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}", "${REGISTRY}/${name}:${TAG}"]
+}
+
+// Dockerfile.rocm's existing-image path on the CPU vLLM image. The named context `base` (the ROCm
+// base image) is the CPU image too: the stages that read it are not built on this path, and the
+// ROCm base target is never built for a CPU image.
+target "_cpu" {
+  contexts = { base = "docker-image://${VLLM_CPU_IMAGE}" }
+  args     = { VLLM_IMAGE = VLLM_CPU_IMAGE }
+  // Local images only, whatever PUSH, CACHE_REPO or ATTEST say: never pushed, no registry cache
+  // export, no attestations (a CPU image is no release).
+  output   = ["type=image,rewrite-timestamp=true"]
+  attest   = ["type=sbom,disabled=true", "type=provenance,disabled=true"]
+  cache-to = CACHE_TO == "" ? [] : [CACHE_TO]
+}
+
+target "serve-cpu" {
+  inherits   = ["serve", "_cpu"]
+  tags       = cpu_tags("serve-cpu")
+  cache-from = cache_from("serve-cpu")
+}
+
+target "ci-cpu" {
+  inherits   = ["ci", "_cpu"]
+  tags       = cpu_tags("ci-cpu")
+  cache-from = cache_from("ci-cpu")
+}
+
+group "cpu" { targets = ["serve-cpu", "ci-cpu"] }

@@ -1,6 +1,6 @@
 """`selftest accuracy` inside the ci image built on the CPU vLLM image (marker `docker`): the
-integration test's fixtures (Debian base, CPU vLLM image, build context copy), the ci target under
-this test's own tag, `docker run IMAGE selftest accuracy --json --junit` with a results folder
+integration test's fixtures (Debian base, CPU vLLM image, build context copy), the CPU path's ci-cpu
+bake target under this test's own tag, `docker run IMAGE selftest accuracy --json --junit` with a results folder
 mounted, as an AMD host runs it (amd-runner/selftest.sh).
 
 Two real vLLM API servers in the container, one after the other: this backend's CPU development
@@ -65,7 +65,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def ci_image(h, cpu_vllm_image, context_dir) -> str:
-    return own_target_image(h, cpu_vllm_image, context_dir, "ci", CI_TAG, "accuracy")
+    return own_target_image(h, cpu_vllm_image, context_dir, "ci-cpu", CI_TAG, "accuracy")
 
 
 @pytest.fixture(scope="module")

