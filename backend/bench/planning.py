@@ -4,11 +4,9 @@ its previous version and against the time to write its index array, side by side
 
 Plain PyTorch + Triton on a GPU (no vLLM). For each batch:
 
-* ``previous``: the Triton planner as it was before the cursor walk (kept here, for this
-  comparison only): every program held the prefix sum of all lengths in registers for its
-  whole run, took the requests of each tile's first and last key by two reductions over all
-  requests, and searched a spanning tile's keys over that prefix sum; tiles of 4096 keys
-  dealt out round-robin, the grid capped by the batch's largest possible key count.
+* ``previous``: the Triton planner before the rows kernel and the two-request tiles of the
+  walk (``planning_previous.py`` beside this file, a frozen copy of the module, for this
+  comparison only): grouped kernel for short requests, tile walk for long ones.
 * ``new``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the host).
 * ``bound``: the time to write ``kv_indices`` (int32, one per key) at the GPU's write
   bandwidth, measured in the same run on the same number of bytes: the faster of a fill
@@ -26,137 +24,38 @@ builder pays each step before the graph of the model replays).
 
 Usage::
 
-    PYTHONPATH=backend/src python backend/bench/planning.py [--only SUBSTRING,...] [--sweep]
+    PYTHONPATH=backend/src python backend/bench/planning.py [--only SUBSTRING,...] [--sweep [--configs ...]]
 
-``--sweep`` times the new planner under a few launch shapes (largest and smallest tile,
-warps, programs per multiprocessor) instead.
+``--sweep`` times the new planner (and prints the launch each batch gets) under
+configurations of its integer constants instead, e.g. ``--configs
+'ROWS_MAX_LEN=2048,ROW_ELEMS=8192;NUM_WARPS=8'`` (one configuration per ``;``; none: as
+shipped).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import random
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
+import planning_previous  # the previous planner: a frozen copy of the module, beside this file
 import torch
 import triton
-import triton.language as tl
 
 from vllm_aiter_mla import planning_triton
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode, plan_decode_into
 from vllm_aiter_mla.planning_triton import plan_decode_triton
 
 # ---------------------------------------------------------------------------------------
-# The previous kernel (every program holds the prefix sum in registers for its whole run and
-# finds the requests of each tile by reductions over all of them), for comparison only.
-
-_PREVIOUS_BLOCK_T = 4096
-_PREVIOUS_PROGRAMS_PER_SM = 4
-_PREVIOUS_NUM_WARPS = 4
-
-
-@triton.jit
-def _previous_write_keys(kv_indices_ptr, row_ptr, t, start, total, FULL: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    pos = t - start
-    if FULL:
-        block = tl.load(row_ptr + pos // BLOCK_SIZE)
-        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE)
-    else:
-        valid = t < total
-        block = tl.load(row_ptr + pos // BLOCK_SIZE, mask=valid, other=0)
-        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
-
-
-@triton.jit
-def _previous_plan_kernel(
-    block_table_ptr,
-    block_table_stride,
-    seq_lens_ptr,
-    num_reqs,
-    qlen,
-    capacity,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
-
-    # Every program: max(seq_len, qlen), its inclusive prefix sum (ends) and the requests'
-    # starts, in registers.
-    r = tl.arange(0, BLOCK_R)
-    in_batch = r < num_reqs
-    lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
-    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
-    ends = tl.cumsum(lens, 0)
-    starts = ends - lens
-    total = tl.minimum(tl.sum(lens, 0), capacity)
-    ends = tl.where(in_batch, ends, 2147483647)  # rows past the batch never end before a key
-    if pid == 0:
-        tl.store(kv_indptr_ptr, 0)
-        tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
-        tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
-        tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
-
-    for tile in range(pid, tl.cdiv(total, BLOCK_T), num_programs):
-        t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
-        t = t0 + tl.arange(0, BLOCK_T)
-        full = t0 + BLOCK_T <= total
-        t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-        # Requests of the tile's first and last key: how many requests end at or before it.
-        req_lo = tl.sum((ends <= t0).to(tl.int32), 0)
-        req_hi = tl.sum((ends <= t_last).to(tl.int32), 0)
-        if req_hi == req_lo:
-            req_start = tl.max(tl.where(ends <= t0, ends, 0), 0)
-            req_row = block_table_ptr + req_lo.to(tl.int64) * block_table_stride
-            if full:
-                _previous_write_keys(kv_indices_ptr, req_row, t, req_start, total, True, BLOCK_SIZE)
-            else:
-                _previous_write_keys(kv_indices_ptr, req_row, t, req_start, total, False, BLOCK_SIZE)
-        else:
-            # Per key, a binary search over the prefix sum in [req_lo, req_hi].
-            key = tl.minimum(t, t_last)
-            lo = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_lo
-            hi = tl.zeros((BLOCK_T,), dtype=tl.int32) + req_hi
-            steps = req_hi - req_lo
-            while steps > 0:
-                mid = (lo + hi) >> 1
-                after = tl.gather(ends, mid, 0) <= key
-                lo = tl.where(after, mid + 1, lo)
-                hi = tl.where(after, hi, mid)
-                steps = steps >> 1
-            key_start = tl.gather(starts, lo, 0)
-            key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
-            if full:
-                _previous_write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
-            else:
-                _previous_write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
+# The previous planner, for comparison only
 
 
 def previous_plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_len=None):
-    num_reqs = block_table.shape[0]
-    programs = _sm_count(block_table.device.index or 0) * _PREVIOUS_PROGRAMS_PER_SM
-    if max_seq_len is not None:
-        programs = max(1, min(programs, -(-num_reqs * max(max_seq_len, qlen) // _PREVIOUS_BLOCK_T)))
-    _previous_plan_kernel[(programs,)](
-        block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
-        buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices,
-        BLOCK_SIZE=buffers.block_size, BLOCK_R=triton.next_power_of_2(buffers.max_reqs),
-        BLOCK_T=_PREVIOUS_BLOCK_T, num_warps=_PREVIOUS_NUM_WARPS,
-    )
-    return buffers.kv_indptr[: num_reqs + 1], buffers.kv_indices
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    plan = planning_previous.plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_len)
+    return plan.kv_indptr, plan.kv_indices
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,6 +245,14 @@ def _picked(case: Case, args) -> bool:
     return not args.only or any(part in case.name for part in args.only.split(","))
 
 
+def launch_of(case: Case, device: torch.device) -> str:
+    """The launch shape the planner picks for a batch (kernel, its constants, programs)."""
+    num_reqs = len(case.seq_lens)
+    shape = planning_triton.launch_shape_of(planning_triton._num_programs(device.index or 0), num_reqs,
+                                            max(max(case.seq_lens), case.qlen))
+    return " ".join(str(x) for x in shape)
+
+
 def _time_new_and_bound(case: Case, device: torch.device, args) -> tuple[float, float]:
     table, seq, slots = make_batch(case, device)
     buffers = DecodePlanBuffers.allocate(table.shape[0], table.shape[1], case.block_size, device,
@@ -357,34 +264,46 @@ def _time_new_and_bound(case: Case, device: torch.device, args) -> tuple[float, 
     return ms, graph_ms(target.zero_, *timing)
 
 
+def parse_configs(text: str) -> list[dict[str, int]] | str:
+    """``NAME=VALUE,NAME=VALUE;NAME=VALUE`` -> one dict of planner constants per configuration,
+    or an error line."""
+    configs = []
+    for part in text.split(";"):
+        config = {}
+        for item in filter(None, part.split(",")):
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            current = getattr(planning_triton, name, None)
+            if not sep or not name.isupper() or not isinstance(current, int):
+                return f"--configs: {item!r} is not NAME=VALUE for an integer constant of planning_triton"
+            try:
+                config[name] = type(current)(int(value))
+            except ValueError:
+                return f"--configs: {item!r}: the value is not an integer"
+        configs.append(config)
+    return configs
+
+
 def sweep(device: torch.device, args) -> int:
-    shapes = [(1024, 256, 4, 8, 512, 2), (1024, 256, 4, 8, 512, 1), (1024, 256, 4, 8, 512, 4),
-              (1024, 256, 4, 4, 512, 2), (2048, 256, 4, 8, 512, 1), (1024, 256, 4, 8, 256, 2)]
-    if args.shapes:
-        try:
-            shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
-        except ValueError:
-            shapes = []
-        if not shapes or any(len(shape) != 6 or min(shape) < 1 for shape in shapes):
-            print(f"--shapes {args.shapes!r}: expected LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS:"
-                  "FAST_TILES,... (positive integers)", file=sys.stderr)
-            return 2
+    configs = parse_configs(args.configs) if args.configs else [{}]
+    if isinstance(configs, str):
+        print(configs, file=sys.stderr)
+        return 2
+    defaults = {name: getattr(planning_triton, name) for config in configs for name in config}
     picked = [c for c in cases() if _picked(c, args)]
-    print("| launch (largest tile, smallest tile, warps, programs/SM, group keys, fast tiles) | "
-          + " | ".join(c.name for c in picked) + " |")
+    print("| planner constants | " + " | ".join(c.name for c in picked) + " |")
     print("|---|" + "---|" * len(picked))
-    for block_t, min_block_t, warps, per_sm, group_keys, fast in shapes:
-        planning_triton.BLOCK_T, planning_triton.MIN_BLOCK_T = block_t, min_block_t
-        planning_triton.NUM_WARPS, planning_triton.PROGRAMS_PER_SM = warps, per_sm
-        planning_triton.GROUP_KEYS, planning_triton.FAST_TILES = group_keys, fast
+    for config in configs:
+        for name, value in {**defaults, **config}.items():
+            setattr(planning_triton, name, value)
         planning_triton._num_programs.cache_clear()
         cells = []
         for case in picked:
             ms, bound = _time_new_and_bound(case, device, args)
-            cells.append(f"{ms:.4f} ({ms / bound:.2f}x)")
+            cells.append(f"{ms:.4f} ({ms / bound:.2f}x, {launch_of(case, device)})")
             torch.cuda.empty_cache()
-        print(f"| {block_t}, {min_block_t}, {warps}, {per_sm}, {group_keys}, {fast} | " + " | ".join(cells) + " |",
-              flush=True)
+        label = ", ".join(f"{k}={v}" for k, v in config.items()) or "as shipped"
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
@@ -396,9 +315,9 @@ def main() -> int:
     ap.add_argument("--only", default="",
                     help="run only the batches whose name contains one of these (comma-separated)")
     ap.add_argument("--sweep", action="store_true", help="time launch shapes of the new planner")
-    ap.add_argument("--shapes", default="",
-                    help="with --sweep: launch shapes to time, comma-separated "
-                         "LARGEST_TILE:SMALLEST_TILE:WARPS:PER_SM:GROUP_KEYS:FAST_TILES")
+    ap.add_argument("--configs", default="",
+                    help="with --sweep: planner constants to time, e.g. "
+                         "'ROWS_MAX_LEN=2048,ROW_ELEMS=8192;RUN_TILES=4' (one configuration per ';')")
     args = ap.parse_args()
     device = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
@@ -408,8 +327,8 @@ def main() -> int:
     if args.sweep:
         return sweep(device, args)
     print("| batch | keys | previous ms | new ms | bound ms (write) | new / bound | write GB/s "
-          "| copy ms (read + write) | new host ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| copy ms (read + write) | new host ms | new launch |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for case in cases():
         if not _picked(case, args):
@@ -420,7 +339,7 @@ def main() -> int:
         rows.append(row)
         print(f"| {row.case} | {row.keys:,} | {row.previous_ms:.4f} | {row.new_ms:.4f} | {row.bound_ms:.4f} "
               f"| {row.ratio:.2f} | {4 * row.keys / row.bound_ms / 1e6:,.0f} | {row.copy_ms:.4f} "
-              f"| {row.host_ms:.3f} |", flush=True)
+              f"| {row.host_ms:.3f} | {launch_of(case, device)} |", flush=True)
         torch.cuda.empty_cache()
     worst = max(rows, key=lambda r: r.ratio)
     print(f"all plans equal; worst new / bound: {worst.ratio:.2f} ({worst.case})")

@@ -30,10 +30,26 @@ def test_shapes_are_kernels_and_their_constants():
     assert len(shapes) == len(set(shapes))
     for shape in shapes:
         kind, a, b = shape
-        if kind == "grouped":
+        if kind == "rows":
+            assert a & (a - 1) == 0 and a <= pt.MAX_REQS and b & (b - 1) == 0 and b <= pt.ROWS_MAX_COLS
+        elif kind == "grouped":
             assert a & (a - 1) == 0 and a <= pt.MAX_GROUP and b & (b - 1) == 0 and b <= pt.MAX_CHUNK
         else:
             assert kind == "walk" and pt.MIN_BLOCK_T <= a <= pt.BLOCK_T and isinstance(b, bool)
-    # both kernels, and every tile size of the walk with and without the direct search
-    assert {s[0] for s in shapes} == {"grouped", "walk"}
+    # the three kernels, and every tile size of the walk with and without the direct search
+    assert {s[0] for s in shapes} == {"rows", "grouped", "walk"}
     assert sum(s[0] == "walk" for s in shapes) == 2 * (pt.BLOCK_T // pt.MIN_BLOCK_T).bit_length()
+
+
+@pytest.mark.parametrize("programs", [8, 1056])
+def test_rows_kernel_for_short_requests_only(programs):
+    # Up to ROWS_MAX_LEN keys a request: the rows kernel, a program per group, every request
+    # in a group, tiles of at most ROW_ELEMS pairs; longer requests or no hint: another kernel.
+    for num_reqs in (1, 2, 17, 1000, 4096):
+        for longest in (1, 2, 16, 300, 512, pt.ROWS_MAX_LEN):
+            kind, group, cols, grid = pt.launch_shape_of(programs, num_reqs, longest)
+            assert kind == "rows"
+            assert cols >= min(longest, pt.ROWS_MAX_COLS) and group * cols <= max(pt.ROW_ELEMS, cols)
+            assert grid * group >= num_reqs > (grid - 1) * group
+        assert pt.launch_shape_of(programs, num_reqs, pt.ROWS_MAX_LEN + 1)[0] != "rows"
+        assert pt.launch_shape_of(programs, num_reqs, None)[0] == "walk"

@@ -2,9 +2,10 @@
 random batches with padding rows, stale block-table entries, block sizes 1/16/64, query
 lengths 1-4, a narrow and a full-width table, plain and captured in a CUDA graph; and the
 edges of its tile walk: request ends on and beside tile boundaries and pairs of tiles written
-at once, padding rows, tiles spanning more requests than one window holds, 4096 one-key
-requests, many short requests (the grouped kernel and the tile walk), one long request, any
-grid size, a max_seq_len hint below the real lengths."""
+at once, tiles holding one request boundary, padding rows, tiles spanning more requests than
+one window holds, 4096 one-key requests, many short requests (the rows kernel, the grouped
+kernel and the tile walk), one long request, any grid size, a max_seq_len hint below the real
+lengths, a block table narrower than the rows kernel's tile."""
 
 from __future__ import annotations
 
@@ -205,24 +206,27 @@ def test_4096_requests_of_one_key(block_size):
 @pytest.mark.parametrize("hint", [False, True])
 @pytest.mark.parametrize("seed", range(3))
 def test_many_short_requests(seed, hint):
-    # With max_seq_len the grouped kernel plans them (checked), without it the tile walk.
-    from vllm_aiter_mla.planning_triton import MAX_REQS, _num_programs, grouped_shape
+    # With max_seq_len the rows kernel plans them (checked), without it the tile walk.
+    from vllm_aiter_mla.planning_triton import MAX_REQS, _num_programs, launch_shape_of
 
     rng = random.Random(seed)
     lens = [rng.randint(0, 40) for _ in range(MAX_REQS - rng.randint(0, 100))]
     qlen = rng.randint(1, 4)
     longest = max(max(lens), qlen) if hint else None
-    assert (grouped_shape(_num_programs(0), len(lens), longest) is not None) == hint
+    assert launch_shape_of(_num_programs(0), len(lens), longest)[0] == ("rows" if hint else "walk")
     assert_plan_equal(lens, qlen, rng.choice([1, 16]), max_reqs=MAX_REQS, seed=seed,
                       max_seq_len=max(lens) if hint else None)
 
 
 @pytest.mark.parametrize("num_reqs,longest", [(1, 1), (5, 300), (700, 9), (4096, 2), (1000, 2048)])
-def test_grouped_kernel(num_reqs, longest):
-    # Groups of several requests, one request per group, a last group cut short by the batch.
-    from vllm_aiter_mla.planning_triton import _num_programs, grouped_shape
+def test_grouped_kernel(num_reqs, longest, monkeypatch):
+    # Groups of several requests, one request per group, a last group cut short by the batch
+    # (the rows kernel, which takes short requests first, turned off).
+    from vllm_aiter_mla import planning_triton
+    from vllm_aiter_mla.planning_triton import _num_programs, launch_shape_of
 
-    assert grouped_shape(_num_programs(0), num_reqs, longest) is not None
+    monkeypatch.setattr(planning_triton, "ROWS_MAX_LEN", 0)
+    assert launch_shape_of(_num_programs(0), num_reqs, longest)[0] == "grouped"
     rng = random.Random(num_reqs)
     lens = [rng.choice([0, 1, longest, rng.randint(0, longest)]) for _ in range(num_reqs)]
     lens[rng.randrange(num_reqs)] = longest
@@ -230,11 +234,51 @@ def test_grouped_kernel(num_reqs, longest):
 
 
 def test_a_max_seq_len_below_the_real_lengths_gives_the_same_plan():
-    # The hint picks the kernel and its launch shape only: understated, the grouped kernel
-    # (chosen for short requests) still plans every key.
+    # The hint picks the kernel and its launch shape only: understated, the rows kernel or the
+    # grouped kernel (chosen for short requests) still plans every key.
     lens = [5] * 300 + [9000, 3] + [5] * 200
     assert_plan_equal(lens, 1, 16, max_seq_len=5)
     assert_plan_equal(lens, 2, 16, max_seq_len=100)
+    assert_plan_equal(lens, 2, 1, max_seq_len=2000)
+
+
+@pytest.mark.parametrize("num_reqs,longest", [(1, 1), (3, 1024), (64, 17), (700, 9), (4000, 300), (4096, 1),
+                                              (4096, 16), (1000, 512)])
+def test_rows_kernel(num_reqs, longest):
+    # Groups of several requests, one request per group, a last group cut short by the batch,
+    # padding rows, requests of one key and of the longest; block size 1 makes the table as
+    # wide as the tile, block size 64 far narrower (its first positions read the last column).
+    from vllm_aiter_mla.planning_triton import _num_programs, launch_shape_of
+
+    assert launch_shape_of(_num_programs(0), num_reqs, longest)[0] == "rows"
+    rng = random.Random(num_reqs * longest)
+    lens = [rng.choice([0, 1, longest, rng.randint(0, longest)]) for _ in range(num_reqs)]
+    lens[rng.randrange(num_reqs)] = longest
+    for block_size in (1, 16, 64):
+        assert_plan_equal(lens, 1 + num_reqs % 3, block_size, max_seq_len=longest, seed=block_size)
+
+
+def test_a_block_table_without_columns_is_refused():
+    from vllm_aiter_mla.planning_triton import plan_decode_triton
+
+    buffers = DecodePlanBuffers.allocate(4, 1, 16, "cuda", max_keys=1000)
+    table = torch.zeros((2, 0), dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="no columns"):
+        plan_decode_triton(buffers, table, torch.ones(2, dtype=torch.int32, device="cuda"), 1, 1)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_tiles_holding_one_request_boundary(block_size):
+    # Requests a little longer or shorter than a tile, so that most tiles hold one boundary
+    # (each key's row is the cursor's or the next request's), between runs of such tiles and of
+    # tiles holding several boundaries, with and without the hint.
+    from vllm_aiter_mla.planning_triton import BLOCK_T
+
+    rng = random.Random(block_size)
+    lens = [BLOCK_T + 1] * 9 + [BLOCK_T - 1] * 9 + [rng.randint(BLOCK_T // 2, 3 * BLOCK_T) for _ in range(60)]
+    lens += [1, 2, 3] + [2 * BLOCK_T + 5, 0, BLOCK_T - 2, 1] + [rng.randint(1, 5000) for _ in range(40)]
+    assert_plan_equal(lens, 1, block_size)
+    assert_plan_equal(lens, 2, block_size, max_seq_len=max(lens))
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 64])
@@ -279,7 +323,7 @@ def test_after_warm_up_no_batch_compiles_a_kernel():
     buffers = DecodePlanBuffers.allocate(max_reqs=max_reqs, max_blocks=-(-max_len // block_size) + 1,
                                          block_size=block_size, device="cuda", max_keys=max_reqs * (max_len + 4))
     shapes = pt.warm_up(buffers, max_len + 4)
-    kernels = (pt._plan_kernel, pt._plan_grouped_kernel)
+    kernels = (pt._plan_kernel, pt._plan_grouped_kernel, pt._plan_rows_kernel)
     before = [_compiled(k) for k in kernels]
     assert sum(before) >= shapes
     rng = random.Random(7)
