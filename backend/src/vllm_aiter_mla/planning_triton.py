@@ -114,6 +114,16 @@ def _end_of(seq_lens_ptr, req, start, num_reqs, qlen):
 
 
 @triton.jit
+def _two_ends(seq_lens_ptr, req, start, num_reqs, qlen):
+    """Ends of requests ``req`` and ``req + 1`` (request req starts at ``start``; past the
+    batch: after every key), both lengths loaded at once."""
+    length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
+    length_after = tl.load(seq_lens_ptr + req + 1, mask=req + 1 < num_reqs, other=0)
+    end = tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
+    return end, tl.where(req + 1 < num_reqs, end + tl.maximum(length_after, qlen), _NO_END)
+
+
+@triton.jit
 def _window(seq_lens_ptr, req, req_start, num_reqs, qlen, WINDOW: tl.constexpr):
     """Ends and starts of requests req .. req + WINDOW - 1 (request req starts at req_start);
     rows past the batch end after every key."""
@@ -293,25 +303,36 @@ def _plan_kernel(
                             cur_start = cur_end
                             cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
                     else:
-                        # Request boundaries in the tile. Most often one: the next request holds the
-                        # rest of the tile, and each key's row and start is one of two.
-                        next_end = _end_of(seq_lens_ptr, cur_req + 1, cur_end, num_reqs, qlen)
-                        if next_end > t_last:
-                            in_cur = t < cur_end
-                            row = block_table_ptr + (cur_req + tl.where(in_cur, 0, 1)).to(tl.int64) * block_table_stride
-                            start = tl.where(in_cur, cur_start, cur_end)
+                        # Request boundaries in the tile. Most often one or two: the next two
+                        # requests hold the rest of the tile (both lengths loaded at once), and each
+                        # key's row and start is one of three.
+                        next_end, after_end = _two_ends(seq_lens_ptr, cur_req + 1, cur_end, num_reqs, qlen)
+                        if after_end > t_last:
+                            step = (t >= cur_end).to(tl.int32) + (t >= next_end).to(tl.int32)
+                            row = block_table_ptr + (cur_req + step).to(tl.int64) * block_table_stride
+                            start = tl.where(step == 0, cur_start, tl.where(step == 1, cur_end, next_end))
                             if full:
                                 _write_keys(kv_indices_ptr, row, t, start, total, True, BLOCK_SIZE)
                             else:
                                 _write_keys(kv_indices_ptr, row, t, start, total, False, BLOCK_SIZE)
-                            if next_end == t_last + 1 and not last:
-                                cur_req += 2
-                                cur_start = next_end
-                                cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
-                            else:
-                                cur_req += 1
-                                cur_start = cur_end
-                                cur_end = next_end
+                            if next_end > t_last:  # one boundary
+                                if next_end == t_last + 1 and not last:
+                                    cur_req += 2
+                                    cur_start = next_end
+                                    cur_end = after_end
+                                else:
+                                    cur_req += 1
+                                    cur_start = cur_end
+                                    cur_end = next_end
+                            else:  # two
+                                if after_end == t_last + 1 and not last:
+                                    cur_req += 3
+                                    cur_start = after_end
+                                    cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                                else:
+                                    cur_req += 2
+                                    cur_start = next_end
+                                    cur_end = after_end
                         else:
                             # Request boundaries in the tile: a window of SMALL requests first.
                             w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
