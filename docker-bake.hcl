@@ -142,43 +142,43 @@ target "_common" {
   }
 }
 
+// The build args versions.json defines for the track: the plain values Dockerfile instructions
+// use (FROM, ENV, LABEL), and one compact-JSON arg per component (pins_json: keys sorted, null for
+// an unresolved pin), as python3 -m ci.pins args prints them (ci/pins/model.py components()).
 target "_versions" {
   args = {
-    VLLM_TRACK             = TRACK
-    ROCM_IMAGE             = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
-    ROCM_VERSION           = track_section("rocm", rocm).version
-    PYTHON_VERSION         = python.version
-    TORCH_INDEX_URL        = track_section("pytorch", pytorch).index_url
-    TORCH_PACKAGE          = track_section("pytorch", pytorch).wheels.torch.package
-    TORCH_VERSION          = coalesce(track_section("pytorch", pytorch).wheels.torch.version, "UNRESOLVED")
-    TORCH_SHA256           = coalesce(track_section("pytorch", pytorch).wheels.torch.sha256, "UNRESOLVED")
-    TRITON_PACKAGE         = coalesce(track_section("pytorch", pytorch).wheels.triton.package, "UNRESOLVED")
-    TRITON_VERSION         = coalesce(track_section("pytorch", pytorch).wheels.triton.version, "UNRESOLVED")
-    TRITON_SHA256          = coalesce(track_section("pytorch", pytorch).wheels.triton.sha256, "UNRESOLVED")
-    TORCHVISION_PACKAGE    = track_section("pytorch", pytorch).wheels.torchvision.package
-    TORCHVISION_VERSION    = coalesce(track_section("pytorch", pytorch).wheels.torchvision.version, "UNRESOLVED")
-    TORCHVISION_SHA256     = coalesce(track_section("pytorch", pytorch).wheels.torchvision.sha256, "UNRESOLVED")
-    TORCHAUDIO_PACKAGE     = track_section("pytorch", pytorch).wheels.torchaudio.package
-    TORCHAUDIO_VERSION     = coalesce(track_section("pytorch", pytorch).wheels.torchaudio.version, "UNRESOLVED")
-    TORCHAUDIO_SHA256      = coalesce(track_section("pytorch", pytorch).wheels.torchaudio.sha256, "UNRESOLVED")
-    AITER_REPO             = aiter.repository
-    AITER_TAG              = aiter.pins[AITER_PIN].tag
-    AITER_COMMIT           = coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED")
-    AITER_CK_COMMIT        = coalesce(aiter.pins[AITER_PIN].ck_commit, "UNRESOLVED")
-    AITER_CK_PATH          = aiter.ck_submodule_path
-    AITER_REQUIRED_MODULES = join(" ", aiter.required_modules)
-    VLLM_REPO              = vllm.repository
-    VLLM_VERSION           = tracks[TRACK].vllm.version
-    VLLM_TAG               = tracks[TRACK].vllm.tag
-    VLLM_COMMIT            = coalesce(tracks[TRACK].vllm.commit, "UNRESOLVED")
-    HIPKITTENS_REPO        = aiter.hipkittens_repository
-    HIPKITTENS_COMMIT      = coalesce(aiter.pins[AITER_PIN].hipkittens_commit, "UNRESOLVED")
-    TRITON_KERNELS_REPO    = vllm.triton_kernels.repository
-    TRITON_KERNELS_COMMIT  = coalesce(tracks[TRACK].vllm.triton_kernels_commit, "UNRESOLVED")
-    TRITON_KERNELS_PATH    = vllm.triton_kernels.path
-    // Ray wheels: {python: sha256} as pip --hash values, keys in sorted order (a function cannot take
-    // the null of an unresolved pin, so each is spelled out).
+    VLLM_TRACK     = TRACK
+    VLLM_VERSION   = tracks[TRACK].vllm.version
+    ROCM_IMAGE     = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
+    ROCM_VERSION   = track_section("rocm", rocm).version
+    PYTHON_VERSION = python.version
+    // aiter's shared fields and the track's pin (AITER_PIN)
+    AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], [])))
+    // the track's pytorch section: index_url and the wheels
+    PYTORCH_PINS = pins_json({
+      index_url = track_section("pytorch", pytorch).index_url
+      wheels    = { for key, wheel in track_section("pytorch", pytorch).wheels : key => without_notes(wheel, []) }
+    })
+    // vllm's shared repository and triton_kernels, and the track's release
+    VLLM_PINS = pins_json({
+      repository     = vllm.repository
+      tag            = tracks[TRACK].vllm.tag
+      commit         = tracks[TRACK].vllm.commit
+      triton_kernels = merge(without_notes(vllm.triton_kernels, []), { commit = tracks[TRACK].vllm.triton_kernels_commit })
+    })
   }
+}
+
+// A component's pins as one build-arg value (jsonencode writes object keys sorted, no spaces).
+function "pins_json" {
+  params = [pins]
+  result = jsonencode(pins)
+}
+
+// A versions.json object without its notes (about, unresolved) and the keys named.
+function "without_notes" {
+  params = [node, leave_out]
+  result = { for key, value in node : key => value if !contains(concat(["about", "unresolved"], leave_out), key) }
 }
 
 target "base" {

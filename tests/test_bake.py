@@ -31,12 +31,18 @@ def printed(*targets, env=None):
     return json.loads(proc.stdout)["target"]
 
 
-def test_base_args_equal_versions_file():
+# Build args that are settings of a build, not pins (bake variables of their own).
+SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", "VLLM_IMAGE", "AITER_CALLS_CHECK"}
+
+
+@pytest.mark.parametrize("track", model.track_names(model.load()))
+def test_base_args_equal_versions_file(track):
+    """bake's _versions and ci.pins build_args are one mapping: the same args, byte for byte (the
+    component JSON args included), for every track."""
     data = model.load()
-    args = printed("base")["base"]["args"]
-    expected = model.build_args(data)
-    for key, value in expected.items():
-        assert args[key] == value, key
+    for name, target in printed("base", "serve", env={"TRACK": track}).items():
+        args = target["args"]
+        assert {k: v for k, v in args.items() if k not in SETTINGS} == model.build_args(data, track_name_=track), name
     assert args["SOURCE_DATE_EPOCH"] == str(data["source_date_epoch"])
 
 
@@ -53,7 +59,9 @@ def test_overrides_from_environment():
     data = model.load()
     known = data["aiter"]["pins"]["v0.1.20.post1"]
     assert args["GPU_ARCHS"] == "gfx942"
-    assert args["AITER_COMMIT"] == known["commit"] and args["AITER_CK_COMMIT"] == known["ck_commit"]
+    assert args["AITER_PINS"] == model.build_args(data, "v0.1.20.post1")["AITER_PINS"]
+    assert json.loads(args["AITER_PINS"])["commit"] == known["commit"]
+    assert json.loads(args["AITER_PINS"])["ck_commit"] == known["ck_commit"]
     assert args["ROCM_IMAGE"] == model.build_args(data, allow_unresolved=True)["ROCM_IMAGE"]
 
 
@@ -86,7 +94,7 @@ def test_image_targets_use_dockerfile_rocm():
         assert targets[name]["dockerfile"] == "Dockerfile.rocm"
         assert targets[name]["target"] == name
         assert targets[name]["contexts"]["base"] == "target:base"
-        assert targets[name]["args"]["VLLM_COMMIT"] == model.build_args(model.load())["VLLM_COMMIT"]
+        assert targets[name]["args"]["VLLM_PINS"] == model.build_args(model.load())["VLLM_PINS"]
 
 
 def test_ray_comes_from_its_lock_not_from_build_args():

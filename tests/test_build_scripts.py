@@ -4,6 +4,7 @@
 repositories, and the AMD SMI import check."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -72,7 +73,8 @@ def test_both_builds_derive_max_jobs_from_the_cgroup_limit(script, per_job, cgro
     (kernels / "__init__.py").write_text("")
     args = {"build_vllm.sh": ["wheel", str(tmp_path), str(tmp_path / "out")],
             "build_aiter.sh": [str(tmp_path), str(tmp_path / "out")]}[script]
-    env = base_env(**cgroup, GPU_ARCHS="gfx942", VLLM_VERSION="0.32.0", AITER_TAG="v0",
+    env = base_env(**cgroup, GPU_ARCHS="gfx942", VLLM_VERSION="0.32.0", AITER_PINS='{"tag":"v0"}',
+
                    TRITON_KERNELS_SRC_DIR=str(kernels), **{per_job: "100"})
     proc = subprocess.run(["bash", str(DOCKER / script), *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 1
@@ -173,8 +175,11 @@ def test_triton_name_read_from_torch_and_alias_recorded(venv, tmp_path):
     assert dists(py, "torch-triton").stdout.strip() == "triton-rocm==3.8.0+rocm7.2"
     proc = dists(py, "torch-triton", "--expect", "pytorch-triton-rocm==3.8.0+rocm7.2")
     assert proc.returncode == 1 and "resolve wheels" in proc.stderr
-    proc = dists(py, "constraints", tmp_path / "c.txt", env={"TRITON_PACKAGE": "pytorch-triton-rocm"})
+    recorded = {"wheels": {"triton": {"package": "pytorch-triton-rocm", "version": None, "sha256": None}}}
+    proc = dists(py, "constraints", tmp_path / "c.txt", env={"PYTORCH_PINS": json.dumps(recorded)})
     assert proc.returncode == 1 and "pytorch.wheels.triton.package" in proc.stderr
+    proc = dists(py, "constraints", tmp_path / "c.txt", env={"PYTORCH_PINS": '{"index_url":"x"}'})
+    assert proc.returncode == 1 and "PYTORCH_PINS" in proc.stderr and "Traceback" not in proc.stderr
     assert dists(py, "triton-alias").returncode == 0
     out = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('triton'), m.requires('triton'))"],
                          capture_output=True, text=True).stdout
@@ -270,7 +275,10 @@ def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):
     (aiter / "aiter" / "jit").mkdir(parents=True)
     (aiter / "aiter/jit/core.py").write_text(
         f'x = {{\n    "url": "https://github.com/HazyResearch/HipKittens.git",\n    "commit": "{hk}",\n}}\n')
-    env = base_env(HIPKITTENS_REPO=(tmp_path / "hk").as_uri(), HIPKITTENS_COMMIT=hk,
+    def pins(commit):
+        return json.dumps({"tag": "v0", "hipkittens_repository": (tmp_path / "hk").as_uri(),
+                           "hipkittens_commit": commit})
+    env = base_env(AITER_PINS=pins(hk),
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
     dest = tmp_path / "dest"
     proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "clone", dest, aiter], env=env,
@@ -283,14 +291,14 @@ def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):
     # a pin that is not what AITER names stops with one line naming the setting
     for pin in ("1" * 40, "none"):
         proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "verify", dest, aiter],
-                              env={**env, "HIPKITTENS_COMMIT": pin}, capture_output=True, text=True)
+                              env={**env, "AITER_PINS": pins(pin)}, capture_output=True, text=True)
         assert proc.returncode == 1 and "hipkittens_commit" in proc.stderr, proc.stderr
     # an AITER that names no HipKittens: pin "none", nothing fetched, an empty directory
     (aiter / "aiter/jit/core.py").write_text("# no third-party clones\n")
     empty = tmp_path / "empty"
     for mode in ("clone", "verify"):
         proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", mode, empty, aiter],
-                              env={**env, "HIPKITTENS_COMMIT": "none"}, capture_output=True, text=True)
+                              env={**env, "AITER_PINS": pins("none")}, capture_output=True, text=True)
         assert proc.returncode == 0 and "does not use HipKittens" in proc.stdout, proc.stderr
     assert list(empty.iterdir()) == []
 
@@ -299,8 +307,10 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     path = "python/triton_kernels/triton_kernels"
     commit = repo_with(tmp_path / "triton", {f"{path}/__init__.py": "", f"{path}/matmul.py": "x = 1\n",
                                              "README": "big tree\n"})
-    env = base_env(TRITON_KERNELS_REPO=(tmp_path / "triton").as_uri(), TRITON_KERNELS_COMMIT=commit,
-                   TRITON_KERNELS_PATH=path,
+    def pins(kernels_commit):
+        return json.dumps({"tag": "v0", "commit": None, "repository": "unused", "triton_kernels": {
+            "repository": (tmp_path / "triton").as_uri(), "commit": kernels_commit, "path": path}})
+    env = base_env(VLLM_PINS=pins(commit),
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
     dest = tmp_path / "dest"
     proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", dest], env=env,
@@ -308,5 +318,39 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["__init__.py", "matmul.py"]
     proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", tmp_path / "d2"],
-                          env={**env, "TRITON_KERNELS_COMMIT": "2" * 40}, capture_output=True, text=True)
-    assert proc.returncode == 1 and "TRITON_KERNELS_COMMIT" in proc.stderr
+                          env={**env, "VLLM_PINS": pins("2" * 40)}, capture_output=True, text=True)
+    assert proc.returncode == 1 and "the track's vllm.triton_kernels_commit" in proc.stderr
+    proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", tmp_path / "d3"],
+                          env={**env, "VLLM_PINS": pins(None)}, capture_output=True, text=True)
+    assert proc.returncode == 1 and "triton_kernels_commit" in proc.stderr
+
+
+def load_pins(name, value):
+    """lib.sh load_pins NAME as a step runs it, then the variables it set."""
+    env = base_env(**({name: value} if value is not None else {}))
+    shown = f'set | grep "^{name[:-5]}_" | grep -v "^{name}=" || true'
+    return bash(f"source {DOCKER}/lib.sh && load_pins {name} && {shown}", env)
+
+
+def test_a_components_pins_become_shell_variables():
+    """pins.py: the keys' path in upper case joined by _, null -> UNRESOLVED, a list -> its items
+    joined by spaces, values quoted for the shell (the JSON args python3 -m ci.pins args prints)."""
+    value = json.dumps({"tag": "v1", "commit": None, "required_modules": ["a", "b"],
+                        "triton_kernels": {"path": "x y/$(z)"}})
+    proc = load_pins("VLLM_PINS", value)
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.splitlines()) == {"VLLM_TAG=v1", "VLLM_COMMIT=UNRESOLVED", "VLLM_REQUIRED_MODULES='a b'",
+                                             "VLLM_TRITON_KERNELS_PATH='x y/$(z)'"}
+
+
+@pytest.mark.parametrize("value,message", [
+    (None, "the build arg AITER_PINS is not set: pass it"),
+    ("{", "the build arg AITER_PINS is not JSON"),
+    ("[1]", "the build arg AITER_PINS is not a JSON object"),
+    ('{"Tag":"v1"}', "is not a lower-case name"),
+    ('{"a":true}', "AITER_A: a string, number, list or null is expected"),
+])
+def test_pins_that_are_no_json_object_stop_the_step_in_one_line(value, message):
+    proc = load_pins("AITER_PINS", value)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and proc.stdout == ""

@@ -2,6 +2,7 @@
 
 Static: BuildKit's own parser (the `dockerfile` package), no engine needed. The build itself
 runs in tests/test_engine_integration.py."""
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -66,6 +67,19 @@ def mounts_from(c):
         m = re.search(r"from=([^,]+)", f)
         if m:
             found.append(m.group(1))
+    return found
+
+
+def context_sources(cmds):
+    """What a stage reads from the build context: its COPY sources and its bind mounts' sources."""
+    found = []
+    for c in cmds:
+        if c.cmd.upper() == "COPY" and not flag(c, "--from="):
+            found += c.value[:-1]
+        for f in flag(c, "--mount="):
+            m = re.search(r"\bsource=([^,]+)", f)
+            if "type=bind" in f and m and "from=" not in f:
+                found.append(m.group(1))
     return found
 
 
@@ -171,7 +185,7 @@ def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
 
 def test_backend_wheel_stage_reads_backend_sources_only(commands):
     _, cmds = stage_map(commands)["backend-wheel"]
-    sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
+    sources = context_sources(cmds)
     assert sources and all(p.startswith("backend/") or p in ("ci/docker/build_project_wheel.sh", "ci/docker/lib.sh")
                            for p in sources), sources
     assert "backend/tests" not in " ".join(sources)
@@ -180,7 +194,7 @@ def test_backend_wheel_stage_reads_backend_sources_only(commands):
 
 def test_runtime_wheel_stage_reads_runtime_sources_only(commands):
     _, cmds = stage_map(commands)["runtime-wheel"]
-    sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
+    sources = context_sources(cmds)
     assert sorted(sources) == ["ci/docker/build_project_wheel.sh", "ci/docker/lib.sh", "runtime/pyproject.toml",
                                "runtime/src/"], sources
     runs = [text_of(c) for c in cmds if c.cmd.upper() == "RUN"]
@@ -411,8 +425,8 @@ def test_vllm_build_uses_pinned_commit_and_archs(commands):
     declared = {t for c in cmds if c.cmd.upper() == "ARG" for t in c.value}
     defaults = global_args(commands)
     expected = model.build_args(model.load())
-    for key in ("VLLM_REPO", "VLLM_TAG", "VLLM_COMMIT", "VLLM_VERSION", "GPU_ARCHS"):
-        assert key in declared and defaults[key] == expected[key], key
+    for key in ("VLLM_PINS", "VLLM_VERSION", "GPU_ARCHS"):
+        assert key in declared and defaults[key].strip("'") == expected[key], key
     run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
     assert "vllm_source.sh verify" in run and "build_vllm.sh" in run
     script = (ROOT / "ci/docker/build_vllm.sh").read_text()
@@ -455,5 +469,9 @@ def test_vllm_build_fetches_nothing_itself(commands):
     declared = {t for c in stages_["triton-kernels-clone"][1] if c.cmd.upper() == "ARG" for t in c.value}
     defaults = global_args(commands)
     expected = model.build_args(model.load())
-    for key in ("TRITON_KERNELS_REPO", "TRITON_KERNELS_COMMIT", "TRITON_KERNELS_PATH"):
-        assert key in declared and defaults[key] == expected[key], key
+    assert "VLLM_PINS" in declared and defaults["VLLM_PINS"].strip("'") == expected["VLLM_PINS"]
+    kernels = json.loads(expected["VLLM_PINS"])["triton_kernels"]
+    assert sorted(kernels) == ["commit", "path", "repository"] and all(kernels.values()), kernels
+    script = (ROOT / "ci/docker/vllm_source.sh").read_text()
+    for name in ("VLLM_TRITON_KERNELS_REPOSITORY", "VLLM_TRITON_KERNELS_COMMIT", "VLLM_TRITON_KERNELS_PATH"):
+        assert f"${name}" in script, name

@@ -1,4 +1,5 @@
 """Static checks of the Dockerfiles: hadolint, BuildKit's parser, pin policy."""
+import json
 import re
 import shutil
 import subprocess
@@ -180,23 +181,146 @@ def test_arg_check_can_fail():
     assert [p for p in arg_problems(parser.parse_string(undeclared)) if "ARG EPOCH in stage a has no" in p]
 
 
+def _unquoted(word):
+    """An ARG default as BuildKit's shell-word processing leaves it (one pair of quotes removed)."""
+    return word[1:-1] if len(word) >= 2 and word[0] == word[-1] and word[0] in "'\"" else word
+
+
 def test_pin_tool_reads_global_args_as_buildkit_does(name):
     """ci.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
     Python): what it reads is what BuildKit reads."""
-    buildkit = {arg: default.strip('"') for arg, default in global_args(parse(name)).items()}
+    buildkit = {arg: _unquoted(default) for arg, default in global_args(parse(name)).items()}
     pins = {arg: default for arg, (_, default) in model.global_arg_defaults((ROOT / name).read_text()).items()}
     assert pins == buildkit
 
 
 def test_git_refs_are_pinned_commits_from_versions_file(name):
     expected = model.build_args(model.load())
+    pinned = set(re.findall(r"\b[0-9a-f]{40}\b", " ".join(expected.values())))
     text = (ROOT / name).read_text()
     for match in re.finditer(r"\b[0-9a-f]{40}\b", text):
-        assert match.group(0) in expected.values(), f"{name}: commit {match.group(0)} is not in versions.json"
+        assert match.group(0) in pinned, f"{name}: commit {match.group(0)} is not in versions.json"
+    commits = 0
     for arg, default in global_args(parse(name)).items():
-        if arg.endswith("_COMMIT"):
-            assert default == model.UNRESOLVED or re.fullmatch(r"[0-9a-f]{40}", default), f"{name}: ARG {arg}"
+        if arg.endswith("_PINS"):
+            pins = json.loads(_unquoted(default))
+            for key, value in _leaves(pins):
+                if key == "commit" or key.endswith("_commit"):
+                    commits += 1
+                    assert value is None or re.fullmatch(r"[0-9a-f]{40}", value), f"{name}: ARG {arg}: {key}"
+    assert commits, f"{name}: no commit pin among the *_PINS args"
     assert not re.search(r"git\s+(clone|checkout|fetch)[^\n]*\b(main|master|HEAD)\b", text)
+
+
+def _leaves(value, key=""):
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, k)]
+    return [(key, value)]
+
+
+# --------------------------------------------------------------- build scripts enter by bind mounts
+
+DOCKER_DIR = ROOT / "ci/docker"
+# What a script reads beside itself: $here/NAME, $(dirname "$0")/NAME, $(dirname "${BASH_SOURCE[0]}")/NAME.
+_BESIDE = re.compile(r'(?:\$here|\$\(dirname "\$(?:0|\{BASH_SOURCE\[0\]\})"\))/([\w.-]+)')
+
+
+def _needs(path: Path, seen=None) -> set[str]:
+    """The files of ci/docker a script needs beside it, itself included, transitively. lib.sh
+    needs pins.py only where a step calls its load_pins."""
+    seen = set() if seen is None else seen
+    if path.name in seen:
+        return seen
+    seen.add(path.name)
+    if path.suffix in (".sh", ".py") and path.name != "lib.sh":
+        text = path.read_text()
+        for other in _BESIDE.findall(text) + (["lib.sh", "pins.py"] if "load_pins " in text else []):
+            _needs(DOCKER_DIR / other, seen)
+    return seen
+
+
+def bind_problems(commands) -> list[str]:
+    """Why build scripts do not enter the stages as bind mounts of exactly the files each step runs
+    (empty: none): no COPY of ci/docker, no bind of a folder of it, every file of ci/docker a RUN
+    names bound in that RUN, with everything it reads beside it, in the same folder."""
+    problems = []
+    scripts = {p.name for p in DOCKER_DIR.iterdir() if p.is_file()}
+    for stage, _, cmds in stages(commands):
+        for c in cmds:
+            if c.cmd.upper() == "COPY" and any(v.startswith("ci/docker") for v in c.value[:-1]):
+                problems.append(f"{stage}:{c.start_line}: COPY of ci/docker: bind-mount the files instead")
+            if c.cmd.upper() != "RUN":
+                continue
+            bound = {}
+            for f in c.flags:
+                m = re.search(r"\bsource=(ci/docker[^,]*),target=([^,]+)", f)
+                if m and "from=" not in f:
+                    if not (ROOT / m.group(1)).is_file():
+                        problems.append(f"{stage}:{c.start_line}: bind of {m.group(1)}: not one file")
+                    else:
+                        bound[Path(m.group(1)).name] = m.group(2)
+            run = " ".join(c.value)
+            if "load_pins " in run:
+                run += " pins.py"
+            for name in sorted(scripts):
+                if not re.search(rf"(?<![\w.-]){re.escape(name)}\b", run):
+                    continue
+                if name not in bound:
+                    problems.append(f"{stage}:{c.start_line}: runs {name} without binding ci/docker/{name}")
+                    continue
+                folder = str(Path(bound[name]).parent)
+                for need in sorted(_needs(DOCKER_DIR / name)):
+                    if bound.get(need) != f"{folder}/{need}":
+                        problems.append(f"{stage}:{c.start_line}: {name} needs {need} beside it at {folder}")
+    return problems
+
+
+def test_build_scripts_enter_by_bind_mounts_of_the_files_a_step_runs(name):
+    assert bind_problems(parse(name)) == []
+
+
+def test_bind_check_can_fail():
+    text = (ROOT / "Dockerfile.rocm_base").read_text()
+    pins = "    --mount=type=bind,source=ci/docker/pins.py,target=/opt/rocm-vllm/docker/pins.py \\\n"
+    assert pins in text
+    parser = buildkit_parser()
+    problems = bind_problems(parser.parse_string(text.replace(pins, "", 1)))
+    assert problems and all("needs pins.py beside it" in p for p in problems), problems
+    copied = text.replace("FROM base AS torch\n", "FROM base AS torch\nCOPY ci/docker/lib.sh /opt/x/\n", 1)
+    assert any("COPY of ci/docker" in p for p in bind_problems(parser.parse_string(copied)))
+    folder = text.replace("source=ci/docker/lib.sh,", "source=ci/docker,", 1)
+    assert any("not one file" in p for p in bind_problems(parser.parse_string(folder)))
+
+
+def _depends_on(all_stages: dict, stage: str) -> set[str]:
+    """The stages a stage is built from: its FROM chain and every --from= (COPY, RUN mounts)."""
+    found, todo = set(), [stage]
+    while todo:
+        s = todo.pop()
+        if s in found or s not in all_stages:
+            continue
+        found.add(s)
+        base, cmds = all_stages[s]
+        todo.append(base)
+        for c in cmds:
+            todo += [m.group(1) for f in c.flags for m in [re.search(r"\bfrom=([^,\s]+)", f)] if m]
+    return found
+
+
+def test_a_vllm_bump_leaves_the_aiter_and_pytorch_layers_cached():
+    """Each stage declares only the component args it builds: nothing the AITER wheel is built from
+    declares a vLLM arg, and nothing torch is built from an AITER one (an arg a stage declares is
+    in its cache key)."""
+    commands = parse("Dockerfile.rocm_base")
+    all_stages = {s: (base.replace("${AITER_SRC_BASE}", "base"), cmds) for s, base, cmds in stages(commands)}
+
+    def declared(stage):
+        return {t.split("=")[0] for c in all_stages[stage][1] if c.cmd.upper() == "ARG" for t in c.value}
+    for stage in _depends_on(all_stages, "aiter-wheel"):
+        assert not {a for a in declared(stage) if a.startswith("VLLM_")}, stage
+    for stage in _depends_on(all_stages, "torch"):
+        assert not declared(stage) & {"AITER_PINS", "VLLM_PINS"}, stage
+    assert {"aiter-verified", "hipkittens-verified", "torch", "base"} <= _depends_on(all_stages, "aiter-wheel")
 
 
 def test_final_stage_carries_no_sources_or_build_stages():
@@ -228,7 +352,7 @@ def test_aiter_build_settings():
 def test_max_jobs_derivation_fails_early_on_a_small_builder(tmp_path):
     """build_aiter.sh: a memory budget no builder meets stops before compiling, naming the setting."""
     proc = subprocess.run(["bash", str(ROOT / "ci/docker/build_aiter.sh"), str(tmp_path), str(tmp_path / "w")],
-                          env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_TAG": "v0",
+                          env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_PINS": '{"tag":"v0"}',
                                "AITER_MEM_PER_JOB_GIB": "100000"}, capture_output=True, text=True)
     assert proc.returncode == 1
     assert "AITER_MEM_PER_JOB_GIB" in proc.stderr and "MAX_JOBS=0" in proc.stdout

@@ -73,7 +73,8 @@ def test_each_track_builds_its_own_vllm_and_aiter(data):
         args = model.build_args(data, track_name_=name)
         own = data["tracks"][name]
         assert args["VLLM_TRACK"] == name and args["VLLM_VERSION"] == own["vllm"]["version"]
-        assert args["AITER_TAG"] == data["aiter"]["pins"][own["aiter"]]["tag"]
+        assert json.loads(args["AITER_PINS"])["tag"] == data["aiter"]["pins"][own["aiter"]]["tag"]
+        assert json.loads(args["VLLM_PINS"])["tag"] == own["vllm"]["tag"]
         assert args["VLLM_VERSION"].startswith(name + ".")
     assert model.build_args(data) == model.build_args(data, track_name_=data["default_track"])
     with pytest.raises(model.PinError, match="no release track '0.1'.*set TRACK"):
@@ -224,8 +225,37 @@ def test_global_arg_default_drift_is_caught(tree):
 
 def test_only_global_arg_lines_are_read_and_written():
     """An ARG inside a stage is neither a default the pin tool reads nor a line it rewrites."""
-    text = "ARG A=1\nARG Q=\"x y\"\nARG E=\nARG N\nFROM scratch AS s\nARG A=2\nARG A\n"
-    assert model.global_arg_defaults(text) == {"A": (1, "1"), "Q": (2, "x y"), "E": (3, ""), "N": (4, None)}
+    text = "ARG A=1\nARG Q=\"x y\"\nARG E=\nARG N\nARG J='{\"a\":[1]}'\nFROM scratch AS s\nARG A=2\nARG A\n"
+    assert model.global_arg_defaults(text) == {"A": (1, "1"), "Q": (2, "x y"), "E": (3, ""), "N": (4, None),
+                                               "J": (5, '{"a":[1]}')}
+
+
+def test_a_json_default_is_written_in_single_quotes():
+    """A component's pins are JSON: the ARG line holds them in single quotes (BuildKit keeps the
+    double quotes inside); a value with both quote characters is refused in one line."""
+    assert model._quote('{"a":null}') == "'{\"a\":null}'" and model._quote("x y") == '"x y"'
+    assert model._quote("gfx942;gfx950") == "gfx942;gfx950"
+    with pytest.raises(model.PinError, match="cannot hold both quote characters: change the pin"):
+        model._quote('{"a":"it\'s"}')
+
+
+def test_component_pins_are_compact_sorted_json_with_null_for_unresolved(data):
+    """One rule for every component: versions.json's fields as they are named there, without
+    notes (about, unresolved), keys sorted, no spaces, null for an unresolved pin."""
+    args = model.build_args(data, "v0.1.24.post1")
+    for name in ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS"):
+        value = json.loads(args[name])
+        assert args[name] == json.dumps(value, sort_keys=True, separators=(",", ":")), name
+        assert "about" not in args[name] and "unresolved" not in args[name], name
+    aiter = json.loads(args["AITER_PINS"])
+    assert aiter["commit"] is None and aiter["tag"] == "v0.1.24.post1"
+    assert aiter["ck_submodule_path"] == data["aiter"]["ck_submodule_path"]
+    assert aiter["required_modules"] == data["aiter"]["required_modules"]
+    assert set(json.loads(args["PYTORCH_PINS"])["wheels"]) == set(model.WHEEL_KEYS)
+    vllm = json.loads(args["VLLM_PINS"])
+    own = data["tracks"][data["default_track"]]["vllm"]
+    assert vllm["triton_kernels"]["commit"] == own["triton_kernels_commit"]
+    assert vllm["repository"] == data["vllm"]["repository"] and "version" not in vllm
 
 
 def test_every_versions_build_arg_is_declared_in_dockerfile(data):
@@ -240,8 +270,8 @@ def test_args_render_unresolved_and_allow(data):
     if data["base_image"]["digest"] is None:
         assert args["ROCM_IMAGE"].endswith("@sha256:UNRESOLVED")
         assert "@" not in model.build_args(data, allow_unresolved=True)["ROCM_IMAGE"]
-    known = model.build_args(data, "v0.1.20.post1")
-    assert known["AITER_COMMIT"] == KNOWN_AITER and known["AITER_CK_COMMIT"] == KNOWN_CK
+    known = json.loads(model.build_args(data, "v0.1.20.post1")["AITER_PINS"])
+    assert known["commit"] == KNOWN_AITER and known["ck_commit"] == KNOWN_CK
     assert args["GPU_ARCHS"] == "gfx942;gfx950"
 
 
@@ -339,9 +369,10 @@ def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
     after = model.load(tree / "versions.json")
     assert after["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
     text = (tree / "Dockerfile.rocm_base").read_text()
-    assert text.count(f"ARG AITER_COMMIT={upstream['commit']}\n") == 1  # the global default, once
-    assert text.count(f"ARG AITER_CK_COMMIT={upstream['ck']}\n") == 1
-    assert text.count("ARG AITER_COMMIT\n") == (ROOT / "Dockerfile.rocm_base").read_text().count("ARG AITER_COMMIT\n")
+    pins = model.build_args(after)["AITER_PINS"]
+    assert f'"commit":"{upstream["commit"]}"' in pins and f'"ck_commit":"{upstream["ck"]}"' in pins
+    assert text.count(f"ARG AITER_PINS='{pins}'\n") == 1  # the global default, once
+    assert text.count("ARG AITER_PINS\n") == (ROOT / "Dockerfile.rocm_base").read_text().count("ARG AITER_PINS\n")
     assert run_tool("--file", str(tree / "versions.json"), "verify").returncode == 0
 
 
@@ -643,7 +674,7 @@ def test_every_subcommand_checks_the_schema(command, case, data, tree):
     before = {p.name: p.read_text() for p in tree.iterdir()}
     proc = run_tool("--file", str(tree / "versions.json"), *command)
     assert proc.returncode == 1 and message in proc.stderr, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and "AITER_COMMIT=de07f38" not in proc.stdout
+    assert "Traceback" not in proc.stderr and '"commit":"de07f38"' not in proc.stdout
     assert {p.name: p.read_text() for p in tree.iterdir()} == before
 
 

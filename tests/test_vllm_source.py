@@ -177,13 +177,12 @@ def pinned_env(versions, track, tmp_path_factory):
             "triton": triton_pkg}
 
 
-def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinned_env, own, track, tmp_path):
+def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinned_env, versions, track, tmp_path):
     """build_vllm.sh check, as the vllm-wheel stage runs it: the track's lock of vLLM's runtime
     requirements is accepted for this source and handed on; another release's lock is refused."""
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
-           "TRITON_PACKAGE": pinned_env["triton"],
-           "TRITON_KERNELS_COMMIT": own["vllm"]["triton_kernels_commit"],
+           "VLLM_PINS": model.build_args(versions, track_name_=track)["VLLM_PINS"],
            "VLLM_LOCK": str(ROOT / f"ci/locks/vllm-{track}-rocm.txt")}
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

