@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ci.pins import model
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
 
@@ -133,6 +135,15 @@ def git_server(tmp_path_factory):
     daemon.wait(10)
 
 
+def aiter_pins(server, tag, commit, ck):
+    """The AITER_PINS build arg of versions.json's default track with the test repository's
+    pins ("UNRESOLVED": null, as an unresolved pin is)."""
+    pins = json.loads(model.build_args(model.load())["AITER_PINS"])
+    pins.update(repository=f"{server['url']}/aiter.git", tag=tag, commit=None if commit == "UNRESOLVED" else commit,
+                ck_commit=None if ck == "UNRESOLVED" else ck)
+    return model.pins_json(pins)
+
+
 def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", target="aiter-verified",
           output=("--output", "type=cacheonly"), extra=()):
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
@@ -140,10 +151,7 @@ def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", targe
            "--build-arg", f"AITER_SRC_BASE={base_image}",
            # BuildKit parses every FROM, used or not: an unresolved ROCm digest would stop it.
            "--build-arg", f"ROCM_IMAGE={base_image}",
-           "--build-arg", f"AITER_REPO={server['url']}/aiter.git",
-           "--build-arg", f"AITER_TAG={tag}",
-           "--build-arg", f"AITER_COMMIT={commit}",
-           "--build-arg", f"AITER_CK_COMMIT={ck}"]
+           "--build-arg", f"AITER_PINS={aiter_pins(server, tag, commit, ck)}"]
     if context_dir:
         cmd += ["--build-context", f"aiter-src={context_dir}"]
     start = time.time()
@@ -162,21 +170,22 @@ def test_right_pins_build(base_image, git_server):
 def test_wrong_aiter_commit_fails_clearly(base_image, git_server):
     proc = build(base_image, git_server, commit=git_server["later"], ck=git_server["ck"])
     assert proc.returncode != 0
-    assert (f"AITER is at {git_server['commit']} but versions.json pins AITER_COMMIT={git_server['later']}"
+    assert (f"AITER is at {git_server['commit']} but versions.json pins commit {git_server['later']} (tag v1.0)"
             in proc.stderr), proc.stderr[-3000:]
 
 
 def test_wrong_ck_commit_fails_clearly(base_image, git_server):
     proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck_later"])
     assert proc.returncode != 0
-    assert (f"CK submodule is at {git_server['ck']} but versions.json pins AITER_CK_COMMIT={git_server['ck_later']}"
+    assert (f"CK submodule is at {git_server['ck']} but versions.json pins ck_commit {git_server['ck_later']}:"
             in proc.stderr), proc.stderr[-3000:]
 
 
 def test_unresolved_commit_stops_before_cloning(base_image, git_server):
     proc = build(base_image, git_server, commit="UNRESOLVED", ck="UNRESOLVED")
     assert proc.returncode != 0
-    assert "AITER_COMMIT is UNRESOLVED in versions.json" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
+    assert "aiter.pins.v1.0.commit is UNRESOLVED in versions.json" in proc.stderr
+    assert "ALLOW_UNRESOLVED=1" in proc.stderr
 
 
 @pytest.fixture()
