@@ -1,5 +1,5 @@
-"""The Triton decode planner as it was before the rows kernel, runtime direct search and
-interleaved tile runs (``vllm_aiter_mla.planning_triton`` at that point, unchanged but for
+"""The Triton decode planner as it was before the rows kernel and the walk's tiles of one or
+two request boundaries (``vllm_aiter_mla.planning_triton`` at that point, unchanged but for
 this docstring and the import): ``backend/bench/planning.py`` times it beside the current
 planner. Not used by the backend.
 

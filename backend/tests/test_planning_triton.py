@@ -268,15 +268,19 @@ def test_a_block_table_without_columns_is_refused():
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_tiles_holding_one_request_boundary(block_size):
+def test_tiles_holding_one_or_two_request_boundaries(block_size):
     # Requests a little longer or shorter than a tile, so that most tiles hold one boundary
-    # (each key's row is the cursor's or the next request's), between runs of such tiles and of
-    # tiles holding several boundaries, with and without the hint.
+    # (each key's row is the cursor's or the next request's); a short request between two long
+    # ones (two boundaries: one of three rows), the second or third request ending on the tile's
+    # end; between runs of such tiles and of tiles holding more boundaries; with and without the
+    # hint.
     from vllm_aiter_mla.planning_triton import BLOCK_T
 
     rng = random.Random(block_size)
     lens = [BLOCK_T + 1] * 9 + [BLOCK_T - 1] * 9 + [rng.randint(BLOCK_T // 2, 3 * BLOCK_T) for _ in range(60)]
     lens += [1, 2, 3] + [2 * BLOCK_T + 5, 0, BLOCK_T - 2, 1] + [rng.randint(1, 5000) for _ in range(40)]
+    lens += [BLOCK_T - 10, 5, BLOCK_T + 5] * 3 + [BLOCK_T - 10, 10, BLOCK_T] + [BLOCK_T - 10, 5, 5, BLOCK_T]
+    lens += [rng.choice([rng.randint(1, 32), rng.randint(BLOCK_T, 4 * BLOCK_T)]) for _ in range(60)]
     assert_plan_equal(lens, 1, block_size)
     assert_plan_equal(lens, 2, block_size, max_seq_len=max(lens))
 

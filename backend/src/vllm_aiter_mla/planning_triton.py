@@ -29,13 +29,13 @@ and ``max_seq_len``, a hint for speed only: the plan is the same for any lengths
   batch's tiles of ``block_t`` keys out as contiguous ranges, one per program, and walks its
   range with a cursor (the request holding the next key, its start and its end). Tiles inside
   the cursor's request are written with one block-table row and one start, ``FAST_TILES`` at a
-  time while the request holds them all; a tile that holds one request boundary, the next
-  request holding the rest of it, takes each key's row and start from those two requests; a
-  tile that holds more boundaries reads the next
-  ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans more), takes
-  their prefix sum from the cursor and finds each key's request by a binary search in that
-  window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor on. No
-  reduction over all requests per tile.
+  time while the request holds them all; a tile that holds one or two request boundaries, the
+  next one or two requests holding the rest of it, takes each key's row and start from those
+  requests (their lengths loaded at once, nothing searched); a tile that holds more boundaries
+  reads the next ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans
+  more), takes their prefix sum from the cursor and finds each key's request by a binary
+  search in that window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor
+  on. No reduction over all requests per tile.
 * Direct (few long requests in a small batch, about one tile per program): each key's request
   by a binary search over the whole prefix sum.
 
