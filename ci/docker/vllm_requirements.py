@@ -122,7 +122,7 @@ def pinned_versions(tools: Path) -> dict[str, tuple[str, Path]]:
 
 
 def check_files(src: Path) -> list[str]:
-    return [f"{src}/{name}: missing: this vLLM source (VLLM_TAG/VLLM_COMMIT) does not have the layout "
+    return [f"{src}/{name}: missing: this vLLM source (the track's vllm.tag/commit) does not have the layout "
             f"the vLLM 0.32 build scripts (ci/docker) read; pin vLLM 0.32 or update the scripts"
             for name in NAMED_FILES if not (src / name).is_file()]
 
