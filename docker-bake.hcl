@@ -245,7 +245,7 @@ target "ci" {
 // production:
 //
 //   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve-cpu
-//   docker compose -f compose.yaml -f compose.cpu.yaml up -d --wait
+//   RENDER_GID=0 docker compose -f compose.yaml -f compose.cpu.yaml up -d --wait
 //
 // The CPU vLLM image must hold the track's vLLM release (the build stops naming both versions
 // otherwise). Default: vLLM's own CPU release image of that version on Docker Hub,
