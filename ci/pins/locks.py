@@ -211,7 +211,10 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
                 recorded.append((str(path.relative_to(cwd.resolve())), _sha256(path)))
         cmd = [*uv, "pip", "compile", "--generate-hashes", "--no-header", "--python-version", lock.python,
                "--exclude-newer", spec["exclude_newer"], "--index-url", spec.get("index_url", "https://pypi.org/simple"),
-               "--no-config"]
+               "--no-config",
+               # Every index page revalidated: a cached page from before a release must not decide
+               # a lock (ml-dtypes 0.7.0, uploaded 2026-11-16, was missed from a stale cache).
+               "--refresh"]
         cmd += ["--python-platform", lock.platform] if lock.platform else ["--universal"]
         if lock.no_deps:
             cmd.append("--no-deps")
