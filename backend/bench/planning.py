@@ -4,9 +4,9 @@ its previous version and against the time to write its index array, side by side
 
 Plain PyTorch + Triton on a GPU (no vLLM). For each batch:
 
-* ``previous``: the Triton planner before the rows kernel and the walk's tiles of one or two
-  request boundaries (``planning_previous.py`` beside this file, a frozen copy of the module, for this
-  comparison only): grouped kernel for short requests, tile walk for long ones.
+* ``previous``: the Triton planner before its tile walk planned short requests as rows and
+  walked the long requests' keys alone (``planning_previous.py`` beside this file, a frozen copy
+  of the module, for this comparison only).
 * ``new``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the host).
 * ``bound``: the time to write ``kv_indices`` (int32, one per key) at the GPU's write
   bandwidth, measured in the same run on the same number of bytes: the faster of a fill

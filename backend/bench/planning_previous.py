@@ -1,7 +1,7 @@
-"""The Triton decode planner as it was before the rows kernel and the walk's tiles of one or
-two request boundaries (``vllm_aiter_mla.planning_triton`` at that point, unchanged but for
-this docstring and the import): ``backend/bench/planning.py`` times it beside the current
-planner. Not used by the backend.
+"""The Triton decode planner as it was before the walk planned short requests as rows and
+walked the long requests' keys alone (``vllm_aiter_mla.planning_triton`` at that point,
+unchanged but for this docstring and the import): ``backend/bench/planning.py`` times it beside
+the current planner. Not used by the backend.
 
 Decode planning as one fused Triton kernel (GPU: ROCm or CUDA), cost proportional to the
 batch's total KV tokens.
@@ -16,9 +16,14 @@ decode takes), written into the same :class:`planning.DecodePlanBuffers`:
   ``block_table[b, p // block_size] * block_size + p % block_size``
 
 One launch, nothing allocated and nothing read back on the host (so the call can also be
-captured in a CUDA graph). The host picks one of three ways from the batch's shape (requests
+captured in a CUDA graph). The host picks one of four ways from the batch's shape (requests
 and ``max_seq_len``, a hint for speed only: the plan is the same for any lengths):
 
+* Rows (requests of at most ``ROWS_MAX_LEN`` keys): program ``p`` plans a group of
+  consecutive requests as a [requests, positions] tile, so each key's request is its row and
+  nothing is searched; the block-table entries of the first positions are loaded at once with
+  the lengths (they do not depend on them), so a step of a few thousand keys waits for one
+  memory round trip, not three. The group's first key is one sum over the lengths before it.
 * Grouped (short requests, at most ``GROUP_MAX_KEYS`` keys per program): program ``p`` plans
   a group of consecutive requests. Their first key is one sum over the lengths before them;
   the group's prefix sum gives ``kv_indptr`` for its requests, and each key's request is a
@@ -29,17 +34,20 @@ and ``max_seq_len``, a hint for speed only: the plan is the same for any lengths
   batch's tiles of ``block_t`` keys out as contiguous ranges, one per program, and walks its
   range with a cursor (the request holding the next key, its start and its end). Tiles inside
   the cursor's request are written with one block-table row and one start, ``FAST_TILES`` at a
-  time while the request holds them all; a tile that holds request boundaries reads the next
-  ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans more), takes
-  their prefix sum from the cursor and finds each key's request by a binary search in that
-  window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor on. No
-  reduction over all requests per tile.
+  time while the request holds them all; a tile that holds one or two request boundaries, the
+  next one or two requests holding the rest of it, takes each key's row and start from those
+  requests (their lengths loaded at once, nothing searched); a tile that holds more boundaries
+  reads the next ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans
+  more), takes their prefix sum from the cursor and finds each key's request by a binary
+  search in that window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor
+  on. No reduction over all requests per tile.
 * Direct (few long requests in a small batch, about one tile per program): each key's request
   by a binary search over the whole prefix sum.
 
 Work: ``O(programs x requests + total keys)``, independent of the block table's width
 (``max_model_len``); memory traffic is the index array written plus the block-table
-entries and the lengths read.
+entries and the lengths read (the rows kernel reads the entries of its first positions for
+every request of a group, up to the table's width, whether the request reaches them or not).
 """
 
 from __future__ import annotations
@@ -66,6 +74,12 @@ GROUP_MAX_KEYS = 8192  # grouped kernel: only where a program has at most this m
 MAX_GROUP = 1024
 MAX_CHUNK = 2048
 MAX_REQS = 4096  # the prefix sum of all sequence lengths lives in registers
+ROWS_MAX_LEN = 1024  # rows kernel: for batches whose longest request has at most this many keys
+ROW_ELEMS = 4096  # rows kernel: (request, position) pairs per tile
+ROWS_MAX_COLS = 1024  # rows kernel: positions per tile, the most
+ROWS_MIN_PROGRAMS = 64  # rows kernel: groups made smaller until the batch has about this many
+ROWS_NUM_WARPS = 8
+ROWS_WIDE_COLS = 256  # rows kernel: tiles of at least this many positions run with 4 warps
 _NO_END = tl.constexpr(2147483647)  # the "end" of rows past the batch: after every key
 
 
@@ -102,6 +116,16 @@ def _end_of(seq_lens_ptr, req, start, num_reqs, qlen):
     """End of request ``req`` that starts at ``start`` (past the batch: after every key)."""
     length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
     return tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
+
+
+@triton.jit
+def _two_ends(seq_lens_ptr, req, start, num_reqs, qlen):
+    """Ends of requests ``req`` and ``req + 1`` (request req starts at ``start``; past the
+    batch: after every key), both lengths loaded at once."""
+    length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
+    length_after = tl.load(seq_lens_ptr + req + 1, mask=req + 1 < num_reqs, other=0)
+    end = tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
+    return end, tl.where(req + 1 < num_reqs, end + tl.maximum(length_after, qlen), _NO_END)
 
 
 @triton.jit
@@ -284,38 +308,69 @@ def _plan_kernel(
                             cur_start = cur_end
                             cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
                     else:
-                        # Request boundaries in the tile: a window of SMALL requests first.
-                        w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
-                        span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
-                        if span < SMALL:
-                            cur_req, cur_start, cur_end = _write_window_tile(
-                                kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
-                                total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
-                                BLOCK_SIZE)
-                        else:
-                            # Many requests: windows of MID requests, each writing the keys of the
-                            # tile that lie in its requests, until one holds the tile's last key.
-                            w_req = cur_req
-                            w_start = cur_start
-                            covered = 0
-                            while covered == 0:
-                                m_ends, m_starts = _window(seq_lens_ptr, w_req, w_start, num_reqs, qlen, MID)
-                                span = tl.sum((m_ends <= t_last).to(tl.int32), 0)
-                                covered = (span < MID).to(tl.int32)
-                                w_end = tl.max(m_ends, 0)  # the window's last end (when not covered)
-                                key_end = tl.where(covered != 0, t_last + 1, w_end)
-                                _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, w_start,
-                                                   key_end, w_req, m_ends, m_starts, tl.minimum(span, MID - 1),
-                                                   BLOCK_T, BLOCK_SIZE)
-                                if covered:
-                                    if not last:
-                                        done, cur_start, cur_end = _cursor(m_ends, t_last + 1, w_start)
-                                        cur_req = w_req + done
-                                        if cur_end == _NO_END:
-                                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                        # Request boundaries in the tile. Most often one or two: the next two
+                        # requests hold the rest of the tile (both lengths loaded at once), and each
+                        # key's row and start is one of three.
+                        next_end, after_end = _two_ends(seq_lens_ptr, cur_req + 1, cur_end, num_reqs, qlen)
+                        if after_end > t_last:
+                            step = (t >= cur_end).to(tl.int32) + (t >= next_end).to(tl.int32)
+                            row = block_table_ptr + (cur_req + step).to(tl.int64) * block_table_stride
+                            start = tl.where(step == 0, cur_start, tl.where(step == 1, cur_end, next_end))
+                            if full:
+                                _write_keys(kv_indices_ptr, row, t, start, total, True, BLOCK_SIZE)
+                            else:
+                                _write_keys(kv_indices_ptr, row, t, start, total, False, BLOCK_SIZE)
+                            if next_end > t_last:  # one boundary
+                                if next_end == t_last + 1 and not last:
+                                    cur_req += 2
+                                    cur_start = next_end
+                                    cur_end = after_end
                                 else:
-                                    w_req += MID
-                                    w_start = w_end
+                                    cur_req += 1
+                                    cur_start = cur_end
+                                    cur_end = next_end
+                            else:  # two
+                                if after_end == t_last + 1 and not last:
+                                    cur_req += 3
+                                    cur_start = after_end
+                                    cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                                else:
+                                    cur_req += 2
+                                    cur_start = next_end
+                                    cur_end = after_end
+                        else:
+                            # Request boundaries in the tile: a window of SMALL requests first.
+                            w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
+                            span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
+                            if span < SMALL:
+                                cur_req, cur_start, cur_end = _write_window_tile(
+                                    kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
+                                    total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
+                                    BLOCK_SIZE)
+                            else:
+                                # Many requests: windows of MID requests, each writing the keys of the
+                                # tile that lie in its requests, until one holds the tile's last key.
+                                w_req = cur_req
+                                w_start = cur_start
+                                covered = 0
+                                while covered == 0:
+                                    m_ends, m_starts = _window(seq_lens_ptr, w_req, w_start, num_reqs, qlen, MID)
+                                    span = tl.sum((m_ends <= t_last).to(tl.int32), 0)
+                                    covered = (span < MID).to(tl.int32)
+                                    w_end = tl.max(m_ends, 0)  # the window's last end (when not covered)
+                                    key_end = tl.where(covered != 0, t_last + 1, w_end)
+                                    _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, w_start,
+                                                       key_end, w_req, m_ends, m_starts, tl.minimum(span, MID - 1),
+                                                       BLOCK_T, BLOCK_SIZE)
+                                    if covered:
+                                        if not last:
+                                            done, cur_start, cur_end = _cursor(m_ends, t_last + 1, w_start)
+                                            cur_req = w_req + done
+                                            if cur_end == _NO_END:
+                                                cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+                                    else:
+                                        w_req += MID
+                                        w_start = w_end
                     tile += 1
 
 
@@ -382,6 +437,65 @@ def _plan_grouped_kernel(
         tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
+@triton.jit(do_not_specialize=_RUNTIME_INTS + ("width",))
+def _plan_rows_kernel(
+    block_table_ptr,
+    block_table_stride,
+    width,
+    seq_lens_ptr,
+    num_reqs,
+    qlen,
+    capacity,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    GROUP: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    """Batches of short requests: program p plans requests p * GROUP .. (p + 1) * GROUP - 1 as
+    a [GROUP, COLS] tile of (request, position) pairs, COLS positions at a time up to the
+    group's longest request: each key's request is its row, so nothing is searched. The
+    group's first key is one sum over the lengths before it.
+
+    Every load of the first COLS positions is issued before any result is waited for: the
+    block-table entries of the first tile do not depend on the lengths (columns past the
+    table's ``width`` read its last column; the stores past a request's keys are masked), so
+    one step costs one memory round trip, not three."""
+    pid = tl.program_id(0)
+    first = pid * GROUP
+    req = first + tl.arange(0, GROUP)
+    in_batch = req < num_reqs
+    rows = (block_table_ptr + req.to(tl.int64) * block_table_stride)[:, None]
+    pos = tl.arange(0, COLS)[None, :]
+    lens = tl.load(seq_lens_ptr + req, mask=in_batch, other=0)
+    r = tl.arange(0, BLOCK_R)
+    before = r < first  # first < num_reqs: the grid has one program per group
+    lens_before = tl.load(seq_lens_ptr + r, mask=before, other=0)
+    block = tl.load(rows + tl.minimum(pos // BLOCK_SIZE, width - 1), mask=in_batch[:, None], other=0)
+    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
+    group_ends = tl.cumsum(lens, 0)
+    offset = tl.sum(tl.where(before, tl.maximum(lens_before, qlen), 0), 0)
+    ends = offset + group_ends
+    starts = (ends - lens)[:, None]
+    row_lens = lens[:, None]
+    t = starts + pos
+    tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=(pos < row_lens) & (t < capacity))
+    tl.store(kv_indptr_ptr + 1 + req, ends, mask=in_batch)
+    tl.store(qo_indptr_ptr + req, req * qlen, mask=in_batch)
+    if pid == 0:
+        tl.store(kv_indptr_ptr, 0)
+        tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
+    # Requests longer than COLS (the host's max_seq_len hint sizes COLS; a hint can be low).
+    for c0 in range(COLS, tl.max(lens, 0), COLS):
+        pos_c = c0 + pos
+        t = starts + pos_c
+        valid = (pos_c < row_lens) & (t < capacity)
+        block = tl.load(rows + pos_c // BLOCK_SIZE, mask=valid, other=0)
+        tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos_c % BLOCK_SIZE, mask=valid)
+
+
 @functools.cache
 def _num_programs(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
@@ -436,14 +550,30 @@ def plan_decode_triton(
                          f"plan buffers for {buffers.max_reqs}")
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_table.stride(1) != 1:
         raise ValueError("block_table (rows contiguous) and seq_lens must be int32")
+    if num_reqs and block_table.shape[1] == 0:
+        raise ValueError("block_table has no columns: every request has at least one block")
     longest = None if max_seq_len is None else max(max_seq_len, qlen)
     shape = launch_shape_of(_num_programs(block_table.device.index or 0), num_reqs, longest)
     return _launch(buffers, block_table, seq_lens, num_reqs, qlen, shape)
 
 
+def rows_shape(num_reqs: int, longest: int | None) -> tuple[int, int, int] | None:
+    """(requests per program, positions per tile, programs) of the rows kernel for a batch of
+    requests of at most ``longest`` keys, or None where it does not pay (long requests)."""
+    if longest is None or longest > ROWS_MAX_LEN:
+        return None
+    cols = min(triton.next_power_of_2(longest), ROWS_MAX_COLS)
+    group = min(max(1, ROW_ELEMS // cols), triton.next_power_of_2(max(num_reqs, 1)), MAX_REQS,
+                triton.next_power_of_2(-(-num_reqs // ROWS_MIN_PROGRAMS)))
+    return group, cols, max(1, -(-num_reqs // group))
+
+
 def launch_shape_of(programs: int, num_reqs: int, longest: int | None) -> tuple:
-    """The launch a batch gets: ("grouped", group, chunk, programs) or ("walk", block_t,
-    direct, programs)."""
+    """The launch a batch gets: ("rows", group, cols, programs), ("grouped", group, chunk,
+    programs) or ("walk", block_t, direct, programs)."""
+    rows = rows_shape(num_reqs, longest)
+    if rows is not None:
+        return ("rows", *rows)
     grouped = grouped_shape(programs, num_reqs, longest)
     if grouped is not None:
         return ("grouped", *grouped)
@@ -455,7 +585,12 @@ def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, ql
     args = (block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
             buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices)
     sizes = {"BLOCK_SIZE": buffers.block_size, "BLOCK_R": triton.next_power_of_2(buffers.max_reqs)}
-    if shape[0] == "grouped":
+    if shape[0] == "rows":
+        _, group, cols, programs = shape
+        _plan_rows_kernel[(programs,)](block_table, block_table.stride(0), block_table.shape[1], *args[2:], **sizes,
+                                       GROUP=group, COLS=cols,
+                                       num_warps=4 if cols >= ROWS_WIDE_COLS else ROWS_NUM_WARPS)
+    elif shape[0] == "grouped":
         _, group, chunk, programs = shape
         _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
     else:
@@ -495,7 +630,7 @@ def launch_shapes(programs: int, max_reqs: int, max_len: int) -> list[tuple]:
     most ``max_len`` keys each can get, with any ``max_seq_len`` hint or none: what warm_up()
     compiles. The grid size is left out (it compiles nothing)."""
     found = {launch_shape_of(programs, n, None)[:3] for n in (1, max_reqs)}
-    lens = _boundaries(max_len, GROUP_KEYS, GROUP_MAX_KEYS, MIN_BLOCK_T, BLOCK_T)
+    lens = _boundaries(max_len, GROUP_KEYS, GROUP_MAX_KEYS, MIN_BLOCK_T, BLOCK_T, ROWS_MAX_LEN, ROWS_MAX_COLS)
     for n in _boundaries(max_reqs, programs):
         for longest in lens:
             found.add(launch_shape_of(programs, n, longest)[:3])
@@ -518,6 +653,7 @@ def warm_up(buffers: DecodePlanBuffers, max_len: int) -> int:
     shapes = launch_shapes(_num_programs(device.index or 0), buffers.max_reqs, max_len)
     for shape in shapes:
         for n in counts:
-            grid = -(-n // shape[1]) if shape[0] == "grouped" else 1  # the grouped kernel: a program per group
+            # the rows and grouped kernels: a program per group
+            grid = -(-n // shape[1]) if shape[0] in ("rows", "grouped") else 1
             _launch(buffers, block_table[:n], seq_lens[:n], n, 1, (*shape, grid))
     return len(shapes)

@@ -21,7 +21,7 @@ def test_every_batch_gets_a_shape_warm_up_compiles(programs, max_reqs, max_len):
         longest = rng.choice([None, rng.randint(1, max_len), rng.randint(1, min(max_len, 9000)),
                               2 ** rng.randint(0, max_len.bit_length() - 1)])
         cases.append((n, longest))
-    missing = {pt.launch_shape_of(programs, n, longest)[:3] for n, longest in cases} - shapes
+    missing = {pt.launch_shape_of(programs, n, longest)[:-1] for n, longest in cases} - shapes
     assert not missing, missing
 
 
@@ -29,16 +29,33 @@ def test_shapes_are_kernels_and_their_constants():
     shapes = pt.launch_shapes(1056, 1024, 131072)
     assert len(shapes) == len(set(shapes))
     for shape in shapes:
-        kind, a, b = shape
+        kind, a, b, *rest = shape
         if kind == "rows":
             assert a & (a - 1) == 0 and a <= pt.MAX_REQS and b & (b - 1) == 0 and b <= pt.ROWS_MAX_COLS
         elif kind == "grouped":
             assert a & (a - 1) == 0 and a <= pt.MAX_GROUP and b & (b - 1) == 0 and b <= pt.MAX_CHUNK
         else:
             assert kind == "walk" and pt.MIN_BLOCK_T <= a <= pt.BLOCK_T and isinstance(b, bool)
+            # groups of short requests: a power of two, at most WALK_MAX_GROUP (the direct search
+            # has none)
+            (group,) = rest
+            assert group & (group - 1) == 0 and group <= pt.WALK_MAX_GROUP and (group == 1 or not b)
+        if kind != "walk":
+            assert not rest
     # the three kernels, and every tile size of the walk with and without the direct search
     assert {s[0] for s in shapes} == {"rows", "grouped", "walk"}
-    assert sum(s[0] == "walk" for s in shapes) == 2 * (pt.BLOCK_T // pt.MIN_BLOCK_T).bit_length()
+    tile_sizes = [pt.MIN_BLOCK_T << i for i in range((pt.BLOCK_T // pt.MIN_BLOCK_T).bit_length())]
+    assert {s[1:3] for s in shapes if s[0] == "walk"} == {(t, d) for t in tile_sizes for d in (True, False)}
+
+
+def test_walk_groups_cover_the_batch_in_one_round():
+    # Where the walk runs on every program, each program plans at most one group of short
+    # requests (H200: 1056 programs, MI300X: 2432; up to MAX_REQS requests).
+    for programs in (1056, 2432):
+        for num_reqs in (1, 17, 1000, 1057, 4096):
+            for longest in (None, 20000, 163840):
+                kind, block_t, direct, group, grid = pt.launch_shape_of(programs, num_reqs, longest)
+                assert kind == "walk" and grid * group >= num_reqs
 
 
 @pytest.mark.parametrize("programs", [8, 1056])

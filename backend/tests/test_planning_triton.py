@@ -348,5 +348,32 @@ def test_after_warm_up_no_batch_compiles_a_kernel():
             assert torch.equal(got.kv_indices[:total], ref.kv_indices[:total])
     torch.cuda.synchronize()
     assert [_compiled(k) for k in kernels] == before
-    pt._launch(buffers, table[:1], seq[:1], 1, 1, ("walk", pt.MIN_BLOCK_T // 2, False, 1))
+    pt._launch(buffers, table[:1], seq[:1], 1, 1, ("walk", pt.MIN_BLOCK_T // 2, False, 1, 1))
     assert _compiled(pt._plan_kernel) == before[0] + 1
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_requests_around_the_tile_size_in_a_walk(block_size):
+    # The walk writes requests shorter than its tile as rows and walks the tiles for the keys of
+    # the others (a tile holds keys of at most two of them, and skips the short requests' keys):
+    # lengths one under, at and one over the tile, runs of short requests between long ones, a
+    # short request first and last, padding rows; with no hint and with hints that give the walk
+    # smaller tiles (on this GPU's grid).
+    from vllm_aiter_mla import planning_triton as pt
+
+    rng = random.Random(block_size)
+    programs = pt._num_programs(0)
+    walked = set()
+    for num_reqs, longest in [(40, None), (300, None), (2000, None), (40, 10000), (50, 10000), (300, 9000),
+                              (2000, 20000)]:
+        kind, block_t, direct, *_ = pt.launch_shape_of(programs, num_reqs, longest)
+        if kind != "walk" or direct:
+            continue
+        walked.add((block_t, longest is None))
+        lens = [rng.choice([block_t - 1, block_t, block_t + 1, 1, 0, rng.randint(1, block_t - 1),
+                            rng.randint(block_t, 3 * block_t)]) for _ in range(num_reqs)]
+        lens[0], lens[-1] = rng.randint(1, block_t - 1), rng.randint(1, block_t - 1)
+        if longest is not None:
+            lens = [min(n, longest) for n in lens]
+        assert_plan_equal(lens, rng.randint(1, 3), block_size, max_seq_len=longest)
+    assert {(pt.BLOCK_T, True), (pt.BLOCK_T, False)} <= walked

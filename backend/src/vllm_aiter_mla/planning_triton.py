@@ -25,24 +25,26 @@ and ``max_seq_len``, a hint for speed only: the plan is the same for any lengths
   binary search over the group's ends (``log2(group)`` gather steps). No program scans the
   whole batch, so a step of a few thousand keys costs about one short launch.
 * Tile walk (long requests): every program computes the prefix sum of all lengths once, in
-  registers (a batch holds at most ``MAX_REQS`` requests; program 0 writes it out), deals the
-  batch's tiles of ``block_t`` keys out as contiguous ranges, one per program, and walks its
-  range with a cursor (the request holding the next key, its start and its end). Tiles inside
-  the cursor's request are written with one block-table row and one start, ``FAST_TILES`` at a
-  time while the request holds them all; a tile that holds one or two request boundaries, the
-  next one or two requests holding the rest of it, takes each key's row and start from those
-  requests (their lengths loaded at once, nothing searched); a tile that holds more boundaries
-  reads the next ``SMALL_WINDOW`` lengths (or ``MID_WINDOW`` at a time while the tile spans
-  more), takes their prefix sum from the cursor and finds each key's request by a binary
-  search in that window (``ceil(log2(span + 1))`` gather steps), which also moves the cursor
-  on. No reduction over all requests per tile.
+  registers (a batch holds at most ``MAX_REQS`` requests; program 0 writes it out). Requests
+  shorter than a tile are written as in the rows kernel: groups of them as [requests,
+  positions] tiles, dealt out round-robin, their first keys from the prefix sum (a program's
+  first group is loaded with the lengths). The batch's tiles of ``block_t`` keys are dealt out
+  as contiguous ranges, one per program, and walked with a cursor: the first long request
+  that ends after the tile's first key. A tile holds keys of at most two long requests, since
+  each is at least a tile long, so no key's request is searched for: tiles inside the cursor's
+  request are written with one row and one start, ``FAST_TILES`` at a time; a tile where it
+  ends takes the rest from the next long request (the next two lengths loaded at once, then
+  ``LONG_WINDOW`` at a time past runs of short requests), leaving the short requests' keys to
+  the rows; a tile with no key of a long request is skipped. The cursor at a program's first
+  tile and its first group's first key are one reduction over the registers.
 * Direct (few long requests in a small batch, about one tile per program): each key's request
   by a binary search over the whole prefix sum.
 
 Work: ``O(programs x requests + total keys)``, independent of the block table's width
 (``max_model_len``); memory traffic is the index array written plus the block-table
 entries and the lengths read (the rows kernel reads the entries of its first positions for
-every request of a group, up to the table's width, whether the request reaches them or not).
+every request of a group, up to the table's width, whether the request reaches them or not;
+the walk reads the lengths after a long request until the next long one).
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ from .planning import DecodePlan, DecodePlanBuffers
 # Launch shape, measured on an H200 (backend/bench/planning.py).
 BLOCK_T = 1024  # keys per tile, the most
 MIN_BLOCK_T = 256  # keys per tile, the fewest (small batches)
-SMALL_WINDOW = 16  # requests read first at a tile that holds request boundaries
 FAST_TILES = 2  # tiles written at once where one request holds them all
-MID_WINDOW = 256  # requests read at once where the small window ends before the tile does
+WALK_MAX_GROUP = 4  # tile walk: short requests per group, the most
+WALK_ROW_ELEMS = 1024  # tile walk: (request, position) pairs per tile of short requests
+LONG_WINDOW = 16  # tile walk: lengths read at once past two short requests, for the next long one
 PROGRAMS_PER_SM = 8
 NUM_WARPS = 4
 GROUPED_NUM_WARPS = 8
@@ -93,107 +96,85 @@ def _write_keys(kv_indices_ptr, row_ptr, t, start, total, FULL: tl.constexpr, BL
 
 
 @triton.jit
-def _cursor_combine(count_a, start_a, end_a, count_b, start_b, end_b):
-    return count_a + count_b, tl.maximum(start_a, start_b), tl.minimum(end_a, end_b)
+def _add_pair(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
 
 
 @triton.jit
-def _cursor(ends, key, start_before):
-    """(requests that end at or before key, the last such end or start_before, the first end
-    after key) over ``ends``: one reduction for the three."""
-    done = ends <= key
-    return tl.reduce((done.to(tl.int32), tl.where(done, ends, start_before), tl.where(done, _NO_END, ends)), 0,
-                     _cursor_combine)
+def _min3_add(a0, a1, a2, a3, b0, b1, b2, b3):
+    return tl.minimum(a0, b0), tl.minimum(a1, b1), tl.minimum(a2, b2), a3 + b3
 
 
 @triton.jit
-def _end_of(seq_lens_ptr, req, start, num_reqs, qlen):
-    """End of request ``req`` that starts at ``start`` (past the batch: after every key)."""
-    length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
-    return tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
+def _long_after(r, lens, ends, key, before, BLOCK_T: tl.constexpr):
+    """The first long request (at least BLOCK_T keys) that ends after ``key``: (its index, its
+    first key, its end; none: starts and ends after every key), and the keys of the requests
+    before request ``before``: one reduction over the batch's lengths and ends in registers."""
+    after = (lens >= BLOCK_T) & (ends > key)
+    return tl.reduce((tl.where(after, r, _NO_END), tl.where(after, ends - lens, _NO_END),
+                      tl.where(after, ends, _NO_END), tl.where(r < before, lens, 0)), 0, _min3_add)
 
 
 @triton.jit
-def _two_ends(seq_lens_ptr, req, start, num_reqs, qlen):
-    """Ends of requests ``req`` and ``req + 1`` (request req starts at ``start``; past the
-    batch: after every key), both lengths loaded at once."""
-    length = tl.load(seq_lens_ptr + req, mask=req < num_reqs, other=0)
-    length_after = tl.load(seq_lens_ptr + req + 1, mask=req + 1 < num_reqs, other=0)
-    end = tl.where(req < num_reqs, start + tl.maximum(length, qlen), _NO_END)
-    return end, tl.where(req + 1 < num_reqs, end + tl.maximum(length_after, qlen), _NO_END)
+def _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, req, req_lens, offset, total,
+                      BLOCK_T: tl.constexpr, COLS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Write the keys of the requests ``req`` (lengths ``req_lens``, consecutive, the first
+    starting at key ``offset``) that are shorter than BLOCK_T, as [requests, COLS] tiles."""
+    short_lens = tl.where(req_lens < BLOCK_T, req_lens, 0)
+    req_starts = (offset + tl.cumsum(req_lens, 0) - req_lens)[:, None]
+    rows = (block_table_ptr + req.to(tl.int64) * block_table_stride)[:, None]
+    col = tl.arange(0, COLS)[None, :]
+    for c0 in range(0, tl.max(short_lens, 0), COLS):
+        pos = c0 + col
+        dest = req_starts + pos
+        valid = (pos < short_lens[:, None]) & (dest < total)
+        block = tl.load(rows + pos // BLOCK_SIZE, mask=valid, other=0)
+        tl.store(kv_indices_ptr + dest, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
 
 
 @triton.jit
-def _window(seq_lens_ptr, req, req_start, num_reqs, qlen, WINDOW: tl.constexpr):
-    """Ends and starts of requests req .. req + WINDOW - 1 (request req starts at req_start);
-    rows past the batch end after every key."""
-    rq = req + tl.arange(0, WINDOW)
-    in_batch = rq < num_reqs
-    lens = tl.load(seq_lens_ptr + rq, mask=in_batch, other=0)
-    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
-    ends = req_start + tl.cumsum(lens, 0)
-    starts = ends - lens
-    return tl.where(in_batch, ends, _NO_END), starts
+def _group_lens(seq_lens_ptr, group, num_reqs, qlen, GROUP: tl.constexpr):
+    """The requests of group ``group`` and their lengths (max(seq_len, qlen); past the batch: 0)."""
+    req = group * GROUP + tl.arange(0, GROUP)
+    in_batch = req < num_reqs
+    lens = tl.load(seq_lens_ptr + req, mask=in_batch, other=0)
+    return req, tl.where(in_batch, tl.maximum(lens, qlen), 0)
 
 
 @triton.jit
-def _write_window_tile(kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
-                       total, t, t_last, req, req_start, ends, starts, span, full, last,
-                       BLOCK_T: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """Write a tile whose keys lie in requests req .. req + span (window ends/starts from req);
-    return the cursor (request, start, end) of the key after the tile (unless it is the
-    program's last)."""
-    # Per key, the number of window requests that end at or before it: a binary search in
-    # [0, span] (one gather per step; bit_length(span) steps narrow span + 1 candidates to
-    # one). Keys past the batch (last tile) search as its last key.
-    key = tl.minimum(t, t_last)
-    lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
-    hi = lo + span
-    steps = span
-    while steps > 0:
-        mid = (lo + hi) >> 1
-        after = tl.gather(ends, mid, 0) <= key  # the key lies after request req + mid
-        lo = tl.where(after, mid + 1, lo)
-        hi = tl.where(after, hi, mid)
-        steps = steps >> 1
-    key_start = tl.gather(starts, lo, 0)
-    key_row = block_table_ptr + (req + lo).to(tl.int64) * block_table_stride
-    if full:
-        _write_keys(kv_indices_ptr, key_row, t, key_start, total, True, BLOCK_SIZE)
-    else:
-        _write_keys(kv_indices_ptr, key_row, t, key_start, total, False, BLOCK_SIZE)
-    # Cursor: the request of the next key, from the window when it holds that request's end.
-    next_req = req
-    next_start = req_start
-    next_end = req_start
-    if not last:
-        done, next_start, next_end = _cursor(ends, t_last + 1, req_start)
-        next_req += done
-        if next_end == _NO_END:
-            next_end = _end_of(seq_lens_ptr, next_req, next_start, num_reqs, qlen)
-    return next_req, next_start, next_end
-
-
-@triton.jit
-def _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, key_lo, key_end, req, ends, starts,
-                       span, BLOCK_T: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """Write the keys key_lo <= t < key_end of a tile, which lie in requests req .. req + span
-    (window ends/starts from req)."""
-    key = tl.minimum(tl.maximum(t, key_lo), key_end - 1)
-    lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
-    hi = lo + span
-    steps = span
-    while steps > 0:
-        mid = (lo + hi) >> 1
-        after = tl.gather(ends, mid, 0) <= key
-        lo = tl.where(after, mid + 1, lo)
-        hi = tl.where(after, hi, mid)
-        steps = steps >> 1
-    pos = t - tl.gather(starts, lo, 0)
-    row = block_table_ptr + (req + lo).to(tl.int64) * block_table_stride
-    valid = (t >= key_lo) & (t < key_end)
-    block = tl.load(row + pos // BLOCK_SIZE, mask=valid, other=0)
-    tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
+def _next_long(seq_lens_ptr, req, start, num_reqs, qlen, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr):
+    """The first long request (at least BLOCK_T keys) at or after ``req``, which starts at key
+    ``start``: (its index, its first key, its end; none: starts and ends after every key). The
+    next two lengths are loaded at once; past them, WINDOW lengths at a time."""
+    first_in = req < num_reqs
+    second_in = req + 1 < num_reqs
+    first_len = tl.load(seq_lens_ptr + req, mask=first_in, other=0)
+    second_len = tl.load(seq_lens_ptr + req + 1, mask=second_in, other=0)
+    first_len = tl.where(first_in, tl.maximum(first_len, qlen), 0)
+    second_len = tl.where(second_in, tl.maximum(second_len, qlen), 0)
+    length = first_len
+    if first_len < BLOCK_T:
+        req += 1
+        start += first_len
+        length = second_len
+        if second_len < BLOCK_T:
+            req += 1
+            start += second_len
+            length = 0
+            w = tl.arange(0, WINDOW)
+            found = WINDOW
+            while (found == WINDOW) & (req < num_reqs):
+                rq = req + w
+                in_batch = rq < num_reqs
+                lens = tl.load(seq_lens_ptr + rq, mask=in_batch, other=0)
+                lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
+                found = tl.min(tl.where(lens >= BLOCK_T, w, WINDOW), 0)
+                before, length = tl.reduce((tl.where(w < found, lens, 0), tl.where(w == found, lens, 0)), 0,
+                                           _add_pair)
+                start += before
+                req += found
+    none = length < BLOCK_T  # past the batch: no long request after req
+    return req, tl.where(none, _NO_END, start), tl.where(none, _NO_END, start + length)
 
 
 # The block table's row stride, the query length and the buffers' capacity are not specialised
@@ -218,8 +199,9 @@ def _plan_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    SMALL: tl.constexpr,
-    MID: tl.constexpr,
+    GROUP: tl.constexpr,
+    COLS: tl.constexpr,
+    WINDOW: tl.constexpr,
     DIRECT: tl.constexpr,
     FAST: tl.constexpr,
 ):
@@ -230,21 +212,25 @@ def _plan_kernel(
     r = tl.arange(0, BLOCK_R)
     in_batch = r < num_reqs
     lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
+    if not DIRECT:
+        # this program's first group of requests (loaded with the lengths: one round trip)
+        group_req, group_lens = _group_lens(seq_lens_ptr, pid, num_reqs, qlen, GROUP)
     lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)
-    total = tl.minimum(tl.sum(lens, 0), capacity)
+    batch_keys = tl.sum(lens, 0)
+    total = tl.minimum(batch_keys, capacity)
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
         tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
         tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
         tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 
-    num_tiles = tl.cdiv(total, BLOCK_T)
     if DIRECT:
         # Small batches (about one tile per program): per key, a binary search over the whole
         # prefix sum (bit_length(num_reqs - 1) gather steps narrow num_reqs candidates to one),
         # with no further reduction. Keys past the batch search as its last key.
         starts = ends - lens
+        num_tiles = tl.cdiv(total, BLOCK_T)
         for tile in range(pid, num_tiles, num_programs):
             t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
             t = t0 + tl.arange(0, BLOCK_T)
@@ -261,112 +247,77 @@ def _plan_kernel(
             key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
             _write_keys(kv_indices_ptr, key_row, t, tl.gather(starts, lo, 0), total, False, BLOCK_SIZE)
     else:
-        # This program's tiles: a contiguous range, the same count for every program but the last.
+        # Short requests (fewer keys than a tile): GROUP consecutive requests at a time, written
+        # as [GROUP, COLS] tiles of (request, position) pairs from one sum over the lengths
+        # before them: nothing searched. The groups are dealt out round-robin.
+        #
+        # Long requests (a tile or more each): the batch's tiles of BLOCK_T keys are dealt out as
+        # contiguous ranges, one per program, and walked with a cursor: the first long request
+        # that ends after the tile's first key (its index, first key and end). A tile holds keys
+        # of at most two long requests (the next one is at least a tile long); the keys of short
+        # requests in it are left to the rows, and a tile without keys of long requests is
+        # skipped.
+        full_batch = batch_keys <= capacity
+        num_tiles = tl.cdiv(total, BLOCK_T)
         per_program = tl.cdiv(num_tiles, num_programs)
-        tile_first = pid * per_program
-        tile_end = tl.minimum(tile_first + per_program, num_tiles)
-        if tile_first < tile_end:
-            # Cursor: the request holding key `first`, its start and its end.
-            first = tile_first * BLOCK_T
-            ends = tl.where(in_batch, ends, _NO_END)  # rows past the batch never end before a key
-            cur_req, cur_start, cur_end = _cursor(ends, first, 0)
-            tile = tile_first
-            while tile < tile_end:
-                if FAST > 1:
-                    # Several tiles inside the cursor's request: written at once (more stores in
-                    # flight per program).
-                    while (tile + FAST <= tile_end) & (cur_end >= (tile + FAST) * BLOCK_T) \
-                            & ((tile + FAST) * BLOCK_T <= total):
-                        t_fast = tl.multiple_of(tile * BLOCK_T, BLOCK_T) + tl.arange(0, FAST * BLOCK_T)
-                        row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
-                        _write_keys(kv_indices_ptr, row, t_fast, cur_start, total, True, BLOCK_SIZE)
-                        tile += FAST
-                        if (cur_end == tile * BLOCK_T) & (tile < tile_end):
-                            cur_req += 1
-                            cur_start = cur_end
-                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
-                if tile < tile_end:
-                    last = tile == tile_end - 1
-                    t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
-                    t = t0 + tl.arange(0, BLOCK_T)
-                    full = t0 + BLOCK_T <= total
-                    t_last = tl.minimum(t0 + BLOCK_T, total) - 1
-                    if cur_end > t_last:
-                        # The whole tile lies in the cursor's request: one row, one start.
-                        row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
-                        if full:
-                            _write_keys(kv_indices_ptr, row, t, cur_start, total, True, BLOCK_SIZE)
-                        else:
-                            _write_keys(kv_indices_ptr, row, t, cur_start, total, False, BLOCK_SIZE)
-                        if cur_end == t_last + 1 and not last:
-                            cur_req += 1
-                            cur_start = cur_end
-                            cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
+        tile = pid * per_program
+        tile_end = tl.minimum(tile + per_program, num_tiles)
+        # The cursor at this program's first tile and the first key of its first group: one
+        # reduction.
+        cur_req, cur_start, cur_end, offset = _long_after(r, lens, ends, tile * BLOCK_T, pid * GROUP, BLOCK_T)
+        if pid * GROUP < num_reqs:
+            _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, group_req, group_lens, offset,
+                              total, BLOCK_T, COLS, BLOCK_SIZE)
+        for group in range(pid + num_programs, tl.cdiv(num_reqs, GROUP), num_programs):  # a small grid
+            req, req_lens = _group_lens(seq_lens_ptr, group, num_reqs, qlen, GROUP)
+            _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, req, req_lens,
+                              tl.sum(tl.where(r < group * GROUP, lens, 0), 0), total, BLOCK_T, COLS, BLOCK_SIZE)
+        while tile < tile_end:
+            t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
+            if cur_end <= t0:  # the cursor's request ended with the tile before
+                cur_req, cur_start, cur_end = _next_long(seq_lens_ptr, cur_req + 1, cur_end, num_reqs, qlen,
+                                                         BLOCK_T, WINDOW)
+            if cur_start >= t0 + BLOCK_T:
+                # No key of a long request in this tile: on to the tile of the next one.
+                tile = tl.minimum(tl.maximum(tile + 1, cur_start // BLOCK_T), tile_end)
+            elif (cur_start <= t0) & (cur_end >= t0 + FAST * BLOCK_T) & (tile + FAST <= tile_end):
+                # Several tiles inside the cursor's request: written at once (more stores in
+                # flight per program).
+                t_fast = t0 + tl.arange(0, FAST * BLOCK_T)
+                row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
+                if full_batch:
+                    _write_keys(kv_indices_ptr, row, t_fast, cur_start, total, True, BLOCK_SIZE)
+                else:
+                    _write_keys(kv_indices_ptr, row, t_fast, cur_start, total, False, BLOCK_SIZE)
+                tile += FAST
+            else:
+                t = t0 + tl.arange(0, BLOCK_T)
+                if (cur_start <= t0) & (cur_end >= t0 + BLOCK_T):
+                    # The whole tile lies in the cursor's request: one row, one start.
+                    row = block_table_ptr + cur_req.to(tl.int64) * block_table_stride
+                    if full_batch:
+                        _write_keys(kv_indices_ptr, row, t, cur_start, total, True, BLOCK_SIZE)
                     else:
-                        # Request boundaries in the tile. Most often one or two: the next two
-                        # requests hold the rest of the tile (both lengths loaded at once), and each
-                        # key's row and start is one of three.
-                        next_end, after_end = _two_ends(seq_lens_ptr, cur_req + 1, cur_end, num_reqs, qlen)
-                        if after_end > t_last:
-                            step = (t >= cur_end).to(tl.int32) + (t >= next_end).to(tl.int32)
-                            row = block_table_ptr + (cur_req + step).to(tl.int64) * block_table_stride
-                            start = tl.where(step == 0, cur_start, tl.where(step == 1, cur_end, next_end))
-                            if full:
-                                _write_keys(kv_indices_ptr, row, t, start, total, True, BLOCK_SIZE)
-                            else:
-                                _write_keys(kv_indices_ptr, row, t, start, total, False, BLOCK_SIZE)
-                            if next_end > t_last:  # one boundary
-                                if next_end == t_last + 1 and not last:
-                                    cur_req += 2
-                                    cur_start = next_end
-                                    cur_end = after_end
-                                else:
-                                    cur_req += 1
-                                    cur_start = cur_end
-                                    cur_end = next_end
-                            else:  # two
-                                if after_end == t_last + 1 and not last:
-                                    cur_req += 3
-                                    cur_start = after_end
-                                    cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
-                                else:
-                                    cur_req += 2
-                                    cur_start = next_end
-                                    cur_end = after_end
-                        else:
-                            # Request boundaries in the tile: a window of SMALL requests first.
-                            w_ends, w_starts = _window(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen, SMALL)
-                            span = tl.sum((w_ends <= t_last).to(tl.int32), 0)
-                            if span < SMALL:
-                                cur_req, cur_start, cur_end = _write_window_tile(
-                                    kv_indices_ptr, block_table_ptr, block_table_stride, seq_lens_ptr, num_reqs, qlen,
-                                    total, t, t_last, cur_req, cur_start, w_ends, w_starts, span, full, last, BLOCK_T,
-                                    BLOCK_SIZE)
-                            else:
-                                # Many requests: windows of MID requests, each writing the keys of the
-                                # tile that lie in its requests, until one holds the tile's last key.
-                                w_req = cur_req
-                                w_start = cur_start
-                                covered = 0
-                                while covered == 0:
-                                    m_ends, m_starts = _window(seq_lens_ptr, w_req, w_start, num_reqs, qlen, MID)
-                                    span = tl.sum((m_ends <= t_last).to(tl.int32), 0)
-                                    covered = (span < MID).to(tl.int32)
-                                    w_end = tl.max(m_ends, 0)  # the window's last end (when not covered)
-                                    key_end = tl.where(covered != 0, t_last + 1, w_end)
-                                    _write_window_keys(kv_indices_ptr, block_table_ptr, block_table_stride, t, w_start,
-                                                       key_end, w_req, m_ends, m_starts, tl.minimum(span, MID - 1),
-                                                       BLOCK_T, BLOCK_SIZE)
-                                    if covered:
-                                        if not last:
-                                            done, cur_start, cur_end = _cursor(m_ends, t_last + 1, w_start)
-                                            cur_req = w_req + done
-                                            if cur_end == _NO_END:
-                                                cur_end = _end_of(seq_lens_ptr, cur_req, cur_start, num_reqs, qlen)
-                                    else:
-                                        w_req += MID
-                                        w_start = w_end
-                    tile += 1
+                        _write_keys(kv_indices_ptr, row, t, cur_start, total, False, BLOCK_SIZE)
+                else:
+                    # The cursor's request starts or ends in the tile; the next long request
+                    # may start in it too.
+                    next_req = cur_req * 0 + _NO_END  # no next long request in the tile
+                    next_start = next_req
+                    next_end = next_req
+                    if cur_end < t0 + BLOCK_T:
+                        next_req, next_start, next_end = _next_long(seq_lens_ptr, cur_req + 1, cur_end, num_reqs,
+                                                                    qlen, BLOCK_T, WINDOW)
+                    in_next = t >= next_start
+                    key_row = block_table_ptr + tl.where(in_next, next_req, cur_req).to(tl.int64) \
+                        * block_table_stride
+                    pos = t - tl.where(in_next, next_start, cur_start)
+                    valid = (((t >= cur_start) & (t < cur_end)) | (in_next & (t < next_end))) & (t < total)
+                    block = tl.load(key_row + pos // BLOCK_SIZE, mask=valid, other=0)
+                    tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=valid)
+                    if cur_end < t0 + BLOCK_T:
+                        cur_req, cur_start, cur_end = next_req, next_start, next_end
+                tile += 1
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -496,16 +447,20 @@ def _num_programs(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
 
 
-def launch_shape(programs: int, most_keys: int | None) -> tuple[int, int, bool]:
-    """(tile size, programs, direct search) for a batch of at most ``most_keys`` keys (None:
-    unknown). Batches of at most one tile per program search each key directly."""
+def launch_shape(programs: int, most_keys: int | None, num_reqs: int = 1) -> tuple[int, int, bool, int]:
+    """(tile size, programs, direct search, short requests per group) of the tile walk for a
+    batch of ``num_reqs`` requests and at most ``most_keys`` keys (None: unknown). Batches of
+    at most one tile per program search each key directly."""
     if most_keys is None:
-        return BLOCK_T, programs, False
-    block_t = MIN_BLOCK_T
-    while block_t < BLOCK_T and block_t * 2 * programs <= most_keys:
-        block_t *= 2
-    tiles = -(-most_keys // block_t)
-    return block_t, max(1, min(programs, tiles)), tiles <= programs
+        block_t, grid, direct = BLOCK_T, programs, False
+    else:
+        block_t = MIN_BLOCK_T
+        while block_t < BLOCK_T and block_t * 2 * programs <= most_keys:
+            block_t *= 2
+        tiles = -(-most_keys // block_t)
+        grid, direct = max(1, min(programs, tiles)), tiles <= programs
+    group = 1 if direct else min(triton.next_power_of_2(-(-max(num_reqs, 1) // grid)), WALK_MAX_GROUP)
+    return block_t, grid, direct, group
 
 
 def grouped_shape(programs: int, num_reqs: int, longest: int | None) -> tuple[int, int, int] | None:
@@ -565,15 +520,15 @@ def rows_shape(num_reqs: int, longest: int | None) -> tuple[int, int, int] | Non
 
 def launch_shape_of(programs: int, num_reqs: int, longest: int | None) -> tuple:
     """The launch a batch gets: ("rows", group, cols, programs), ("grouped", group, chunk,
-    programs) or ("walk", block_t, direct, programs)."""
+    programs) or ("walk", block_t, direct, group, programs)."""
     rows = rows_shape(num_reqs, longest)
     if rows is not None:
         return ("rows", *rows)
     grouped = grouped_shape(programs, num_reqs, longest)
     if grouped is not None:
         return ("grouped", *grouped)
-    block_t, grid, direct = launch_shape(programs, None if longest is None else num_reqs * longest)
-    return ("walk", block_t, direct, grid)
+    block_t, grid, direct, group = launch_shape(programs, None if longest is None else num_reqs * longest, num_reqs)
+    return ("walk", block_t, direct, group, grid)
 
 
 def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, qlen: int, shape: tuple) -> DecodePlan:
@@ -589,13 +544,14 @@ def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, ql
         _, group, chunk, programs = shape
         _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
     else:
-        _, block_t, direct, programs = shape
+        _, block_t, direct, group, programs = shape
         _plan_kernel[(programs,)](
             *args,
             **sizes,
             BLOCK_T=block_t,
-            SMALL=min(SMALL_WINDOW, block_t),
-            MID=min(MID_WINDOW, block_t),
+            GROUP=group,
+            COLS=min(block_t, WALK_ROW_ELEMS // group),
+            WINDOW=LONG_WINDOW,
             DIRECT=direct,
             FAST=FAST_TILES,
             num_warps=NUM_WARPS,
@@ -624,15 +580,16 @@ def launch_shapes(programs: int, max_reqs: int, max_len: int) -> list[tuple]:
     """Every launch shape (kernel and constexprs) a batch of at most ``max_reqs`` requests of at
     most ``max_len`` keys each can get, with any ``max_seq_len`` hint or none: what warm_up()
     compiles. The grid size is left out (it compiles nothing)."""
-    found = {launch_shape_of(programs, n, None)[:3] for n in (1, max_reqs)}
+    found = {launch_shape_of(programs, n, None)[:-1] for n in (1, max_reqs)}
     lens = _boundaries(max_len, GROUP_KEYS, GROUP_MAX_KEYS, MIN_BLOCK_T, BLOCK_T, ROWS_MAX_LEN, ROWS_MAX_COLS)
     for n in _boundaries(max_reqs, programs):
         for longest in lens:
-            found.add(launch_shape_of(programs, n, longest)[:3])
-    # the tile walk's tile sizes: every one, searched directly or walked
+            found.add(launch_shape_of(programs, n, longest)[:-1])
+    # the tile walk's tile sizes: every one, searched directly or walked (groups of one short
+    # request)
     block_t = MIN_BLOCK_T
     while block_t <= BLOCK_T:
-        found.update({("walk", block_t, True), ("walk", block_t, False)})
+        found.update({("walk", block_t, True, 1), ("walk", block_t, False, 1)})
         block_t *= 2
     return sorted(found, key=repr)
 
