@@ -75,6 +75,8 @@ def families(programs: int) -> dict[str, list[tuple]]:
          3, 64, None),
         ("padding rows", [rng.randint(1, 3 * t) for _ in range(40)] + [0] * 5, 4, 16, None),
         ("short first and last, hint", [5] + [rng.randint(1, 4 * t) for _ in range(50)] + [t - 1], 1, 1, 4 * t),
+        ("short requests only, a table narrower than the rows' tile", [rng.randint(0, 20) for _ in range(40)], 1,
+         16, None),
     ]
     return {
         "walk": walk,
