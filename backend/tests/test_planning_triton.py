@@ -2,8 +2,9 @@
 random batches with padding rows, stale block-table entries, block sizes 1/16/64, query
 lengths 1-4, a narrow and a full-width table, plain and captured in a CUDA graph; and the
 edges of its tile walk: request ends on and beside tile boundaries and pairs of tiles written
-at once, tiles holding one request boundary, padding rows, tiles spanning more requests than
-one window holds, 4096 one-key requests, many short requests (the rows kernel, the grouped
+at once, tiles holding one request boundary, padding rows, long runs of short requests between
+long ones (tiles skipped, the next long request found past many lengths), requests one under,
+at and one over the tile size, 4096 one-key requests, many short requests (the rows kernel, the grouped
 kernel and the tile walk), one long request, any grid size, a max_seq_len hint below the real
 lengths, a block table narrower than the rows kernel's tile."""
 
@@ -158,9 +159,10 @@ def test_tile_boundaries(name, block_size, qlen):
 
 
 @pytest.mark.parametrize("run", [255, 256, 257, 1000])
-def test_tiles_spanning_more_requests_than_a_window(run):
-    # Runs of one- and two-key requests around the window size (256 requests), between long
-    # requests (the tile walk: no max_seq_len, so no grouped kernel).
+def test_long_runs_of_short_requests_between_long_ones(run):
+    # Runs of one- and two-key requests, around 256 and more, between long requests (the tile
+    # walk: no max_seq_len, so no grouped kernel): tiles with no key of a long request are
+    # skipped, and the next long request is found many lengths on.
     from vllm_aiter_mla.planning_triton import BLOCK_T
 
     lens = [BLOCK_T + 3] + [1] * run + [2] * run + [3 * BLOCK_T] + [1] * (run // 2)
