@@ -133,9 +133,9 @@ def _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, req, 
 
 
 @triton.jit
-def _group_lens(seq_lens_ptr, group, num_reqs, qlen, GROUP: tl.constexpr):
-    """The requests of group ``group`` and their lengths (max(seq_len, qlen); past the batch: 0)."""
-    req = group * GROUP + tl.arange(0, GROUP)
+def _lens_of(seq_lens_ptr, first, num_reqs, qlen, COUNT: tl.constexpr):
+    """Requests first .. first + COUNT - 1 and their keys, max(seq_len, qlen) (past the batch: 0)."""
+    req = first + tl.arange(0, COUNT)
     in_batch = req < num_reqs
     lens = tl.load(seq_lens_ptr + req, mask=in_batch, other=0)
     return req, tl.where(in_batch, tl.maximum(lens, qlen), 0)
@@ -164,10 +164,7 @@ def _next_long(seq_lens_ptr, req, start, num_reqs, qlen, BLOCK_T: tl.constexpr, 
             w = tl.arange(0, WINDOW)
             found = WINDOW
             while (found == WINDOW) & (req < num_reqs):
-                rq = req + w
-                in_batch = rq < num_reqs
-                lens = tl.load(seq_lens_ptr + rq, mask=in_batch, other=0)
-                lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
+                _, lens = _lens_of(seq_lens_ptr, req, num_reqs, qlen, WINDOW)
                 found = tl.min(tl.where(lens >= BLOCK_T, w, WINDOW), 0)
                 before, length = tl.reduce((tl.where(w < found, lens, 0), tl.where(w == found, lens, 0)), 0,
                                            _add_pair)
@@ -214,7 +211,7 @@ def _plan_kernel(
     lens = tl.load(seq_lens_ptr + r, mask=in_batch, other=0)
     if not DIRECT:
         # this program's first group of requests (loaded with the lengths: one round trip)
-        group_req, group_lens = _group_lens(seq_lens_ptr, pid, num_reqs, qlen, GROUP)
+        group_req, group_lens = _lens_of(seq_lens_ptr, pid * GROUP, num_reqs, qlen, GROUP)
     lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)
     batch_keys = tl.sum(lens, 0)
@@ -269,7 +266,7 @@ def _plan_kernel(
             _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, group_req, group_lens, offset,
                               total, BLOCK_T, COLS, BLOCK_SIZE)
         for group in range(pid + num_programs, tl.cdiv(num_reqs, GROUP), num_programs):  # a small grid
-            req, req_lens = _group_lens(seq_lens_ptr, group, num_reqs, qlen, GROUP)
+            req, req_lens = _lens_of(seq_lens_ptr, group * GROUP, num_reqs, qlen, GROUP)
             _write_short_rows(kv_indices_ptr, block_table_ptr, block_table_stride, req, req_lens,
                               tl.sum(tl.where(r < group * GROUP, lens, 0), 0), total, BLOCK_T, COLS, BLOCK_SIZE)
         while tile < tile_end:
@@ -344,11 +341,8 @@ def _plan_grouped_kernel(
     before = r < first  # first < num_reqs: the grid has one program per group
     lens = tl.load(seq_lens_ptr + r, mask=before, other=0)
     offset = tl.sum(tl.where(before, tl.maximum(lens, qlen), 0), 0)
-    g = tl.arange(0, GROUP)
-    req = first + g
+    req, lens = _lens_of(seq_lens_ptr, first, num_reqs, qlen, GROUP)
     in_batch = req < num_reqs
-    lens = tl.load(seq_lens_ptr + req, mask=in_batch, other=0)
-    lens = tl.where(in_batch, tl.maximum(lens, qlen), 0)
     ends = tl.cumsum(lens, 0)  # of the group's keys
     starts = ends - lens
     tl.store(kv_indptr_ptr + 1 + req, offset + ends, mask=in_batch)
@@ -447,7 +441,7 @@ def _num_programs(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
 
 
-def launch_shape(programs: int, most_keys: int | None, num_reqs: int = 1) -> tuple[int, int, bool, int]:
+def launch_shape(programs: int, most_keys: int | None, num_reqs: int) -> tuple[int, int, bool, int]:
     """(tile size, programs, direct search, short requests per group) of the tile walk for a
     batch of ``num_reqs`` requests and at most ``most_keys`` keys (None: unknown). Batches of
     at most one tile per program search each key directly."""
