@@ -15,23 +15,10 @@ import random
 import sys
 
 import torch
+from planning_batches import table_for
 
 from vllm_aiter_mla import planning_triton as pt
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode_into
-
-
-def table_for(lens: list[int], qlen: int, block_size: int, seed: int) -> tuple[torch.Tensor, int]:
-    """Rows of distinct cache blocks (a random permutation), stale random entries after them."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-max(n, qlen) // block_size) for n in lens]
-    num_blocks = sum(blocks) + 3
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    table = torch.randint(0, num_blocks, (len(lens), max(blocks) + 2), generator=gen, dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(blocks):
-        table[b, :n] = perm[used : used + n]
-        used += n
-    return table, num_blocks * block_size
 
 
 def launch_kind(num_reqs: int, qlen: int, hint: int | None) -> str:
@@ -41,8 +28,7 @@ def launch_kind(num_reqs: int, qlen: int, hint: int | None) -> str:
 
 
 def check(name: str, lens: list[int], qlen: int, block_size: int, hint: int | None, seed: int = 0) -> bool:
-    table, slots = table_for(lens, qlen, block_size, seed)
-    seq = torch.tensor(lens, dtype=torch.int32)
+    table, seq, slots = table_for(lens, qlen, block_size, seed)
     want = plan_decode_into(DecodePlanBuffers.allocate(len(lens), table.shape[1], block_size, "cpu"), table, seq,
                             None, uniform_qlen=qlen)
     total = int(want.kv_indptr[-1])

@@ -14,6 +14,7 @@ import random
 
 import pytest
 import torch
+from planning_batches import table_for
 
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode_into
 
@@ -90,30 +91,14 @@ def test_triton_plan_replays_from_a_cuda_graph():
         assert torch.equal(plan.kv_indices[:total], want.kv_indices[:total])
 
 
-# Edge cases of the tile walk: a tile inside one request, a tile that spans requests (binary
-# search per key), the last partial tile, and the grid's stride over tiles.
-
-
-def table_for(lens, qlen, block_size, seed=0, extra_width=2):
-    """A block table whose rows are slices of a random permutation of the cache's blocks,
-    with stale random entries past each request's blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-max(n, qlen) // block_size) for n in lens]
-    width = max(blocks) + extra_width
-    num_cache_blocks = sum(blocks) + 3
-    perm = torch.randperm(num_cache_blocks, generator=gen).to(torch.int32)
-    table = torch.randint(0, num_cache_blocks, (len(lens), width), generator=gen, dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(blocks):
-        table[b, :n] = perm[used : used + n]
-        used += n
-    return table.cuda(), torch.tensor(lens, dtype=torch.int32).cuda(), num_cache_blocks * block_size
+# Edge cases of the tile walk: a tile inside one request, a tile where one request ends and
+# the next begins, the last partial tile, and the grid's stride over tiles.
 
 
 def assert_plan_equal(lens, qlen, block_size, *, max_reqs=None, max_seq_len=None, seed=0):
     from vllm_aiter_mla.planning_triton import plan_decode_triton
 
-    table, seq, slots = table_for(lens, qlen, block_size, seed)
+    table, seq, slots = table_for(lens, qlen, block_size, seed, device="cuda")
     want = expected_plan(block_size, qlen, table, seq)
     total = int(want.kv_indptr[-1])
     assert total == sum(max(n, qlen) for n in lens)

@@ -24,8 +24,8 @@ SCRIPT = Path(__file__).with_name("planner_interpreted.py")
     ("direct", 128),  # the direct search: about one tile per program, so a grid this size
 ])
 def test_kernels_in_the_interpreter_equal_the_pytorch_planner(family, programs):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        [str(SCRIPT.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = [str(SCRIPT.parents[1] / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
     run = subprocess.run([sys.executable, str(SCRIPT), str(programs), family], env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
