@@ -70,3 +70,20 @@ def test_rows_kernel_for_short_requests_only(programs):
             assert grid * group >= num_reqs > (grid - 1) * group
         assert pt.launch_shape_of(programs, num_reqs, pt.ROWS_MAX_LEN + 1)[0] != "rows"
         assert pt.launch_shape_of(programs, num_reqs, None)[0] == "walk"
+
+
+def test_warm_up_compiles_one_kernel_per_cpu_at_most_sixteen(monkeypatch):
+    assert pt.compile_in_threads(), "the Triton the tests install compiles in threads (AsyncCompileMode)"
+    monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: set(range(128)))
+    assert pt.compile_threads() == pt.WARM_UP_MAX_THREADS == 16
+    monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: {3, 5})
+    assert pt.compile_threads() == 2
+    monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: {0})
+    assert pt.compile_threads() == 1
+
+
+def test_warm_up_compiles_one_at_a_time_without_async_compile(monkeypatch):
+    monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(pt, "_async_compile_mode", lambda: None)
+    assert not pt.compile_in_threads()
+    assert pt.compile_threads() == 1

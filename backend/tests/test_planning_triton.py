@@ -14,6 +14,7 @@ import random
 
 import pytest
 import torch
+import triton
 from planning_batches import table_for
 
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode_into
@@ -304,19 +305,26 @@ def _compiled(kernel) -> int:
     return sum(len(c) for c in kernel.cache.values())
 
 
-def test_after_warm_up_no_batch_compiles_a_kernel():
-    """warm_up() compiles every launch shape: then batches of any size, lengths, query length and
-    max_seq_len hint (none, right, too small, too large) plan without a single compile, and the
-    plans are right. A shape warm_up() did not launch does compile (the count can move)."""
+@pytest.mark.parametrize("threads", [8, 1], ids=["compiled in threads", "compiled one at a time"])
+def test_after_warm_up_no_batch_compiles_a_kernel(threads, tmp_path, monkeypatch):
+    """warm_up() compiles every launch shape (in threads, or one at a time): then batches of any
+    size, lengths, query length and max_seq_len hint (none, right, too small, too large) plan
+    without a single compile, and the plans are right. A shape warm_up() did not launch does
+    compile (the count can move)."""
     from vllm_aiter_mla import planning_triton as pt
 
-    max_reqs, block_size, max_len = 512, 16, 20000
+    if threads > 1 and not pt.compile_in_threads():
+        pytest.skip(f"Triton {triton.__version__} has no triton.runtime._async_compile: no compile in threads")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compiled here, not loaded from an earlier run
+    # In threads: a block size no other test plans with, so every shape is compiled by warm_up.
+    max_reqs, block_size, max_len = 512, 32 if threads > 1 else 16, 20000
     buffers = DecodePlanBuffers.allocate(max_reqs=max_reqs, max_blocks=-(-max_len // block_size) + 1,
                                          block_size=block_size, device="cuda", max_keys=max_reqs * (max_len + 4))
-    shapes = pt.warm_up(buffers, max_len + 4)
     kernels = (pt._plan_kernel, pt._plan_grouped_kernel, pt._plan_rows_kernel)
+    cached = sum(_compiled(k) for k in kernels)
+    shapes = pt.warm_up(buffers, max_len + 4, threads)
     before = [_compiled(k) for k in kernels]
-    assert sum(before) >= shapes
+    assert sum(before) - (cached if threads > 1 else 0) >= shapes
     rng = random.Random(7)
     for step in range(300):
         num_reqs = rng.choice([1, 2, 15, 16, 17, rng.randint(1, max_reqs), max_reqs])

@@ -145,15 +145,17 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
         self._plan_triton = None
         if torch.device(device).type == "cuda":
-            from .planning_triton import plan_decode_triton, warm_up  # noqa: PLC0415
+            from .planning_triton import compile_in_threads, compile_threads, plan_decode_triton, warm_up  # noqa: PLC0415
 
             self._plan_triton = plan_decode_triton
             # Triton compiles a kernel at its first launch: every launch shape the planner can
             # pick is compiled here, before the first request (cached by Triton afterwards).
             started = time.monotonic()
-            shapes = warm_up(self._plan_buffers, vllm_config.model_config.max_model_len + shape.max_qlen)
-            logger.info_once("%s: decode planner compiled for its %d launch shapes in %.1f s", BACKEND_NAME, shapes,
-                             time.monotonic() - started)
+            threads = compile_threads()
+            shapes = warm_up(self._plan_buffers, vllm_config.model_config.max_model_len + shape.max_qlen, threads)
+            logger.info_once("%s: decode planner compiled for its %d launch shapes in %.1f s, %d at a time%s",
+                             BACKEND_NAME, shapes, time.monotonic() - started, threads,
+                             "" if compile_in_threads() else " (this Triton has no triton.runtime._async_compile)")
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "

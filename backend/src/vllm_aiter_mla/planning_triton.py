@@ -50,6 +50,8 @@ the walk reads the lengths after a long request until the next long one).
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -78,6 +80,7 @@ ROWS_MAX_COLS = 1024  # rows kernel: positions per tile, the most
 ROWS_MIN_PROGRAMS = 64  # rows kernel: groups made smaller until the batch has about this many
 ROWS_NUM_WARPS = 8
 ROWS_WIDE_COLS = 256  # rows kernel: tiles of at least this many positions run with 4 warps
+WARM_UP_MAX_THREADS = 16  # warm_up(): kernels compiled at once, the most
 _NO_END = tl.constexpr(2147483647)  # the "end" of rows past the batch: after every key
 
 
@@ -525,21 +528,29 @@ def launch_shape_of(programs: int, num_reqs: int, longest: int | None) -> tuple:
     return ("walk", block_t, direct, group, grid)
 
 
-def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, qlen: int, shape: tuple) -> DecodePlan:
+def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, qlen: int, shape: tuple,
+            compile_only: bool = False) -> DecodePlan:
+    """Launch the planner's kernel for ``shape``; ``compile_only``: compile it (or take it from
+    Triton's caches) without launching it."""
     args = (block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
             buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices)
     sizes = {"BLOCK_SIZE": buffers.block_size, "BLOCK_R": triton.next_power_of_2(buffers.max_reqs)}
+
+    def run(kernel, programs: int):
+        grid = (programs,)
+        return functools.partial(kernel.warmup, grid=grid) if compile_only else kernel[grid]
+
     if shape[0] == "rows":
         _, group, cols, programs = shape
-        _plan_rows_kernel[(programs,)](block_table, block_table.stride(0), block_table.shape[1], *args[2:], **sizes,
-                                       GROUP=group, COLS=cols,
-                                       num_warps=4 if cols >= ROWS_WIDE_COLS else ROWS_NUM_WARPS)
+        run(_plan_rows_kernel, programs)(block_table, block_table.stride(0), block_table.shape[1], *args[2:],
+                                         **sizes, GROUP=group, COLS=cols,
+                                         num_warps=4 if cols >= ROWS_WIDE_COLS else ROWS_NUM_WARPS)
     elif shape[0] == "grouped":
         _, group, chunk, programs = shape
-        _plan_grouped_kernel[(programs,)](*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
+        run(_plan_grouped_kernel, programs)(*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
     else:
         _, block_t, direct, group, programs = shape
-        _plan_kernel[(programs,)](
+        run(_plan_kernel, programs)(
             *args,
             **sizes,
             BLOCK_T=block_t,
@@ -588,18 +599,50 @@ def launch_shapes(programs: int, max_reqs: int, max_len: int) -> list[tuple]:
     return sorted(found, key=repr)
 
 
-def warm_up(buffers: DecodePlanBuffers, max_len: int) -> int:
+def _async_compile_mode():
+    """Triton's AsyncCompileMode (kernels compiled in an executor while the caller goes on),
+    or None where this Triton has none."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: PLC0415
+    except ImportError:
+        return None
+    return AsyncCompileMode
+
+
+def compile_in_threads() -> bool:
+    """Whether this Triton compiles kernels in threads (its AsyncCompileMode)."""
+    return _async_compile_mode() is not None
+
+
+def compile_threads() -> int:
+    """How many kernels warm_up() compiles at once: one per CPU this process may run on, at
+    most WARM_UP_MAX_THREADS; 1 where this Triton cannot compile in threads."""
+    if not compile_in_threads():
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), WARM_UP_MAX_THREADS))
+
+
+def warm_up(buffers: DecodePlanBuffers, max_len: int, threads: int | None = None) -> int:
     """Compile every launch shape of the planner for these buffers before the first request
     (Triton compiles a kernel at its first launch): returns how many shapes were launched. The
-    buffers are written with plans of requests of one key."""
+    kernels are compiled ``threads`` at a time (None: :func:`compile_threads`), then each is
+    launched once; the buffers are written with plans of requests of one key. A compile error
+    is raised."""
     device = buffers.kv_indices.device
     counts = [n for n in _REQUEST_COUNTS if n <= buffers.max_reqs]
     block_table = torch.zeros((max(counts), 1), dtype=torch.int32, device=device)
     seq_lens = torch.ones(max(counts), dtype=torch.int32, device=device)
     shapes = launch_shapes(_num_programs(device.index or 0), buffers.max_reqs, max_len)
-    for shape in shapes:
-        for n in counts:
-            # the rows and grouped kernels: a program per group
-            grid = -(-n // shape[1]) if shape[0] in ("rows", "grouped") else 1
-            _launch(buffers, block_table[:n], seq_lens[:n], n, 1, (*shape, grid))
+    # the rows and grouped kernels: a program per group
+    launches = [(n, (*shape, -(-n // shape[1]) if shape[0] in ("rows", "grouped") else 1))
+                for shape in shapes for n in counts]
+    threads = compile_threads() if threads is None else threads
+    mode = _async_compile_mode()
+    if threads > 1 and mode is not None:
+        # Leaving the mode waits for every compile (and raises the first error).
+        with ThreadPoolExecutor(threads, thread_name_prefix="plan-compile") as pool, mode(pool):
+            for n, shape in launches:
+                _launch(buffers, block_table[:n], seq_lens[:n], n, 1, shape, compile_only=True)
+    for n, shape in launches:
+        _launch(buffers, block_table[:n], seq_lens[:n], n, 1, shape)
     return len(shapes)
