@@ -1,6 +1,8 @@
 """Start-up checks: head counts (padding to a head count AITER has a kernel for), query
 lengths per KV dtype and decode mode, KV-cache dtypes, unsupported features."""
 
+import re
+
 import pytest
 
 from vllm_aiter_mla import contract
@@ -8,6 +10,7 @@ from vllm_aiter_mla.config import (
     DecodeShape,
     check_kv_cache_dtype,
     check_unsupported_features,
+    compile_threads_setting,
     decode_head_count,
     decode_mode,
 )
@@ -96,6 +99,16 @@ def test_decode_mode_setting():
     assert decode_mode({"AITER_MLA_DECODE_MODE": "non-persistent"}) == NP
     with pytest.raises(ValueError, match="AITER_MLA_DECODE_MODE"):
         decode_mode({"AITER_MLA_DECODE_MODE": "fast"})
+
+
+def test_compile_threads_setting():
+    assert compile_threads_setting({}) is None
+    assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": " "}) is None
+    assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": "1"}) == 1
+    assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": " 32 "}) == 32
+    for bad in ["0", "-2", "1.5", "four", "+3", "\u00b2"]:
+        with pytest.raises(ValueError, match=re.escape(f"AITER_MLA_COMPILE_THREADS={bad!r} is not a whole number")):
+            compile_threads_setting({"AITER_MLA_COMPILE_THREADS": bad})
 
 
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16", "fp8", "fp8_e4m3"])

@@ -80,6 +80,7 @@ def test_warm_up_compiles_one_kernel_per_cpu_at_most_sixteen(monkeypatch):
     assert pt.compile_threads() == 2
     monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: {0})
     assert pt.compile_threads() == 1
+    assert pt.compile_threads(5) == 5  # AITER_MLA_COMPILE_THREADS, as set
 
 
 def test_warm_up_compiles_one_at_a_time_without_async_compile(monkeypatch):
@@ -87,3 +88,4 @@ def test_warm_up_compiles_one_at_a_time_without_async_compile(monkeypatch):
     monkeypatch.setattr(pt, "_async_compile_mode", lambda: None)
     assert not pt.compile_in_threads()
     assert pt.compile_threads() == 1
+    assert pt.compile_threads(8) == 1

@@ -40,6 +40,7 @@ from .config import (
     DecodeShape,
     check_kv_cache_dtype,
     check_unsupported_features,
+    compile_threads_setting,
     decode_head_count,
     decode_mode,
     kernel_family,
@@ -144,6 +145,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         )
         # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
         self._plan_triton = None
+        threads_setting = compile_threads_setting()  # checked everywhere, used where Triton plans
         if torch.device(device).type == "cuda":
             from .planning_triton import compile_in_threads, compile_threads, plan_decode_triton, warm_up  # noqa: PLC0415
 
@@ -151,7 +153,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             # Triton compiles a kernel at its first launch: every launch shape the planner can
             # pick is compiled here, before the first request (cached by Triton afterwards).
             started = time.monotonic()
-            threads = compile_threads()
+            threads = compile_threads(threads_setting)
             shapes = warm_up(self._plan_buffers, vllm_config.model_config.max_model_len + shape.max_qlen, threads)
             logger.info_once("%s: decode planner compiled for its %d launch shapes in %.1f s, %d at a time%s",
                              BACKEND_NAME, shapes, time.monotonic() - started, threads,

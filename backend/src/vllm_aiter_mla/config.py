@@ -31,6 +31,21 @@ def decode_mode(environ: Mapping[str, str] = os.environ) -> str:
     return mode
 
 
+COMPILE_THREADS_ENV = "AITER_MLA_COMPILE_THREADS"
+
+
+def compile_threads_setting(environ: Mapping[str, str] = os.environ) -> int | None:
+    """How many of the decode planner's kernels its warm-up compiles at once: a whole number,
+    1 or more (1: one at a time), or None where unset or empty (one per CPU, at most 16)."""
+    text = environ.get(COMPILE_THREADS_ENV, "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{COMPILE_THREADS_ENV}={environ[COMPILE_THREADS_ENV]!r} is not a whole number of threads, "
+                         "1 or more (1: compile one at a time; unset: one per CPU, at most 16)")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class DecodeShape:
     """What the decode kernel is asked for, fixed at start-up."""

@@ -614,11 +614,14 @@ def compile_in_threads() -> bool:
     return _async_compile_mode() is not None
 
 
-def compile_threads() -> int:
-    """How many kernels warm_up() compiles at once: one per CPU this process may run on, at
-    most WARM_UP_MAX_THREADS; 1 where this Triton cannot compile in threads."""
+def compile_threads(requested: int | None = None) -> int:
+    """How many kernels warm_up() compiles at once: ``requested``, or (None) one per CPU this
+    process may run on, at most WARM_UP_MAX_THREADS; 1 where this Triton cannot compile in
+    threads."""
     if not compile_in_threads():
         return 1
+    if requested is not None:
+        return requested
     return max(1, min(len(os.sched_getaffinity(0)), WARM_UP_MAX_THREADS))
 
 
