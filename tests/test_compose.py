@@ -246,6 +246,10 @@ def test_tests_cpu_override_adds_only_test_settings():
     assert tested["selftest"]["network_mode"] == "host"
 
 
-def test_tests_cpu_override_needs_the_images_named():
-    proc = compose_config("compose.yaml", CPU_OVERRIDE, TESTS_CPU_OVERRIDE, env=BASE_ENV, check=False)
-    assert proc.returncode != 0 and "SERVE_CPU_IMAGE" in proc.stderr
+@pytest.mark.parametrize(("missing", "named"), [("SERVE_CPU_IMAGE", "SELFTEST_CPU_IMAGE"),
+                                               ("SELFTEST_CPU_IMAGE", "SERVE_CPU_IMAGE")])
+def test_tests_cpu_override_needs_the_images_named(missing, named):
+    # One image named at a time: with both missing, compose names whichever it meets first.
+    env = {**BASE_ENV, named: "localhost/rocm-vllm/test-image:1"}
+    proc = compose_config("compose.yaml", CPU_OVERRIDE, TESTS_CPU_OVERRIDE, env=env, check=False)
+    assert proc.returncode != 0 and f"set {missing} to the" in proc.stderr
