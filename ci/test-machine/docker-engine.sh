@@ -4,6 +4,8 @@
 #   bash ci/test-machine/docker-engine.sh start   install the engine if absent, start it, wait until it answers
 #   bash ci/test-machine/docker-engine.sh env     print `export ...` lines for clients:  eval "$(bash ci/test-machine/docker-engine.sh env)"
 #   bash ci/test-machine/docker-engine.sh status  exit 0 when the engine answers
+#   bash ci/test-machine/docker-engine.sh prune   drop what no later run reuses: stopped containers,
+#                                                 untagged images, build cache beyond DOCKER_ENGINE_KEEP_CACHE
 #   bash ci/test-machine/docker-engine.sh stop    stop the engine started by `start`
 #
 # The engine runs with its own data root, exec root and socket, so it never
@@ -26,6 +28,8 @@
 #                          default /var/lib/rocm-vllm-engine
 #   DOCKER_STORAGE_DRIVER  storage driver for dockerd (default: dockerd's choice)
 #   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer (default 60)
+#   DOCKER_ENGINE_KEEP_CACHE  build cache `prune` keeps, most recently used first (default 4GB;
+#                          tagged images are always kept: the tests reuse them by name)
 #   DOCKER_ENGINE_NO_INSTALL=1  never install packages; fail if dockerd is absent
 #   DEBIAN_MIRROR          Debian archive for the trixie source (default: the one apt already uses)
 set -euo pipefail
@@ -127,6 +131,20 @@ stop() {
   rm -f "$PIDFILE"
 }
 
+free_space() {  # free_space DIR -> "12G free on /dev/vda" (the file system holding DIR)
+  df -h --output=avail,source "$1" 2>/dev/null | awk 'NR == 2 {print $1 " free on " $2}'
+}
+
+prune() {
+  if ! answers; then log "no engine answers at unix://$SOCK: nothing to prune"; return 0; fi
+  local keep=${DOCKER_ENGINE_KEEP_CACHE:-4GB}
+  log "pruning stopped containers, untagged images and build cache beyond $keep ($(free_space "$ROOT") before)"
+  client container prune --force >/dev/null
+  client image prune --force >/dev/null
+  client builder prune --force --keep-storage "$keep" >/dev/null
+  log "pruned: $(free_space "$ROOT")"
+}
+
 env_lines() {
   echo "export DOCKER_HOST=unix://$SOCK"
   echo "export DOCKER_CONFIG=$CONFIG_DIR"
@@ -135,7 +153,8 @@ env_lines() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  prune) prune ;;
   env) env_lines ;;
   status) answers ;;
-  *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|prune|env|status" >&2; exit 2 ;;
 esac
