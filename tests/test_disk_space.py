@@ -1,6 +1,7 @@
 """ci/test-machine/disk-space.sh: the free-space lines .ci/run prints first and last, and the
 warning when the checkout's file system has less free than a run from scratch writes."""
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def test_report_leaves_out_an_engine_root_not_made_yet(tmp_path) -> None:
     proc = _run("report", "end", TMPDIR=str(tmp_path), DOCKER_ENGINE_ROOT=str(tmp_path / "absent"))
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 2 and "absent" not in proc.stdout
+
+
+def test_free_names_the_file_system_holding_a_folder(tmp_path) -> None:
+    proc = _run("free", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    source = subprocess.run(["df", "--output=source", str(tmp_path)], capture_output=True, text=True,
+                            check=True).stdout.split()[-1]
+    assert re.fullmatch(rf"[0-9.,]+[KMGTP]? free on {re.escape(source)}", proc.stdout.strip()), proc.stdout
+
+
+def test_free_without_a_folder_prints_usage() -> None:
+    proc = _run("free")
+    assert proc.returncode == 2 and "usage:" in proc.stderr and proc.stdout == ""
 
 
 def test_check_warns_below_the_bound_and_goes_on() -> None:

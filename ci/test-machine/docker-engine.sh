@@ -131,9 +131,7 @@ stop() {
   rm -f "$PIDFILE"
 }
 
-free_space() {  # free_space DIR -> "12G free on /dev/vda" (the file system holding DIR)
-  df -h --output=avail,source "$1" 2>/dev/null | awk 'NR == 2 {print $1 " free on " $2}'
-}
+free_space() { bash "$(dirname "$0")/disk-space.sh" free "$1"; }  # "55G free on /dev/vda"
 
 prune() {
   if ! answers; then log "no engine answers at unix://$SOCK: nothing to prune"; return 0; fi
