@@ -27,22 +27,30 @@ def launch_kind(num_reqs: int, qlen: int, hint: int | None) -> str:
     return "direct" if shape[0] == "walk" and shape[2] else shape[0]
 
 
-def check(name: str, lens: list[int], qlen: int, block_size: int, hint: int | None, seed: int = 0) -> bool:
+def check(name: str, lens: list[int], qlen: int, block_size: int, hint: int | None, seed: int = 0,
+          short_by: int = 0) -> bool:
+    """The Triton plan equals the PyTorch plan; with ``short_by`` the buffers hold that many keys
+    fewer than the batch has: kv_indptr is clamped to the capacity, the keys that fit are the
+    plan's, nothing is written past the capacity and the overflow counter says how many were
+    dropped."""
     table, seq, slots = table_for(lens, qlen, block_size, seed)
     want = plan_decode_into(DecodePlanBuffers.allocate(len(lens), table.shape[1], block_size, "cpu"), table, seq,
                             None, uniform_qlen=qlen)
     total = int(want.kv_indptr[-1])
-    buffers = DecodePlanBuffers.allocate(len(lens), table.shape[1], block_size, "cpu",
-                                         max_keys=slots + len(lens) * qlen)
+    capacity = total - short_by if short_by else slots + len(lens) * qlen
+    buffers = DecodePlanBuffers.allocate(len(lens), table.shape[1], block_size, "cpu", max_keys=capacity)
     buffers.kv_indices.fill_(-7)
     buffers.kv_indptr.fill_(99)
     got = pt.plan_decode_triton(buffers, table, seq, qlen, hint)
     shape = pt.launch_shape_of(pt._num_programs(0), len(lens), None if hint is None else max(hint, qlen))
-    same = (torch.equal(got.qo_indptr, want.qo_indptr) and torch.equal(got.kv_indptr, want.kv_indptr)
-            and torch.equal(got.kv_indices[:total], want.kv_indices[:total])
-            and bool((buffers.kv_indices[total:] == -7).all()))
+    fits = min(total, buffers.capacity)
+    same = (torch.equal(got.qo_indptr, want.qo_indptr)
+            and torch.equal(got.kv_indptr, want.kv_indptr.clamp(max=buffers.capacity))
+            and torch.equal(got.kv_indices[:fits], want.kv_indices[:fits])
+            and bool((buffers.kv_indices[fits:] == -7).all())
+            and int(buffers.overflow) == total - fits)
     print(f"{'ok' if same else 'DIFFERENT'}: {name}: {shape}, {len(lens)} requests, {total} keys, qlen {qlen}, "
-          f"block size {block_size}", flush=True)
+          f"block size {block_size}{f', capacity {buffers.capacity}' if short_by else ''}", flush=True)
     return same
 
 
@@ -88,6 +96,12 @@ def main(argv: list[str]) -> int:
             print(f"{name}: planned by {kind}, not {family}, with {programs} programs", file=sys.stderr)
             return 1
         if not check(*case):
+            return 1
+    # every kernel again with buffers too small for the batch (by one key, and by a third)
+    name, lens, qlen, block_size, hint = families(programs)[family][0]
+    total = sum(max(n, qlen) for n in lens)
+    for short_by in sorted({1, total // 3}):
+        if not check(f"{name}, too small", lens, qlen, block_size, hint, short_by=short_by):
             return 1
     return 0
 

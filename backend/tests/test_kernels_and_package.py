@@ -134,30 +134,37 @@ def test_build_check_stops_in_one_line(found, status, monkeypatch, capsys):
     assert plugin.main([]) == 2
 
 
-def test_float16_models_are_not_offered_to_this_backend():
-    """AITER's MLA decode rejects fp16 queries: vLLM must pick another backend for fp16
-    models (with its usual message), not select this one and fail at the first decode."""
-    import torch
-
-    from vllm_aiter_mla.backend import AiterMLABackend
-
-    assert AiterMLABackend.supported_dtypes == [torch.bfloat16]
-    assert not AiterMLABackend.supports_dtype(torch.float16)
-    assert AiterMLABackend.supports_dtype(torch.bfloat16)
-    assert "float16" not in AiterMLABackend.supported_kv_cache_dtypes
+VALIDATION_GRID = [
+    dict(dtype=dtype, kv_cache_dtype=kv, head_size=head, block_size=block, use_dcp=dcp, use_non_causal=nc)
+    for dtype in ("bfloat16", "float16", "float32")
+    for kv in ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+    for head in (576, 512, 320)
+    for block in (None, 1, 16)
+    for dcp in (False, True)
+    for nc in (False, True)
+]
 
 
-@pytest.mark.parametrize("dtype_name,rejected", [("float16", True), ("bfloat16", False)])
-def test_vllm_validation_names_the_dtype_for_fp16(dtype_name, rejected):
-    """vLLM's own validation (what its selector reports) refuses fp16 for this backend."""
+def test_vllms_validation_of_this_backend_is_the_built_ins():
+    """The registered backend is vLLM's built-in ROCM_AITER_MLA for vLLM's selection: for every
+    dtype, KV dtype, latent size, block size, DCP and non-causal setting, vLLM's validation gives
+    the same reasons (so the plugin never moves a model to another backend)."""
     import torch
     from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
     from vllm_aiter_mla.backend import AiterMLABackend
 
-    reasons = AiterMLABackend.validate_configuration(
-        head_size=576, dtype=getattr(torch, dtype_name), kv_cache_dtype="auto", block_size=16, use_mla=True,
-        has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-        device_capability=DeviceCapability(9, 4), attn_type="decoder",
-    )
-    assert ("dtype not supported" in reasons) == rejected, reasons
+    for case in VALIDATION_GRID:
+        kwargs = dict(case, dtype=getattr(torch, case["dtype"]), use_mla=True, has_sink=False, use_sparse=False,
+                      use_mm_prefix=False, use_per_head_quant_scales=False,
+                      device_capability=DeviceCapability(9, 4), attn_type="decoder")
+        try:
+            expected = builtin.AiterMLABackend.validate_configuration(**kwargs)
+        except ImportError:  # the built-in's non-causal check imports AITER
+            with pytest.raises(ImportError):
+                AiterMLABackend.validate_configuration(**kwargs)
+            continue
+        assert AiterMLABackend.validate_configuration(**kwargs) == expected, case
+    assert AiterMLABackend.supports_dcp() is builtin.AiterMLABackend.supports_dcp()
+    assert AiterMLABackend.get_name() == "ROCM_AITER_MLA"

@@ -141,3 +141,51 @@ def test_plan_into_with_workspace_allocates_no_tensor_storage():
     assert with_ws == [], with_ws
     # The measurement sees scratch allocations when there is no workspace.
     assert without_ws, without_ws
+
+
+def _shared_prefix_batch(num_reqs: int, prefix_blocks: int, block_size: int):
+    """num_reqs requests on one cached prefix of prefix_blocks blocks (prefix caching: the same
+    block ids in every row), each with one block of its own; the cache holds exactly the
+    blocks in use."""
+    table = torch.zeros((num_reqs, prefix_blocks + 1), dtype=torch.int32)
+    table[:, :prefix_blocks] = torch.arange(prefix_blocks, dtype=torch.int32)
+    table[:, prefix_blocks] = prefix_blocks + torch.arange(num_reqs, dtype=torch.int32)
+    seq_lens = torch.full((num_reqs,), prefix_blocks * block_size + 1, dtype=torch.int32)
+    return table, seq_lens, prefix_blocks + num_reqs
+
+
+def test_requests_sharing_a_prefix_have_more_keys_than_the_cache_has_slots_and_are_planned_whole():
+    """Σ seq_lens of a step is not bounded by the KV cache's slot count: 64 requests on one
+    2k-token prefix reference 131k keys in a cache of 3,072 slots. The default capacity
+    (requests x the longest request) plans it exactly."""
+    block_size, qlen, num_reqs = 16, 1, 64
+    table, seq_lens, cache_blocks = _shared_prefix_batch(num_reqs, 128, block_size)
+    keys = int(seq_lens.sum())
+    old_capacity = cache_blocks * block_size + num_reqs * qlen  # what the builder used to allocate
+    assert keys > 40 * old_capacity
+    buffers = DecodePlanBuffers.allocate(num_reqs, table.shape[1], block_size, "cpu")
+    plan = plan_decode_into(buffers, table, seq_lens, None, uniform_qlen=qlen)
+    want = plan_decode(table, seq_lens, torch.arange(num_reqs + 1, dtype=torch.int32), block_size)
+    assert torch.equal(plan.kv_indptr, want.kv_indptr) and int(plan.kv_indptr[-1]) == keys
+    assert torch.equal(plan.kv_indices[:keys], want.kv_indices)
+    buffers.check_overflow()  # nothing dropped
+
+
+def test_a_plan_never_points_past_the_buffers_and_the_overflow_is_reported():
+    """Buffers smaller than the step (the sizing by slot count): kv_indptr stops at the
+    capacity (AITER cannot read past it), the keys that fit are right, and the dropped keys
+    are counted on the device and reported by check_overflow."""
+    block_size, num_reqs = 16, 8
+    table, seq_lens, cache_blocks = _shared_prefix_batch(num_reqs, 4, block_size)
+    capacity = cache_blocks * block_size + num_reqs
+    buffers = DecodePlanBuffers.allocate(num_reqs, table.shape[1], block_size, "cpu", max_keys=capacity)
+    buffers.kv_indices.fill_(-7)
+    plan = plan_decode_into(buffers, table, seq_lens, None, uniform_qlen=1)
+    want = plan_decode(table, seq_lens, torch.arange(num_reqs + 1, dtype=torch.int32), block_size)
+    keys = int(want.kv_indptr[-1])
+    assert keys > capacity
+    assert torch.equal(plan.kv_indptr, want.kv_indptr.clamp(max=capacity))
+    assert torch.equal(plan.kv_indices[:capacity], want.kv_indices[:capacity])
+    assert int(buffers.overflow) == keys - capacity
+    with pytest.raises(RuntimeError, match=f"{keys - capacity} keys more than the plan buffers hold"):
+        buffers.check_overflow()

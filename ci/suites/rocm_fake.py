@@ -75,11 +75,23 @@ def rocm_platform(arch: str, env: dict[str, str], aiter_found: bool) -> Iterator
         stack.enter_context(mock.patch.object(aiter_ops, "current_platform", platform))
         stack.enter_context(mock.patch.object(aiter_ops, "IS_AITER_FOUND", aiter_found))
         aiter_ops.rocm_aiter_ops.refresh_env_variables()
+        _clear_arch_caches()
         try:
             yield platform
         finally:
             stack.close()
             aiter_ops.rocm_aiter_ops.refresh_env_variables()
+            _clear_arch_caches()
+
+
+def _clear_arch_caches() -> None:
+    """vLLM's built-in AITER MLA memoises what it reads of the GPU arch (e.g. whether its Gluon
+    decode has a build for it): forget it whenever the arch under test changes."""
+    builtin = sys.modules.get("vllm.v1.attention.backends.mla.rocm_aiter_mla")
+    for name in dir(builtin) if builtin is not None else ():
+        cache_clear = getattr(getattr(builtin, name), "cache_clear", None)
+        if name.startswith("_") and callable(cache_clear):
+            cache_clear()
 
 
 def select_mla_backend(block_size: int | None, backend: str | None) -> str:
@@ -98,3 +110,23 @@ def select_mla_backend(block_size: int | None, backend: str | None) -> str:
     finally:
         _cached_get_attn_backend.cache_clear()
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def select_for(selector_fields: dict, backend: str | None = None) -> str:
+    """vLLM's current platform's choice for an MLA layer of ``selector_fields`` (any field of
+    vLLM's AttentionSelectorConfig: dtype, kv_cache_dtype, head_size, use_dcp, ...): the class
+    path, or ``error: ...`` where no backend fits."""
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    fields = {"head_size": 576, "dtype": torch.bfloat16, "kv_cache_dtype": "auto", "block_size": None,
+              "use_mla": True, **selector_fields}
+    try:
+        with set_current_vllm_config(VllmConfig()):
+            return current_platform.get_attn_backend_cls(
+                AttentionBackendEnum[backend] if backend else None, AttentionSelectorConfig(**fields))
+    except ValueError as exc:
+        return f"error: {exc}"

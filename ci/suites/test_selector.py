@@ -7,18 +7,21 @@ repository's CI on CPU and inside the image (`selftest selector`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from rocm_vllm_runtime.manifest import AITER_DISTRIBUTIONS, Manifest, manifest_path, read_manifest, release
+from rocm_vllm_runtime.serve import tiny_model
 from rocm_vllm_runtime.versions import installed
 
-from .rocm_fake import rocm_platform, select_mla_backend
+from .rocm_fake import rocm_platform, select_for, select_mla_backend
 
 OURS = "vllm_aiter_mla.backend.AiterMLABackend"
 TRITON = "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend"
@@ -161,6 +164,181 @@ def test_plugin_took_over_vllms_aiter_mla_entry():
     path = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
     assert path == OURS, (f"ROCM_AITER_MLA is {path}, not this backend: the plugin did not register on vLLM "
                           f"{_installed_vllm_version()} (it supports {SUPPORTED_VLLM})")
+
+
+# ---- never less than vLLM's built-in: selection with the plugin equals selection without it ----
+
+# Configurations of an MLA layer (vLLM's AttentionSelectorConfig fields) that vLLM's built-in
+# ROCM_AITER_MLA serves: with the plugin, vLLM's selection must land on ROCM_AITER_MLA exactly
+# where it lands without it. `non_causal_kernels`: AITER reports non-causal decode kernels (an
+# AITER of gfx950; the stand-in for what `import aiter` answers on such a host).
+PARITY_ROWS = [
+    ("bf16", "gfx942", {}, False),
+    ("block-size-1", "gfx942", {"block_size": 1}, False),
+    ("dcp", "gfx942", {"use_dcp": True}, False),
+    ("dcp-fp8", "gfx950", {"use_dcp": True, "kv_cache_dtype": "fp8"}, False),
+    ("fp16-model", "gfx942", {"dtype": "float16"}, False),
+    ("fp16-model-fp16-kv", "gfx950", {"dtype": "float16", "kv_cache_dtype": "float16"}, False),
+    ("fp8-e5m2", "gfx942", {"kv_cache_dtype": "fp8_e5m2"}, False),
+    ("fp8-gfx950", "gfx950", {"kv_cache_dtype": "fp8"}, False),
+    ("latent-512", "gfx942", {"head_size": 512}, False),
+    ("latent-320", "gfx950", {"head_size": 320}, False),
+    ("non-causal-gfx950", "gfx950", {"use_non_causal": True}, True),
+    ("non-causal-dcp-gfx950", "gfx950", {"use_non_causal": True, "use_dcp": True}, True),
+    ("adaptive-verification", "gfx942", {"use_adaptive_verification": True}, False),
+    ("kv-connector", "gfx942", {"use_kv_connector": True}, False),
+    # what the built-in does not serve either: the same other backend, or the same error
+    ("non-causal-gfx942", "gfx942", {"use_non_causal": True}, False),
+    ("sliding-window", "gfx942", {"has_sliding_window": True}, False),
+]
+
+
+def _parity_fields(fields: dict) -> dict:
+    import torch
+
+    return {k: getattr(torch, v) if k == "dtype" else v for k, v in fields.items()}
+
+
+@contextlib.contextmanager
+def _non_causal_kernels(present: bool):
+    """AITER's answer to 'has mla_decode_fwd non-causal kernels here' (needs `import aiter`)."""
+    import vllm._aiter_ops as aiter_ops
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    if not present:
+        yield
+        return
+    with mock.patch.object(aiter_ops.rocm_aiter_ops, "mla_decode_supports_non_causal", classmethod(lambda cls: True)), \
+            mock.patch.object(builtin, "_aiter_mla_non_causal_asm_kernels", lambda: True):
+        yield
+
+
+def _select_with_and_without_plugin(arch: str, fields: dict, non_causal_kernels: bool, backend: str | None):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_aiter_mla.plugin import register
+
+    with rocm_platform(arch, ON, True), _non_causal_kernels(non_causal_kernels):
+        with_plugin = select_for(_parity_fields(fields), backend)
+        AttentionBackendEnum.ROCM_AITER_MLA.clear_override()
+        try:
+            without = select_for(_parity_fields(fields), backend)
+        finally:
+            register()
+    return with_plugin, without
+
+
+@pytest.mark.parametrize("backend", [None, "ROCM_AITER_MLA"], ids=["auto", "explicit"])
+@pytest.mark.parametrize("row", PARITY_ROWS, ids=[r[0] for r in PARITY_ROWS])
+def test_selection_with_the_plugin_lands_on_aiter_mla_wherever_vllm_alone_does(row, backend):
+    name, arch, fields, non_causal_kernels = row
+    with_plugin, without = _select_with_and_without_plugin(arch, fields, non_causal_kernels, backend)
+    if without == VLLM_BUILTIN_AITER:
+        assert with_plugin == OURS, f"{name}: vLLM alone picks its AITER MLA, with the plugin {with_plugin}"
+    else:
+        assert with_plugin == without.replace(VLLM_BUILTIN_AITER, OURS), f"{name}: {with_plugin} vs {without}"
+
+
+@pytest.mark.parametrize("row", [r for r in PARITY_ROWS if r[0] not in ("non-causal-gfx942", "sliding-window")],
+                         ids=[r[0] for r in PARITY_ROWS if r[0] not in ("non-causal-gfx942", "sliding-window")])
+def test_vllm_alone_serves_these_rows_with_its_aiter_mla(row):
+    """The rows above are rows the built-in really serves (else the parity test proves nothing)."""
+    name, arch, fields, non_causal_kernels = row
+    _, without = _select_with_and_without_plugin(arch, fields, non_causal_kernels, None)
+    assert without == VLLM_BUILTIN_AITER, f"{name}: vLLM alone picks {without}"
+
+
+# ---- which implementation runs a layer: the own path, or vLLM's built-in (delegation) ----
+
+
+def _tiny_model_dir() -> str:
+    for candidate in (os.environ.get("TINY_MLA_MODEL"), tiny_model({}),
+                      str(Path(__file__).resolve().parents[2] / "runtime" / "models" / "tiny-mla")):
+        if candidate and (Path(candidate) / "config.json").is_file():
+            return candidate
+    pytest.fail("tiny MLA model not found: set TINY_MLA_MODEL to its directory")
+
+
+def _vllm_config(dtype: str = "bfloat16", tp: int = 1, dcp: int = 1, spec_tokens: int = 0, kv: str = "auto",
+                 adaptive: bool = False, non_causal: bool = False):
+    """A real VllmConfig of the tiny MLA model (16 heads): `tp` divides its heads over GPUs."""
+    from vllm.config import AttentionConfig, CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
+
+    model = ModelConfig(model=_tiny_model_dir(), skip_tokenizer_init=True, dtype=dtype)
+    parallel = ParallelConfig(tensor_parallel_size=tp, decode_context_parallel_size=dcp)
+    spec = None
+    if spec_tokens:
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_tokens, prompt_lookup_max=3,
+                                 prompt_lookup_min=1, target_model_config=model, target_parallel_config=parallel)
+    config = VllmConfig(model_config=model, parallel_config=parallel, speculative_config=spec,
+                        cache_config=CacheConfig(cache_dtype=kv), attention_config=AttentionConfig())
+    if adaptive:  # vLLM validates it against its drafting methods; the flag is what the built-in reads
+        config.speculative_config.enable_adaptive_verification = True
+    config.attention_config.use_non_causal = non_causal
+    return config
+
+
+def _route(arch: str, config, kv: str = "auto"):
+    from vllm_aiter_mla.backend import layer_route
+
+    heads = config.model_config.get_num_attention_heads(config.parallel_config)
+    with rocm_platform(arch, ON, True):
+        return layer_route(config, heads, 576, kv)
+
+
+def _installed_release() -> tuple[int, int]:
+    from vllm_aiter_mla.plugin import _installed_vllm_version
+
+    major, minor = release(_installed_vllm_version()).split(".")[:2]
+    return int(major), int(minor)
+
+
+# name, arch, config settings, built-in predicate patches -> "own" or a word of the delegation reason
+ROUTE_ROWS = [
+    ("bf16-16-heads", "gfx942", {}, {}, "own"),
+    ("bf16-16-heads-gfx950", "gfx950", {}, {}, "own"),
+    ("fp8-kv-gfx942", "gfx942", {"kv": "fp8"}, {}, "own"),
+    ("mtp-2", "gfx942", {"spec_tokens": 1}, {}, "own"),
+    ("dcp", "gfx942", {"tp": 2, "dcp": 2}, {}, "decode context parallelism"),
+    ("fp16-model", "gfx942", {"dtype": "float16"}, {}, "model dtype float16"),
+    ("fp16-kv", "gfx950", {"dtype": "float16", "kv": "float16"}, {}, "float16"),
+    ("fp8-e5m2", "gfx942", {"kv": "fp8_e5m2"}, {}, "fp8_e5m2"),
+    ("non-causal", "gfx950", {"non_causal": True}, {}, "non-causal"),
+    # MTP with 4+ speculative tokens, bf16 on gfx942: no correct own kernel past query length 4
+    ("mtp-5-bf16-gfx942", "gfx942", {"spec_tokens": 4}, {}, "no correct AITER"),
+    ("mtp-8-bf16-gfx942", "gfx942", {"spec_tokens": 7}, {}, "no correct AITER"),
+    # the built-in's own predicates, as they answer on a gfx950 host with AITER's kernels
+    ("fp8-prefill-gfx950", "gfx950", {"kv": "fp8"}, {"_fp8_mla_prefill_supported": True}, "fp8 prefill"),
+    ("8-heads-gfx950", "gfx950", {"tp": 2}, {}, "unpadded"),
+    ("8-heads-gfx942", "gfx942", {"tp": 2}, {}, "own"),
+]
+
+
+@pytest.mark.parametrize("row", ROUTE_ROWS, ids=[r[0] for r in ROUTE_ROWS])
+def test_each_layer_runs_the_own_path_or_vllms_built_in(row):
+    name, arch, settings, patches, expected = row
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    config = _vllm_config(**settings)
+    with contextlib.ExitStack() as stack:
+        for attr, value in patches.items():
+            stack.enter_context(mock.patch.object(builtin, attr, lambda value=value: value))
+        route = _route(arch, config, settings.get("kv", "auto"))
+    if expected == "own":
+        assert route.own, f"{name}: {route.describe()}"
+    else:
+        assert not route.own and expected in "; ".join(route.reasons), f"{name}: {route.describe()}"
+
+
+def test_adaptive_verification_follows_the_built_in_of_the_running_vllm():
+    """0.33's built-in verifies variable-length drafts (QueryLenSupport.VARLEN): delegated there;
+    0.32's built-in verifies uniform drafts, as the own path does: own."""
+    config = _vllm_config(spec_tokens=2, adaptive=True)
+    route = _route("gfx942", config)
+    if _installed_release() >= (0, 33):
+        assert not route.own and "adaptive" in route.reasons[0]
+    else:
+        assert route.own, route.describe()
 
 
 def _manifest() -> Manifest:

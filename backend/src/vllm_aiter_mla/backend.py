@@ -1,10 +1,18 @@
-"""vLLM 0.32 adapters: the ROCM_AITER_MLA backend, its metadata, builder and impl.
+"""vLLM adapters: the ROCM_AITER_MLA backend, its metadata, builder and impl.
 
-Thin classes over vLLM's MLA common classes. The work is done by plain functions:
-``planning.plan_decode_step`` (block table -> AITER's index tensors, on persistent
-buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's MLA
-prefill-backend mechanism, which on ROCm with AITER enabled routes to
-``aiter.flash_attn_varlen_func`` (ROCM_AITER_FA); the chosen path is logged.
+``AiterMLABackend`` (the class the plugin registers for vLLM's ``ROCM_AITER_MLA`` entry) is
+vLLM's own built-in backend class as far as vLLM's selection sees it: it subclasses it, so
+every configuration the built-in accepts is accepted (dtypes, KV dtypes, head sizes, DCP,
+non-causal drafts, ...). Each layer then runs one of two implementations, chosen by
+``routing.choose_route`` when vLLM constructs the layer's impl and builder:
+
+* this package's own path (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``): thin classes
+  over vLLM's MLA common classes; the work is done by plain functions,
+  ``planning.plan_decode_step`` / ``planning_triton`` (block table -> AITER's index tensors,
+  on persistent buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's
+  MLA prefill-backend mechanism (on ROCm with AITER: ``aiter.flash_attn_varlen_func``);
+* vLLM's built-in implementation of the running vLLM, for every configuration the own path
+  does not implement or does less well (one start-up line names it and why).
 """
 
 from __future__ import annotations
@@ -17,8 +25,8 @@ from typing import ClassVar
 import torch
 from vllm.config import get_current_vllm_config
 from vllm.logger import init_logger
+from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 from vllm.model_executor.layers.attention.mla_attention import (
-    MLACommonBackend,
     MLACommonDecodeMetadata,
     MLACommonImpl,
     MLACommonMetadata,
@@ -29,14 +37,11 @@ from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionLayer,
     AttentionType,
-    MultipleOf,
     max_decode_query_len,
 )
 
 from . import __version__, contract
 from .config import (
-    SUPPORTED_KV_CACHE_DTYPES,
-    SUPPORTED_LATENT_SIZES,
     DecodeShape,
     check_kv_cache_dtype,
     check_unsupported_features,
@@ -49,12 +54,16 @@ from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
+from .routing import LayerFacts, Route, choose_route
 
 logger = init_logger("vllm.aiter_mla")
 
 BACKEND_NAME = "ROCM_AITER_MLA"
 # vLLM's MLA prefill backend that calls aiter.flash_attn_varlen_func.
 AITER_PREFILL_BACKEND = "ROCM_AITER_FA"
+# How often (decode steps) the builder reads the planners' overflow counter back (one small
+# device-to-host copy; no plan can overflow the capacity the builder allocates).
+OVERFLOW_CHECK_STEPS = 1024
 
 
 @dataclass
@@ -79,10 +88,15 @@ def _is_fp8_cache(kv_cache_dtype: str) -> bool:
 
 
 def _gpu_archs() -> tuple[str, ...]:
-    """The ROCm GPU's arch (e.g. gfx942); every supported arch where there is none (CPU
-    development mode checks the rules of all of them)."""
+    """The ROCm GPU's arch (e.g. gfx942), as vLLM's ROCm platform reads it; every supported arch
+    where there is none (CPU development mode checks the rules of all of them)."""
     if not _on_rocm():
         return contract.ARCHS
+    from vllm.platforms import rocm  # noqa: PLC0415
+
+    for arch in contract.ARCHS:
+        if getattr(rocm, f"on_{arch}")():
+            return (arch,)
     return (torch.cuda.get_device_properties(0).gcnArchName.split(":")[0],)
 
 
@@ -116,6 +130,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     # Speculative / MTP decode with uniform query lengths (2-4) runs as decode.
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+    _steps: int = 0  # decode steps planned (the overflow counter is read every OVERFLOW_CHECK_STEPS)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, AiterMLAMetadata)
@@ -133,15 +148,15 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             dtype = work_dtype(vllm_config, kv_cache_dtype)
             self._work = take_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
                                    self._decode_heads, dtype, dtype, device)
-        max_reqs = vllm_config.scheduler_config.max_num_seqs
-        num_gpu_blocks = vllm_config.cache_config.num_gpu_blocks
+        # kv_indices holds max_num_seqs x max_model_len keys (as vLLM's built-in): requests that
+        # share prefix blocks reference the same slots, so a step's keys are not bounded by the KV
+        # cache's slot count, only by its request count times the longest request (a padding
+        # row's qlen keys included). The planners clamp kv_indptr to the capacity regardless.
         self._plan_buffers = DecodePlanBuffers.allocate(
-            max_reqs=max_reqs,
-            max_blocks=_cdiv(vllm_config.model_config.max_model_len, self.page_size),
+            max_reqs=vllm_config.scheduler_config.max_num_seqs,
+            max_blocks=_cdiv(max(vllm_config.model_config.max_model_len, shape.max_qlen), self.page_size),
             block_size=self.page_size,
             device=device,
-            # A step references at most every slot of the KV cache, plus padding rows.
-            max_keys=None if not num_gpu_blocks else num_gpu_blocks * self.page_size + max_reqs * shape.max_qlen,
         )
         # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
         self._plan_triton = None
@@ -203,6 +218,9 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             plan = plan_decode_step(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len).plan
         if self._work is not None:
             plan_work(self._kernels, self._work, plan, qlen)
+        self._steps += 1
+        if self._steps % OVERFLOW_CHECK_STEPS == 0:
+            self._plan_buffers.check_overflow()
         return AiterMLADecodeMetadata(
             block_table=block_table_tensor,
             seq_lens=seq_lens_device,
@@ -212,33 +230,6 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             work=self._work,
             attn_out_dtype=self.model_config.dtype,
         )
-
-
-class AiterMLABackend(MLACommonBackend):
-    # No float16: AITER's MLA decode rejects fp16 queries (vLLM then picks another backend).
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = list(SUPPORTED_KV_CACHE_DTYPES)
-
-    @staticmethod
-    def get_name() -> str:
-        return BACKEND_NAME
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return list(SUPPORTED_LATENT_SIZES)
-
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        # The KV cache is read as pages of one slot: every block size works.
-        return [MultipleOf(1)]
-
-    @staticmethod
-    def get_impl_cls() -> type["AiterMLAImpl"]:
-        return AiterMLAImpl
-
-    @staticmethod
-    def get_builder_cls() -> type["AiterMLAMetadataBuilder"]:
-        return AiterMLAMetadataBuilder
 
 
 def _fp8_view(kv_cache: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
@@ -372,3 +363,123 @@ class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
             **mla_args,
         )
         self._init_decode(num_heads, kv_cache_dtype)
+
+
+# ---- the ROCM_AITER_MLA entry: vLLM's built-in backend, each layer routed to own or built-in ----
+
+
+def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
+    """Whether vLLM's built-in prefills this layer in fp8 (mla_prefill_ps_asm_fwd + mla_reduce_v1;
+    gfx950 with an AITER that has them), by the built-in's own predicates. Only on ROCm: the
+    predicate imports AITER."""
+    if not (_on_rocm() and _is_fp8_cache(kv_cache_dtype)):
+        return False
+    return bool(builtin._fp8_mla_prefill_supported() and builtin.AiterMLAHelper.is_valid_num_heads(num_heads))
+
+
+def _builtin_unpadded_small_heads(num_heads: int, max_qlen: int, kv_cache_dtype: str) -> bool:
+    """Whether vLLM's built-in runs fewer than 16 heads without padding (its Gluon decode or
+    verify, gfx950), by the built-in's own predicates."""
+    if not _on_rocm():
+        return False
+    helper = builtin.AiterMLAHelper
+    if max_qlen == 1:
+        return bool(helper.use_gluon_decode(num_heads, 1, kv_cache_dtype))
+    return bool(helper.use_gluon_verify(num_heads, max_qlen, kv_cache_dtype))
+
+
+def _builtin_varlen_verify(vllm_config) -> bool:
+    """Whether vLLM's built-in verifies drafts of variable length (0.33's adaptive verification,
+    ``QueryLenSupport.VARLEN``); releases without it have no such predicate."""
+    enabled = getattr(builtin, "_adaptive_varlen_verify_enabled", None)
+    return bool(enabled(vllm_config)) if enabled is not None else False
+
+
+def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> LayerFacts:
+    """What routing needs to know of one MLA layer, read from vLLM's config and built-in."""
+    shape = decode_shape(vllm_config, kv_cache_dtype)
+    return LayerFacts(
+        num_heads=num_heads,
+        latent_size=latent_size,
+        model_dtype=str(vllm_config.model_config.dtype).removeprefix("torch."),
+        kv_cache_dtype=kv_cache_dtype,
+        shape=shape,
+        total_heads=_total_heads(vllm_config),
+        dcp_size=vllm_config.parallel_config.decode_context_parallel_size,
+        non_causal=bool(getattr(vllm_config.attention_config, "use_non_causal", False)),
+        builtin_varlen_verify=_builtin_varlen_verify(vllm_config),
+        builtin_fp8_prefill=_builtin_fp8_prefill(kv_cache_dtype, num_heads),
+        builtin_unpadded_small_heads=_builtin_unpadded_small_heads(num_heads, shape.max_qlen, kv_cache_dtype),
+    )
+
+
+def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:
+    route = choose_route(layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype))
+    if not route.own:
+        logger.info_once("%s (vllm-aiter-mla %s): vLLM's built-in %s runs this attention (%d heads per GPU, "
+                         "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, builtin.AiterMLAImpl.__qualname__,
+                         num_heads, kv_cache_dtype, "; ".join(route.reasons))
+    return route
+
+
+class RoutedMLAImpl(builtin.AiterMLAImpl):
+    """The impl class vLLM instantiates for a layer: an own ``AiterMLAImpl`` where
+    ``routing.choose_route`` gives the layer to this package, else itself, which is vLLM's
+    built-in impl. Its class attributes (``supports_dcp``, ...) are the built-in's: the
+    configurations they admit are delegated."""
+
+    def __new__(cls, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args):
+        args = dict(num_heads=num_heads, head_size=head_size, scale=scale, num_kv_heads=num_kv_heads,
+                    alibi_slopes=alibi_slopes, sliding_window=sliding_window, kv_cache_dtype=kv_cache_dtype,
+                    logits_soft_cap=logits_soft_cap, attn_type=attn_type,
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        if layer_route(get_current_vllm_config(), num_heads, head_size, kv_cache_dtype).own:
+            return AiterMLAImpl(**args, **mla_args)
+        return super().__new__(cls)
+
+
+def _layer_impls(vllm_config, layer_names: list[str]) -> list[object]:
+    context = vllm_config.compilation_config.static_forward_context
+    return [context[name].impl for name in layer_names if getattr(context.get(name), "impl", None) is not None]
+
+
+def builder_runs_own(kv_cache_spec, layer_names: list[str], vllm_config) -> bool:
+    """Whether the metadata of these layers is the own path's: as their impls were routed (the
+    model is built before its metadata builders), or, with no layer registered, by routing the
+    configuration itself."""
+    impls = _layer_impls(vllm_config, layer_names)
+    if impls:
+        own = {isinstance(impl, AiterMLAImpl) for impl in impls}
+        if len(own) > 1:
+            raise ValueError(f"{BACKEND_NAME}: layers {layer_names} share a metadata builder but were routed to "
+                             "different implementations (own and vLLM's built-in)")
+        return own.pop()
+    num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+    return layer_route(vllm_config, num_heads, kv_cache_spec.head_size, vllm_config.cache_config.cache_dtype).own
+
+
+class RoutedMLAMetadataBuilder(builtin.AiterMLAMetadataBuilder):
+    """The builder class vLLM instantiates: an own ``AiterMLAMetadataBuilder`` for layers whose
+    impl is the own one, else itself, which is vLLM's built-in builder. Its class attributes and
+    class methods (CUDA-graph support, query-length support, ...) are the built-in's."""
+
+    def __new__(cls, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
+        if builder_runs_own(kv_cache_spec, layer_names, vllm_config):
+            return AiterMLAMetadataBuilder(kv_cache_spec, layer_names, vllm_config, device)
+        return super().__new__(cls)
+
+
+class AiterMLABackend(builtin.AiterMLABackend):
+    """vLLM's ``ROCM_AITER_MLA`` entry with this plugin: for vLLM's selection exactly the
+    built-in backend (its dtypes, KV dtypes, head sizes, block sizes, DCP, non-causal and
+    validation are inherited), so the plugin never moves a model off AITER MLA; the layers
+    run the own path or the built-in one (``routing``)."""
+
+    @staticmethod
+    def get_impl_cls() -> type[RoutedMLAImpl]:
+        return RoutedMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[RoutedMLAMetadataBuilder]:
+        return RoutedMLAMetadataBuilder

@@ -96,6 +96,11 @@ class DecodePlanBuffers:
     Sized once for the largest batch (``max_reqs``) and the longest block table
     (``max_blocks`` blocks of ``block_size`` slots). ``kv_indices`` has one spare
     entry at the end: positions past a request's length are scattered there.
+
+    A plan never points past ``capacity``: ``kv_indptr`` is clamped to it (the requests past
+    it get fewer keys, or none) and ``overflow`` keeps the largest number of keys a step had
+    to drop, on the device; :meth:`check_overflow` reads it back. With the default capacity
+    (``max_reqs x max_blocks x block_size``) no batch the buffers accept can overflow.
     """
 
     max_reqs: int
@@ -105,8 +110,10 @@ class DecodePlanBuffers:
     kv_indptr: torch.Tensor  # [max_reqs + 1]
     kv_indices: torch.Tensor  # [capacity + 1]
     kv_last_page_lens: torch.Tensor  # [max_reqs]
+    overflow: torch.Tensor  # int32 [1]: the most keys a step planned past capacity (0: none)
     # Constants, kept as tensors so that no operation has to wrap a Python scalar.
     block_size_t: torch.Tensor  # int32 [1]
+    capacity_t: torch.Tensor  # int32 [1]
     offsets: torch.Tensor  # int32 [block_size]  0..block_size-1
     positions: torch.Tensor  # int64 [max_blocks * block_size]  0..max_slots-1
     req_ids: torch.Tensor  # int32 [max_reqs + 1]  0..max_reqs
@@ -120,9 +127,10 @@ class DecodePlanBuffers:
         device: torch.device | str,
         max_keys: int | None = None,
     ) -> "DecodePlanBuffers":
-        """``max_keys``: the most keys one step can reference, e.g. the KV cache's slot count
-        plus ``max_reqs x`` the longest query (padding rows); bounds ``kv_indices``
-        instead of ``max_reqs x max_blocks x block_size``."""
+        """``max_keys``: a smaller ``kv_indices`` than ``max_reqs x max_blocks x block_size``
+        (the most keys a batch of these buffers can have), for tests of the overflow guard.
+        Not the KV cache's slot count: requests sharing prefix blocks reference a slot once
+        each."""
         if max_reqs < 1 or max_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"max_reqs, max_blocks and block_size must be >= 1, got {max_reqs}, {max_blocks}, {block_size}"
@@ -137,7 +145,9 @@ class DecodePlanBuffers:
             kv_indptr=torch.zeros(max_reqs + 1, dtype=_INT, device=device),
             kv_indices=torch.zeros(capacity + 1, dtype=_INT, device=device),
             kv_last_page_lens=torch.ones(max_reqs, dtype=_INT, device=device),
+            overflow=torch.zeros(1, dtype=_INT, device=device),
             block_size_t=torch.tensor([block_size], dtype=_INT, device=device),
+            capacity_t=torch.tensor([capacity], dtype=_INT, device=device),
             offsets=torch.arange(block_size, dtype=_INT, device=device),
             positions=torch.arange(max_slots, dtype=torch.int64, device=device),
             req_ids=torch.arange(max_reqs + 1, dtype=_INT, device=device),
@@ -146,6 +156,17 @@ class DecodePlanBuffers:
     @property
     def capacity(self) -> int:
         return self.kv_indices.shape[0] - 1
+
+    def check_overflow(self) -> None:
+        """RuntimeError when a plan since the buffers were allocated had more keys than
+        ``capacity`` (reads one int back from the device: call it off the hot path)."""
+        dropped = int(self.overflow.item())
+        if dropped > 0:
+            raise RuntimeError(
+                f"vllm-aiter-mla: a decode step had {dropped} keys more than the plan buffers hold "
+                f"({self.capacity}); their kv_indptr was clamped, so some requests attended to fewer keys. "
+                "This is a bug in the buffers' sizing: please report it with --max-num-seqs and --max-model-len."
+            )
 
 
 @dataclass(frozen=True)
@@ -240,7 +261,13 @@ def plan_decode_into(
         scan_in[0].clamp_(min=uniform_qlen)
     scan_in[1].zero_()
     torch.cumsum(scan_in, 1, dtype=_INT, out=scan_out)
-    kv_indptr[1:].copy_(scan_out[0])
+    if num_reqs:
+        # keys past capacity: counted in overflow (scan_in[1] is free scratch after the scan), and
+        # no kv_indptr entry points past capacity
+        excess = scan_in[1, :1]
+        torch.sub(scan_out[0, num_reqs - 1 :], buffers.capacity_t, out=excess)
+        torch.maximum(buffers.overflow, excess, out=buffers.overflow)
+    torch.minimum(scan_out[0], buffers.capacity_t, out=kv_indptr[1:])
     indptr64 = _scratch(workspace, "indptr64", num_reqs + 1, torch.int64, device)
     indptr64.copy_(kv_indptr)
 

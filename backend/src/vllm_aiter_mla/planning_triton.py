@@ -177,6 +177,14 @@ def _next_long(seq_lens_ptr, req, start, num_reqs, qlen, BLOCK_T: tl.constexpr, 
     return req, tl.where(none, _NO_END, start), tl.where(none, _NO_END, start + length)
 
 
+@triton.jit
+def _count_overflow(overflow_ptr, last_end, capacity):
+    """Keys past the buffers' capacity (a group's last end beyond it): the largest such count
+    is kept in overflow, for the host to read off the hot path."""
+    if last_end > capacity:
+        tl.atomic_max(overflow_ptr, last_end - capacity)
+
+
 # The block table's row stride, the query length and the buffers' capacity are not specialised
 # on (Triton would compile again for 1 and for multiples of 16); the request count is (worth
 # 20-30% on large batches), so warm_up() compiles each launch shape for 1, a multiple of 16 and
@@ -196,6 +204,7 @@ def _plan_kernel(
     qo_indptr_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
+    overflow_ptr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -221,7 +230,9 @@ def _plan_kernel(
     total = tl.minimum(batch_keys, capacity)
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
-        tl.store(kv_indptr_ptr + 1 + r, ends, mask=in_batch)
+        tl.store(kv_indptr_ptr + 1 + r, tl.minimum(ends, capacity), mask=in_batch)
+        if batch_keys > capacity:
+            tl.atomic_max(overflow_ptr, batch_keys - capacity)
         tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
         tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 
@@ -331,6 +342,7 @@ def _plan_grouped_kernel(
     qo_indptr_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
+    overflow_ptr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     GROUP: tl.constexpr,
@@ -348,7 +360,8 @@ def _plan_grouped_kernel(
     in_batch = req < num_reqs
     ends = tl.cumsum(lens, 0)  # of the group's keys
     starts = ends - lens
-    tl.store(kv_indptr_ptr + 1 + req, offset + ends, mask=in_batch)
+    tl.store(kv_indptr_ptr + 1 + req, tl.minimum(offset + ends, capacity), mask=in_batch)
+    _count_overflow(overflow_ptr, offset + tl.max(ends, 0), capacity)
     tl.store(qo_indptr_ptr + req, req * qlen, mask=in_batch)
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
@@ -392,6 +405,7 @@ def _plan_rows_kernel(
     qo_indptr_ptr,
     kv_indptr_ptr,
     kv_indices_ptr,
+    overflow_ptr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     GROUP: tl.constexpr,
@@ -425,7 +439,8 @@ def _plan_rows_kernel(
     row_lens = lens[:, None]
     t = starts + pos
     tl.store(kv_indices_ptr + t, block * BLOCK_SIZE + pos % BLOCK_SIZE, mask=(pos < row_lens) & (t < capacity))
-    tl.store(kv_indptr_ptr + 1 + req, ends, mask=in_batch)
+    tl.store(kv_indptr_ptr + 1 + req, tl.minimum(ends, capacity), mask=in_batch)
+    _count_overflow(overflow_ptr, tl.max(ends, 0), capacity)
     tl.store(qo_indptr_ptr + req, req * qlen, mask=in_batch)
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
@@ -485,8 +500,9 @@ def plan_decode_triton(
     the table may be wider than needed (only the blocks holding keys are read).
     ``max_seq_len`` (host), if given, sizes the tiles and the grid to the batch (speed only:
     the plan is the same for any lengths, e.g. in a graph replayed with others). The buffers'
-    ``capacity`` must hold the step's keys (the builder sizes it by the KV cache's slot
-    count plus ``qlen`` per padding row, which no batch can exceed).
+    ``capacity`` should hold the step's keys (the builder sizes it ``max_num_seqs x
+    max_model_len``, which no batch can exceed); where it does not, ``kv_indptr`` is clamped
+    to it and ``buffers.overflow`` records the keys dropped.
     """
     num_reqs = block_table.shape[0]
     if buffers.max_reqs > MAX_REQS:
@@ -533,7 +549,7 @@ def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, ql
     """Launch the planner's kernel for ``shape``; ``compile_only``: compile it (or take it from
     Triton's caches) without launching it."""
     args = (block_table, block_table.stride(0), seq_lens, num_reqs, qlen, buffers.capacity,
-            buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices)
+            buffers.qo_indptr, buffers.kv_indptr, buffers.kv_indices, buffers.overflow)
     sizes = {"BLOCK_SIZE": buffers.block_size, "BLOCK_R": triton.next_power_of_2(buffers.max_reqs)}
 
     def run(kernel, programs: int):

@@ -1,0 +1,180 @@
+"""Routing: which implementation runs a layer (this package's own path or vLLM's built-in), as a
+plain function of the layer's facts, and the adapter classes vLLM instantiates acting on it."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from vllm_aiter_mla import contract
+from vllm_aiter_mla.config import DecodeShape
+from vllm_aiter_mla.routing import LayerFacts, choose_route
+
+TABLE = contract.load_table("v0.1.20.post1")
+
+
+def facts(**change) -> LayerFacts:
+    base = LayerFacts(num_heads=16, latent_size=576, model_dtype="bfloat16", kv_cache_dtype="auto",
+                      shape=DecodeShape(archs=("gfx942",)), total_heads=128)
+    shape = {k: change.pop(k) for k in ("max_qlen", "q_dtype", "kv_dtype", "mode", "archs") if k in change}
+    return dataclasses.replace(base, shape=dataclasses.replace(base.shape, **shape), **change)
+
+
+FP8 = {"kv_cache_dtype": "fp8", "q_dtype": contract.FP8, "kv_dtype": contract.FP8}
+
+# each row: the layer's facts -> the own path (with its decode head count) or a word of the reason
+ROWS = [
+    ("bf16 16 heads", {}, 16),
+    ("bf16 128 heads", {"num_heads": 128}, 128),
+    ("fp8 KV", FP8, 16),
+    ("8 heads gfx942: padded to 16, as the built-in pads", {"num_heads": 8}, 16),
+    ("gfx942 fp8 query length 5: the built-in's 16-head call has no kernel, own pads to 128",
+     {**FP8, "max_qlen": 5}, 128),
+    ("DCP", {"dcp_size": 2}, "decode context parallelism"),
+    ("fp16 model", {"model_dtype": "float16"}, "model dtype float16"),
+    ("fp16 KV", {"model_dtype": "float16", "kv_cache_dtype": "float16"}, "--kv-cache-dtype float16"),
+    ("fp8_e5m2", {"kv_cache_dtype": "fp8_e5m2"}, "fp8_e5m2"),
+    ("latent 512", {"latent_size": 512}, "latent size 512"),
+    ("non-causal drafts", {"non_causal": True}, "non-causal"),
+    ("adaptive verification", {"builtin_varlen_verify": True}, "adaptive"),
+    ("gfx950 fp8 prefill", {**FP8, "archs": ("gfx950",), "builtin_fp8_prefill": True}, "fp8 prefill"),
+    ("8 heads gfx950 (Gluon)", {"num_heads": 8, "archs": ("gfx950",), "builtin_unpadded_small_heads": True},
+     "unpadded"),
+    ("256 heads", {"num_heads": 256}, "256 heads"),
+    ("query length 9", {"max_qlen": 9}, "query length 9"),
+    ("gfx942 bf16 query length 5", {"max_qlen": 5}, "no correct AITER v0.1.20.post1 kernel"),
+]
+
+
+@pytest.mark.parametrize("name,change,expected", ROWS, ids=[r[0] for r in ROWS])
+def test_route(name, change, expected):
+    route = choose_route(facts(**change), TABLE)
+    if isinstance(expected, int):
+        assert route.own and route.decode_heads == expected, route.describe()
+        assert route.reasons == ()
+    else:
+        assert not route.own and route.decode_heads is None
+        assert expected in "; ".join(route.reasons), route.reasons
+
+
+def test_every_reason_is_named_at_once():
+    route = choose_route(facts(dcp_size=4, model_dtype="float16", latent_size=512), TABLE)
+    assert len(route.reasons) == 3
+    assert route.describe().startswith("vLLM's built-in: decode context parallelism (-dcp 4); model dtype float16")
+
+
+def test_the_own_head_count_is_the_contracts():
+    """Own routes run the head count config.decode_head_count would start with."""
+    from vllm_aiter_mla.config import decode_head_count
+
+    for heads in (1, 8, 16, 24, 32, 48, 64, 100, 128):
+        for qlen in (1, 2, 4):
+            f = facts(num_heads=heads, max_qlen=qlen)
+            route = choose_route(f, TABLE)
+            if route.own:
+                assert route.decode_heads == decode_head_count(heads, 128, f.shape)
+            else:
+                with pytest.raises(ValueError):
+                    decode_head_count(heads, 128, f.shape)
+
+
+# ---- the classes vLLM instantiates ----
+
+
+def _impl_kwargs(num_heads: int, kv_cache_dtype: str = "auto") -> dict:
+    """What vLLM's MLAAttention passes (all by keyword)."""
+    return dict(num_heads=num_heads, head_size=576, scale=0.1, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
+                kv_cache_dtype=kv_cache_dtype, logits_soft_cap=None, attn_type="decoder",
+                kv_sharing_target_layer_name=None, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=32,
+                qk_rope_head_dim=64, qk_head_dim=96, v_head_dim=32, kv_b_proj=None, indexer=None)
+
+
+@pytest.fixture
+def constructors(monkeypatch):
+    """Both implementations' constructors recorded instead of run (the built-in's imports AITER)."""
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    seen = []
+
+    def record(which):
+        def init(self, *args, **kwargs):
+            seen.append((which, args, kwargs))
+        return init
+
+    monkeypatch.setattr(backend.AiterMLAImpl, "__init__", record("own"))
+    monkeypatch.setattr(builtin.AiterMLAImpl, "__init__", record("built-in"))
+    monkeypatch.setattr(backend.AiterMLAMetadataBuilder, "__init__", record("own builder"))
+    monkeypatch.setattr(builtin.AiterMLAMetadataBuilder, "__init__", record("built-in builder"))
+    return seen
+
+
+def _config(monkeypatch, dcp: int = 1, dtype: str = "bfloat16", layers: dict | None = None):
+    """A config object with what routing and the builder read (MLA, 16 heads per GPU)."""
+    import torch
+
+    model = types.SimpleNamespace(dtype=getattr(torch, dtype), max_model_len=256,
+                                  model_arch_config=types.SimpleNamespace(total_num_attention_heads=16),
+                                  get_num_attention_heads=lambda parallel: 16)
+    return types.SimpleNamespace(
+        model_config=model, speculative_config=None, use_v2_model_runner=False,
+        parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp),
+        attention_config=types.SimpleNamespace(use_non_causal=False),
+        cache_config=types.SimpleNamespace(cache_dtype="auto"),
+        compilation_config=types.SimpleNamespace(static_forward_context=layers or {}))
+
+
+@pytest.mark.parametrize("dcp,dtype,own", [(1, "bfloat16", True), (2, "bfloat16", False), (1, "float16", False)])
+def test_the_impl_vllm_instantiates_is_the_routed_one(monkeypatch, constructors, dcp, dtype, own):
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _config(monkeypatch, dcp, dtype))
+    impl = backend.AiterMLABackend.get_impl_cls()(**_impl_kwargs(16))
+    if own:
+        assert type(impl) is backend.AiterMLAImpl
+        assert constructors[-1][0] == "own" and constructors[-1][2] == _impl_kwargs(16)
+    else:
+        assert isinstance(impl, builtin.AiterMLAImpl) and not isinstance(impl, backend.AiterMLAImpl)
+        assert constructors[-1][0] == "built-in" and constructors[-1][2] == _impl_kwargs(16)
+
+
+def test_the_builder_follows_its_layers_impls(monkeypatch, constructors):
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    spec = types.SimpleNamespace(head_size=576)
+    own_layer = types.SimpleNamespace(impl=object.__new__(backend.AiterMLAImpl))
+    builtin_layer = types.SimpleNamespace(impl=object.__new__(backend.RoutedMLAImpl))
+    builder_cls = backend.AiterMLABackend.get_builder_cls()
+
+    config = _config(monkeypatch, layers={"a": own_layer, "b": own_layer})
+    assert type(builder_cls(spec, ["a", "b"], config, "cpu")) is backend.AiterMLAMetadataBuilder
+    # the layers' impls decide, even where the configuration alone would route to the own path
+    config = _config(monkeypatch, layers={"a": builtin_layer})
+    built = builder_cls(spec, ["a"], config, "cpu", block_table_width=8)
+    assert isinstance(built, builtin.AiterMLAMetadataBuilder) and not isinstance(built, backend.AiterMLAMetadataBuilder)
+    assert constructors[-1][0] == "built-in builder" and constructors[-1][2] == {"block_table_width": 8}
+    # no layer registered: the configuration is routed
+    assert type(builder_cls(spec, ["x"], _config(monkeypatch), "cpu")) is backend.AiterMLAMetadataBuilder
+    assert not isinstance(builder_cls(spec, ["x"], _config(monkeypatch, dcp=2), "cpu"), backend.AiterMLAMetadataBuilder)
+    with pytest.raises(ValueError, match="different implementations"):
+        builder_cls(spec, ["a", "b"], _config(monkeypatch, layers={"a": own_layer, "b": builtin_layer}), "cpu")
+
+
+def test_the_builder_class_vllm_reads_is_the_built_ins():
+    """vLLM reads CUDA-graph and query-length support from the builder class before building
+    one: the built-in's answers (the own path answers the same for what it takes)."""
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    routed, own = backend.RoutedMLAMetadataBuilder, backend.AiterMLAMetadataBuilder
+    assert issubclass(routed, builtin.AiterMLAMetadataBuilder)
+    assert routed._cudagraph_support == own._cudagraph_support == builtin.AiterMLAMetadataBuilder._cudagraph_support
+    assert routed.query_len_support == own.query_len_support
+    assert backend.AiterMLABackend.supports_non_causal_dcp() == builtin.AiterMLABackend.supports_non_causal_dcp()
