@@ -372,3 +372,42 @@ def test_requests_around_the_tile_size_in_a_walk(block_size):
             lens = [min(n, longest) for n in lens]
         assert_plan_equal(lens, rng.randint(1, 3), block_size, max_seq_len=longest)
     assert {(pt.BLOCK_T, True), (pt.BLOCK_T, False)} <= walked
+
+
+@pytest.mark.parametrize("hint", [64, 2048, 20000, None], ids=["rows", "grouped", "walk", "no-hint"])
+def test_requests_sharing_a_prefix_and_buffers_too_small(hint):
+    """Prefix caching: 256 requests on one prefix of up to 20k tokens (the same block ids in every
+    row) reference far more keys than the cache has slots. With the builder's capacity (requests
+    x the longest request) the plan is exact; with buffers sized by the slot count, every kernel
+    clamps kv_indptr to the capacity, writes nothing past it, and counts the dropped keys."""
+    from vllm_aiter_mla.planning_triton import launch_shape_of, _num_programs, plan_decode_triton
+
+    block_size, qlen, num_reqs = 16, 2, 256
+    prefix = (hint or 20000) - 4
+    blocks = -(-prefix // block_size) + 1
+    table = torch.arange(blocks, dtype=torch.int32, device="cuda").repeat(num_reqs, 1)
+    table[:, -1] = blocks + torch.arange(num_reqs, dtype=torch.int32, device="cuda")  # a block of its own
+    seq = torch.full((num_reqs,), prefix, dtype=torch.int32, device="cuda")
+    seq[::7] = prefix - 9
+    slots = (blocks + num_reqs) * block_size
+    want = expected_plan(block_size, qlen, table, seq)
+    keys = int(want.kv_indptr[-1])
+    assert keys > 3 * (slots + num_reqs * qlen)
+    if hint is not None:
+        assert launch_shape_of(_num_programs(0), num_reqs, hint)[0] == ("rows" if hint == 64 else
+                                                                       "grouped" if hint == 2048 else "walk")
+    whole = DecodePlanBuffers.allocate(num_reqs, blocks, block_size, "cuda")
+    got = plan_decode_triton(whole, table, seq, qlen, hint)
+    assert torch.equal(got.kv_indptr, want.kv_indptr)
+    assert torch.equal(got.kv_indices[:keys], want.kv_indices[:keys])
+    assert int(whole.overflow) == 0
+    small = DecodePlanBuffers.allocate(num_reqs, blocks, block_size, "cuda", max_keys=slots + num_reqs * qlen)
+    small.kv_indices.fill_(-7)
+    got = plan_decode_triton(small, table, seq, qlen, hint)
+    cap = small.capacity
+    assert torch.equal(got.kv_indptr, want.kv_indptr.clamp(max=cap))
+    assert torch.equal(got.kv_indices[:cap], want.kv_indices[:cap])
+    assert int(small.kv_indices[cap]) == -7
+    assert int(small.overflow) == keys - cap
+    with pytest.raises(RuntimeError, match="keys more than the plan buffers hold"):
+        small.check_overflow()
