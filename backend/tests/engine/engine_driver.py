@@ -52,6 +52,47 @@ def install_fault() -> None:
     backend.plan_decode_step = off_by_one
 
 
+# shared-prefix schedule: requests on one cached prompt prefix of SHARED_PREFIX_BLOCKS full
+# blocks (block size 16) plus one token of their own, in a KV cache of SHARED_CACHE_BLOCKS
+# blocks: their decode steps reference far more keys than the cache has slots.
+SHARED_PREFIX_BLOCKS = 20
+SHARED_CACHE_BLOCKS = 80
+SHARED_REQUESTS = 16
+MAX_NUM_SEQS = 16
+
+
+def keep_prefix_caching() -> None:
+    """vLLM's CPU platform turns prefix caching off for MLA models (its CPU MLA prefill has no
+    cached-context path). The shared-prefix schedule only ever prefills without context (the
+    first request) and decodes the rest, so prefix caching is turned back on after the
+    platform's check, in this process (the engine core runs in it)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    check = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_keep(cls, vllm_config):
+        check(cls, vllm_config)
+        vllm_config.cache_config.enable_prefix_caching = True
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_keep)
+
+
+STEP_KEYS: list[int] = []
+
+
+def record_step_keys() -> None:
+    """Σ max(seq_len, qlen) of every decode step this backend plans (what kv_indices holds)."""
+    import vllm_aiter_mla.backend as backend
+
+    real = backend.plan_decode_step
+
+    def recorded(buffers, block_table, seq_lens, qlen, *args, **kwargs):
+        STEP_KEYS.append(int(seq_lens.clamp(min=qlen).sum()))
+        return real(buffers, block_table, seq_lens, qlen, *args, **kwargs)
+
+    backend.plan_decode_step = recorded
+
+
 def attention_impls(worker) -> list[str]:
     """Classes of the attention implementations of a worker's model (run in the worker)."""
     layers = worker.model_runner.vllm_config.compilation_config.static_forward_context.values()
@@ -78,9 +119,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fault", choices=["none", "last-slot-off-by-one"], default="none")
     ap.add_argument("--load-format", default="safetensors")
-    ap.add_argument("--schedule", choices=["waves", "sequential"], default="waves",
+    ap.add_argument("--schedule", choices=["waves", "sequential", "shared-prefix"], default="waves",
                     help="waves: the second half arrives while the first decodes; "
-                    "sequential: one request at a time (what a client sending one request after another sees)")
+                    "sequential: one request at a time (what a client sending one request after another sees); "
+                    "shared-prefix: requests on one cached prefix, prefix caching on, a small KV cache")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -95,6 +137,13 @@ def main() -> None:
 
     if args.fault != "none":
         install_fault()
+    shared = args.schedule == "shared-prefix"
+    extra = {}
+    if shared:
+        keep_prefix_caching()
+        extra = {"enable_prefix_caching": True, "num_gpu_blocks_override": SHARED_CACHE_BLOCKS, "block_size": 16}
+        if args.backend == "ours":
+            record_step_keys()
 
     t0 = time.monotonic()
     llm = LLM(
@@ -103,11 +152,12 @@ def main() -> None:
         skip_tokenizer_init=True,
         dtype=args.dtype,
         max_model_len=512,
-        max_num_seqs=16,
+        max_num_seqs=MAX_NUM_SEQS,
         gpu_memory_utilization=0.5,
         seed=0,
         enforce_eager=True,
         attention_config={"backend": "CPU_MLA"},
+        **extra,
     )
     start_s = time.monotonic() - t0
     engine = llm.llm_engine
@@ -124,7 +174,16 @@ def main() -> None:
                     "logprobs": [lp[tok].logprob for lp, tok in zip(comp.logprobs, comp.token_ids)],
                 }
 
-    if args.schedule == "sequential":
+    if shared:
+        rng = random.Random(99)
+        prefix = [rng.randrange(2, 1024) for _ in range(SHARED_PREFIX_BLOCKS * 16)]
+        engine.add_request("0", {"prompt_token_ids": prefix + [5]}, params)
+        collect(engine.step())  # its prefill: the prefix's blocks are cached from here on
+        for i in range(1, SHARED_REQUESTS):
+            engine.add_request(str(i), {"prompt_token_ids": prefix + [6 + i]}, params)
+        while engine.has_unfinished_requests():
+            collect(engine.step())
+    elif args.schedule == "sequential":
         for i, prompt in enumerate(all_prompts):
             engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
             while engine.has_unfinished_requests():
@@ -145,7 +204,10 @@ def main() -> None:
 
         decode_calls = cpu_dev._decode_calls
     with open(args.out, "w", encoding="utf-8") as f:
+        cache = llm.llm_engine.vllm_config.cache_config
         json.dump({"results": results, "decode_calls": decode_calls, "engine_start_s": start_s,
+                   "max_step_keys": max(STEP_KEYS, default=0), "kv_cache_slots": (cache.num_gpu_blocks or 0) * 16,
+                   "prefix_caching": cache.enable_prefix_caching,
                    "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
                    "auto_choice": platform_auto_choice(args.dtype)}, f)
 
