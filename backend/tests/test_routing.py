@@ -2,26 +2,17 @@
 plain function of the layer's facts, and the adapter classes vLLM instantiates acting on it."""
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import pytest
 
-from vllm_aiter_mla import contract
-from vllm_aiter_mla.config import DecodeShape
-from vllm_aiter_mla.routing import LayerFacts, choose_route
-
-TABLE = contract.load_table("v0.1.20.post1")
+from routing_cases import FP8, TABLE, facts
+from vllm_aiter_mla.routing import choose_route
 
 
-def facts(**change) -> LayerFacts:
-    base = LayerFacts(num_heads=16, latent_size=576, model_dtype="bfloat16", kv_cache_dtype="auto",
-                      shape=DecodeShape(archs=("gfx942",)), total_heads=128)
-    shape = {k: change.pop(k) for k in ("max_qlen", "q_dtype", "kv_dtype", "mode", "archs") if k in change}
-    return dataclasses.replace(base, shape=dataclasses.replace(base.shape, **shape), **change)
 
 
-FP8 = {"kv_cache_dtype": "fp8", "q_dtype": contract.FP8, "kv_dtype": contract.FP8}
+
 
 # each row: the layer's facts -> the own path (with its decode head count) or a word of the reason
 ROWS = [

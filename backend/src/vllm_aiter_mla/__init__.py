@@ -3,7 +3,8 @@
 Installed with pip, it registers itself as a vLLM general plugin (entry point
 ``aiter_mla``) and takes over vLLM's ``ROCM_AITER_MLA`` backend entry. The
 kernel-facing logic lives in plain PyTorch modules (``planning``, ``decode``,
-``reference``); ``backend`` holds the thin vLLM adapters.
+``reference``); ``routing`` decides which implementation runs a layer (this
+package's or vLLM's built-in); ``backend`` holds the thin vLLM adapters.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,190 @@
+"""backend/README.md's feature table is true: each row's built-in column for the installed vLLM
+(0.32 here, 0.33 in its track's environment) against vLLM's built-in ROCM_AITER_MLA classes, and
+the plugin column against routing (own / delegated) or the own path's refusals."""
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_aiter_mla import contract
+from routing_cases import FP8, TABLE, facts
+from vllm_aiter_mla.routing import choose_route
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def table_rows() -> dict[str, dict[str, str]]:
+    text = README.read_text()
+    body = text.split("<!-- feature-table:start -->", 1)[1].split("<!-- feature-table:end -->", 1)[0]
+    lines = [line for line in body.strip().splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header[1:], cells[1:]))
+    return rows
+
+
+def builtin():
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla
+
+    return rocm_aiter_mla
+
+
+def release_column() -> str:
+    from vllm_aiter_mla.plugin import _installed_vllm_version
+
+    return "built-in " + ".".join(_installed_vllm_version().split("+")[0].split(".")[:2])
+
+
+
+
+def routed(**change) -> str:
+    return "own" if choose_route(facts(**change), TABLE).own else "delegated"
+
+
+def _source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+def _refuses(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except ValueError:
+        return True
+    return False
+
+
+def _no_decode_mode_setting() -> bool:
+    import vllm.envs as envs
+
+    return not any("PERSISTENT" in name for name in envs.environment_variables)
+
+
+def _own_refusals() -> str:
+    from vllm_aiter_mla.config import check_unsupported_features
+
+    cases = [(None, 128, None), ([0.1], None, None), (None, None, 30.0)]
+    return "refused" if all(_refuses(lambda c=c: check_unsupported_features(*c)) for c in cases) else "own"
+
+
+def _own_non_uniform() -> str:
+    from vllm_aiter_mla.planning import decode_query_len
+
+    return "refused" if _refuses(lambda: decode_query_len(torch.tensor([0, 1, 3, 4]), 4)) else "own"
+
+
+def _own_capacity() -> str:
+    from vllm_aiter_mla.backend import AiterMLAMetadataBuilder
+    from vllm_aiter_mla.planning import DecodePlanBuffers
+
+    whole = DecodePlanBuffers.allocate(4, 8, 16, "cpu").capacity == 4 * 8 * 16
+    return "own" if whole and "max_keys" not in _source(AiterMLAMetadataBuilder.__init__) else "refused"
+
+
+def _own_workspace() -> str:
+    from vllm_aiter_mla.backend import AiterMLAImpl, DecodeKernelsMixin
+
+    return "own" if AiterMLAImpl.reserve_workspace is DecodeKernelsMixin.reserve_workspace else "refused"
+
+
+def _own_decode_modes() -> str:
+    from vllm_aiter_mla.config import DECODE_MODE_ENV, decode_mode
+
+    return "own" if decode_mode({DECODE_MODE_ENV: "non-persistent"}) == contract.NON_PERSISTENT else "refused"
+
+
+# row -> (what the built-in has, read from its classes; what the plugin does)
+CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
+    "bf16 model, bf16 KV cache (`auto`, `bfloat16`)": (
+        lambda b: torch.bfloat16 in b.AiterMLABackend.supported_dtypes
+        and {"auto", "bfloat16"} <= set(b.AiterMLABackend.supported_kv_cache_dtypes),
+        lambda: routed()),
+    "fp8 KV cache (`fp8`, `fp8_e4m3`), bf16 prefill": (
+        lambda b: {"fp8", "fp8_e4m3"} <= set(b.AiterMLABackend.supported_kv_cache_dtypes),
+        lambda: routed(**FP8)),
+    "fp16 model and fp16 KV cache": (
+        lambda b: torch.float16 in b.AiterMLABackend.supported_dtypes
+        and "float16" in b.AiterMLABackend.supported_kv_cache_dtypes,
+        lambda: routed(model_dtype="float16", kv_cache_dtype="float16")),
+    "fp8_e5m2 KV cache": (
+        lambda b: "fp8_e5m2" in b.AiterMLABackend.supported_kv_cache_dtypes,
+        lambda: routed(kv_cache_dtype="fp8_e5m2")),
+    "latent sizes other than 576": (
+        lambda b: b.AiterMLABackend.supports_head_size(512) and b.AiterMLABackend.supports_head_size(320),
+        lambda: routed(latent_size=512)),
+    "any KV block size": (
+        lambda b: all(b.AiterMLABackend.supports_block_size(n) for n in (1, 7, 16, 64)),
+        lambda: routed()),
+    "decode context parallelism (`-dcp`)": (
+        lambda b: b.AiterMLAImpl.supports_dcp, lambda: routed(dcp_size=2)),
+    "DCP with MTP verification": (
+        lambda b: hasattr(b, "_segmented_dcp_verify_supported"), lambda: routed(dcp_size=2, max_qlen=2)),
+    "fused fp8 DCP prefill": (
+        lambda b: hasattr(b, "_supports_fused_dcp_prefill_config"), lambda: routed(dcp_size=2, **FP8)),
+    "non-causal multi-token drafts": (
+        lambda b: b.AiterMLAMetadataBuilder.supports_non_causal_multi_token_decode,
+        lambda: routed(non_causal=True, max_qlen=2)),
+    "adaptive (variable-length) verification": (
+        lambda b: hasattr(b, "_adaptive_varlen_verify_enabled"),
+        lambda: routed(builtin_varlen_verify=True, max_qlen=3)),
+    "gfx950 fp8 prefill (`mla_prefill_ps_asm_fwd`)": (
+        lambda b: "mla_prefill_ps_asm_fwd" in _source(b._fp8_mla_prefill_supported),
+        lambda: routed(archs=("gfx950",), builtin_fp8_prefill=True, **FP8)),
+    "gfx950 fewer than 16 heads unpadded (Gluon)": (
+        lambda b: hasattr(b.AiterMLAHelper, "use_gluon_decode") and hasattr(b.AiterMLAHelper, "use_gluon_verify"),
+        lambda: routed(num_heads=8, archs=("gfx950",), builtin_unpadded_small_heads=True)),
+    "gfx942 fewer than 16 heads, padded to 16": (
+        lambda b: b.AiterMLAHelper.get_actual_mla_num_heads(8) == 16,
+        lambda: routed(num_heads=8)),
+    "MTP verification, query length 2-4": (
+        lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
+        lambda: routed(max_qlen=4)),
+    "gfx942 bf16 MTP, query length 5-8": (
+        lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
+        lambda: "delegated" if all(routed(max_qlen=q) == "delegated" for q in range(5, 9)) else "own"),
+    "gfx942 fp8 MTP, query length 5-8 (own: 128-head kernels; AITER has no 16-head ones)": (
+        lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
+        lambda: "own" if all(choose_route(facts(max_qlen=q, **FP8), TABLE).decode_heads == 128
+                             for q in range(5, 9)) else "delegated"),
+    "more than 128 heads per GPU": (
+        lambda b: b.AiterMLAHelper.is_valid_num_heads(256), lambda: routed(num_heads=256)),
+    "kv_indices for max_num_seqs x max_model_len keys (prefix sharing)": (
+        lambda b: re.search(r"max_num_pages = max_num_reqs \* max_num_pages_per_req",
+                            _source(b.AiterMLAMetadataBuilder.__init__)) is not None,
+        _own_capacity),
+    "decode rows not laid out num_reqs x qlen: qo_indptr from query_start_loc": (
+        lambda b: re.search(r"query_start_loc_device\[:\s*1 \+ num_kernel_reqs\]",
+                            _source(b.AiterMLAMetadataBuilder._build_decode)) is not None,
+        _own_non_uniform),
+    "persistent work buffers counted in the memory profile (`reserve_workspace`)": (
+        lambda b: "reserve_workspace" in vars(b.AiterMLAImpl), _own_workspace),
+    "non-persistent decode mode (`AITER_MLA_DECODE_MODE`)": (
+        lambda b: not _no_decode_mode_setting(), _own_decode_modes),
+    "ALiBi, sliding window, logit soft-cap": (
+        lambda b: "does not support one of the following" not in _source(b.AiterMLAImpl.__init__), _own_refusals),
+}
+
+
+def test_the_table_has_a_check_for_every_row_and_a_row_for_every_check():
+    assert list(table_rows()) == list(CHECKS)
+
+
+@pytest.mark.parametrize("feature", list(CHECKS))
+def test_built_in_column_of_the_installed_vllm(feature):
+    column = release_column()
+    row = table_rows()[feature]
+    assert column in row, f"the feature table has no column {column!r} (the installed vLLM's release)"
+    has, _ = CHECKS[feature]
+    assert row[column] == ("yes" if has(builtin()) else "no"), f"{feature}: {column} says {row[column]}"
+
+
+@pytest.mark.parametrize("feature", list(CHECKS))
+def test_plugin_column(feature):
+    _, plugin = CHECKS[feature]
+    assert table_rows()[feature]["plugin"] == plugin()
