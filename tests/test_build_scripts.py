@@ -308,7 +308,7 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     commit = repo_with(tmp_path / "triton", {f"{path}/__init__.py": "", f"{path}/matmul.py": "x = 1\n",
                                              "README": "big tree\n"})
     def pins(kernels_commit):
-        return json.dumps({"tag": "v0", "commit": None, "repository": "unused", "triton_kernels": {
+        return json.dumps({"tag": "v0", "commit": None, "repository": "https://example.invalid/vllm.git", "triton_kernels": {
             "repository": (tmp_path / "triton").as_uri(), "commit": kernels_commit, "path": path}})
     env = base_env(VLLM_PINS=pins(commit),
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
@@ -334,13 +334,85 @@ def load_pins(name, value):
 
 def test_a_components_pins_become_shell_variables():
     """pins.py: the keys' path in upper case joined by _, null -> UNRESOLVED, a list -> its items
-    joined by spaces, values quoted for the shell (the JSON args python3 -m ci.pins args prints)."""
-    value = json.dumps({"tag": "v1", "commit": None, "required_modules": ["a", "b"],
-                        "triton_kernels": {"path": "x y/$(z)"}})
+    joined by spaces (the JSON args python3 -m ci.pins args prints)."""
+    value = json.dumps({"tag": "v1", "commit": None, "triton_kernels": {"path": "python/triton_kernels"}})
     proc = load_pins("VLLM_PINS", value)
     assert proc.returncode == 0, proc.stderr
-    assert set(proc.stdout.splitlines()) == {"VLLM_TAG=v1", "VLLM_COMMIT=UNRESOLVED", "VLLM_REQUIRED_MODULES='a b'",
-                                             "VLLM_TRITON_KERNELS_PATH='x y/$(z)'"}
+    assert set(proc.stdout.splitlines()) == {"VLLM_TAG=v1", "VLLM_COMMIT=UNRESOLVED",
+                                             "VLLM_TRITON_KERNELS_PATH=python/triton_kernels"}
+    proc = load_pins("AITER_PINS", json.dumps({"required_modules": ["a", "b"], "hipkittens_commit": "none"}))
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.splitlines()) == {"AITER_REQUIRED_MODULES='a b'", "AITER_HIPKITTENS_COMMIT=none"}
+
+
+def _pins_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_pins", DOCKER / "pins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_args_schema_is_what_the_pin_tool_writes():
+    """pins.py's schema has exactly the keys ci.pins components() writes for every track, and its
+    patterns are the versions file's (ci/pins/model.py)."""
+    from ci.pins import model
+
+    pins = _pins_module()
+    data = model.load(ROOT / "versions.json")
+
+    def keys(node):
+        return {k: keys(v) if isinstance(v, dict) else None for k, v in node.items()}
+
+    for track in model.track_names(data):
+        for arg, value in model.components(data, track_name_=track).items():
+            assert keys(value) == keys(pins.SCHEMA[arg]), (track, arg)
+            pins.flatten(value, arg[:-5])  # the real pins pass
+    assert {k: p.pattern for k, p in pins.PATTERNS.items()} == {
+        "commit": model.COMMIT_RE.pattern, "sha256": model.SHA256_RE.pattern, "name": model.NAME_RE.pattern,
+        "repository": model.REPOSITORY_RE.pattern, "url": model.HTTPS_URL_RE.pattern}
+
+
+HOSTILE = ["v1\nALLOW_UNRESOLVED=1", "--upload-pack=touch /tmp/x", "x y/$(z)", "a'b", "v1\n", " v1"]
+
+
+def _leaf_paths(node, path=()):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaf_paths(value, (*path, key))
+        else:
+            yield (*path, key), value
+
+
+def test_every_value_of_every_build_arg_refuses_hostile_strings():
+    """For each arg and each of its keys (the real pins of the default track), a line break, a
+    leading '-', a space, a quote or a trailing newline stops the step in one line naming the
+    key; so do an unknown key (e.g. "lock" beside VLLM_PINS's keys) and an object where a value
+    belongs."""
+    import copy
+
+    from ci.pins import model
+
+    data = model.load(ROOT / "versions.json")
+    for arg, value in model.components(data).items():
+        for path, real in _leaf_paths(value):
+            var = "_".join((arg[:-5], *(p.upper() for p in path)))
+            for bad in ([*HOSTILE, {"nested": "x"}] if not isinstance(real, list) else [["a b"], ["-x"], "a"]):
+                changed = copy.deepcopy(value)
+                node = changed
+                for p in path[:-1]:
+                    node = node[p]
+                node[path[-1]] = bad
+                proc = load_pins(arg, json.dumps(changed))
+                assert proc.returncode == 1 and var in proc.stderr, (arg, path, bad, proc.stderr)
+                assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+        for extra in ({"lock": "x"}, {"wheels": {"torch": {"package": "torch", "extra": "x"}}}):
+            proc = load_pins(arg, json.dumps({**value, **extra}) if arg != "PYTORCH_PINS" or "lock" in extra
+                             else json.dumps(extra))
+            assert proc.returncode == 1 and "unknown key" in proc.stderr, (arg, extra, proc.stderr)
+    proc = load_pins("AITER_PINS", "[" * 20000 + "]" * 20000)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "AITER_PINS" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("value,message", [
@@ -348,7 +420,8 @@ def test_a_components_pins_become_shell_variables():
     ("{", "the build arg AITER_PINS is not JSON"),
     ("[1]", "the build arg AITER_PINS is not a JSON object"),
     ('{"Tag":"v1"}', "is not a lower-case name"),
-    ('{"a":true}', "AITER_A: a string, number, list or null is expected"),
+    ('{"a":"x"}', "AITER_A: unknown key 'a'"),
+    ('{"tag":true}', "AITER_TAG: a string or null is expected"),
 ])
 def test_pins_that_are_no_json_object_stop_the_step_in_one_line(value, message):
     proc = load_pins("AITER_PINS", value)

@@ -4,6 +4,7 @@ traceback, and never renders null as "None" into a build argument."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,89 @@ def test_files_that_are_no_versions_file_fail_in_one_line(kind, tmp_path):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "versions.json" in lines[0], lines
+
+
+HOSTILE_STRINGS = ["7.2.3\nALLOW_UNRESOLVED=1", "--upload-pack=touch pwned", "-x", "a b", "a'b", 'a"b', "x\n",
+                   " x", "x\\y", "ext::sh -c touch% pwned"]
+
+
+def _string_leaves(node, path=()):
+    """(path, value) of every string of the versions file but the "about" texts."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key != "about":
+                yield from _string_leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _string_leaves(value, (*path, i))
+    elif isinstance(node, str):
+        yield path, node
+
+
+def _dotted(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
+
+
+def test_every_string_of_the_versions_file_refuses_hostile_values(data):
+    """Each string field (repositories, URLs, names, versions, tags, paths, list items), set to a
+    value with a line break, a leading '-', a space, a quote or a backslash, fails the schema
+    check every command runs first, naming the field."""
+    from ci.pins import verify
+
+    leaves = list(_string_leaves(data))
+    assert len(leaves) > 40
+    for path, _ in leaves:
+        if path[-1] in ("unresolved",) or (len(path) > 1 and path[-2] == "unresolved"):
+            continue
+        for bad in HOSTILE_STRINGS:
+            changed = copy.deepcopy(data)
+            _set(list(path), bad)(changed)
+            errors = verify.check_schema(changed)
+            named = _dotted(path[:-1] if isinstance(path[-1], int) else path)  # a list item: the list
+            assert any(named in e for e in errors), (path, bad, errors)
+
+
+@pytest.mark.parametrize("field,bad", [
+    (["aiter", "repository"], "--upload-pack=touch pwned"),
+    (["vllm", "triton_kernels", "repository"], "ext::sh -c touch% pwned"),
+    (["rocm", "version"], "7.2.3\nALLOW_UNRESOLVED=1"),
+    (["aiter", "pins", "v0.1.20.post1", "commit"], "de07f3885ee5f2030ba72b6cc5940d674fd457cf\n"),
+    (["tracks", "0.33", "vllm", "tag"], "v0.33.0 --build-arg X=1"),
+])
+def test_hostile_strings_stop_every_command_and_git_never_runs(field, bad, data, tmp_path):
+    changed = copy.deepcopy(data)
+    _set(field, bad)(changed)
+    path = tmp_path / "versions.json"
+    path.write_text(model.canonical(changed))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'git-ran'}\nexit 1\n")
+    (bin_dir / "git").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for command in (*COMMANDS, ["resolve", "aiter"], ["resolve", "vllm"]):
+        proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), *command], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 1, (command, proc.stdout)
+        assert ".".join(field) in proc.stderr and "Traceback" not in proc.stderr, (command, proc.stderr)
+        assert "ALLOW_UNRESOLVED" not in proc.stdout
+    assert not (tmp_path / "git-ran").exists(), (tmp_path / "git-ran").read_text()
+    assert not (tmp_path / "pwned").exists() and not (ROOT / "pwned").exists()
+
+
+def test_git_is_handed_a_double_dash_before_every_repository(monkeypatch):
+    """Even a repository that got past the schema cannot be read as an option by git."""
+    from ci.pins import discover, resolve
+
+    seen = []
+    monkeypatch.setattr(resolve, "_git", lambda *args, **kw: seen.append(args) or "")
+    for call in (lambda: resolve.tag_commit("https://x.invalid/a.git", "v1"),
+                 lambda: resolve.fetch_commit("https://x.invalid/a.git", "0" * 40, "/nonexistent"),
+                 lambda: discover.aiter_tags("https://x.invalid/a.git")):
+        try:
+            call()
+        except model.PinError:
+            pass
+    with_url = [a for a in seen if "https://x.invalid/a.git" in a]
+    assert len(with_url) >= 2
+    for args in with_url:
+        assert args[args.index("https://x.invalid/a.git") - 1] == "--" or args[:3] == ("remote", "add", "--"), args

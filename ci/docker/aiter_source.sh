@@ -63,7 +63,7 @@ clone() {
   need_aiter_args
   check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
   check_pin "aiter.pins.$AITER_TAG.ck_commit" "$AITER_CK_COMMIT" aiter
-  git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" "$AITER_REPOSITORY" "$dest" \
+  git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" -- "$AITER_REPOSITORY" "$dest" \
     || fail "cannot clone tag $AITER_TAG of $AITER_REPOSITORY (versions.json aiter.repository / the pin's tag)"
   git -C "$dest" submodule update --quiet --init --recursive \
     || fail "cannot check out the submodules of $AITER_REPOSITORY@$AITER_TAG"
@@ -140,7 +140,7 @@ hipkittens() {
   fi
   if [ "$mode" = clone ]; then
     git init -q "$dir"
-    git -C "$dir" remote add origin "$AITER_HIPKITTENS_REPOSITORY"
+    git -C "$dir" remote add -- origin "$AITER_HIPKITTENS_REPOSITORY"
     git -C "$dir" fetch -q --depth 1 origin "$commit" \
       || fail "cannot fetch commit $commit of $AITER_HIPKITTENS_REPOSITORY (versions.json aiter.hipkittens_repository / the pin's hipkittens_commit)"
     git -C "$dir" -c advice.detachedHead=false checkout -q FETCH_HEAD

@@ -252,7 +252,7 @@ def _aiter_key(tag: str) -> tuple[int, ...]:
 
 
 def aiter_tags(repository: str) -> list[str]:
-    out = resolve._git("ls-remote", "--tags", repository, url=repository)
+    out = resolve._git("ls-remote", "--tags", "--", repository, url=repository)
     return sorted({line.split("refs/tags/", 1)[1].removesuffix("^{}") for line in out.splitlines()
                    if "refs/tags/" in line})
 

@@ -23,9 +23,23 @@ VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Every string of the versions file has a pattern (verify.check_strings), anchored with \A and
+# \Z (not ^ and $, which let a trailing newline through into a build arg).
+COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+# A name, tag, version or relative path: no space, quote, backslash or control character, and
+# not starting with '-' (a program would read it as an option).
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+/:@=~-]*\Z")
+# A git repository: a URL of git's transports (no ext::, fd::), an scp-like user@host:path or an
+# absolute path; git is also handed "--" before it.
+REPOSITORY_RE = re.compile(r"\A(?:(?:https?|git|ssh|file)://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+"
+                           r"|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._~/+-]+"
+                           r"|/[A-Za-z0-9._~/+-]*)\Z")
+HTTPS_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+\Z")
+# Keys whose values are git repositories, and https URLs (indexes, downloads).
+REPOSITORY_KEYS = ("repository", "hipkittens_repository")
+URL_KEYS = ("index_url", "url")
 # GPU architectures AITER ships kernels for and this project builds for (CDNA3 and newer).
 ALLOWED_GPU_ARCHS = ("gfx942", "gfx950")
 WHEEL_KEYS = ("torch", "triton", "torchvision", "torchaudio")

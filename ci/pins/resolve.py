@@ -55,7 +55,7 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
 
 def tag_commit(repository: str, tag: str) -> str:
     """The commit a tag names (annotated tags peeled)."""
-    out = _git("ls-remote", repository, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", url=repository)
+    out = _git("ls-remote", "--", repository, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", url=repository)
     refs = dict(reversed(line.split("\t")) for line in out.splitlines() if "\t" in line)
     commit = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
     if not commit:
@@ -71,7 +71,7 @@ def fetch_commit(repository: str, commit: str, repo: str) -> None:
     demand where the server allows; all tags and branches where it does not); read it with
     _git(..., cwd=repo)."""
     _git("init", "--quiet", repo)
-    _git("remote", "add", "origin", repository, cwd=repo)
+    _git("remote", "add", "--", "origin", repository, cwd=repo)
     try:
         _git("fetch", "--quiet", "--depth", "1", "--filter=blob:none", "origin", commit, cwd=repo, url=repository)
     except PinError:  # servers that do not allow fetching a bare commit or filters

@@ -147,7 +147,44 @@ def check_schema(data: dict) -> list[str]:
             errors.append("vllm.index_url: must be an https:// URL (PyPI's JSON API, where discover finds releases)")
         _require(vllm["triton_kernels"], "vllm.triton_kernels", {"repository": str, "path": str}, errors)
     _check_tracks(data, errors)
+    if not errors:
+        check_strings(data, "", errors)
     return errors
+
+
+def _string_problem(key: str, value: str) -> str | None:
+    """Why a string of the versions file at key cannot be a pin (None: it can)."""
+    if key in model.REPOSITORY_KEYS:
+        if not model.REPOSITORY_RE.match(value):
+            return ("must be a git repository: an https://, http://, git://, ssh:// or file:// URL, user@host:path "
+                    "or an absolute path, without spaces or quotes, not starting with '-'")
+    elif key in model.URL_KEYS:
+        if not model.HTTPS_URL_RE.match(value):
+            return "must be an https:// URL without spaces or quotes"
+    elif not model.NAME_RE.match(value):
+        return ("must be a name, version, tag or relative path: letters, digits and . _ + / : @ = ~ -, "
+                "starting with a letter or digit (no spaces, quotes or line breaks)")
+    return None
+
+
+def check_strings(node, path: str, errors: list[str], key: str = "") -> None:
+    """Every string of the versions file matches the pattern of its key (model.REPOSITORY_RE,
+    HTTPS_URL_RE, NAME_RE; "about" is free text on one line): nothing reaches a build arg, a git
+    or pip command line or a printed command with a line break, a quote or a leading '-'."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            check_strings(v, f"{path}.{k}" if path else k, errors, k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_strings(v, f"{path}[{i}]", errors, key)
+    elif isinstance(node, str):
+        if key == "about":
+            if any(ord(c) < 32 or ord(c) == 127 for c in node):
+                errors.append(f"{path}: must be one line of text (no control characters)")
+            return
+        problem = _string_problem(key, node)
+        if problem:
+            errors.append(f"{path} = {node!r}: {problem}")
 
 
 def _check_rocm(node, path: str, errors: list[str]) -> None:
