@@ -308,8 +308,9 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     commit = repo_with(tmp_path / "triton", {f"{path}/__init__.py": "", f"{path}/matmul.py": "x = 1\n",
                                              "README": "big tree\n"})
     def pins(kernels_commit):
-        return json.dumps({"tag": "v0", "commit": None, "repository": "https://example.invalid/vllm.git", "triton_kernels": {
-            "repository": (tmp_path / "triton").as_uri(), "commit": kernels_commit, "path": path}})
+        return json.dumps({"tag": "v0", "commit": None, "repository": "https://example.invalid/vllm.git",
+                           "triton_kernels": {"repository": (tmp_path / "triton").as_uri(), "commit": kernels_commit,
+                                              "path": path}})
     env = base_env(VLLM_PINS=pins(commit),
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
     dest = tmp_path / "dest"

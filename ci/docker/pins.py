@@ -42,7 +42,8 @@ SCHEMA = {
     "AITER_PINS": {"ck_commit": "commit", "ck_submodule_path": "name", "commit": "commit",
                    "hipkittens_commit": "commit|none", "hipkittens_repository": "repository",
                    "repository": "repository", "required_modules": "names", "tag": "name"},
-    "PYTORCH_PINS": {"index_url": "url", "wheels": {w: WHEEL for w in ("torch", "torchaudio", "torchvision", "triton")}},
+    "PYTORCH_PINS": {"index_url": "url",
+                     "wheels": {w: WHEEL for w in ("torch", "torchaudio", "torchvision", "triton")}},
     "VLLM_PINS": {"commit": "commit", "repository": "repository", "tag": "name",
                   "triton_kernels": {"commit": "commit", "path": "name", "repository": "repository"}},
 }
