@@ -43,6 +43,7 @@ from pathlib import Path
 
 from . import bench, files
 from .selection import selection
+from .secrets import shown
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
     "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
@@ -232,7 +233,7 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
     log = out_dir / f"server-accuracy-{backend.name}.log"
     command = bench.server_command([*serve_args, "--enable-tokenizer-info-endpoint"], backend, port)
     base_url = f"http://127.0.0.1:{port}"
-    print(f"== accuracy {backend.name}: {shlex.join(command[1:])} (log {log})", flush=True)
+    print(f"== accuracy {backend.name}: {shown(command[1:])} (log {log})", flush=True)
     run: dict[str, object] = {"asked": {"attention_backend": backend.attention_backend,
                                         "implementation": backend.implementation}, "server_log": str(log)}
     problems: list[str] = []

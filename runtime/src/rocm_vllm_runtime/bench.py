@@ -41,6 +41,7 @@ from pathlib import Path
 
 from . import files, health
 from .selection import OURS, VLLMS, Selection, selection
+from .secrets import shown
 
 PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
@@ -278,7 +279,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
     result_file.unlink(missing_ok=True)
     command = server_command(serve_args, backend, port)
     base_url = f"http://127.0.0.1:{port}"
-    print(f"== {backend.name}: {shlex.join(command[1:])} (log {log})", flush=True)
+    print(f"== {backend.name}: {shown(command[1:])} (log {log})", flush=True)
     run: dict[str, object] = {"asked": {"attention_backend": backend.attention_backend,
                                         "implementation": backend.implementation},
                               "server_log": str(log), "result_file": str(result_file)}

@@ -1,5 +1,20 @@
-"""API keys: what makes a value unusable as one, said without showing it."""
+"""Secrets: what makes a value unusable as an API key, said without showing it; and the one
+masking of secrets in everything printed or written (command lines, logs, reports).
+
+Secret-bearing: the options --api-key, --hf-token, --token and any --*-token, --*-key,
+--*-secret, --*-password (underscores count as dashes), and the variables *_TOKEN, *_KEY,
+*_SECRET, *_PASSWORD (HF_TOKEN, VLLM_API_KEY, ...), in NAME=VALUE arguments too."""
 from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+MASK = "***"
+_SECRET_OPTION = re.compile(r"\A--?(?:[a-z0-9]+-)*(?:api-key|token|key|secret|password|passwd)\Z")
+_SECRET_NAME = re.compile(r"(?:\A|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)\Z")
+# Options that take one or more values (vLLM's --api-key); the others take one.
+_MANY_VALUES = ("--api-key",)
 
 # An HTTP header value the key travels in (Authorization: Bearer KEY) holds visible ASCII only.
 _VISIBLE = {chr(c) for c in range(0x21, 0x7F)}
@@ -18,3 +33,58 @@ def api_key_problem(key: str) -> str:
             if c in "\r\n" else "")
     return (f"the API key holds {name} {where}{hint}, which an HTTP header cannot carry, so every client would be "
             "refused: remove it (the key is not shown)")
+
+
+def is_secret_option(option: str) -> bool:
+    return bool(_SECRET_OPTION.match(option.lower().replace("_", "-")))
+
+
+def is_secret_name(name: str) -> bool:
+    """A variable whose value is a secret (HF_TOKEN, VLLM_API_KEY, AWS_SECRET, ...)."""
+    return bool(_SECRET_NAME.search(name.upper()))
+
+
+def masked(args: Sequence[str]) -> list[str]:
+    """``args`` with the value of every secret-bearing option (--opt VALUE, --opt=VALUE; vLLM's
+    --api-key takes several) and of every secret NAME=VALUE replaced by ***."""
+    out: list[str] = []
+    taking = 0  # values still to mask: 1, or -1 for "every value up to the next option"
+    for arg in args:
+        option, eq, _ = arg.partition("=")
+        if arg.startswith("-") and eq and is_secret_option(option):
+            out.append(f"{option}={MASK}")
+            taking = 0
+        elif arg.startswith("-") and is_secret_option(arg):
+            out.append(arg)
+            taking = -1 if arg.lower().replace("_", "-") in _MANY_VALUES else 1
+        elif taking and not arg.startswith("-"):
+            out.append(MASK)
+            taking = taking - 1 if taking > 0 else -1
+        elif not arg.startswith("-") and eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", option) \
+                and is_secret_name(option):
+            out.append(f"{option}={MASK}")
+            taking = 0
+        else:
+            out.append(arg)
+            taking = 0
+    return out
+
+
+def shown(command: Sequence[str]) -> str:
+    """A command line as it may be printed: shell-quoted, its secrets masked."""
+    return shlex.join(masked(command))
+
+
+def secret_values(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The secrets a run holds: the values ``masked`` hides in ``args``, and those of the secret
+    variables of ``env``."""
+    values = [a.split("=", 1)[1] if m.endswith("=" + MASK) else a for a, m in zip(args, masked(args)) if a != m]
+    values += [v for k, v in env.items() if is_secret_name(k)]
+    return [v for v in values if len(v) >= 4]
+
+
+def mask_text(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every occurrence of each secret replaced by *** (longest first)."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text

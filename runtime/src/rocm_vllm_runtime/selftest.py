@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rocm_vllm_runtime import files, report
 from rocm_vllm_runtime.guard import find_gpus, run_tool
+from rocm_vllm_runtime.secrets import shown
 from rocm_vllm_runtime.versions import stack_versions
 
 SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -72,7 +73,7 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
     command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-rA",
                f"--junitxml={junit}", "-o", "junit_family=xunit2",
                "-o", f"junit_suite_name={name}", *pytest_args]
-    print(f"\n== selftest {name}: {' '.join(command[1:])}", flush=True)
+    print(f"\n== selftest {name}: {shown(command[1:])}", flush=True)
     rc = subprocess.call(command)
     xml_text = junit.read_text() if junit.is_file() else ""
     try:

@@ -34,7 +34,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime.secrets import api_key_problem
+from rocm_vllm_runtime.secrets import api_key_problem, shown
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TINY_MODEL_ENV = "TINY_MLA_MODEL"
@@ -42,7 +42,6 @@ DEFAULT_TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 PUBLISHED_ENV = "ROCM_VLLM_PUBLISHED_ADDRESS"
 ALLOW_NO_KEY_ENV = "ROCM_VLLM_ALLOW_NO_API_KEY"
 API_KEY_ENV = "VLLM_API_KEY"
-MASK = "***"
 LOG_PREFIX = "[rocm-vllm]"
 
 
@@ -130,25 +129,6 @@ def _api_keys(args: Sequence[str]) -> list[str]:
     return keys
 
 
-def masked(args: Sequence[str]) -> list[str]:
-    """`args` with every API key replaced by ***."""
-    out: list[str] = []
-    taking = False
-    for arg in args:
-        if arg.startswith("--api-key="):
-            out.append("--api-key=" + MASK)
-            taking = False
-        elif arg == "--api-key":
-            out.append(arg)
-            taking = True
-        elif taking and not arg.startswith("-"):
-            out.append(MASK)
-        else:
-            out.append(arg)
-            taking = False
-    return out
-
-
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -204,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         print(f"{LOG_PREFIX} {warning}", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", SERVER_MODULE, *server_args]
-    print(f"{LOG_PREFIX} serve: " + shlex.join(masked(command[1:])), file=sys.stderr, flush=True)
+    print(f"{LOG_PREFIX} serve: " + shown(command[1:]), file=sys.stderr, flush=True)
     os.execv(sys.executable, command)
     return 127  # not reached
 
