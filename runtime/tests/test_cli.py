@@ -110,8 +110,12 @@ def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_pat
 
     suites = tmp_path / "opt/rocm-vllm/ci/suites"
     shutil.copytree(ci_dir / "suites", suites, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # the tiny model's config as the image holds it, and its TINY_MLA_MODEL (Dockerfile.rocm)
+    model = tmp_path / "opt/rocm-vllm/models/tiny-mla"
+    model.mkdir(parents=True)
+    shutil.copy(ci_dir.parent / "runtime/models/tiny-mla/config.json", model / "config.json")
     # run from elsewhere: `python -m pytest` makes its working directory importable
-    env = dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin")
+    env = dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin", TINY_MLA_MODEL=str(model))
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "selector"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -152,7 +156,36 @@ def test_a_bench_json_an_earlier_run_left_is_never_reported(ci_dir: Path, suites
     proc = run(ci_dir, suites, "bench", "--json", str(results / "r.json"))  # bench cannot run (no GPU)
     doc = json.loads((results / "r.json").read_text())
     assert "bench" not in doc and "stale" not in proc.stdout
-    assert not (results / "bench.json").exists()
+    # and it is left where it was, as it was (it may be a user's file of that name)
+    assert "stale" in (results / "bench.json").read_text()
+
+
+@pytest.mark.parametrize("suite,artifact", [("bench", "bench.json"), ("accuracy", "accuracy.json")])
+def test_a_run_without_json_leaves_a_file_of_its_artifacts_name_alone(ci_dir: Path, suites: Path, suite: str,
+                                                                      artifact: str) -> None:
+    """`selftest accuracy` / `selftest bench` in a folder holding accuracy.json / bench.json (the
+    suite cannot run here): the file is neither deleted nor changed nor reported."""
+    (suites / "test_accuracy.py").write_text(GPU_SKIP)
+    mine = suites / artifact
+    mine.write_text('{"mine": true}\n')
+    before = mine.stat()
+    proc = run(ci_dir, suites, suite)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert mine.read_text() == '{"mine": true}\n' and mine.stat().st_mtime_ns == before.st_mtime_ns
+    assert '"mine"' not in proc.stdout
+
+
+def test_the_artifact_this_run_writes_is_reported(ci_dir: Path, suites: Path, tmp_path: Path) -> None:
+    (suites / "test_bench.py").write_text(BENCH_WRITES)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "bench.json").write_text('{"runs": [{"backend": "stale"}]}')
+    subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "bench", "--json", str(results / "r.json")],
+                   cwd=suites, capture_output=True, text=True, timeout=300,
+                   env=dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin",
+                            BENCH_TEXT='{"runs": [{"backend": "fresh"}]}'))
+    doc = json.loads((results / "r.json").read_text())
+    assert doc["bench"] == {"runs": [{"backend": "fresh"}]}
 
 
 def test_a_truncated_bench_json_is_reported_as_such_and_the_rest_written(ci_dir: Path, suites: Path,

@@ -97,6 +97,19 @@ def preflight(name: str) -> str:
     return ""
 
 
+def _artifact(name: str) -> Path:
+    return Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / ARTIFACTS[name]
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file this run wrote from one that was there: inode, size, modification time."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def output_problem(option: str, path: str) -> str:
     """'' when `path` can be written (its folder is created); else one line naming the option."""
     target = Path(path)
@@ -142,13 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and not os.environ.get("SELFTEST_RESULTS_DIR"):
         # suites that write artifacts (bench) put them next to the summary
         os.environ["SELFTEST_RESULTS_DIR"] = str(Path(args.json).resolve().parent)
-    bench_json = Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / "bench.json"
-    if "bench" in names and bench_json.is_file():
-        # only this run's benchmark may be reported: an earlier run's file goes first
-        bench_json.unlink()
-    for name in names:  # a report of an earlier run is not this run's
-        if name in ARTIFACTS:
-            (Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / ARTIFACTS[name]).unlink(missing_ok=True)
+    # Only this run's artifacts are reported; files already there (an earlier run's, or a user's
+    # file of that name) are left as they are: what the suites do not rewrite is not embedded.
+    before = {name: _stamp(_artifact(name)) for name in names if name in ARTIFACTS}
     results, xml_texts = [], []
     with tempfile.TemporaryDirectory(prefix="selftest-") as tmp:
         for name in names:
@@ -159,9 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpus, source = detect_gpus()
     extra: dict[str, object] = {}
-    for name, file_name in ARTIFACTS.items():  # bench.json, accuracy.json: embedded in the report
-        artifact = Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / file_name
-        if name in names and artifact.is_file():
+    for name, stamp in before.items():  # bench.json, accuracy.json: embedded in the report
+        artifact = _artifact(name)
+        if artifact.is_file() and _stamp(artifact) != stamp:
             try:
                 extra[name] = json.loads(artifact.read_text())
             except (ValueError, OSError) as exc:  # the other results are still written
