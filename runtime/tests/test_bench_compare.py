@@ -90,7 +90,7 @@ def test_load_settings() -> None:
     assert (load.num_prompts, load.warmups, load.extra) == (4, 0, ("--dataset-name", "sharegpt"))
     with pytest.raises(bench.BenchError, match=r"^BENCH_INPUT_LEN='1k' is not a whole number$"):
         Load.from_env({"BENCH_INPUT_LEN": "1k"})
-    with pytest.raises(bench.BenchError, match=r"^BENCH_CONCURRENCY=0 is too small$"):
+    with pytest.raises(bench.BenchError, match=r"^BENCH_CONCURRENCY=0 is out of range: give 1 or more$"):
         Load.from_env({"BENCH_CONCURRENCY": "0"})
     with pytest.raises(bench.BenchError, match="^BENCH_ARGS cannot be split"):
         Load.from_env({"BENCH_ARGS": "--label 'x"})

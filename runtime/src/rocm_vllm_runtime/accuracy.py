@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, files
+from . import bench, files, numbers
 from .selection import selection
 from .secrets import shown
 
@@ -89,34 +89,26 @@ class Settings:
             value = env.get(name)
             return ENV_DEFAULTS[name] if value is None or value == "" and ENV_DEFAULTS[name] else value
 
-        def number(name: str, kind: type = int, low: float = 1) -> float:
-            raw = get(name)
+        def number(name: str, low: int = 1) -> int:
             try:
-                value = kind(raw)
-            except ValueError:
-                raise AccuracyError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
-            if value < low:
-                raise AccuracyError(f"{name}={value} is too small")
-            return value
+                return numbers.whole(name, get(name), low)
+            except numbers.SettingError as exc:
+                raise AccuracyError(str(exc)) from None
 
-        alpha = number("ACCURACY_ALPHA", float, 0)
-        if not 0 < alpha < 1:
-            raise AccuracyError(f"ACCURACY_ALPHA={alpha} is not between 0 and 1")
-        limit = int(number("ACCURACY_LIMIT", int, 0))
-        tolerance = None
-        if get("ACCURACY_LL_TOLERANCE"):
-            try:
-                atol, rtol = (float(x) for x in get("ACCURACY_LL_TOLERANCE").split(","))
-            except ValueError:
-                raise AccuracyError(f"ACCURACY_LL_TOLERANCE={get('ACCURACY_LL_TOLERANCE')!r} is not ATOL,RTOL "
-                                    "(e.g. 0.5,0.02)") from None
-            tolerance = (atol, rtol)
+        try:
+            alpha = numbers.real("ACCURACY_ALPHA", get("ACCURACY_ALPHA"), 0.0, 1.0,
+                                 open_low=True, open_high=True)
+            raw = get("ACCURACY_LL_TOLERANCE")
+            tolerance = numbers.pair("ACCURACY_LL_TOLERANCE", raw, "ATOL,RTOL (e.g. 0.5,0.02)") if raw else None
+        except numbers.SettingError as exc:
+            raise AccuracyError(str(exc)) from None
+        limit = number("ACCURACY_LIMIT", 0)
         tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
         loglik = tuple(t.strip() for t in get("ACCURACY_LOGLIK_TASKS").split(",") if t.strip() not in ("", "none"))
         if not tasks and not loglik:
             raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
-        return cls(tasks, loglik, int(number("ACCURACY_NUM_FEWSHOT", int, 0)), limit or None,
-                   int(number("ACCURACY_CONCURRENCY")), alpha, get("ACCURACY_DATA"),
+        return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT", 0), limit or None,
+                   number("ACCURACY_CONCURRENCY"), alpha, get("ACCURACY_DATA"),
                    env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance)
 
 
@@ -439,10 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env(merged)
         chosen = bench.choose([n.strip() for n in merged.get("ACCURACY_BACKENDS", ENV_DEFAULTS["ACCURACY_BACKENDS"])
-                               .split(",") if n.strip()], bench.backends(bench.plugin_names()))
+                               .split(",") if n.strip()], bench.backends(bench.plugin_names()), "ACCURACY_BACKENDS")
         serve_args = args.serve_args or split_serve_args(merged)
-        port = int(merged.get("ACCURACY_PORT") or ENV_DEFAULTS["ACCURACY_PORT"])
-        timeout = float(merged.get("ACCURACY_START_TIMEOUT") or ENV_DEFAULTS["ACCURACY_START_TIMEOUT"])
+        port = numbers.port("ACCURACY_PORT / --port", merged.get("ACCURACY_PORT") or ENV_DEFAULTS["ACCURACY_PORT"])
+        timeout = numbers.duration("ACCURACY_START_TIMEOUT / --start-timeout",
+                                   merged.get("ACCURACY_START_TIMEOUT") or ENV_DEFAULTS["ACCURACY_START_TIMEOUT"])
         doc = compare(chosen, serve_args, settings, port, Path(args.out_dir), timeout)
     except DataMissing as exc:
         print(f"accuracy: error: {exc}", file=sys.stderr)

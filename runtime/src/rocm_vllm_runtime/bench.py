@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from . import files, health
+from . import files, health, numbers
 from .selection import OURS, VLLMS, Selection, selection
 from .secrets import shown
 
@@ -117,13 +117,15 @@ def backends(other_plugins: Sequence[str]) -> dict[str, Backend]:
     )}
 
 
-def choose(names: Sequence[str], known: Mapping[str, Backend]) -> list[Backend]:
+def choose(names: Sequence[str], known: Mapping[str, Backend], setting: str = "BENCH_BACKENDS") -> list[Backend]:
+    """The backends ``names`` asks for; ``setting`` is the variable they came from (its --backends
+    option), named in the error."""
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise BenchError(f"BENCH_BACKENDS / --backends: unknown or no backend {unknown or ''}: "
+        raise BenchError(f"{setting} / --backends: unknown or no backend {unknown or ''}: "
                          f"choose from {', '.join(known)}")
     if len(set(names)) != len(names):
-        raise BenchError(f"BENCH_BACKENDS / --backends names a backend twice: {', '.join(names)}")
+        raise BenchError(f"{setting} / --backends names a backend twice: {', '.join(names)}")
     return [known[n] for n in names]
 
 
@@ -160,14 +162,11 @@ class Load:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Load:
         def number(name: str) -> int:
-            raw = env.get(name) or ENV_DEFAULTS[name]
             try:
-                value = int(raw)
-            except ValueError:
-                raise BenchError(f"{name}={raw!r} is not a whole number") from None
-            if value < (0 if name in ("BENCH_SEED", "BENCH_WARMUPS") else 1):
-                raise BenchError(f"{name}={value} is too small")
-            return value
+                return numbers.whole(name, env.get(name) or ENV_DEFAULTS[name],
+                                     0 if name in ("BENCH_SEED", "BENCH_WARMUPS") else 1)
+            except numbers.SettingError as exc:
+                raise BenchError(str(exc)) from None
 
         extra = tuple(split_setting(env, "BENCH_ARGS"))
         return cls(number("BENCH_NUM_PROMPTS"), number("BENCH_INPUT_LEN"), number("BENCH_OUTPUT_LEN"),
@@ -408,9 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(option, dest=name, default=None, help=f"default ${name} or {ENV_DEFAULTS[name]}")
     parser.add_argument("--bench-args", dest="BENCH_ARGS", default=None,
                         help="further `vllm bench serve` arguments, shell-quoted (BENCH_ARGS)")
-    parser.add_argument("--port", type=int, default=int(env.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"]))
-    parser.add_argument("--start-timeout", type=float,
-                        default=float(env.get("BENCH_START_TIMEOUT") or ENV_DEFAULTS["BENCH_START_TIMEOUT"]))
+    parser.add_argument("--port", dest="BENCH_PORT", default=None, help="default $BENCH_PORT or 8011")
+    parser.add_argument("--start-timeout", dest="BENCH_START_TIMEOUT", default=None,
+                        help="seconds for a server to become healthy (default $BENCH_START_TIMEOUT or 1800)")
     parser.add_argument("--out-dir", default=env.get("BENCH_OUT_DIR") or ".",
                         help="server logs and vLLM's result files (BENCH_OUT_DIR, default .)")
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
@@ -418,13 +417,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
+    merged = {**env, **given}
     try:
-        load = Load.from_env({**env, **given})
+        load = Load.from_env(merged)
         chosen = choose([n.strip() for n in args.backends.split(",") if n.strip()], backends(plugin_names()))
-    except BenchError as exc:
+        port = numbers.port("BENCH_PORT / --port", merged.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"])
+        start_timeout = numbers.duration("BENCH_START_TIMEOUT / --start-timeout",
+                                         merged.get("BENCH_START_TIMEOUT") or ENV_DEFAULTS["BENCH_START_TIMEOUT"])
+    except (BenchError, numbers.SettingError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
-    doc = compare(chosen, args.serve_args, load, args.port, Path(args.out_dir), args.start_timeout)
+    doc = compare(chosen, args.serve_args, load, port, Path(args.out_dir), start_timeout)
     print(render(doc), flush=True)
     if args.json:
         try:

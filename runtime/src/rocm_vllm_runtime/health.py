@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import threading
@@ -25,6 +24,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 
+from rocm_vllm_runtime import numbers
 from rocm_vllm_runtime.secrets import api_key_problem
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -78,9 +78,10 @@ def problem(base: str, generate: bool, api_key: str = "", timeout: float = DEFAU
 
 
 def default_url(env: Mapping[str, str]) -> str:
-    port = env.get("SERVE_PORT") or "8000"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"SERVE_PORT={port!r} is not a TCP port (1-65535): set it to the server's port")
+    try:
+        port = numbers.port("SERVE_PORT", env.get("SERVE_PORT") or "8000")
+    except numbers.SettingError as exc:
+        raise ValueError(f"{exc}: set it to the server's port") from None
     return f"http://127.0.0.1:{port}"
 
 
@@ -111,11 +112,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
     parser.add_argument("--url", default=None, help="server base URL (default http://127.0.0.1:$SERVE_PORT)")
     parser.add_argument("--generate", action="store_true",
                         help="also ask the served model for one token (sees a lost node of a multi-node deployment)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--timeout", default=str(DEFAULT_TIMEOUT_S),
                         help="seconds for the whole check, every request together (default 10)")
     args = parser.parse_args(argv)
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
+    try:
+        args.timeout = numbers.duration("--timeout", args.timeout)
+    except numbers.SettingError as exc:
+        parser.error(str(exc))
     try:
         url = args.url or default_url(env)
     except ValueError as exc:

@@ -1,0 +1,79 @@
+"""Numbers from settings: one reading (rocm_vllm_runtime.numbers) for every number, port,
+duration and tolerance the serving benchmark, the accuracy gate and the health probe take. Each
+entry point is driven with each bad value: it stops with status 2 in one line naming the setting,
+never a traceback, never starting anything (a gate that cannot fail, nan, is refused)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rocm_vllm_runtime import numbers
+
+BAD_WHOLE = ["abc", "nan", "1.5", "-3", " 8", "1e3"]  # (empty: the default)
+BAD_PORT = [*BAD_WHOLE, "0", "65536", "99999999999999999999"]
+BAD_DURATION = ["abc", "nan", "inf", "-inf", "0", "-5", " 3"]
+BAD_TOLERANCE = ["nan,nan", "inf,0", "-1,0", "0.5,-0.1", "0.5", "0.5,0.1,1", "a,b"]
+BAD_FRACTION = ["0", "1", "nan", "-0.5", "2", "x"]
+
+# entry point (module, how a setting is given) -> [(setting, bad values)]
+ENTRY_POINTS = {
+    "bench": [("BENCH_PORT", BAD_PORT), ("BENCH_START_TIMEOUT", BAD_DURATION), ("BENCH_NUM_PROMPTS", BAD_WHOLE),
+              ("BENCH_INPUT_LEN", BAD_WHOLE), ("BENCH_OUTPUT_LEN", BAD_WHOLE),
+              ("BENCH_CONCURRENCY", [*BAD_WHOLE, "0"]), ("BENCH_SEED", BAD_WHOLE),
+              ("BENCH_WARMUPS", BAD_WHOLE)],
+    "accuracy": [("ACCURACY_PORT", BAD_PORT), ("ACCURACY_START_TIMEOUT", BAD_DURATION),
+                 ("ACCURACY_LL_TOLERANCE", BAD_TOLERANCE), ("ACCURACY_ALPHA", BAD_FRACTION),
+                 ("ACCURACY_LIMIT", BAD_WHOLE), ("ACCURACY_NUM_FEWSHOT", BAD_WHOLE),
+                 ("ACCURACY_CONCURRENCY", [*BAD_WHOLE, "0"])],
+    "health": [("SERVE_PORT", BAD_PORT)],
+}
+
+
+def _run(module: str, env: dict[str, str], *args: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "ACCURACY_", "SERVE_"))}
+    return subprocess.run([sys.executable, "-m", f"rocm_vllm_runtime.{module}", *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("module", list(ENTRY_POINTS))
+def test_every_number_setting_of_every_entry_point_refuses_bad_values(module, tmp_path):
+    for setting, bad_values in ENTRY_POINTS[module]:
+        for bad in bad_values:
+            env = {setting: bad}
+            if module == "accuracy":  # data present: the settings are what fails
+                env["ACCURACY_DATA"] = str(tmp_path)
+            proc = _run(module, env, cwd=tmp_path)
+            assert proc.returncode == 2, (setting, bad, proc.returncode, proc.stdout[-500:], proc.stderr[-500:])
+            assert setting in proc.stderr and "Traceback" not in proc.stderr, (setting, bad, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr  # argparse: usage + one line
+            assert "== " not in proc.stdout, (setting, bad, "a server was started")
+
+
+@pytest.mark.parametrize("option,bad", [("--port", "abc"), ("--port", "0"), ("--start-timeout", "nan"),
+                                        ("--start-timeout", "-1")])
+def test_the_options_are_read_as_their_settings(option, bad, tmp_path):
+    for module in ("bench", "accuracy"):
+        proc = _run(module, {"ACCURACY_DATA": str(tmp_path)}, option, bad, cwd=tmp_path)
+        assert proc.returncode == 2 and option in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("bad", BAD_DURATION)
+def test_health_timeout(bad, tmp_path):
+    proc = _run("health", {}, f"--timeout={bad}", cwd=tmp_path)
+    assert proc.returncode == 2 and "--timeout" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_accuracy_backends_names_its_own_setting(tmp_path):
+    proc = _run("accuracy", {"ACCURACY_BACKENDS": "foo", "ACCURACY_DATA": str(tmp_path)}, cwd=tmp_path)
+    assert proc.returncode == 2 and "ACCURACY_BACKENDS" in proc.stderr and "BENCH_BACKENDS" not in proc.stderr
+
+
+def test_the_readings():
+    assert numbers.whole("N", "8") == 8 and numbers.port("P", "65535") == 65535
+    assert numbers.duration("T", "0.5") == 0.5 and numbers.pair("L", "0.5,0.02") == (0.5, 0.02)
+    assert numbers.real("A", "0.01", 0, 1, open_low=True, open_high=True) == 0.01
+    with pytest.raises(numbers.SettingError, match=r"^L='nan,nan' is not A,B: two finite numbers"):
+        numbers.pair("L", "nan,nan")
