@@ -255,7 +255,7 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
                 samples_file.write_text(json.dumps(result["samples"], default=str) + "\n")
                 run["samples_file"] = str(samples_file)
     finally:
-        bench.stop(proc, grace_s=60.0 if questions or bench.healthy(base_url) else 5.0)
+        bench.stop(proc, grace_s=bench.grace(bool(questions) or (not bench.terminating() and bench.healthy(base_url))))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}
@@ -428,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("serve_args", nargs="*", help="after --: arguments for every server (ACCURACY_SERVE_ARGS)")
     args = parser.parse_args(argv)
     merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("ACCURACY_") and v is not None}}
+    bench.stop_servers_on_sigterm()
     try:
         settings = Settings.from_env(merged)
         chosen = bench.choose([n.strip() for n in merged.get("ACCURACY_BACKENDS", ENV_DEFAULTS["ACCURACY_BACKENDS"])

@@ -227,8 +227,39 @@ def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:
     return env | dict(backend.env)
 
 
-def healthy(base_url: str) -> bool:
-    return not health.problem(base_url, generate=False, timeout=5.0)
+def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
+    """Whether the server answers /health within timeout_s, all of it (a server that trickles
+    bytes cannot hold the caller past it)."""
+    return not health.within(timeout_s, health.problem, base_url, False, "", timeout_s)
+
+
+class Terminated(SystemExit):
+    """SIGTERM while servers run: raised in the main thread, so every server is stopped first."""
+
+
+_terminating = False
+
+
+def stop_servers_on_sigterm() -> None:
+    """The benchmark's and the accuracy gate's CLIs: SIGTERM stops the running server (its own
+    process group) before the process exits, with status 143."""
+    def handler(signum, frame):  # noqa: ARG001
+        global _terminating
+        _terminating = True
+        raise Terminated(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def terminating() -> bool:
+    """Whether SIGTERM arrived (stop_servers_on_sigterm)."""
+    return _terminating
+
+
+def grace(finished: bool) -> float:
+    """Seconds a server may take to stop: a minute once it served, 5 s when it never came up or
+    this process is being terminated."""
+    return 60.0 if finished and not _terminating else 5.0
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -263,7 +294,7 @@ def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str
             return problem
         if proc.poll() is not None:
             return f"{backend.name}: the server exited with status {proc.returncode} before it was healthy (see {log})"
-        if healthy(base_url):
+        if healthy(base_url, max(0.1, min(5.0, deadline - time.monotonic()))):
             return mismatch(backend, selection(log.read_text(errors="replace")), complete=True)
         if time.monotonic() > deadline:
             return (f"{backend.name}: the server was not healthy after {timeout_s:.0f}s "
@@ -303,7 +334,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
     finally:
         # A server that never came up has nothing to finish: no grace period for it.
-        stop(proc, grace_s=60.0 if metrics or healthy(base_url) else 5.0)
+        stop(proc, grace_s=grace(bool(metrics) or (not terminating() and healthy(base_url))))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}
@@ -418,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
     merged = {**env, **given}
+    stop_servers_on_sigterm()
     try:
         load = Load.from_env(merged)
         chosen = choose([n.strip() for n in args.backends.split(",") if n.strip()], backends(plugin_names()))
