@@ -197,6 +197,16 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / "none"],
                env={**env, "VLLM_LOCK": str(tmp_path / "missing.txt")}, timeout=900)
     assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr
+    # the lock cut to its header, or inside its first entry (before any hash), is refused
+    lines = (ROOT / f"ci/locks/vllm-{track}-rocm.txt").read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    for name, kept in (("header", lines[:first]), ("cut", lines[:first + 1])):
+        cut = tmp_path / f"{name}.txt"
+        cut.write_text("".join(kept))
+        proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / name],
+                   env={**env, "VLLM_LOCK": str(cut)}, timeout=900)
+        assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr, (name, proc.stderr[-1500:])
+        assert "Traceback" not in proc.stderr
 
 
 def test_constraints_missing_a_pinned_distribution_fail(tmp_path_factory):

@@ -161,12 +161,27 @@ def check_triton_kernels(src: Path, commit: str) -> list[str]:
     return []
 
 
+def lock_body_problems(name: str, text: str) -> list[str]:
+    """A lock holds requirements, each pinned with == and its hashes: one truncated to its header
+    (or cut inside an entry) is refused, not installed as "nothing to install"."""
+    entries = re.split(r"^(?=[A-Za-z0-9])", text, flags=re.M)[1:]
+    if not entries:
+        return [f"{name} holds no requirements (truncated?): run python3 -m ci.pins lock vllm"]
+    bad = [e.split(None, 1)[0] for e in entries
+           if not re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?==\S+", e) or "--hash=sha256:" not in e]
+    if bad:
+        return [f"{name}: {bad[0]} is not pinned with == and its hashes (a cut or edited lock): "
+                "run python3 -m ci.pins lock vllm"]
+    return []
+
+
 def check_lock(src: Path, lock: Path) -> list[str]:
     if not lock.is_file():
         return [f"{lock}: no lock of vLLM's runtime requirements for this track: run python3 -m ci.pins lock vllm"]
-    recorded = dict(re.findall(r"^# input (\S+) sha256:([0-9a-f]{64})$", lock.read_text(), re.M))
+    text = lock.read_text(errors="replace")
+    recorded = dict(re.findall(r"^# input (\S+) sha256:([0-9a-f]{64})$", text, re.M))
     relock = f"run python3 -m ci.pins lock vllm (the lock {lock.name} is stale)"
-    problems = []
+    problems = lock_body_problems(lock.name, text)
     src = src.resolve()
     files = sorted({p for p, _ in read_requirements(src / RUNTIME_REQUIREMENTS)} | {src / RUNTIME_REQUIREMENTS})
     for path in files:
