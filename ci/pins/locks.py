@@ -46,8 +46,69 @@ class Lock:
     family: str = ""  # the locks.json entry (a per_track entry makes one lock per track)
 
 
+# locks.json's keys and the kind of each value (check_spec): nothing else is read.
+_PATH_RE = re.compile(r"\A(?:sdist:)?[A-Za-z0-9_][A-Za-z0-9._/-]*\Z")
+_OUTPUT_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._/{}-]*\Z")
+_TIME_RE = re.compile(r"\A\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\Z")
+_SPEC_KEYS = {"about": str, "exclude_newer": str, "index_url": str, "locks": dict, "platforms": dict}
+_PLATFORM_KEYS = {"about": str, "glibc": str, "machine": str, "python": str}
+_LOCK_KEYS = {"about": str, "inputs": list, "output": str, "platform": str, "no_deps": bool, "no_emit": list,
+              "remove": str, "find_links": str, "per_track": bool}
+
+
+def _keys(node, allowed: dict, where: str, required: tuple[str, ...], errors: list[str]) -> bool:
+    if not isinstance(node, dict):
+        errors.append(f"{where}: must be an object")
+        return False
+    for key, value in node.items():
+        if key not in allowed:
+            errors.append(f"{where}.{key}: unknown key (known: {', '.join(sorted(allowed))}): fix the spelling")
+        elif not isinstance(value, allowed[key]) or (allowed[key] is not bool and isinstance(value, bool)):
+            errors.append(f"{where}.{key}: must be {allowed[key].__name__}, not {type(value).__name__}")
+    missing = [k for k in required if k not in node]
+    errors.extend(f"{where}.{k}: missing" for k in missing)
+    return not missing
+
+
+def check_spec(spec) -> list[str]:
+    """locks.json against its schema: known keys of the right types, paths, names, https URLs and
+    an ISO time in their patterns (every error names the field)."""
+    errors: list[str] = []
+    if not _keys(spec, _SPEC_KEYS, "locks.json", ("exclude_newer", "locks"), errors):
+        return errors
+    if isinstance(spec["exclude_newer"], str) and not _TIME_RE.match(spec["exclude_newer"]):
+        errors.append(f"locks.json exclude_newer = {spec['exclude_newer']!r}: must be like 2026-11-30T00:00:00Z")
+    for key in ("index_url",):
+        if isinstance(spec.get(key), str) and not model.HTTPS_URL_RE.match(spec[key]):
+            errors.append(f"locks.json {key} = {spec[key]!r}: must be an https:// URL")
+    for name, value in (spec.get("platforms") or {}).items() if isinstance(spec.get("platforms"), dict) else ():
+        _keys(value, _PLATFORM_KEYS, f"locks.json platforms.{name}", ("glibc", "machine"), errors)
+    for name, entry in spec["locks"].items() if isinstance(spec["locks"], dict) else ():
+        where = f"locks.json locks.{name}"
+        if not _keys(entry, _LOCK_KEYS, where, ("inputs", "output", "platform"), errors):
+            continue
+        inputs = entry["inputs"]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) and _PATH_RE.match(i)
+                                                                   for i in inputs):
+            errors.append(f"{where}.inputs: a non-empty list of relative paths (or sdist:PATH) is required")
+        if isinstance(entry["output"], str) and not _OUTPUT_RE.match(entry["output"]):
+            errors.append(f"{where}.output = {entry['output']!r}: must be a relative path")
+        if not all(isinstance(n, str) and model.NAME_RE.match(n) for n in entry.get("no_emit", [])
+                   if isinstance(entry.get("no_emit"), list)):
+            errors.append(f"{where}.no_emit: a list of distribution names is required")
+        if isinstance(entry.get("find_links"), str) and not model.HTTPS_URL_RE.match(entry["find_links"]):
+            errors.append(f"{where}.find_links = {entry['find_links']!r}: must be an https:// URL")
+    return errors
+
+
 def load(root: Path) -> dict:
-    return model.load(root / LOCKS_FILE)
+    """locks.json, checked against its schema (check_spec): a PinError naming the first problem."""
+    spec = model.load(root / LOCKS_FILE)
+    errors = check_spec(spec)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise PinError(f"{errors[0]}{more}")
+    return spec
 
 
 def base_image_dists(root: Path) -> tuple[str, ...]:
