@@ -296,3 +296,21 @@ def test_the_dockerfiles_mount_every_module_the_manifest_step_imports():
         (step,) = [s for s in re.split(r"\n(?=RUN |FROM )", text) if "-m rocm_vllm_runtime.manifest" in s]
         mounted = set(re.findall(r"target=/tmp/runtime-src/rocm_vllm_runtime/(\w+)\.py", step))
         assert imported <= mounted, f"{name}: not mounted for the manifest step: {sorted(imported - mounted)}"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{\"schema\": 1}", b"[" * 100000 + b"]" * 100000, b"{\"schema\": 1"])
+def test_a_manifest_that_is_no_json_text_is_one_line_everywhere(tmp_path, content):
+    """`manifest show` and the guard before every command: a manifest that is not UTF-8, nested too
+    deeply or cut short is named in one line, never a traceback."""
+    bad = tmp_path / "manifest.json"
+    bad.write_bytes(content)
+    with pytest.raises(mf.ManifestError, match="image manifest"):
+        mf.read_manifest(bad)
+    proc = run_module(tmp_path, "show", str(bad))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, \
+        proc.stderr
+    guard = subprocess.run([bare_python(), "-B", "-s", "-m", "rocm_vllm_runtime.guard", "--mode", "exec"],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), mf.MANIFEST_ENV: str(bad),
+                                "ROCM_VLLM_REQUIRE_GPU": "0"})
+    assert guard.returncode in (0, 1) and "Traceback" not in guard.stderr, guard.stderr

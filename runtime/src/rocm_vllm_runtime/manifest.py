@@ -245,12 +245,19 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
 def read_manifest(path: str | Path) -> Manifest:
     """Read and validate the manifest at `path`; ManifestError says what to fix."""
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ManifestError(f"image manifest not readable at {path} ({exc.strerror or exc}); "
                             f"set {MANIFEST_ENV} to its path") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"image manifest {path} is not UTF-8 text (byte {exc.start}): rebuild the image, "
+                            f"or set {MANIFEST_ENV} to the image's manifest") from None
+    try:
         data = json.loads(text)
+    except RecursionError:
+        raise ManifestError(f"image manifest {path} is nested too deeply to be a manifest") from None
     except ValueError as exc:
         raise ManifestError(f"image manifest {path} is not valid JSON: {exc}") from None
     return parse_manifest(data, where=str(path))
