@@ -179,8 +179,8 @@ def _next_long(seq_lens_ptr, req, start, num_reqs, qlen, BLOCK_T: tl.constexpr, 
 
 @triton.jit
 def _count_overflow(overflow_ptr, last_end, capacity):
-    """Keys past the buffers' capacity (a group's last end beyond it): the largest such count
-    is kept in overflow, for the host to read off the hot path."""
+    """Keys past the buffers' capacity (the batch's, or a group's, last end beyond it): the
+    largest such count is kept in overflow, for the host to read off the hot path."""
     if last_end > capacity:
         tl.atomic_max(overflow_ptr, last_end - capacity)
 
@@ -231,8 +231,7 @@ def _plan_kernel(
     if pid == 0:
         tl.store(kv_indptr_ptr, 0)
         tl.store(kv_indptr_ptr + 1 + r, tl.minimum(ends, capacity), mask=in_batch)
-        if batch_keys > capacity:
-            tl.atomic_max(overflow_ptr, batch_keys - capacity)
+        _count_overflow(overflow_ptr, batch_keys, capacity)
         tl.store(qo_indptr_ptr + r, r * qlen, mask=in_batch)
         tl.store(qo_indptr_ptr + num_reqs, num_reqs * qlen)
 

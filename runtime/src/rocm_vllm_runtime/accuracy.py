@@ -255,7 +255,7 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
                 samples_file.write_text(json.dumps(result["samples"], default=str) + "\n")
                 run["samples_file"] = str(samples_file)
     finally:
-        bench.stop(proc, grace_s=bench.grace(bool(questions) or (not bench.terminating() and bench.healthy(base_url))))
+        bench.stop(proc, grace_s=bench.grace(bool(questions), base_url))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}

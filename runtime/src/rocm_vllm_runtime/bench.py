@@ -251,15 +251,10 @@ def stop_servers_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def terminating() -> bool:
-    """Whether SIGTERM arrived (stop_servers_on_sigterm)."""
-    return _terminating
-
-
-def grace(finished: bool) -> float:
-    """Seconds a server may take to stop: a minute once it served, 5 s when it never came up or
-    this process is being terminated."""
-    return 60.0 if finished and not _terminating else 5.0
+def grace(finished: bool, base_url: str) -> float:
+    """Seconds a server may take to stop: a minute once it served (``finished``) or while it is
+    healthy, 5 s when it never came up or this process is being terminated."""
+    return 60.0 if not _terminating and (finished or healthy(base_url)) else 5.0
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -334,7 +329,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
     finally:
         # A server that never came up has nothing to finish: no grace period for it.
-        stop(proc, grace_s=grace(bool(metrics) or (not terminating() and healthy(base_url))))
+        stop(proc, grace_s=grace(bool(metrics), base_url))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}
