@@ -333,6 +333,23 @@ def test_secret_is_made_from_the_users_secrets_file_under_a_stable_name(rendered
             "VLLM_API_KEY": "test-key-0123456789"}
 
 
+@pytest.mark.parametrize("line,secret", [('VLLM_API_KEY="test-key-0123456789"', '"test-key-0123456789"'),
+                                         ("VLLM_API_KEY='test-key-0123456789'", "'test-key-0123456789'")])
+def test_a_quoted_key_in_the_secrets_file_stops_the_server_in_one_line(tmp_path, line, secret):
+    """kustomize keeps quotes in an env file's value (read here from the real render): the server
+    would take the quoted string as its key and refuse every client sending the key. The image's
+    serve command refuses such a key at start, naming the variable, the key not shown."""
+    from rocm_vllm_runtime.serve import ServeError, build_argv, check_api_keys
+
+    objs = kustomize(deploy_copy(tmp_path, secrets=line + "\n") / "overlays" / OVERLAYS[0])
+    value = {k: base64.b64decode(v).decode() for k, v in one(objs, "Secret")["data"].items()}["VLLM_API_KEY"]
+    assert value == secret
+    env = {"VLLM_API_KEY": value}
+    with pytest.raises(ServeError, match=r"^VLLM_API_KEY: the API key is wrapped in quotes") as err:
+        check_api_keys(build_argv([], env), env)
+    assert "test-key" not in str(err.value)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_without_the_secrets_file_the_render_stops_naming_it(tmp_path, overlay):
     """The servers listen on the pod network and refuse to start there without an API key: rather than

@@ -96,7 +96,7 @@ def test_the_host_vllm_uses_is_the_last_one_given() -> None:
     assert exposure(build_argv(["--host=0.0.0.0", "--host=127.0.0.1"], {}), {}) == ""
 
 
-@pytest.mark.parametrize("key", ["k3y\n", "k3y\r\n", " k3y", "k\x00y"])
+@pytest.mark.parametrize("key", ["k3y\n", "k3y\r\n", " k3y", "k\x00y", '"k3y"', "'k3y'"])
 def test_an_api_key_no_client_could_send_stops_in_one_line_never_shown(key: str) -> None:
     from rocm_vllm_runtime.serve import check_api_keys
 
@@ -106,3 +106,19 @@ def test_an_api_key_no_client_could_send_stops_in_one_line_never_shown(key: str)
         message = str(err.value)
         assert "\n" not in message and "k3y" not in message and "not shown" in message
     check_api_keys(build_argv(["--api-key", "k3y"], {}), {"VLLM_API_KEY": "k3y"})
+
+
+@pytest.mark.parametrize("token", ['"hf_k3y"', "'hf_k3y'", "hf_k3y\n", "hf k3y"])
+def test_a_hugging_face_token_that_could_never_be_sent_stops_in_one_line_never_shown(token: str) -> None:
+    """The same rule for every secret serve passes on: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, --hf-token."""
+    from rocm_vllm_runtime.serve import check_api_keys
+
+    for args, env, named in (([], {"HF_TOKEN": token}, "HF_TOKEN"),
+                             ([], {"HUGGING_FACE_HUB_TOKEN": token}, "HUGGING_FACE_HUB_TOKEN"),
+                             (["--hf-token", token], {}, "--hf-token"), ([f"--hf-token={token}"], {}, "--hf-token")):
+        with pytest.raises(ServeError) as err:
+            check_api_keys(build_argv(args, env), env)
+        message = str(err.value)
+        assert message.startswith(named + ":") and "Hugging Face token" in message, message
+        assert "\n" not in message and "k3y" not in message and "not shown" in message
+    check_api_keys(build_argv(["--hf-token", "hf_k3y"], {}), {"HF_TOKEN": "hf_k3y", "VLLM_API_KEY": "a'b\"c"})

@@ -27,9 +27,11 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import resources
 
 import torch
+
+from .distributions import NO_VERSION, no_version_problem, version_of
 
 ARCHS = ("gfx942", "gfx950")
 
@@ -122,13 +124,9 @@ def defects() -> tuple[Defect, ...]:
 
 @functools.cache
 def installed_aiter_version() -> str | None:
-    """The installed AITER's version (from its distribution metadata; AITER is not imported)."""
-    for name in AITER_DISTRIBUTIONS:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    """The installed AITER's version (from its distribution metadata; AITER is not imported);
+    "" when that metadata has none, None when AITER is not installed."""
+    return version_of(*AITER_DISTRIBUTIONS)
 
 
 def active_table(environ: Mapping[str, str] = os.environ) -> KernelTable:
@@ -140,6 +138,9 @@ def active_table(environ: Mapping[str, str] = os.environ) -> KernelTable:
     version = installed_aiter_version()
     if version is None:
         return load_table(available_tables()[-1])
+    if version == NO_VERSION:
+        raise ValueError(f"ROCM_AITER_MLA cannot choose a kernel table: "
+                         f"{no_version_problem('AITER', AITER_DISTRIBUTIONS)}; {TABLE_ENV}=<tag> overrides")
     tag = "v" + version.split("+")[0]
     if tag not in available_tables():
         raise ValueError(

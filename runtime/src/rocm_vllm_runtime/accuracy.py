@@ -427,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     parser.add_argument("serve_args", nargs="*", help="after --: arguments for every server (ACCURACY_SERVE_ARGS)")
     args = parser.parse_args(argv)
+    problem = files.outputs_problem({"--json": args.json}, {"--out-dir": args.out_dir})
+    if problem:
+        print(f"accuracy: error: {problem}", file=sys.stderr)
+        return 2
     merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("ACCURACY_") and v is not None}}
     bench.stop_servers_on_sigterm()
     try:
@@ -445,8 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accuracy: error: {exc}", file=sys.stderr)
         return 2
     print(render(doc), flush=True)
-    if args.json:
-        files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
+    if args.json and not files.write_result("accuracy", "--json", args.json, json.dumps(doc, indent=2) + "\n"):
+        return 2
     return 0 if doc["ok"] else 1
 
 

@@ -442,6 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("serve_args", nargs="*", help="after --: arguments for every server")
     args = parser.parse_args(argv)
 
+    problem = files.outputs_problem({"--json": args.json}, {"--out-dir": args.out_dir})
+    if problem:
+        print(f"bench: error: {problem}", file=sys.stderr)
+        return 2
     given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
     merged = {**env, **given}
     stop_servers_on_sigterm()
@@ -456,12 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     doc = compare(chosen, args.serve_args, load, port, Path(args.out_dir), start_timeout)
     print(render(doc), flush=True)
-    if args.json:
-        try:
-            files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
-        except OSError as exc:
-            print(f"bench: error: cannot write --json {args.json} ({exc.strerror or exc})", file=sys.stderr)
-            return 2
+    if args.json and not files.write_result("bench", "--json", args.json, json.dumps(doc, indent=2) + "\n"):
+        return 2
     return 0 if doc["ok"] else 1
 
 

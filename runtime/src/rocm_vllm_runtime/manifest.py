@@ -404,6 +404,10 @@ def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup =
     vllm = lookup(*VLLM_DISTRIBUTIONS)
     if vllm is None:
         raise ManifestError(f"no vLLM installed in {origin}: set VLLM_IMAGE to an image with vLLM {want}")
+    if not vllm.version:
+        raise ManifestError(f"vLLM in {origin} (distribution {vllm.distribution}) has no version in its package "
+                            f"metadata, so it cannot be checked against vLLM {want or 'of the track'}: reinstall "
+                            "vLLM there, or set VLLM_IMAGE to an image with a complete vLLM install")
     if want and release(vllm.version) != want:
         building = f"track {track} builds" if track else "this backend is for"
         raise ManifestError(f"{origin} has vLLM {vllm.version} but {building} vLLM {want} (VLLM_VERSION in "

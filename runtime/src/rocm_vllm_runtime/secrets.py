@@ -20,19 +20,29 @@ _MANY_VALUES = ("--api-key",)
 _VISIBLE = {chr(c) for c in range(0x21, 0x7F)}
 
 
-def api_key_problem(key: str) -> str:
-    """'' when key can be sent as a bearer token; else why not (one line, the key not shown)."""
-    bad = [c for c in key if c not in _VISIBLE]
+def secret_value_problem(value: str, what: str = "the API key") -> str:
+    """'' when value can be sent in an HTTP header as it is (a bearer API key, a Hugging Face
+    token); else why not, in one line that does not show the value."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return (f"{what} is wrapped in quotes, which are part of its value (an env file for a Kubernetes Secret, "
+                "`kubectl create secret --from-env-file` and `docker run --env-file` keep them), so it would "
+                "never match what clients and servers send: remove the quotes (the value is not shown)")
+    bad = [c for c in value if c not in _VISIBLE]
     if not bad:
         return ""
     c = bad[0]
-    trailing = key[len(key.rstrip()):]
-    where = "at its end" if c in trailing else f"at position {key.index(c) + 1}"
+    trailing = value[len(value.rstrip()):]
+    where = "at its end" if c in trailing else f"at position {value.index(c) + 1}"
     name = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}.get(c, f"U+{ord(c):04X}")
     hint = (" (a Kubernetes Secret or env file made from a file with a trailing newline has one)"
             if c in "\r\n" else "")
-    return (f"the API key holds {name} {where}{hint}, which an HTTP header cannot carry, so every client would be "
-            "refused: remove it (the key is not shown)")
+    return (f"{what} holds {name} {where}{hint}, which an HTTP header cannot carry, so every request with it "
+            "would be refused: remove it (the value is not shown)")
+
+
+def api_key_problem(key: str) -> str:
+    """'' when key can be sent as a bearer token; else why not (one line, the key not shown)."""
+    return secret_value_problem(key, "the API key")
 
 
 def is_secret_option(option: str) -> bool:

@@ -110,21 +110,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def output_problem(option: str, path: str) -> str:
-    """'' when `path` can be written (its folder is created); else one line naming the option."""
-    target = Path(path)
-    existed = target.exists()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "a"):
-            pass
-    except OSError as exc:
-        return f"cannot write {option} {path} ({exc.strerror or exc}): choose a writable path"
-    if not existed:
-        target.unlink()
-    return ""
-
-
 def detect_gpus() -> tuple[list[dict[str, object]], str]:
     gpus, tool, _ = find_gpus([run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])])
     return [{"index": g.index, "target": g.target, "name": g.name} for g in gpus], tool
@@ -145,8 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.pytest_args = pytest_args
 
     outputs = {"--json": args.json, "--junit": args.junit}
-    problems = [files.check_outputs(outputs)] + [output_problem(o, p) for o, p in outputs.items() if p]
-    problem = next((p for p in problems if p), "")
+    problem = files.outputs_problem(outputs)
     if problem:
         print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
         return report.EXIT_NOT_RUN
@@ -177,14 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra[name] = {"error": f"{artifact} is truncated or not JSON ({exc.__class__.__name__})"}
     doc = report.to_json(results, stack_versions(), gpus, source, extra)
     print(report.render(doc), flush=True)
-    try:
-        if args.json:
-            files.write_text(args.json, json.dumps(doc, indent=2) + "\n")
-        if args.junit:
-            files.write_text(args.junit, xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts))
-    except OSError as exc:
-        print(f"selftest: error: cannot write the results ({exc.strerror or exc}): choose a writable path",
-              file=sys.stderr, flush=True)
+    written = [files.write_result("selftest", "--json", args.json, json.dumps(doc, indent=2) + "\n")
+               if args.json else True,
+               files.write_result("selftest", "--junit", args.junit,
+                                  xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts))
+               if args.junit else True]
+    if not all(written):
         return report.EXIT_NOT_RUN
     return int(doc["exit_code"])  # type: ignore[call-overload]
 

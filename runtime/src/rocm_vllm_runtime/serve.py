@@ -34,7 +34,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime.secrets import api_key_problem, shown
+from rocm_vllm_runtime.secrets import secret_value_problem, shown
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TINY_MODEL_ENV = "TINY_MLA_MODEL"
@@ -162,12 +162,25 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
                      f"127.0.0.1, or set {ALLOW_NO_KEY_ENV}=1 to serve without a key anyway")
 
 
+HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def _option_values(args: Sequence[str], option: str) -> list[str]:
+    """Values of a one-value option (--opt VALUE, --opt=VALUE)."""
+    return [a.split("=", 1)[1] if a.startswith(option + "=") else b
+            for a, b in zip(args, [*args[1:], ""]) if a == option or a.startswith(option + "=")]
+
+
 def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
-    """ServeError, in one line that never shows a key, when an API key cannot be one: an HTTP
-    header cannot carry it, so every client would be refused."""
-    keys = [(API_KEY_ENV, env.get(API_KEY_ENV, ""))] + [("--api-key", k) for k in _api_keys(server_args)]
-    for where, key in keys:
-        why = api_key_problem(key) if key else ""
+    """ServeError, in one line that never shows a secret, when an API key or a Hugging Face token
+    cannot be what it is meant to be: wrapped in quotes an env file kept, or holding what an HTTP
+    header cannot carry. Either way every client (or every download) would be refused."""
+    keys = [(API_KEY_ENV, "the API key", env.get(API_KEY_ENV, ""))]
+    keys += [("--api-key", "the API key", k) for k in _api_keys(server_args)]
+    keys += [(name, "the Hugging Face token", env.get(name, "")) for name in HF_TOKEN_ENVS]
+    keys += [("--hf-token", "the Hugging Face token", t) for t in _option_values(server_args, "--hf-token")]
+    for where, what, key in keys:
+        why = secret_value_problem(key, what) if key else ""
         if why:
             raise ServeError(f"{where}: {why}")
 

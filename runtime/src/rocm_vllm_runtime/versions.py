@@ -17,19 +17,29 @@ PACKAGES: dict[str, str] = {
 }
 
 
+# What the report shows for a distribution whose metadata has no version (never "not installed").
+NO_VERSION_SHOWN = "(installed, no version in its metadata)"
+
+
 class Installed(NamedTuple):
     distribution: str
-    version: str
+    version: str  # "" when the distribution's metadata has no Version
 
 
 def installed(*names: str) -> Installed | None:
-    """The first of the distributions `names` that is installed, with its version; None when
-    none is (e.g. installed("amd-aiter", "aiter"): the AITER wheel's name changed)."""
+    """The first of the distributions `names` that is installed, with its version ("" when its
+    metadata has none: installed all the same); None when none is (e.g. installed("amd-aiter",
+    "aiter"): the AITER wheel's name changed)."""
     for name in names:
         try:
-            return Installed(name, metadata.version(name))
+            dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
+        try:
+            version = dist.metadata.get("Version")
+        except (KeyError, AttributeError):  # no metadata file at all
+            version = None
+        return Installed(name, str(version).strip() if version else "")
     return None
 
 
@@ -42,13 +52,16 @@ def requires(name: str) -> list[str]:
 
 
 def installed_version(import_name: str) -> str:
-    """Version of the distribution that provides `import_name`; '' when not installed."""
+    """Version of the distribution that provides `import_name`; '' when not installed,
+    NO_VERSION_SHOWN when installed without a version in its metadata."""
     try:
         dists = metadata.packages_distributions().get(import_name, [])
     except Exception:  # noqa: BLE001 - broken metadata must not break the report
         dists = []
     found = installed(*(dists or [import_name]))
-    return found.version if found else ""
+    if found is None:
+        return ""
+    return found.version or NO_VERSION_SHOWN
 
 
 def stack_versions() -> dict[str, str]:
