@@ -54,6 +54,7 @@ def box(tmp_path: Path, runtime_dir: Path):
         "ROCM_VLLM_PUBLISHED_ADDRESS": "127.0.0.1",
         "ROCM_VLLM_MANIFEST": str(manifest),
         "ROCM_VLLM_JIT_CACHE": str(tmp_path / "jit-cache"),
+        "TMPDIR": str(tmp_path / "tmp"),  # the container's own /tmp: AITER's builds and their locks
         "TINY_MLA_MODEL": str(tmp_path / "tiny-mla"),
     }
 
@@ -95,6 +96,7 @@ def test_serve_on_gfx942_turns_aiter_on_and_runs_the_server(box) -> None:
     assert "--load-format" in call["argv"] and "--skip-tokenizer-init" in call["argv"]
     link = Path(call["jit"]) / "module_mla_asm.so"
     assert link.is_symlink()
+    assert (Path(call["jit"]) / "build").resolve().parent == box.root / "tmp" / "rocm-vllm-aiter-build"
     assert "AITER on for gfx942" in proc.stderr
     assert f"AITER JIT cache: {call['jit']}" in proc.stderr
 

@@ -15,7 +15,11 @@ Settings (environment; a value outside the listed ones stops the container with 
   ROCM_VLLM_DRI_PATH     the directory of the GPUs' render nodes renderD* (default /dev/dri);
                          each must open read-write (the container needs the host's render group)
   ROCM_VLLM_JIT_CACHE    mount point of the AITER JIT cache (default /var/cache/aiter-jit)
-  AITER_JIT_DIR          used as given when set
+  AITER_JIT_DIR          used as given when set; either way its build/ (AITER's build directory
+                         and lock files) becomes a link to a directory of this container run,
+                         so no lock outlives the run or is seen by another container
+  TMPDIR                 where those per-run build directories live (default /tmp); must be
+                         the container's own
   TRITON_CACHE_DIR       used as given when set; unset: triton/ under ROCM_VLLM_JIT_CACHE
   VLLM_ROCM_USE_AITER    as vLLM reads it: 1 or true (any case) on, 0 or false off; kept when
                          set; unset or empty: 1 on gfx942/gfx950, 0 elsewhere
@@ -33,6 +37,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rocm_vllm_runtime import jitcache
 from rocm_vllm_runtime.devices import Gpu, parse_listing
@@ -95,6 +100,7 @@ class Decision:
     gpus: list[Gpu] = field(default_factory=list)
     jit_dir: str = ""
     jit_mount: str = ""  # where a volume keeps the JIT cache
+    jit_build: str = ""  # the container-local root of AITER's build directory per run
     triton_dir: str = ""  # Triton's kernel cache on that volume (empty: the user's TRITON_CACHE_DIR)
 
     @property
@@ -188,6 +194,7 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
     decision.jit_dir = path
     decision.jit_mount = path if by_user else (
         inputs.env.get(jitcache.CACHE_ROOT_ENV) or jitcache.DEFAULT_CACHE_ROOT)
+    decision.jit_build = jitcache.build_root_for(inputs.env)
     if not by_user:
         decision.env[jitcache.JIT_DIR_ENV] = path
     triton = jitcache.triton_dir_for(inputs.env)
@@ -348,7 +355,8 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
 
 
 def apply_jit_cache(decision: Decision, level: str) -> None:
-    """Side effect: create the JIT cache directory and link the prebuilt modules."""
+    """Side effect: create the JIT cache directory, link the prebuilt modules into it and point
+    AITER's build directory in it at this container run's own (jitcache.link_build_dir)."""
     if not decision.jit_dir:
         return
     triton = ""
@@ -361,23 +369,39 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
             decision.env.pop(jitcache.TRITON_CACHE_ENV, None)
             decision.log.append(f"warning: cannot create the Triton cache {decision.triton_dir} "
                                 f"({exc.strerror or exc}); TRITON_CACHE_DIR not set (Triton uses ~/.triton/cache)")
-    try:
-        linked = jitcache.prepare(decision.jit_dir, jitcache.aiter_prebuilt_dir())
-    except OSError as exc:
-        message = (f"cannot prepare the AITER JIT cache {decision.jit_dir} "
-                   f"({exc.strerror or exc}): set AITER_JIT_DIR to a writable directory")
+    prebuilt = jitcache.aiter_prebuilt_dir()
+    # AITER run from its own package directory builds in the container already.
+    in_package = prebuilt is not None and Path(decision.jit_dir).resolve() == prebuilt.resolve()
+    message, build = "", None
+    if not in_package:
+        try:
+            build = jitcache.run_build_dir(decision.jit_build, jitcache.run_key())
+        except OSError as exc:
+            message = (f"cannot create AITER's build directory under {decision.jit_build} "
+                       f"({exc.strerror or exc}): give the container a writable /tmp, or set "
+                       "TMPDIR to a writable directory of this container only")
+    if not message:
+        try:
+            linked = jitcache.prepare(decision.jit_dir, prebuilt)
+            if build is not None:
+                jitcache.link_build_dir(decision.jit_dir, build)
+        except OSError as exc:
+            message = (f"cannot prepare the AITER JIT cache {decision.jit_dir} "
+                       f"({exc.strerror or exc}): set AITER_JIT_DIR to a writable directory")
+    if message:
         if level == "strict":
             decision.fatal = message
             return
         # A directory that could not be prepared is not handed to AITER (it would fail at its
-        # first JIT compile, or rebuild every prebuilt module).
+        # first JIT compile, rebuild every prebuilt module, or wait on locks of runs long gone).
         if decision.env.pop(jitcache.JIT_DIR_ENV, None) is not None:
             message += f"; {jitcache.JIT_DIR_ENV} not set (AITER uses its default, ~/.aiter/jit)"
         decision.log.append(f"warning: {message}")
         return
+    builds = f"; AITER builds, with their lock files, in {build} (this container run's own)" if build else ""
     decision.log.append(
-        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{triton}; mount a "
-        f"volume at {decision.jit_mount} to keep modules compiled at run time)"
+        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{triton}{builds}; "
+        f"mount a volume at {decision.jit_mount} to keep modules compiled at run time)"
     )
 
 

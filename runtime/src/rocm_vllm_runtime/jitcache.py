@@ -14,11 +14,25 @@ Triton's kernel cache (`TRITON_CACHE_DIR`: the backend's decode planner, which c
 launch shape at start, and vLLM's own Triton kernels) goes to `triton/` on the same volume
 unless set: Triton keys its entries by its version and each kernel's source, so one directory
 serves every image.
+
+AITER compiles in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) and serialises its
+builds with lock files there (`build_module` -> `mp_lock` -> `FileBaton`; `<module>/build/lock`
+in aiter/jit/utils/cpp_extension.py). A waiter polls until the lock file is gone; a lock whose
+holder was killed (a container stopped or restarted mid-build) is broken only when the holder is
+recorded with this hostname and its pid is dead here. On a volume that outlives the container,
+or is shared by several, that is undecidable (another container's hostname, or the pid of a
+previous run alive again in a new PID namespace) and the next start waits forever (ROCm/aiter
+#3635, #5266). `link_build_dir()` therefore points `<AITER_JIT_DIR>/build` at a directory of
+this container run only (`run_build_dir()`: under $TMPDIR, keyed by `run_key()`): its locks are
+never seen by another container, and those of a previous run are gone at the next start.
+Modules AITER compiles are still copied to `AITER_JIT_DIR` itself and stay on the volume.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,6 +40,14 @@ JIT_DIR_ENV = "AITER_JIT_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 CACHE_ROOT_ENV = "ROCM_VLLM_JIT_CACHE"
 DEFAULT_CACHE_ROOT = "/var/cache/aiter-jit"
+# AITER's build directory inside AITER_JIT_DIR (aiter/jit/core.py: bd_dir).
+BUILD_DIR_NAME = "build"
+# Where each container run keeps AITER's build directory: under $TMPDIR (default /tmp), which
+# AITER needs writable anyway (it merges its tuned configs under /tmp/aiter_configs).
+BUILD_ROOT_NAME = "rocm-vllm-aiter-build"
+# The fixed path `<AITER_JIT_DIR>/build` points at, whichever container follows the link.
+CURRENT_RUN = "current"
+RUN_PREFIX = "run-"
 
 
 def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
@@ -43,6 +65,87 @@ def triton_dir_for(env: Mapping[str, str]) -> str | None:
     if env.get(TRITON_CACHE_ENV):
         return None
     return str(Path(env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT) / "triton")
+
+
+def build_root_for(env: Mapping[str, str]) -> str:
+    """The container-local directory that holds AITER's build directory of each run."""
+    tmp = env.get("TMPDIR") or ""
+    return str(Path(tmp if os.path.isabs(tmp) else "/tmp") / BUILD_ROOT_NAME)
+
+
+def _start_time(stat: str) -> str:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks after boot); the command name
+    before it may hold spaces and parentheses."""
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def run_key(proc: Path = Path("/proc")) -> str:
+    """Identity of this container run: boot, PID namespace and start of its process 1.
+
+    Every process of one run (the server, a `docker exec` beside it) gets the same key; a
+    restarted container gets a new process 1 and another key, another container another PID
+    namespace. A part that cannot be read counts as empty.
+    """
+    parts = []
+    for read in (lambda: (proc / "sys/kernel/random/boot_id").read_text().strip(),
+                 lambda: os.readlink(proc / "self/ns/pid"),
+                 lambda: _start_time((proc / "1/stat").read_text())):
+        try:
+            parts.append(read())
+        except (OSError, ValueError, IndexError):
+            parts.append("")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def run_build_dir(root: str, key: str) -> Path:
+    """`<root>/current`, a link to this run's own directory `<root>/run-<key>`.
+
+    Directories of other runs are removed: the root is the container's own, so they belong to
+    runs whose processes are all gone, and any lock file in them is stale.
+    """
+    base = Path(root)
+    run = base / f"{RUN_PREFIX}{key}"
+    run.mkdir(parents=True, exist_ok=True)
+    current = base / CURRENT_RUN
+    _point(current, run.name)
+    for entry in base.iterdir():
+        if entry.name.startswith(RUN_PREFIX) and entry.name != run.name:
+            shutil.rmtree(entry, ignore_errors=True)
+    return current
+
+
+def _point(link: Path, target: str, owner: tuple[int, int] | None = None) -> None:
+    """Make `link` a symlink to `target`, replacing a symlink atomically."""
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    temporary = link.with_name(f".{link.name}-{os.urandom(6).hex()}")
+    os.symlink(target, temporary)
+    if owner:
+        os.chown(temporary, *owner, follow_symlinks=False)
+    os.replace(temporary, link)
+
+
+def link_build_dir(jit_dir: str, build_dir: Path) -> None:
+    """Point AITER's build directory `<jit_dir>/build` at `build_dir` (this run's own).
+
+    A real build directory there (left by an image without this layout, or by AITER run without
+    the guard) may hold locks of killed builds that nothing can tell from live ones: it is moved
+    aside and removed. Run as root, the link takes the owner of the cache directory.
+    """
+    jit = Path(jit_dir)
+    link = jit / BUILD_DIR_NAME
+    if os.path.lexists(link) and not link.is_symlink():
+        aside = jit / f"{BUILD_DIR_NAME}.stale-{os.urandom(6).hex()}"
+        try:
+            os.rename(link, aside)
+        except FileNotFoundError:  # another container moved it first
+            pass
+        else:
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside, ignore_errors=True)
+            else:  # a file, or the link another guard made meanwhile
+                aside.unlink()
+    _point(link, str(build_dir), _owner_to_keep(jit))
 
 
 def aiter_prebuilt_dir() -> Path | None:
