@@ -10,10 +10,16 @@ with the same reason. Allowed to skip under CI:
 * tests marked `image`: they need the image manifest (they run inside the built image).
 
 The terminal summary ends with one line saying what skipped and why.
+
+Time: the run prints its slowest tests (pytest.ini: --durations) and the time spent per test
+folder, and fails when the whole session takes longer than PYTEST_TIME_BUDGET seconds (default
+2400, 40 minutes: CI stops a run at 90; 0 turns the budget off), so a slow week shows up as one
+named failure long before CI's limit, not as a run that never lands.
 """
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +27,38 @@ import pytest
 
 ALLOWED_SKIP_MARKERS = ("gpu", "image")
 _SKIPS: Counter[str] = Counter()
+TIME_BUDGET_ENV = "PYTEST_TIME_BUDGET"
+DEFAULT_TIME_BUDGET_S = 2400
+_STARTED: list[float] = []
+_AREA_SECONDS: Counter[str] = Counter()
+
+
+def time_budget(env=os.environ) -> float:
+    """The session's time budget in seconds (0: none); a bad value stops the run naming it."""
+    raw = env.get(TIME_BUDGET_ENV, "").strip() or str(DEFAULT_TIME_BUDGET_S)
+    if not (raw.isascii() and raw.isdigit()):
+        raise pytest.UsageError(f"{TIME_BUDGET_ENV}={raw!r} is not a whole number of seconds (0: no budget)")
+    return float(raw)
+
+
+def area_of(nodeid: str) -> str:
+    """The folder a test lives in (backend/tests/engine, tests, ...), for the time per area."""
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[0] if "/" in nodeid else "."
+
+
+def pytest_sessionstart(session) -> None:
+    time_budget()  # a bad setting stops here, before any test
+    _STARTED.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report) -> None:
+    _AREA_SECONDS[area_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    budget = time_budget()
+    if _STARTED and budget and time.monotonic() - _STARTED[0] > budget and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def under_ci() -> bool:
@@ -56,6 +94,20 @@ def pytest_terminal_summary(terminalreporter) -> None:
     else:
         parts = [f"{n} x [{reason}]" for reason, n in sorted(_SKIPS.items(), key=lambda kv: (-kv[1], kv[0]))]
         line = f"skipped: {sum(_SKIPS.values())} ({'; '.join(parts)})"
+    if _AREA_SECONDS:
+        terminalreporter.section("time per test folder")
+        for area, seconds in sorted(_AREA_SECONDS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:8.1f}s  {area}")
+    if _STARTED:
+        took, budget = time.monotonic() - _STARTED[0], time_budget()
+        terminalreporter.section("time budget")
+        if budget and took > budget:
+            terminalreporter.write_line(
+                f"FAILED: the session took {took:.0f}s, over its budget of {budget:.0f}s ({TIME_BUDGET_ENV}): "
+                "make the slowest tests above faster, or share their images and servers")
+        else:
+            terminalreporter.write_line(f"the session took {took:.0f}s of its {budget:.0f}s budget ({TIME_BUDGET_ENV})"
+                                        if budget else f"the session took {took:.0f}s (no budget: {TIME_BUDGET_ENV}=0)")
     terminalreporter.section("skips")
     terminalreporter.write_line(line)
 
