@@ -11,6 +11,8 @@
 //
 // versions.json's top-level keys (tracks, aiter, vllm, base_image, gpu_archs, ...) become bake
 // variables; without it every target fails with "There is no variable named ...".
+// A ROCm target whose pins are not all resolved stops bake before anything is pulled or built, in
+// one line naming each unresolved pin and `python3 -m ci.pins resolve --write` (see pins_check).
 // Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
 
 variable "REGISTRY" { default = "localhost/rocm-vllm" }
@@ -21,7 +23,8 @@ variable "TRACK" { default = default_track }
 variable "AITER_PIN" { default = tracks[TRACK].aiter }
 // GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
 variable "GPU_ARCHS" { default = join(";", gpu_archs) }
-// "1" accepts UNRESOLVED pins (development images, never a release).
+// "1" accepts UNRESOLVED pins (development images, never a release); "0": a ROCm target that builds
+// from an unresolved pin stops bake (pins_check).
 variable "ALLOW_UNRESOLVED" { default = "0" }
 // Empty: derived from the builder's CPUs and memory at build time.
 variable "MAX_JOBS" { default = "" }
@@ -93,6 +96,69 @@ function "commit_tag" {
 function "no_value" {
   params = []
   result = {}
+}
+
+// ---------------------------------------------------------------- unresolved pins
+// A target that builds from a pin versions.json leaves unresolved (null) stops bake, before
+// anything is pulled or built, in one line that names every such pin of the target and the
+// command that resolves them, unless ALLOW_UNRESOLVED=1. The check is a target each ROCm target
+// inherits: pins_check gives the name of the empty target below when every pin is there, else
+// that line, which bake, finding no target of that name, prints as
+// "ERROR: failed to find target <the line>". bake looks up what a target inherits only for the
+// targets it is asked for and the targets they use as contexts (target:base), so the CPU path's
+// targets, which build from none of these pins (they neither inherit nor link a ROCm target), are
+// never stopped by it. (Variable validation blocks would stop every target alike, and buildx 0.13
+// has none.)
+target "_pins_resolved" {}
+
+function "pins_check" {
+  params = [name, pins]
+  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and the PyTorch wheel index, or set ALLOW_UNRESOLVED=1 for a development image"
+}
+
+// versions.json paths (path.key) of the keys of node that are null.
+function "nulls" {
+  params = [path, node, keys]
+  result = [for key, value in node : "${path}.${key}" if value == null && contains(keys, key)]
+}
+
+// Where versions.json holds a shared section (rocm, base_image, pytorch) for the track.
+function "section_path" {
+  params = [name]
+  result = contains(keys(tracks[TRACK]), name) ? "tracks.${TRACK}.${name}" : name
+}
+
+// The pins the verified AITER source (base-aiter-src) builds from: the ROCm image its stages run
+// in, the repository, and the AITER pin's tag, commit and CK commit.
+function "aiter_source_pins" {
+  params = []
+  result = concat(
+    nulls(section_path("base_image"), track_section("base_image", base_image), ["name", "tag", "digest"]),
+    nulls("aiter", aiter, ["repository", "ck_submodule_path"]),
+    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["tag", "commit", "ck_commit"]))
+}
+
+// The pins the base image builds from: the AITER source's, the HipKittens commit, the PyTorch
+// wheels.
+function "base_pins" {
+  params = []
+  result = concat(
+    aiter_source_pins(),
+    nulls("aiter", aiter, ["hipkittens_repository", "required_modules"]),
+    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["hipkittens_commit"]),
+    nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url"]),
+    flatten([for key, wheel in track_section("pytorch", pytorch).wheels : nulls(
+      "${section_path("pytorch")}.wheels.${key}", wheel, ["package", "version", "sha256"])]))
+}
+
+// The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them, also
+// with VLLM_IMAGE), and the track's vLLM source when vLLM is built here (VLLM_IMAGE empty).
+function "vllm_pins" {
+  params = []
+  result = concat(base_pins(), VLLM_IMAGE != "" ? [] : concat(
+    nulls("vllm", vllm, ["repository"]),
+    nulls("vllm.triton_kernels", vllm.triton_kernels, ["repository", "path"]),
+    nulls("tracks.${TRACK}.vllm", tracks[TRACK].vllm, ["tag", "commit", "triton_kernels_commit"])))
 }
 
 // Build cache key of a target, from what its layers depend on. base: the AITER commit and the GPU
@@ -182,7 +248,7 @@ function "without_notes" {
 }
 
 target "base" {
-  inherits   = ["_common", "_versions"]
+  inherits   = ["_common", "_versions", pins_check("base", base_pins())]
   dockerfile = "Dockerfile.rocm_base"
   target     = "final"
   args = {
@@ -196,7 +262,7 @@ target "base" {
 
 // The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
 target "base-aiter-src" {
-  inherits   = ["_common", "_versions"]
+  inherits   = ["_common", "_versions", pins_check("base-aiter-src", aiter_source_pins())]
   dockerfile = "Dockerfile.rocm_base"
   target     = "aiter-verified"
   output     = ["type=cacheonly"]
@@ -214,7 +280,7 @@ target "_rocm" {
 
 // vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
 target "vllm" {
-  inherits   = ["_rocm"]
+  inherits   = ["_rocm", pins_check("vllm", vllm_pins())]
   target     = "vllm"
   tags       = image_tags("vllm")
   cache-from = cache_from("vllm")
@@ -223,7 +289,7 @@ target "vllm" {
 
 // OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
 target "serve" {
-  inherits   = ["_rocm"]
+  inherits   = ["_rocm", pins_check("serve", vllm_pins())]
   target     = "serve"
   tags       = image_tags("serve")
   cache-from = cache_from("serve")
@@ -232,7 +298,7 @@ target "serve" {
 
 // serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
 target "ci" {
-  inherits   = ["_rocm"]
+  inherits   = ["_rocm", pins_check("ci", vllm_pins())]
   target     = "ci"
   tags       = image_tags("ci")
   cache-from = cache_from("ci")
@@ -262,7 +328,9 @@ function "cpu_tags" {
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image. The named context `base` (the ROCm
 // base image) is the CPU image too: the stages that read it are not built on this path, and the
-// ROCm base target is never built for a CPU image.
+// ROCm base target is never built for a CPU image. The CPU targets take Dockerfile.rocm's settings
+// (_rocm) and its serve and ci stages, not the serve and ci targets: they build from no ROCm pin,
+// so the ROCm targets' pins check is not theirs.
 target "_cpu" {
   contexts = { base = "docker-image://${VLLM_CPU_IMAGE}" }
   args     = { VLLM_IMAGE = VLLM_CPU_IMAGE }
@@ -274,13 +342,15 @@ target "_cpu" {
 }
 
 target "serve-cpu" {
-  inherits   = ["serve", "_cpu"]
+  inherits   = ["_rocm", "_cpu"]
+  target     = "serve"
   tags       = cpu_tags("serve-cpu")
   cache-from = cache_from("serve-cpu")
 }
 
 target "ci-cpu" {
-  inherits   = ["ci", "_cpu"]
+  inherits   = ["_rocm", "_cpu"]
+  target     = "ci"
   tags       = cpu_tags("ci-cpu")
   cache-from = cache_from("ci-cpu")
 }

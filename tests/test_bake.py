@@ -33,21 +33,56 @@ def printed(*targets, env=None):
 
 # Build args that are settings of a build, not pins (bake variables of their own).
 SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", "VLLM_IMAGE", "AITER_CALLS_CHECK"}
+# versions.json leaves pins unresolved until `python3 -m ci.pins resolve --write` runs on a connected
+# machine, and bake stops a ROCm target that builds from one: tests of other settings print the
+# ROCm targets as a development build does.
+DEV = {"ALLOW_UNRESOLVED": "1"}
+
+
+def resolved(data, tmp_path, keep=()):
+    """A versions file with every unresolved pin given a well-formed value (as `ci.pins resolve`
+    writes them), but the dotted paths in keep, which stay null."""
+    data = json.loads(json.dumps(data))
+
+    def fill(node, path):
+        if isinstance(node, dict):
+            for name in list(node.get("unresolved") or []):
+                if f"{path}{name}" in keep:
+                    continue
+                node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64, "package": "pytorch-triton-rocm",
+                              "version": "3.8.0"}.get(name, "c" * 40)
+                node["unresolved"].remove(name)
+            for key, value in node.items():
+                fill(value, f"{path}{key}.")
+
+    fill(data, "")
+    path = tmp_path / "versions.json"
+    path.write_text(json.dumps(data))
+    return path
 
 
 @pytest.mark.parametrize("track", model.track_names(model.load()))
-def test_base_args_equal_versions_file(track):
+def test_base_args_equal_versions_file(track, tmp_path):
     """bake's _versions and ci.pins build_args are one mapping: the same args, byte for byte (the
-    component JSON args included), for every track."""
+    component JSON args included), for every track: unresolved pins (null in the JSON args, the
+    image without its digest under ALLOW_UNRESOLVED=1), and resolved ones."""
     data = model.load()
-    for name, target in printed("base", "serve", env={"TRACK": track}).items():
+    for name, target in printed("base", "serve", env={"TRACK": track, **DEV}).items():
         args = target["args"]
-        assert {k: v for k, v in args.items() if k not in SETTINGS} == model.build_args(data, track_name_=track), name
+        assert {k: v for k, v in args.items() if k not in SETTINGS} == \
+            model.build_args(data, track_name_=track, allow_unresolved=True), name
     assert args["SOURCE_DATE_EPOCH"] == str(data["source_date_epoch"])
+    path = resolved(data, tmp_path)
+    proc = bake_print("base", "serve", env={"TRACK": track, "ALLOW_UNRESOLVED": "0"},
+                      files=("docker-bake.hcl", str(path)))
+    assert proc.returncode == 0, proc.stderr
+    for name, target in json.loads(proc.stdout)["target"].items():
+        args = {k: v for k, v in target["args"].items() if k not in SETTINGS}
+        assert args == model.build_args(json.loads(path.read_text()), track_name_=track), name
 
 
 def test_base_target_settings():
-    base = printed("base")["base"]
+    base = printed("base", env=DEV)["base"]
     assert base["dockerfile"] == "Dockerfile.rocm_base" and base["target"] == "final"
     assert any("rewrite-timestamp=true" in o for o in base["output"])
     assert any(s.startswith("id=ca-bundle") for s in base["secret"])
@@ -67,13 +102,13 @@ def test_overrides_from_environment():
 
 def test_cache_settings_overridable():
     base = printed("base", env={"CACHE_FROM": "type=registry,ref=r/x:cache",
-                                "CACHE_TO": "type=registry,ref=r/x:cache,mode=max"})["base"]
+                                "CACHE_TO": "type=registry,ref=r/x:cache,mode=max", **DEV})["base"]
     assert base["cache-from"] == ["type=registry,ref=r/x:cache"]
     assert base["cache-to"] == ["type=registry,ref=r/x:cache,mode=max"]
 
 
 def test_validate_group_resolves():
-    targets = printed("validate")
+    targets = printed("validate", env=DEV)
     assert targets and all(t["dockerfile"] == "Dockerfile.rocm_base" for t in targets.values())
 
 
@@ -89,7 +124,7 @@ def test_unknown_aiter_pin_fails():
 
 
 def test_image_targets_use_dockerfile_rocm():
-    targets = printed("vllm", "serve", "ci")
+    targets = printed("vllm", "serve", "ci", env=DEV)
     for name in ("vllm", "serve", "ci"):
         assert targets[name]["dockerfile"] == "Dockerfile.rocm"
         assert targets[name]["target"] == name
@@ -100,7 +135,7 @@ def test_image_targets_use_dockerfile_rocm():
 def test_ray_comes_from_its_lock_not_from_build_args():
     """Ray is installed from ci/docker/requirements-ray.txt (a lock), so no target passes Ray
     versions or hashes as build args."""
-    proc = bake_print("serve", "ci")
+    proc = bake_print("serve", "ci", env=DEV)
     assert proc.returncode == 0, proc.stderr
     for target in json.loads(proc.stdout)["target"].values():
         assert not [a for a in target["args"] if a.startswith("RAY_")], target["args"]
@@ -115,7 +150,7 @@ CLEAR = {"PUSH": "0", "CACHE_FROM": "", "CACHE_TO": "", "TAG": "dev", "REGISTRY"
 def test_local_images_are_tagged_per_track_without_push_cache_or_attestations(track):
     """<name>:<TAG>-vllm<track>, plus <name>:<TAG> for the default track; nothing pushed."""
     data = model.load()
-    targets = printed("base", "vllm", "serve", "ci", env={**CLEAR, "TRACK": track, "TAG": "t1"})
+    targets = printed("base", "vllm", "serve", "ci", env={**CLEAR, **DEV, "TRACK": track, "TAG": "t1"})
     for name, target in targets.items():
         plain = [f"localhost/rocm-vllm/{name}:t1"] if track == data["default_track"] else []
         assert target["tags"] == [f"localhost/rocm-vllm/{name}:t1-vllm{track}"] + plain
@@ -124,7 +159,7 @@ def test_local_images_are_tagged_per_track_without_push_cache_or_attestations(tr
 
 
 def pushed(track=None, **env):
-    full = {**CLEAR, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA, **env}
+    full = {**CLEAR, **DEV, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA, **env}
     if track:
         full["TRACK"] = track
     return printed("base", "serve", "ci", env=full)
@@ -171,7 +206,7 @@ def test_an_unresolved_aiter_commit_is_named_in_the_pushed_tag(tmp_path):
     data["aiter"]["pins"][own["aiter"]]["commit"] = None
     path = tmp_path / "versions.json"
     path.write_text(json.dumps(data))
-    env = {**CLEAR, "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": SHA}
+    env = {**CLEAR, **DEV, "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": SHA}
     proc = bake_print("serve", env=env, files=("docker-bake.hcl", str(path)))
     assert proc.returncode == 0, proc.stderr
     serve = json.loads(proc.stdout)["target"]["serve"]
@@ -186,3 +221,102 @@ def test_pushed_images_need_a_commit_and_archs(env, names):
     proc = bake_print("base", env={**CLEAR, "PUSH": "1", "VCS_REF": SHA, **env})
     assert proc.returncode != 0
     assert f'"{names}_' in proc.stderr, proc.stderr
+
+
+# ---- unresolved pins: bake stops a ROCm target before anything is pulled or built ---------------
+
+ROCM_TARGETS = ("base", "vllm", "serve", "ci")
+
+
+def stop_line(proc) -> str:
+    """bake's one error line (its other stderr lines are progress: '#1 [internal] load ...')."""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def named_pins(line: str) -> set[str]:
+    """The pins a stop line names: 'TARGET (track T): it builds from N unresolved pin(s) of
+    versions.json: a, b, c: run python3 -m ci.pins resolve --write ...'."""
+    listed = line.split(" unresolved pin(s) of versions.json: ", 1)[1].split(": run ", 1)[0]
+    return set(listed.split(", "))
+
+
+def unresolved(data, tmp_path):
+    """The versions file with every pin `ci.pins resolve` finds (commits, the image digest, the
+    wheel sha256) unresolved again: null, and named in its object's unresolved list."""
+    data = json.loads(json.dumps(data))
+
+    def unset(node, *names):
+        for name in names:
+            node[name] = None
+            node.setdefault("unresolved", [])
+            node["unresolved"] += [] if name in node["unresolved"] else [name]
+
+    for own in [data, *data["tracks"].values()]:
+        if "base_image" in own:
+            unset(own["base_image"], "digest")
+        for wheel in own.get("pytorch", {}).get("wheels", {}).values():
+            unset(wheel, "sha256")
+    for pin in data["aiter"]["pins"].values():
+        unset(pin, "commit", "ck_commit", "hipkittens_commit")
+    for own in data["tracks"].values():
+        unset(own["vllm"], "commit")
+    path = tmp_path / "unresolved.json"
+    path.write_text(json.dumps(data))
+    return data, path
+
+
+@pytest.mark.parametrize("track", model.track_names(model.load()))
+def test_unresolved_pins_stop_each_rocm_target_in_one_line_naming_every_one(track, tmp_path):
+    """Pins unresolved (as on a machine where `resolve` has not run): every ROCm target stops bake
+    in one line naming the target, each unresolved pin it builds from (the track's AITER pin, the
+    base image, the wheels, and for the vLLM targets the track's vLLM) and the command that
+    resolves them; ALLOW_UNRESOLVED=1 lets it through. The CPU path builds from none of them."""
+    data, path = unresolved(model.load(), tmp_path)
+    files = ("docker-bake.hcl", str(path))
+    pins = set(model.unresolved_pins(data, track_name_=track))
+    vllm_pins = {p for p in pins if p.startswith(f"tracks.{track}.vllm.")}
+    assert vllm_pins and pins - vllm_pins
+    for target in ROCM_TARGETS:
+        line = stop_line(bake_print(target, env={**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0"}, files=files))
+        want = pins if target != "base" else pins - vllm_pins
+        assert f"{target} (track {track}): it builds from {len(want)} unresolved pin(s) of versions.json: " in line
+        assert named_pins(line) == want, line
+        assert "run python3 -m ci.pins resolve --write" in line and "ALLOW_UNRESOLVED=1" in line, line
+        assert "UNRESOLVED@" not in line and "invalid reference format" not in line
+    proc = bake_print(*ROCM_TARGETS, env={**CLEAR, "TRACK": track, **DEV}, files=files)
+    assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == set(ROCM_TARGETS), proc.stderr
+    proc = bake_print("cpu", env={**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0"}, files=files)
+    assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == {"serve-cpu", "ci-cpu"}, proc.stderr
+
+
+def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):
+    """A versions file resolved but for a few pins: a target builds unless one of its own pins is
+    missing. The vLLM commit stops vllm, serve and ci (not base, nor serve on an existing vLLM
+    image); the HipKittens commit stops the base (not the AITER source check, group validate); the
+    base image digest stops every ROCm target; the CPU path is never stopped."""
+    data = model.load()
+    track = data["default_track"]
+    pin = data["tracks"][track]["aiter"]
+    env = {**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0", "VLLM_IMAGE": ""}
+
+    def bake(keep, *targets, **more):
+        return bake_print(*targets, env={**env, **more}, files=("docker-bake.hcl", str(resolved(data, tmp_path, keep))))
+
+    everything = ("validate", *ROCM_TARGETS, "cpu")
+    assert bake((), *everything).returncode == 0  # every pin resolved: nothing stops
+
+    commit = f"tracks.{track}.vllm.commit"
+    assert bake({commit}, "base", "validate", "cpu").returncode == 0
+    for target in ("vllm", "serve", "ci"):
+        assert named_pins(stop_line(bake({commit}, target))) == {commit}
+    assert bake({commit}, "serve", VLLM_IMAGE="registry.example/vllm-rocm:v1").returncode == 0
+
+    hipkittens = f"aiter.pins.{pin}.hipkittens_commit"
+    assert bake({hipkittens}, "validate", "cpu").returncode == 0
+    assert named_pins(stop_line(bake({hipkittens}, "base"))) == {hipkittens}
+
+    for target in ("validate", *ROCM_TARGETS):
+        assert named_pins(stop_line(bake({"base_image.digest"}, target))) == {"base_image.digest"}
+    assert bake({"base_image.digest"}, "cpu").returncode == 0

@@ -549,7 +549,9 @@ def silent_server():
 
 
 @pytest.mark.parametrize("what", ["aiter", "base-image", "wheels"])
-def test_network_calls_are_bounded_and_fail_in_one_line(what, tree, silent_server):
+def test_network_calls_are_bounded_and_fail_in_one_line_per_item(what, tree, silent_server):
+    """A server that accepts the connection and never answers: each item fails after PINS_TIMEOUT,
+    in one line naming the server, then one summary line."""
     import time
 
     d = model.load(tree / "versions.json")
@@ -566,8 +568,10 @@ def test_network_calls_are_bounded_and_fail_in_one_line(what, tree, silent_serve
                           env=env, timeout=60)
     assert time.monotonic() - start < 30
     assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and silent_server in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
+    *lines, summary = proc.stderr.strip().splitlines()
+    assert lines and all(silent_server in line and "PINS_TIMEOUT" in line for line in lines), proc.stderr
+    assert len(lines) == (2 if what == "aiter" else 1)  # aiter: each track's pin
+    assert summary.startswith(f"error: resolve: {len(lines)} of {len(lines)} item(s) not resolved"), summary
 
 
 @pytest.fixture()
@@ -639,7 +643,8 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_ser
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and address in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
+    assert len(lines) == (2 if args[0] == "resolve" else 1), proc.stderr  # resolve: the item, then its summary
+    assert address in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon"])
@@ -706,6 +711,181 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and err.strip().splitlines() == ["error: interrupted; nothing was written"], err
     assert (tree / "versions.json").read_text() == before
+
+
+# ---- resolve on a machine that cannot reach its sources: every item named, within seconds -------
+
+@pytest.fixture()
+def blackhole():
+    """127.0.0.1:PORT, where a connection is neither accepted nor refused: a listening socket
+    whose accept queue is full drops every further SYN, as a network that drops packets does."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    queued = []
+    for _ in range(64):  # fill the queue; the first connection that times out shows it is full
+        conn = socket.socket()
+        conn.settimeout(0.5)
+        try:
+            conn.connect(server.getsockname())
+        except OSError:
+            conn.close()
+            break
+        queued.append(conn)
+    else:
+        pytest.fail("could not fill a listening socket's accept queue")
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    for conn in queued:
+        conn.close()
+    server.close()
+
+
+@pytest.fixture()
+def refused():
+    """127.0.0.1:PORT, where every connection is refused (a port bound but not listening)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def offline_env(**extra):
+    """The environment without proxies, git configuration or time limits of the caller's: resolve's
+    defaults, on this machine alone."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.lower().endswith("_proxy") and k not in ("PINS_TIMEOUT", "PINS_CONNECT_TIMEOUT")}
+    return {**env, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", **extra}
+
+
+def sources_at(path, host):
+    """Every source resolve reads (git remotes, the wheel index) moved to host."""
+    d = model.load(path)
+    d["aiter"]["repository"] = f"http://{host}/ROCm/aiter.git"
+    d["vllm"]["repository"] = f"http://{host}/vllm-project/vllm.git"
+    d["pytorch"]["index_url"] = f"https://{host}/whl/rocm7.2"
+    model.dump(d, path)
+    return d
+
+
+def resolve_all(path, *args, env, timeout=30):
+    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), "resolve", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_resolve_names_every_item_it_cannot_reach_within_10_seconds(tree, blackhole):
+    """No host answers (the SYN is dropped): `resolve --write` still ends within 10 s, with its
+    default time limits, naming every item in one line each (each track's AITER pin and vLLM,
+    the base image, the wheels), then one line with the count and what resolve needs to reach
+    (the git remotes, the container registry, the PyTorch wheel index); nothing is written."""
+    import time
+
+    path = tree / "versions.json"
+    d = sources_at(path, blackhole)
+    before = {p.name: p.read_text() for p in tree.iterdir()}
+    start = time.monotonic()
+    proc = resolve_all(path, "--registry", blackhole, "--write", env=offline_env(NO_PROXY="*"))
+    assert time.monotonic() - start < 10, proc.stderr
+    assert proc.returncode == 1
+    *lines, summary = proc.stderr.strip().splitlines()
+    tracks = model.track_names(d)
+    items = [f"aiter.pins.{d['tracks'][t]['aiter']}" for t in tracks] + [f"tracks.{t}.vllm" for t in tracks] + \
+        ["base_image", "pytorch.wheels"]
+    assert [line.split(": ", 2)[1] for line in lines] == items, proc.stderr
+    for line in lines:
+        assert line.startswith("error: ") and f"cannot reach {blackhole}: no connection within 5s" in line, line
+    assert summary.startswith(f"error: resolve: {len(items)} of {len(items)} item(s) not resolved ("), summary
+    for needed in (f"the git remote http://{blackhole}/ROCm/aiter.git (commits)",
+                   f"the git remote http://{blackhole}/vllm-project/vllm.git (commits)",
+                   f"the container registry {blackhole} (the digest of {blackhole}/rocm/dev-ubuntu-22.04:",
+                   f"the PyTorch wheel index https://{blackhole}/whl/rocm7.2 (wheel sha256)",
+                   "run python3 -m ci.pins resolve --write on a machine that reaches them"):
+        assert needed in summary, summary
+    assert {p.name: p.read_text() for p in tree.iterdir()} == before
+
+
+def test_resolve_writes_what_it_reaches_and_names_the_rest(tree, upstream, refused):
+    """The AITER remote answers, the others refuse: the AITER pins are resolved and written
+    (versions.json and the Dockerfiles), the vLLM, base image and wheel items are named, one line
+    each, and resolve exits 1."""
+    path = _with_test_pin(tree, upstream)
+    d = model.load(path)
+    d["vllm"]["repository"] = f"http://{refused}/vllm.git"
+    d["pytorch"]["index_url"] = f"https://{refused}/whl"
+    model.dump(d, path)
+    proc = resolve_all(path, "--registry", refused, "--write", env=offline_env(NO_PROXY="*"))
+    assert proc.returncode == 1
+    *lines, summary = proc.stderr.strip().splitlines()
+    tracks = model.track_names(d)
+    assert [line.split(": ", 2)[1] for line in lines] == [f"tracks.{t}.vllm" for t in tracks] + \
+        ["base_image", "pytorch.wheels"], proc.stderr
+    assert all(f"cannot reach {refused}: " in line for line in lines), lines
+    assert summary.startswith(f"error: resolve: {len(lines)} of {len(lines) + 1} item(s) not resolved"), summary
+    after = model.load(path)
+    assert after["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
+    assert after["aiter"]["pins"]["test"]["ck_commit"] == upstream["ck"]
+    assert f'"commit":"{upstream["commit"]}"' in (tree / "Dockerfile.rocm_base").read_text()
+    assert f"aiter.pins.test.commit: None -> {upstream['commit']}" in proc.stdout
+    assert after["tracks"][tracks[0]]["vllm"]["commit"] is None
+
+
+def test_a_proxy_that_refuses_the_host_is_named_for_each_item(tree):
+    """Behind an HTTP proxy (https_proxy) that answers CONNECT with 403, as one that does not let
+    the machine reach GitHub does: each item names the host, the proxy and its answer."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    asked = []
+
+    def answer():
+        while True:
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                return
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                asked.append(request.split(b"\r\n", 1)[0].decode())
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    proxy = f"127.0.0.1:{server.getsockname()[1]}"
+    path = tree / "versions.json"
+    d = model.load(path)
+    d["aiter"]["repository"] = "https://git.example.org/ROCm/aiter.git"
+    model.dump(d, path)
+    try:
+        proc = resolve_all(path, "aiter", env=offline_env(https_proxy=f"http://{proxy}",
+                                                          HTTPS_PROXY=f"http://{proxy}"))
+    finally:
+        server.close()
+    assert proc.returncode == 1
+    *lines, summary = proc.stderr.strip().splitlines()
+    assert len(lines) == len({own["aiter"] for own in d["tracks"].values()}), proc.stderr
+    for line in lines:
+        assert (f"cannot reach git.example.org:443 through the proxy {proxy}: the proxy answered CONNECT with "
+                "'HTTP/1.1 403 Forbidden'") in line, line
+    assert set(asked) == {"CONNECT git.example.org:443 HTTP/1.1"}
+    assert "the git remote https://git.example.org/ROCm/aiter.git (commits)" in summary
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "soon"])
+def test_pins_connect_timeout_must_be_a_positive_finite_number(value, tree, refused):
+    sources_at(tree / "versions.json", refused)
+    proc = resolve_all(tree / "versions.json", "aiter", env=offline_env(PINS_CONNECT_TIMEOUT=value))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: PINS_CONNECT_TIMEOUT={value!r}: must be a positive, finite number of seconds"
 
 
 def test_resolve_wheels_reads_tritons_name_and_version_from_torchs_metadata(data, tmp_path):
@@ -866,8 +1046,9 @@ def test_base_image_content_that_does_not_match_its_digest_is_refused(tree, regi
     registry["state"]["lie"] = True
     proc = resolve_base_image(tree, registry["host"])
     assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and registry["host"] in lines[0] and "unexpected digest" in lines[0], proc.stderr
+    line, summary = proc.stderr.strip().splitlines()
+    assert line.startswith("error: base_image: ") and registry["host"] in line and "unexpected digest" in line, line
+    assert summary.startswith("error: resolve: 1 of 1 item(s) not resolved (base_image)"), summary
     assert model.load(tree / "versions.json")["base_image"]["digest"] is None
 
 
@@ -876,8 +1057,9 @@ def test_base_image_unknown_tag_fails_in_one_line_naming_the_pin(tree, registry)
     registry["state"]["tags"].clear()
     proc = resolve_base_image(tree, registry["host"])
     assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "versions.json base_image" in lines[0], proc.stderr
+    line, summary = proc.stderr.strip().splitlines()
+    assert "versions.json base_image" in line, proc.stderr
+    assert f"the container registry {registry['host']}" in summary, summary
 
 
 def test_image_ref_on_another_registry():
@@ -974,7 +1156,10 @@ def test_a_git_remote_that_fails_is_named_with_gits_own_reason(tree, remote):
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
                            "aiter"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"git ls-remote {remote} failed: " in lines[0], lines
-    reason = lines[0].split(" failed: ", 1)[1]
-    assert reason and reason != "exit status 128", lines
+    *lines, summary = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, proc.stderr  # each track's AITER pin, one line each
+    for line in lines:
+        assert f"git ls-remote {remote} failed: " in line, lines
+        reason = line.split(" failed: ", 1)[1]
+        assert reason and reason != "exit status 128", lines
+    assert f"the git remote {remote} (commits)" in summary, summary

@@ -6,11 +6,14 @@ discover [--write] | lock [NAME...] [--check]
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from . import discover, kernel_table, locks, model, resolve, verify
+from . import discover, kernel_table, locks, model, reach, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels")
@@ -136,68 +139,131 @@ def run(ns, parser, root: Path) -> int:
             print(f"{ns.file.name}: OK, every pin resolved")
         return 0
     if ns.command == "resolve":
-        bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
-        if bad:
-            raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
-        tracks = [ns.track] if ns.track else model.track_names(data)
-        # The AITER pins to resolve: --aiter-pin, else each track's own.
-        pin_names = [ns.aiter_pin] if ns.aiter_pin else list(dict.fromkeys(data["tracks"][t]["aiter"] for t in tracks))
-        unresolved = model.unresolved_pins(data)
-        what = ns.what or [w for w, todo in (
-            ("aiter", any(p.startswith(f"aiter.pins.{n}.") for n in pin_names for p in unresolved)),
-            ("vllm", any(data["tracks"][t]["vllm"].get("unresolved") for t in tracks)),
-            ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
-            ("wheels", any(w.get("unresolved") for t in tracks
-                           for w in model.section(data, "pytorch", t)["wheels"].values())),
-        ) if todo]
-        wheels = None
-        if "wheels" in what:
-            try:
-                from . import wheels
-            except ImportError as exc:
-                raise PinError("resolve wheels needs the Python package "
-                               f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
-                               "apt-get install python3-packaging)") from None
-        changes: list[str] = []
-        tables: dict[Path, str] = {}
-        for item in what:
-            if item == "aiter":
-                for name in pin_names:
-                    changes += resolve.resolve_aiter(data, name, ns.force)
-                    # the backend's kernel table of the pin, derived from its commit
-                    texts, change, note = kernel_table.resolve_table(data, name, root)
-                    tables.update(texts)
-                    changes += [change] if change else []
-                    if note:
-                        print(note)
-            elif item == "vllm":
-                for track in tracks:
-                    changes += resolve.resolve_vllm(data, track, ns.force)
-            elif item == "base-image":
-                for track in _distinct(data, tracks, "base_image"):
-                    changes += resolve.resolve_base_image(data, ns.registry, ns.force, track)
-            elif item == "wheels":
-                for track in _distinct(data, tracks, "pytorch"):
-                    changes += wheels.resolve_wheels(data, ns.force, track)
-        for line in changes:
-            print(line)
-        if not changes:
-            print("nothing changed")
-        if ns.write and changes:
-            # versions file and Dockerfiles together: all written, or none
-            docker_changes, texts = model.recorded_files(data, ns.file, root)
-            texts.update(tables)
-            model.write_files(texts)
-            for line in docker_changes:
-                print(line)
-        elif changes:
-            print("(dry run: add --write to record these)")
-        return 0
+        return run_resolve(ns, data, root)
     if ns.command == "args":
         for key, value in model.build_args(data, ns.aiter_pin, ns.allow_unresolved, ns.track).items():
             print(f"{key}={value}")
         return 0
     return 2
+
+
+@dataclasses.dataclass
+class Item:
+    """One thing resolve reads from one source: an AITER pin, a track's vLLM, a base image, a
+    wheel set. label: where in versions.json its pins are; run resolves it and returns its change
+    lines."""
+    label: str
+    source: reach.Source
+    run: Callable[[], list[str]]
+
+
+def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str], pin_names: list[str],
+                  tables: dict[Path, str]) -> list[Item]:
+    items: list[Item] = []
+    for kind in what:
+        if kind == "aiter":
+            for name in pin_names:
+                def run_aiter(name=name) -> list[str]:
+                    changes = resolve.resolve_aiter(data, name, ns.force)
+                    # the backend's kernel table of the pin, derived from its commit
+                    texts, change, note = kernel_table.resolve_table(data, name, root)
+                    tables.update(texts)
+                    if note:
+                        print(note)
+                    return changes + ([change] if change else [])
+                items.append(Item(f"aiter.pins.{name}", reach.Source("git", data["aiter"]["repository"]), run_aiter))
+        elif kind == "vllm":
+            for track in tracks:
+                items.append(Item(f"tracks.{track}.vllm", reach.Source("git", data["vllm"]["repository"]),
+                                  lambda track=track: resolve.resolve_vllm(data, track, ns.force)))
+        elif kind == "base-image":
+            for track in _distinct(data, tracks, "base_image"):
+                base = model.section(data, "base_image", track)
+                ref = resolve.image_ref(base["name"], base["tag"], ns.registry)
+                items.append(Item(_section_path(data, track, "base_image"),
+                                  reach.Source("registry", ref, reach.registry_host(base["name"], ns.registry)),
+                                  lambda track=track: resolve.resolve_base_image(data, ns.registry, ns.force,
+                                                                                 track)))
+        elif kind == "wheels":
+            from . import wheels
+            for track in _distinct(data, tracks, "pytorch"):
+                index = model.section(data, "pytorch", track)["index_url"]
+                items.append(Item(f"{_section_path(data, track, 'pytorch')}.wheels", reach.Source("index", index),
+                                  lambda track=track: wheels.resolve_wheels(data, ns.force, track)))
+    return items
+
+
+def run_resolve(ns, data: dict, root: Path) -> int:
+    """Resolve every item (each AITER pin, each track's vLLM, base image and wheel set), each all or
+    nothing: one that fails is named in one line, left as it was, and the others go on. With
+    --write, what was resolved is written (all at once). Any failure: a last line with the count
+    and what resolve needs to reach, exit 1."""
+    bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
+    if bad:
+        raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
+    tracks = [ns.track] if ns.track else model.track_names(data)
+    # The AITER pins to resolve: --aiter-pin, else each track's own.
+    pin_names = [ns.aiter_pin] if ns.aiter_pin else list(dict.fromkeys(data["tracks"][t]["aiter"] for t in tracks))
+    unresolved = model.unresolved_pins(data)
+    what = ns.what or [w for w, todo in (
+        ("aiter", any(p.startswith(f"aiter.pins.{n}.") for n in pin_names for p in unresolved)),
+        ("vllm", any(data["tracks"][t]["vllm"].get("unresolved") for t in tracks)),
+        ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
+        ("wheels", any(w.get("unresolved") for t in tracks
+                       for w in model.section(data, "pytorch", t)["wheels"].values())),
+    ) if todo]
+    if "wheels" in what:
+        try:
+            from . import wheels  # noqa: F401 - needs packaging: say so before any network call
+        except ImportError as exc:
+            raise PinError("resolve wheels needs the Python package "
+                           f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
+                           "apt-get install python3-packaging)") from None
+    tables: dict[Path, str] = {}
+    items = resolve_items(ns, data, root, what, tracks, pin_names, tables)
+    # Hosts that do not answer are found first, all at once: their items fail without waiting.
+    cannot = reach.unreachable([item.source for item in items])
+    changes: list[str] = []
+    failed: list[Item] = []
+    for item in items:
+        before = copy.deepcopy(data)
+        try:
+            if item.source in cannot:
+                raise PinError(cannot[item.source])
+            changes += item.run()
+        except PinError as exc:
+            data.clear()
+            data.update(before)  # what the item set before it failed is not kept
+            failed.append(item)
+            print(f"error: {item.label}: {exc}", file=sys.stderr)
+    for line in changes:
+        print(line)
+    if not changes and not failed:
+        print("nothing changed")
+    if ns.write and changes:
+        # versions file and Dockerfiles together: all written, or none
+        docker_changes, texts = model.recorded_files(data, ns.file, root)
+        texts.update(tables)
+        model.write_files(texts)
+        for line in docker_changes:
+            print(line)
+    elif changes:
+        print("(dry run: add --write to record these)")
+    if failed:
+        needs = [s.describe() for s in dict.fromkeys(item.source for item in failed)]
+        print(f"error: resolve: {len(failed)} of {len(items)} item(s) not resolved "
+              f"({', '.join(item.label for item in failed)}): they need {_and(needs)}; run "
+              "python3 -m ci.pins resolve --write on a machine that reaches them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _section_path(data: dict, track: str, key: str) -> str:
+    return f"tracks.{track}.{key}" if key in data["tracks"][track] else key
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def run_discover(ns, data: dict, root: Path) -> int:

@@ -5,7 +5,8 @@ connected machine and commit the result. Standard library only.
 
 Every git, HTTP and registry call is bounded in time as a whole: one that has not finished
 within PINS_TIMEOUT seconds (default 60), however slowly its server keeps answering, is an error
-naming the URL or image."""
+naming the URL or image. Hosts that do not answer at all are found before any call, within
+PINS_CONNECT_TIMEOUT seconds (ci.pins.reach)."""
 from __future__ import annotations
 
 import json
@@ -23,15 +24,20 @@ from . import model
 from .model import PinError
 
 
-def timeout() -> float:
-    value = os.environ.get("PINS_TIMEOUT", "60")
+def seconds(name: str, default: str) -> float:
+    """A time limit from the environment variable name (a positive, finite number of seconds)."""
+    value = os.environ.get(name, default)
     try:
-        seconds = float(value)
+        limit = float(value)
     except ValueError:
-        seconds = 0
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise PinError(f"PINS_TIMEOUT={value!r}: must be a positive, finite number of seconds")
-    return seconds
+        limit = 0
+    if not math.isfinite(limit) or limit <= 0:
+        raise PinError(f"{name}={value!r}: must be a positive, finite number of seconds")
+    return limit
+
+
+def timeout() -> float:
+    return seconds("PINS_TIMEOUT", "60")
 
 
 def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
@@ -230,14 +236,17 @@ def resolve_base_image(data: dict, registry: str | None = None, force: bool = Fa
 
 
 def _set(node: dict, path: str, values: dict, force: bool) -> list[str]:
+    """Set an item's values, all or none (a moved pin leaves the item as it was)."""
+    for field, new in values.items():
+        old = node.get(field)
+        if old is not None and old != new and not force:
+            raise PinError(f"{path}.{field} is {old} but upstream now gives {new}: the pin moved; "
+                           f"check why, then rerun with --force to take the new value")
     changes = []
     for field, new in values.items():
         old = node.get(field)
         if old == new:
             continue
-        if old is not None and not force:
-            raise PinError(f"{path}.{field} is {old} but upstream now gives {new}: the pin moved; "
-                           f"check why, then rerun with --force to take the new value")
         node[field] = new
         if field in node.get("unresolved", []):
             node["unresolved"].remove(field)
