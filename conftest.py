@@ -19,6 +19,8 @@ named failure long before CI's limit, not as a run that never lands.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,7 @@ import pytest
 
 ALLOWED_SKIP_MARKERS = ("gpu", "image")
 _SKIPS: Counter[str] = Counter()
+REPORTS_ENV = "ROCM_VLLM_TEST_REPORTS"  # tests/report_lines.py
 TIME_BUDGET_ENV = "PYTEST_TIME_BUDGET"
 DEFAULT_TIME_BUDGET_S = 2400
 _STARTED: list[float] = []
@@ -46,16 +49,30 @@ def area_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[0] if "/" in nodeid else "."
 
 
+def pytest_configure(config) -> None:
+    """The folder the tests' summary lines go through (tests/report_lines.py), made by the
+    controlling process before any lane starts, so that every worker writes to it."""
+    if hasattr(config, "workerinput") or os.environ.get(REPORTS_ENV):
+        return
+    config._reports_dir = tempfile.mkdtemp(prefix="rocm-vllm-test-reports-")
+    os.environ[REPORTS_ENV] = config._reports_dir
+
+
+def pytest_unconfigure(config) -> None:
+    folder = getattr(config, "_reports_dir", None)
+    if folder:
+        os.environ.pop(REPORTS_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_sessionstart(session) -> None:
     time_budget()  # a bad setting stops here, before any test
     _STARTED.append(time.monotonic())
 
 
-def pytest_runtest_logreport(report) -> None:
-    _AREA_SECONDS[area_of(report.nodeid)] += report.duration
-
-
 def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput"):  # a lane's worker: the controller judges the session
+        return
     budget = time_budget()
     if _STARTED and budget and time.monotonic() - _STARTED[0] > budget and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -78,14 +95,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report: pytest.TestReport = outcome.get_result()
     if not report.skipped or hasattr(report, "wasxfail"):
         return
-    reason = _skip_reason(report)
     allowed = next((m for m in ALLOWED_SKIP_MARKERS if item.get_closest_marker(m)), None)
     if under_ci() and allowed is None:
         report.outcome = "failed"
         report.longrepr = (f"skipped under CI, but the repository installs what this test needs "
-                           f"(.ci/run, ci/test.sh): {reason}")
+                           f"(.ci/run, ci/test.sh): {_skip_reason(report)}")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Counted where reports arrive (the controller, when the run is split into lanes)."""
+    _AREA_SECONDS[area_of(report.nodeid)] += report.duration
+    if report.skipped and not hasattr(report, "wasxfail"):
+        allowed = next((m for m in ALLOWED_SKIP_MARKERS if m in report.keywords), None)
+        _SKIPS[f"{allowed or 'skip'}: {_skip_reason(report)}"] += 1
+
+
+# ------------------------------------------------------------------------------------ lanes
+# ci/test.sh runs the suite in two processes at once (pytest-xdist, --dist loadgroup): the Docker
+# tests in one lane, in collection order (they share one engine, its images and build cache, and
+# one of them prunes it), everything else in the other. Without xdist nothing changes.
+LANES = ("docker", "python")
+
+
+def lane_of(item: pytest.Item) -> str:
+    return "docker" if item.get_closest_marker("docker") else "python"
+
+
+def _split_into_lanes(config) -> bool:
+    return bool(config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not _split_into_lanes(config):
         return
-    _SKIPS[f"{allowed or 'skip'}: {reason}"] += 1
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(lane_of(item)))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -95,7 +139,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         parts = [f"{n} x [{reason}]" for reason, n in sorted(_SKIPS.items(), key=lambda kv: (-kv[1], kv[0]))]
         line = f"skipped: {sum(_SKIPS.values())} ({'; '.join(parts)})"
     if _AREA_SECONDS:
-        terminalreporter.section("time per test folder")
+        terminalreporter.section("time per test folder (summed over lanes)")
         for area, seconds in sorted(_AREA_SECONDS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{seconds:8.1f}s  {area}")
     if _STARTED:

@@ -22,5 +22,13 @@ index=()
 # this repository's own packages, from their source folders
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime
 
+# Two lanes at once (pytest-xdist; conftest.py puts the Docker tests in one, the rest in the
+# other): on a 2-core machine the Docker lane mostly waits on builds and servers in containers.
+case "${TEST_LANES:-2}" in
+  1) lanes=() ;;
+  2) lanes=(-n 2 --dist loadgroup) ;;
+  *) echo "error: TEST_LANES=${TEST_LANES} is not 1 or 2 (how many test lanes run at once)" >&2; exit 2 ;;
+esac
+
 echo "== running tests"
-exec "$VENV/bin/python" -m pytest "$@"
+exec "$VENV/bin/python" -m pytest "${lanes[@]}" "$@"

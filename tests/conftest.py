@@ -1,17 +1,16 @@
 """Shared by tests/: the Docker-engine integration report, printed in pytest's terminal summary
-(CI runs pytest without -s, so step times and results must not depend on captured output)."""
+(CI runs pytest without -s, so step times and results must not depend on captured output;
+tests/report_lines.py carries the lines from a lane's worker to the summary)."""
 import pytest
+from report_lines import ReportLines, print_section
 
-ENGINE_REPORT: list[str] = []
+ENGINE_REPORT = ReportLines("Docker-engine integration (CPU)")
 
 
 @pytest.fixture(scope="session")
-def engine_report() -> list[str]:
+def engine_report() -> ReportLines:
     return ENGINE_REPORT
 
 
 def pytest_terminal_summary(terminalreporter):
-    if ENGINE_REPORT:
-        terminalreporter.section("Docker-engine integration (CPU)")
-        for line in ENGINE_REPORT:
-            terminalreporter.write_line(line)
+    print_section(terminalreporter, ENGINE_REPORT)

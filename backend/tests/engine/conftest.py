@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 # helper modules next to this file (on pytest.ini's pythonpath)
 from engine_report import REPORT
+from report_lines import print_section  # tests/, on pytest.ini's pythonpath
 from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env
 
 HERE = Path(__file__).resolve().parent
@@ -17,10 +18,7 @@ DRIVER = HERE / "engine_driver.py"
 
 
 def pytest_terminal_summary(terminalreporter):
-    if REPORT:
-        terminalreporter.section("engine comparison")
-        for line in REPORT:
-            terminalreporter.write_line(line)
+    print_section(terminalreporter, REPORT)
 
 
 @pytest.fixture(scope="session")

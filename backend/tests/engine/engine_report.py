@@ -1,3 +1,5 @@
-"""Lines the engine tests add to pytest's terminal summary."""
+"""Lines the engine tests add to pytest's terminal summary (tests/report_lines.py)."""
 
-REPORT: list[str] = []
+from report_lines import ReportLines
+
+REPORT = ReportLines("engine comparison")
