@@ -17,7 +17,7 @@ hub, no PyPI). Checks:
 3. without the dataset (nothing mounted at /data/accuracy, the default gsm8k tasks): one error
    line saying what to mount, the failed-suite exit status (1), no server started.
 
-Figures go to the terminal summary. The same gate against servers in the test venv:
+Figures go to the terminal summary. The gate's command line without data, in the test venv:
 runtime/tests/test_accuracy_cpu.py."""
 from __future__ import annotations
 
@@ -140,9 +140,11 @@ def test_accuracy_gate_passes_in_the_ci_image(h, ci_image, model, tmp_path):
     gen = gen_comparison(doc)
     assert (gen["n"], gen["ours_correct"], gen["reference_correct"], gen["lost"], gen["won"]) == (
         QUESTIONS, RIGHT, RIGHT, 0, 0)
-    assert gen["identical_responses"] == QUESTIONS and gen["differing"] == []
+    assert gen["p_value"] == 1.0 and gen["identical_responses"] == QUESTIONS and gen["differing"] == []
     loglik = doc["comparisons"]["cpu-vllm"]["loglik"]["tiny_mla_loglik"]
+    # fp32, and on CPU both backends share vLLM's prefill: the log-likelihoods agree far inside 1e-3
     assert loglik["n"] == QUESTIONS and loglik["ok"] and loglik["max_abs_diff"] <= 1e-3
+    assert doc["settings"]["ll_tolerance"] == [1e-3, 1e-5] and doc["settings"]["dtype"] == "float32"
     assert "cpu-plugin vs cpu-vllm, tiny_mla_gen strip: 30 vs 30 of 40 right, 0 lost / 0 won, p = 1 -> ok" \
         in proc.stdout
     h.note(f"  {gen['ours_correct']} vs {gen['reference_correct']} of {gen['n']} right, "
@@ -172,6 +174,8 @@ def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci
     junit = cases(results)
     assert set(junit) == set(CHECKS)
     assert [name for name, (message, _) in junit.items() if message] == ["test_not_significantly_fewer_right[cpu-vllm]"]
+    # the log-likelihoods come from the prefill, which both CPU backends share: the fault is in the decode
+    assert junit["test_loglikelihoods_agree[cpu-vllm]"] == ("", "")
     message, text = junit["test_not_significantly_fewer_right[cpu-vllm]"]
     assert f"(questions {', '.join(lost)})" in message, message  # the lost questions, by id
     assert all(f" {d} (ours " in text for d in lost), text  # each with both answers, in the full report
