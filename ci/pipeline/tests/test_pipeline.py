@@ -482,8 +482,22 @@ BENCH_RUNS = {
 }
 
 
+_SELFTEST_RUNS: dict[tuple[tuple[str, str], ...], tuple[Path, subprocess.CompletedProcess[str]]] = {}
+
+
 def run_selftest(tmp_path: Path, **env: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The results folder of a self-test run with these settings, a copy of its own for each test (the
+    tests change what they read); one run per distinct setting serves every test that asks for it."""
+    key = tuple(sorted(env.items()))
+    if key not in _SELFTEST_RUNS:
+        _SELFTEST_RUNS[key] = _run_selftest(tmp_path / "run", **env)
+    results, proc = _SELFTEST_RUNS[key]
+    return Path(shutil.copytree(results, tmp_path / "results")), proc
+
+
+def _run_selftest(tmp_path: Path, **env: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The real self-test CLI (report.to_json, JUnit merge) on small suites, as selftest.sh runs it."""
+    tmp_path.mkdir()
     suites = tmp_path / "suites"
     suites.mkdir()
     (suites / "test_selector.py").write_text(SELECTOR_SUITE)
