@@ -5,7 +5,9 @@ runtime (editable). Enough for vLLM's selection code, its MLA classes and this b
 not for a vLLM engine (no CPU kernels).
 
 Made once per track in TRACK_ENV_DIR (default .venv-tracks/<track>) and reused while its inputs
-(the sdist, the requirement files, this file) are unchanged; needs PyPI the first time.
+(the sdist, the requirement files, this file) are unchanged; needs PyPI the first time. The
+backend and runtime are installed editable from the checkout that uses it (again when a kept
+environment was made for another checkout: .ci/run keeps it outside the clone).
 The build tools come from the sdist's own pyproject.toml (its torch pin left out: the tests' CPU
 torch stands in)."""
 from __future__ import annotations
@@ -56,6 +58,7 @@ def track_python(track: str) -> Path:
     marker = path / ".ready"
     key = _key(track)
     if marker.is_file() and marker.read_text().strip() == key and python.exists():
+        _install_own_packages(path, python)
         return python
     src = sdist_source(track)
     _run([sys.executable, "-m", "venv", "--clear", path], "venv")
@@ -68,6 +71,17 @@ def track_python(track: str) -> Path:
         copy = Path(shutil.copytree(src, Path(tmp) / src.name))
         _run([*pip, "--no-build-isolation", copy], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
              env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
-    _run([*pip, "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "runtime"], "pip install the backend")
     marker.write_text(key + "\n")
+    _install_own_packages(path, python)
     return python
+
+
+def _install_own_packages(path: Path, python: Path) -> None:
+    """The backend and the runtime of this checkout, editable. An environment kept outside the
+    checkout (TRACK_ENV_DIR, e.g. a CI cache) may have them from another checkout: reinstalled then."""
+    owner = path / ".checkout"
+    if owner.is_file() and owner.read_text().strip() == str(ROOT):
+        return
+    _run([python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-deps",
+          "-e", ROOT / "backend", "-e", ROOT / "runtime"], "pip install the backend")
+    owner.write_text(f"{ROOT}\n")
