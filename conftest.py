@@ -111,25 +111,49 @@ def pytest_runtest_logreport(report) -> None:
 
 
 # ------------------------------------------------------------------------------------ lanes
-# ci/test.sh runs the suite in two processes at once (pytest-xdist, --dist loadgroup): the Docker
-# tests in one lane, in collection order (they share one engine, its images and build cache, and
-# one of them prunes it), everything else in the other. Without xdist nothing changes.
+# ci/test.sh runs the suite in two processes at once (pytest-xdist, -n 2 --dist loadgroup): the
+# Docker tests in one lane, in collection order (they share one engine, its images and build
+# cache, and one of them prunes it), everything else in the other. Each worker names the Docker
+# tests it collected in a file of the reports folder; the controller's scheduler reads it and
+# hands each lane to one worker. (xdist's own loadgroup reads groups from test ids, which pytest 9
+# no longer lets a plugin change.) Without xdist nothing changes.
 LANES = ("docker", "python")
+_LANE_FILE = "lanes-docker-{worker}.txt"
 
 
 def lane_of(item: pytest.Item) -> str:
     return "docker" if item.get_closest_marker("docker") else "python"
 
 
-def _split_into_lanes(config) -> bool:
-    return bool(config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None))
+def _docker_lane_ids() -> set[str]:
+    folder = Path(os.environ[REPORTS_ENV])
+    return {line for path in folder.glob(_LANE_FILE.format(worker="*")) for line in path.read_text().splitlines()}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    if not _split_into_lanes(config):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane_of(item)))
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker and os.environ.get(REPORTS_ENV):
+        ids = [item.nodeid for item in items if lane_of(item) == "docker"]
+        (Path(os.environ[REPORTS_ENV]) / _LANE_FILE.format(worker=worker)).write_text("".join(f"{i}\n" for i in ids))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only with xdist
+
+    class LaneScheduling(LoadScopeScheduling):
+        """Two work units, the lanes; each goes to one worker whole, in collection order."""
+
+        _docker: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._docker is None:  # read once, after every worker has collected
+                self._docker = _docker_lane_ids()
+            return "docker" if nodeid in self._docker else "python"
+
+    return LaneScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -1,0 +1,57 @@
+"""The suite's two lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs
+it): every Docker test runs in one worker, in collection order, and every other test in the other
+worker; skips and summary lines reach the controller's summary. Driven on a small session of its
+own, with the repository's conftest.py and pytest.ini."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("xdist", reason="pytest-xdist is not installed (tests/requirements.lock installs it)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RECORDING = '''
+import os, pytest
+
+def record(name):
+    with open(os.environ["LANE_RECORD"], "a") as f:
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {name}\\n")
+'''
+
+
+def module(marked: bool, names: list[str]) -> str:
+    body = RECORDING + ("pytestmark = pytest.mark.docker\n" if marked else "")
+    return body + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
+
+
+def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    # Docker tests in three modules, the others between and after them, as in the real collection.
+    (suite / "test_a_docker.py").write_text(module(True, ["d1", "d2"]))
+    (suite / "test_b_plain.py").write_text(module(False, [f"p{i}" for i in range(6)]))
+    (suite / "test_c_docker.py").write_text(module(True, ["d3", "d4"]))
+    (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(6)]) +
+                                           "\ndef test_skips():\n    pytest.skip('for the count')\n")
+    (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
+    record = tmp_path / "record.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
+    env["LANE_RECORD"] = str(record)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                           "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ran = [line.split() for line in record.read_text().splitlines()]
+    docker = [(w, n) for w, n in ran if n.startswith("d")]
+    plain = [(w, n) for w, n in ran if not n.startswith("d")]
+    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5"], ran  # collection order
+    assert len({w for w, _ in docker}) == 1 and len({w for w, _ in plain}) == 1, ran
+    assert {w for w, _ in docker} != {w for w, _ in plain}, ran  # two lanes, side by side
+    assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
