@@ -156,7 +156,22 @@ def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
 
 
+def _report_sections() -> list[tuple[str, list[str]]]:
+    """The tests' summary sections (tests/report_lines.py: one file each, named after its title)."""
+    folder = os.environ.get(REPORTS_ENV)
+    if not folder or not Path(folder).is_dir():
+        return []
+    return [(p.stem, p.read_text().splitlines()) for p in sorted(Path(folder).glob("*.txt"))
+            if not p.name.startswith("lanes-")]
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    # Printed here, by the root conftest, which the controlling process always loads (a lane's
+    # tests, and the conftest files beside them, are loaded by the workers only).
+    for title, lines in _report_sections():
+        terminalreporter.section(title)
+        for line in lines:
+            terminalreporter.write_line(line)
     if not _SKIPS:
         line = "skipped: none"
     else:

@@ -1,8 +1,8 @@
 """Shared by tests/: the Docker-engine integration report, printed in pytest's terminal summary
 (CI runs pytest without -s, so step times and results must not depend on captured output;
-tests/report_lines.py carries the lines from a lane's worker to the summary)."""
+tests/report_lines.py carries the lines to the summary the repository's conftest.py prints)."""
 import pytest
-from report_lines import ReportLines, print_section
+from report_lines import ReportLines
 
 ENGINE_REPORT = ReportLines("Docker-engine integration (CPU)")
 
@@ -10,7 +10,3 @@ ENGINE_REPORT = ReportLines("Docker-engine integration (CPU)")
 @pytest.fixture(scope="session")
 def engine_report() -> ReportLines:
     return ENGINE_REPORT
-
-
-def pytest_terminal_summary(terminalreporter):
-    print_section(terminalreporter, ENGINE_REPORT)

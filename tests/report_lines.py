@@ -2,8 +2,9 @@
 step times, the engine comparison's figures).
 
 The lines go through files in the folder named by ROCM_VLLM_TEST_REPORTS, which the repository's
-conftest.py makes before any test runs: when the run is split into lanes (pytest-xdist), the
-tests that write lines run in worker processes and the controller prints the summary. Without
+conftest.py makes before any test runs and prints at the end: when the run is split into lanes
+(pytest-xdist), the tests that write lines run in worker processes and the controller prints the
+summary. Without
 that folder (a test module run on its own outside the repository's conftest) lines are kept in
 memory."""
 from __future__ import annotations
@@ -25,7 +26,7 @@ class ReportLines:
         folder = os.environ.get(REPORTS_ENV)
         if not folder:
             return None
-        return Path(folder) / (self.section.replace("/", "-") + ".txt")
+        return Path(folder) / (self.section.replace("/", "-") + ".txt")  # printed by conftest.py
 
     def append(self, line: str) -> None:
         path = self._file()
@@ -49,11 +50,3 @@ class ReportLines:
 
     def __len__(self) -> int:
         return len(self.lines())
-
-
-def print_section(terminalreporter, report: ReportLines) -> None:
-    lines = report.lines()
-    if lines:
-        terminalreporter.section(report.section)
-        for line in lines:
-            terminalreporter.write_line(line)

@@ -1,6 +1,6 @@
 """The suite's two lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs
 it): every Docker test runs in one worker, in collection order, and every other test in the other
-worker; skips and summary lines reach the controller's summary. Driven on a small session of its
+worker; skips and the tests' summary lines (tests/report_lines.py) reach the controller's summary. Driven on a small session of its
 own, with the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(6)]) +
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
+    # a summary line written in a worker, from a folder whose conftest the controller never loads
+    (suite / "nested").mkdir()
+    shutil.copy(ROOT / "tests/report_lines.py", suite / "nested" / "report_lines.py")
+    (suite / "nested" / "conftest.py").write_text("")
+    (suite / "nested" / "test_f_lines.py").write_text(
+        "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+        "from report_lines import ReportLines\n\n"
+        "def test_writes_a_summary_line():\n    ReportLines('nested section').append('a line from a lane')\n")
     record = tmp_path / "record.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
     env["LANE_RECORD"] = str(record)
@@ -55,3 +63,4 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     assert len({w for w, _ in docker}) == 1 and len({w for w, _ in plain}) == 1, ran
     assert {w for w, _ in docker} != {w for w, _ in plain}, ran  # two lanes, side by side
     assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
+    assert " nested section =" in proc.stdout and "\na line from a lane\n" in proc.stdout, proc.stdout[-2000:]

@@ -1,4 +1,5 @@
-"""Engine tests: tiny MLA model in vLLM's real CPU engine. Reports land in the summary."""
+"""Engine tests: tiny MLA model in vLLM's real CPU engine. Reports land in the summary
+(engine_report.REPORT, printed by the repository's conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,10 @@ from pathlib import Path
 import pytest
 # helper modules next to this file (on pytest.ini's pythonpath)
 from engine_report import REPORT
-from report_lines import print_section  # tests/, on pytest.ini's pythonpath
 from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "engine_driver.py"
-
-
-def pytest_terminal_summary(terminalreporter):
-    print_section(terminalreporter, REPORT)
 
 
 @pytest.fixture(scope="session")
