@@ -1,7 +1,7 @@
 """The suite's two lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs
 it): every Docker test runs in one worker, in collection order, and every other test in the other
-worker; skips and the tests' summary lines (tests/report_lines.py) reach the controller's summary. Driven on a small session of its
-own, with the repository's conftest.py and pytest.ini."""
+worker; skips and the tests' summary lines (tests/report_lines.py) reach the controller's
+summary. Driven on a small session of its own, with the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
 
 import os
