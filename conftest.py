@@ -117,7 +117,6 @@ def pytest_runtest_logreport(report) -> None:
 # tests it collected in a file of the reports folder; the controller's scheduler reads it and
 # hands each lane to one worker. (xdist's own loadgroup reads groups from test ids, which pytest 9
 # no longer lets a plugin change.) Without xdist nothing changes.
-LANES = ("docker", "python")
 _LANE_FILE = "lanes-docker-{worker}.txt"
 
 

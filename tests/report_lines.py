@@ -4,9 +4,8 @@ step times, the engine comparison's figures).
 The lines go through files in the folder named by ROCM_VLLM_TEST_REPORTS, which the repository's
 conftest.py makes before any test runs and prints at the end: when the run is split into lanes
 (pytest-xdist), the tests that write lines run in worker processes and the controller prints the
-summary. Without
-that folder (a test module run on its own outside the repository's conftest) lines are kept in
-memory."""
+summary. Without that folder (a test module run on its own outside the repository's conftest)
+lines are kept in memory."""
 from __future__ import annotations
 
 import os
@@ -41,12 +40,3 @@ class ReportLines:
         if path is None:
             return list(self._memory)
         return path.read_text().splitlines() if path.is_file() else []
-
-    def __iter__(self):
-        return iter(self.lines())
-
-    def __bool__(self) -> bool:
-        return bool(self.lines())
-
-    def __len__(self) -> int:
-        return len(self.lines())

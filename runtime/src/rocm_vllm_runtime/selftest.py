@@ -161,12 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra[name] = {"error": f"{artifact} is truncated or not JSON ({exc.__class__.__name__})"}
     doc = report.to_json(results, stack_versions(), gpus, source, extra)
     print(report.render(doc), flush=True)
-    written = [files.write_result("selftest", "--json", args.json, json.dumps(doc, indent=2) + "\n")
-               if args.json else True,
-               files.write_result("selftest", "--junit", args.junit,
-                                  xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts))
-               if args.junit else True]
-    if not all(written):
+    written = True  # each output is attempted, whatever became of the other
+    if args.json:
+        written &= files.write_result("selftest", "--json", args.json, json.dumps(doc, indent=2) + "\n")
+    if args.junit:
+        junit = xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts)
+        written &= files.write_result("selftest", "--junit", args.junit, junit)
+    if not written:
         return report.EXIT_NOT_RUN
     return int(doc["exit_code"])  # type: ignore[call-overload]
 

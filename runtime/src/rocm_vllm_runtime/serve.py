@@ -112,21 +112,28 @@ def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     return defaults + extra + args
 
 
+def _option_values(args: Sequence[str], option: str, *, many: bool = False) -> list[str]:
+    """Values of `option` (--opt VALUE, --opt=VALUE); many: every value up to the next option
+    (vLLM's --api-key takes one or more)."""
+    values: list[str] = []
+    taking = 0  # values still to take: 1, or -1 for "every value up to the next option"
+    for arg in args:
+        if arg.startswith(option + "="):
+            values.append(arg.split("=", 1)[1])
+            taking = 0
+        elif arg == option:
+            taking = -1 if many else 1
+        elif taking and not (many and arg.startswith("-")):
+            values.append(arg)
+            taking = -1 if many else 0
+        else:
+            taking = 0
+    return values
+
+
 def _api_keys(args: Sequence[str]) -> list[str]:
     """Values of --api-key (vLLM takes one or more after the option, or --api-key=KEY)."""
-    keys: list[str] = []
-    taking = False
-    for arg in args:
-        if arg.startswith("--api-key="):
-            keys.append(arg.split("=", 1)[1])
-            taking = False
-        elif arg == "--api-key":
-            taking = True
-        elif taking and not arg.startswith("-"):
-            keys.append(arg)
-        else:
-            taking = False
-    return keys
+    return _option_values(args, "--api-key", many=True)
 
 
 def is_loopback(host: str) -> bool:
@@ -163,12 +170,6 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
 
 
 HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-
-def _option_values(args: Sequence[str], option: str) -> list[str]:
-    """Values of a one-value option (--opt VALUE, --opt=VALUE)."""
-    return [a.split("=", 1)[1] if a.startswith(option + "=") else b
-            for a, b in zip(args, [*args[1:], ""]) if a == option or a.startswith(option + "=")]
 
 
 def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
