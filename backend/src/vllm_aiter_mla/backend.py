@@ -17,6 +17,7 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 
 from __future__ import annotations
 
+import functools
 import time
 
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from vllm.v1.attention.backend import (
     max_decode_query_len,
 )
 
-from . import __version__, contract
+from . import __version__, contract, fp8_probe
 from .config import (
     DecodeShape,
     check_kv_cache_dtype,
@@ -54,7 +55,7 @@ from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
-from .routing import LayerFacts, Route, choose_route
+from .routing import LayerFacts, Route, choose_route, with_measurements
 
 logger = init_logger("vllm.aiter_mla")
 
@@ -109,6 +110,34 @@ def decode_shape(vllm_config, kv_cache_dtype: str) -> DecodeShape:
 def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
     """The q/KV dtype of the persistent-mode work buffers."""
     return _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else vllm_config.model_config.dtype
+
+
+def _probe_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@functools.cache
+def _measure_fp8_decode(kernels: MLAKernels, heads: int, qlens: tuple[int, ...], persistent: bool,
+                        fp8_dtype: torch.dtype, device: torch.device) -> dict[int, fp8_probe.Outcome]:
+    outcomes = fp8_probe.measure_all(kernels, heads=heads, qlens=qlens, persistent=persistent, fp8_dtype=fp8_dtype,
+                                     device=device)
+    fixed = sorted(fp8_probe.v_scale_fix_qlens(outcomes))
+    if fixed:
+        logger.info("%s: AITER's fp8 MLA decode with %d heads leaves V unscaled at query length %s "
+                    "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
+                    BACKEND_NAME, heads, ", ".join(map(str, fixed)), device)
+    return outcomes
+
+
+def fp8_decode_outcomes(kernels: MLAKernels, shape: DecodeShape, heads: int) -> dict[int, fp8_probe.Outcome]:
+    """AITER's fp8 decode measured at every verify length this layer serves (ROCm/aiter#6732),
+    once per process and shape; empty where nothing is measured (bf16, or query length 1)."""
+    if shape.kv_dtype != contract.FP8 or shape.max_qlen < 2:
+        return {}
+    return _measure_fp8_decode(kernels, heads, tuple(fp8_probe.verify_lengths(shape.max_qlen)),
+                               shape.mode == contract.PERSISTENT, _platform_fp8_dtype(), _probe_device())
 
 
 def _total_heads(vllm_config) -> int | None:
@@ -245,17 +274,26 @@ class DecodeKernelsMixin:
 
     _kernels: MLAKernels
     _decode_heads: int
+    _v_scale_fix_qlens: frozenset[int] = frozenset()
     kv_lora_rank: int
     scale: float
 
     def _init_decode(self, num_heads: int, kv_cache_dtype: str) -> None:
         check_kv_cache_dtype(kv_cache_dtype)
         vllm_config = get_current_vllm_config()
-        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config),
-                                               decode_shape(vllm_config, kv_cache_dtype))
+        shape = decode_shape(vllm_config, kv_cache_dtype)
+        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config), shape)
         self._kernels = load_kernels()
         self._vllm_config = vllm_config
         self._decode_kv_cache_dtype = kv_cache_dtype
+        # ROCm/aiter#6732: verify lengths whose fp8 output comes back short by kv_scale (measured).
+        outcomes = fp8_decode_outcomes(self._kernels, shape, self._decode_heads)
+        wrong = fp8_probe.wrong_qlens(outcomes)
+        if wrong:
+            raise ValueError(f"{BACKEND_NAME}: AITER's fp8 MLA decode with {self._decode_heads} heads measured wrong "
+                             f"at query length {', '.join(map(str, wrong))} (start-up check); use --kv-cache-dtype "
+                             "auto or fewer num_speculative_tokens in --speculative-config")
+        self._v_scale_fix_qlens = fp8_probe.v_scale_fix_qlens(outcomes)
 
     def reserve_workspace(self) -> None:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
@@ -314,6 +352,7 @@ class DecodeKernelsMixin:
             q_scale=q_scale,
             kv_scale=kv_scale,
             work=work,
+            v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens,
         )
 
 
@@ -414,7 +453,18 @@ def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
 
 
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:
-    route = choose_route(layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype))
+    facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
+    route = choose_route(facts)
+    if route.own and facts.shape.kv_dtype == contract.FP8 and facts.shape.max_qlen > 1:
+        # AITER's fp8 verify decode measured on this GPU (ROCm/aiter#6732): corrected by the own
+        # path where V comes back unscaled; anything else wrong goes to the built-in.
+        try:
+            outcomes = fp8_decode_outcomes(load_kernels(), facts.shape, route.decode_heads)
+        except Exception as exc:  # noqa: BLE001  (the measurement must not stop vLLM: the built-in serves)
+            route = Route(False, (f"AITER's fp8 decode could not be measured at start-up ({type(exc).__name__}: "
+                                  f"{exc})",))
+        else:
+            route = with_measurements(route, outcomes)
     if not route.own:
         logger.info_once("%s (vllm-aiter-mla %s): vLLM's built-in %s runs this attention (%d heads per GPU, "
                          "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, builtin.AiterMLAImpl.__qualname__,

@@ -9,8 +9,11 @@ KV dtype) AITER dispatches a kernel for, per AITER pin, and which of those are k
   call stops inside AITER (mostly an AITER_CHECK, which aborts the process unless AITER is
   built to throw; an assert or KeyError in its Python layer). The base image's aiter-check
   stage re-derives the table from the AITER it built and stops on a difference.
-* ``kernel_tables/defects.json``: AITER issues that make a dispatched kernel unusable, each
-  citing its issue; refused as well.
+* ``kernel_tables/defects.json``: AITER issues that make a dispatched kernel wrong, each citing
+  its issue. Most are refused as well (``remedy: refuse``); a defect whose effect can be measured
+  and undone (``remedy: measure``, e.g. an output short by exactly ``kv_scale``) is allowed: the
+  own path measures it on the GPU at start-up for every shape it serves and corrects the output
+  where it is found (``fp8_probe.py``), so an AITER with the fix turns the correction off.
 
 Which table: ``AITER_MLA_KERNEL_TABLE=<tag>`` if set; else the installed AITER's version
 (distribution ``amd-aiter`` or ``aiter``; a version without a table stops at start-up); with
@@ -46,6 +49,10 @@ MAX_HEADS = 128
 MAX_QLEN = 8  # the tables cover query lengths 1..8 (up to 7 speculative tokens)
 
 TABLE_ENV = "AITER_MLA_KERNEL_TABLE"
+
+REFUSE = "refuse"  # a defect's remedy: the call is refused
+MEASURE = "measure"  # the call runs; the defect is measured at start-up and its effect undone
+REMEDIES = (REFUSE, MEASURE)
 AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 
 Key = tuple[str, str, int, str, str, int]  # arch, mode, heads, q, kv, qlen
@@ -61,7 +68,8 @@ class KernelTable:
 
 @dataclass(frozen=True)
 class Defect:
-    """A call AITER dispatches but gets wrong. A None field matches every value."""
+    """A call AITER dispatches but gets wrong. A None field matches every value. ``remedy``:
+    ``refuse`` (the call is refused) or ``measure`` (measured at start-up and corrected)."""
 
     issue: str
     what: str
@@ -73,6 +81,7 @@ class Defect:
     qlens: tuple[int, ...] | None
     non_power_of_two_qlen: bool
     fixed_in: str | None
+    remedy: str = REFUSE
 
     def matches(self, tag: str, key: Key) -> bool:
         if self.fixed_in is not None and version_key(tag) >= version_key(self.fixed_in):
@@ -117,9 +126,13 @@ def defects() -> tuple[Defect, ...]:
     def opt(value):
         return None if value is None else tuple(value)
 
-    return tuple(Defect(d["issue"], d["what"], opt(d["archs"]), opt(d["modes"]), opt(d["heads"]), opt(d["q"]),
-                        opt(d["kv"]), opt(d["qlens"]), bool(d["non_power_of_two_qlen"]), d["fixed_in"])
-                 for d in _data("defects.json")["defects"])
+    found = tuple(Defect(d["issue"], d["what"], opt(d["archs"]), opt(d["modes"]), opt(d["heads"]), opt(d["q"]),
+                         opt(d["kv"]), opt(d["qlens"]), bool(d["non_power_of_two_qlen"]), d["fixed_in"], d["remedy"])
+                  for d in _data("defects.json")["defects"])
+    unknown = [d.issue for d in found if d.remedy not in REMEDIES]
+    if unknown:
+        raise ValueError(f"kernel_tables/defects.json: remedy of {', '.join(unknown)} is not one of {REMEDIES}")
+    return found
 
 
 @functools.cache
@@ -169,7 +182,13 @@ def _is_power_of_two(n: int) -> bool:
 
 
 def defect(table: KernelTable, key: Key) -> Defect | None:
-    return next((d for d in defects() if d.matches(table.tag, key)), None)
+    """The first listed defect that refuses this call, or None."""
+    return next((d for d in defects() if d.remedy == REFUSE and d.matches(table.tag, key)), None)
+
+
+def measured_defects(table: KernelTable, key: Key) -> tuple[Defect, ...]:
+    """The listed defects of this call that are measured at start-up and corrected, not refused."""
+    return tuple(d for d in defects() if d.remedy == MEASURE and d.matches(table.tag, key))
 
 
 def kernel_problem(arch: str, mode: str, heads: int, qlen: int, q_dtype: str, kv_dtype: str,

@@ -37,6 +37,7 @@ def mla_decode(
     q_scale: torch.Tensor | None = None,
     kv_scale: torch.Tensor | None = None,
     work: PersistentWork | None = None,
+    v_scale_dropped: bool = False,
 ) -> torch.Tensor:
     """Run MLA decode for the rows described by ``plan``.
 
@@ -46,6 +47,8 @@ def mla_decode(
     ``max_seqlen_q`` (the plan is uniform). With ``work`` (persistent mode) the
     get_mla_metadata_v1 buffers are passed; without it and for ``max_seqlen_q > 1`` the
     output is zero-filled first (the non-persistent kernel may leave lanes unwritten).
+    ``v_scale_dropped``: the kernel leaves V unscaled for this call (ROCm/aiter#6732, measured
+    at start-up by ``fp8_probe``): its output is multiplied by ``kv_scale``.
     Returns [T, H, kv_lora_rank] in ``out_dtype``.
     """
     if isinstance(q, tuple):
@@ -76,4 +79,8 @@ def mla_decode(
         logit_cap=0.0,
         **extra,
     )
+    if v_scale_dropped:
+        if kv_scale is None:
+            raise ValueError("v_scale_dropped needs the kv_scale the kernel was given")
+        o.mul_(kv_scale)
     return o[:, :num_heads]

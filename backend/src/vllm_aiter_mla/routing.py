@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import contract
+from . import contract, fp8_probe
 from .config import SUPPORTED_KV_CACHE_DTYPES, SUPPORTED_LATENT_SIZES, DecodeShape
 
 OWN_MODEL_DTYPES = ("bfloat16",)
@@ -95,3 +95,14 @@ def choose_route(facts: LayerFacts, table: contract.KernelTable | None = None) -
                              f"heads, {shape.mode} decode, query length up to {shape.max_qlen}, q {shape.q_dtype} / "
                              f"KV {shape.kv_dtype} on {', '.join(shape.archs)} ({problem})",))
     return Route(True, (), heads)
+
+
+def with_measurements(route: Route, outcomes: dict[int, fp8_probe.Outcome]) -> Route:
+    """The route once AITER's fp8 verify decode was measured on the GPU (``fp8_probe``): a query
+    length measured wrong (other than the V scale it leaves out, which the own path restores,
+    ROCm/aiter#6732) sends the layer to the built-in."""
+    wrong = fp8_probe.wrong_qlens(outcomes)
+    if not route.own or not wrong:
+        return route
+    return Route(False, (f"AITER's fp8 decode with {route.decode_heads} heads measured wrong at query length "
+                         f"{', '.join(map(str, wrong))} (start-up check)",))
