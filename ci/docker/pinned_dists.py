@@ -54,24 +54,54 @@ class Problem(Exception):
 
 
 def version(name: str) -> str | None:
+    """The installed version of `name`: None when it is not installed, "" when its metadata has no
+    Version (installed all the same); Problem when its metadata cannot be read. The build scripts'
+    one reader of installed metadata (they run in the base image's Python, without the backend's
+    reader, which the base image's layers must not depend on)."""
     try:
-        return md.version(name)
+        found = md.distribution(name).metadata.get("Version")
     except md.PackageNotFoundError:
         return None
+    except (KeyError, AttributeError, TypeError):  # no metadata file at all
+        found = None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError among them
+        raise unreadable(name, exc) from None
+    return str(found).strip() if found else ""
+
+
+def unreadable(name: str, exc: Exception) -> Problem:
+    why = f"is not UTF-8 text (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc})"
+    return Problem(f"the package metadata of the installed {name} {why}: reinstall it")
+
+
+def shown(name: str) -> str:
+    """NAME VERSION for messages; an install without a version is named as such."""
+    found = version(name)
+    return f"{name} {found}" if found else f"{name} (installed, no version in its metadata)" if found == "" \
+        else f"{name} (not installed)"
+
+
+def requires(name: str) -> list[str] | None:
+    """The Requires-Dist lines of `name`; None when it is not installed."""
+    try:
+        return md.requires(name) or []
+    except md.PackageNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise unreadable(name, exc) from None
 
 
 def torch_requirements() -> list[Requirement]:
     """torch's Requires-Dist that apply to this Python (markers evaluated, extras left out)."""
-    try:
-        requires = md.requires("torch") or []
-    except md.PackageNotFoundError:
-        raise Problem("torch is not installed: build the base image's torch stage first") from None
+    lines = requires("torch")
+    if lines is None:
+        raise Problem("torch is not installed: build the base image's torch stage first")
     out = []
-    for line in requires:
+    for line in lines:
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise Problem(f"torch {version('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
+            raise Problem(f"{shown('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
                           "check pytorch.wheels.torch in versions.json") from None
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             out.append(req)
@@ -82,7 +112,7 @@ def torch_triton_requirement() -> Requirement:
     """The Triton requirement of torch (the first whose name contains triton)."""
     found = next((r for r in torch_requirements() if "triton" in canonicalize_name(r.name)), None)
     if found is None:
-        raise Problem(f"torch {version('torch')} names no Triton distribution in its metadata: "
+        raise Problem(f"{shown('torch')} names no Triton distribution in its metadata: "
                       "this is not a ROCm torch with Triton; check pytorch.wheels.torch in versions.json")
     return found
 
@@ -106,7 +136,7 @@ def triton_dist() -> str:
     found = canonicalize_name(torch_triton_requirement().name)
     recorded = triton_recorded()
     if recorded not in ("", "UNRESOLVED") and canonicalize_name(recorded) != found:
-        raise Problem(f"torch {version('torch')} requires Triton as {found} but versions.json records "
+        raise Problem(f"{shown('torch')} requires Triton as {found} but versions.json records "
                       f"pytorch.wheels.triton.package={recorded}: run python3 -m ci.pins resolve wheels --write")
     return found
 
@@ -122,7 +152,7 @@ def torch_triton() -> str:
     pinned = exact_version(torch_triton_requirement())
     if pinned is not None:
         return f"{name}=={pinned}"
-    raise Problem(f"torch {version('torch')} requires {name} without an exact version: pin "
+    raise Problem(f"{shown('torch')} requires {name} without an exact version: pin "
                   "pytorch.wheels.triton.version in versions.json by hand")
 
 
@@ -144,6 +174,10 @@ def constraints() -> str:
     if missing:
         raise Problem(f"{', '.join(missing)} not installed in this environment: the base image installs "
                       "them (torch stage); rebuild it")
+    versionless = [n for n, v in sorted(snap.items()) if v == ""]
+    if versionless:
+        raise Problem(f"{', '.join(versionless)} installed without a version in its package metadata, so it "
+                      "cannot be pinned: reinstall it (rebuild the base image's torch stage)")
     lines = ["# The base image's pinned distributions: nothing installed later may change them."]
     lines += [f"{name}=={ver}" for name, ver in sorted(snap.items()) if ver is not None]
     return "\n".join(lines) + "\n"
@@ -167,11 +201,11 @@ def triton_alias() -> str:
     if real == "triton":
         return "triton-alias: torch's Triton is the distribution triton; no alias needed"
     ver = version(real)
-    if ver is None:
-        raise Problem(f"{real} (torch's Triton) is not installed: install the pinned Triton wheel first")
+    if not ver:
+        raise Problem(f"{shown(real)} is torch's Triton: install the pinned Triton wheel (again) first")
     existing = version("triton")
     if existing is not None and existing != ver:
-        raise Problem(f"a distribution triton {existing} is installed beside {real} {ver}: "
+        raise Problem(f"a distribution {shown('triton')} is installed beside {real} {ver}: "
                       "pip replaced the ROCm Triton; rebuild the torch stage")
     purelib = Path(sysconfig.get_paths()["purelib"])
     info = purelib / f"triton-{ver}.dist-info"
@@ -220,7 +254,7 @@ def main(argv=None) -> int:
         elif ns.cmd == "torch-triton":
             found = torch_triton()
             if ns.expect and expected(ns.expect) != found:
-                raise Problem(f"torch {version('torch')} requires {found} but versions.json records {ns.expect} "
+                raise Problem(f"{shown('torch')} requires {found} but versions.json records {ns.expect} "
                               "(pytorch.wheels.triton): run python3 -m ci.pins resolve wheels --write")
             print(found)
         else:

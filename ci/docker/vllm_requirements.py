@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata as md
 import re
 import sys
 from pathlib import Path
@@ -37,6 +36,10 @@ try:
 except ImportError:
     sys.exit("vllm-requirements: ERROR: the Python package `packaging` is not installed in this Python: "
              "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
+
+# Installed metadata is read by the build scripts' one reader, pinned_dists.py (beside this file).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pinned_dists import Problem, shown  # noqa: E402
 
 BUILD_REQUIREMENTS = "requirements/build/rocm.txt"
 RUNTIME_REQUIREMENTS = "requirements/rocm.txt"
@@ -136,11 +139,7 @@ def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:
         name = canonicalize_name(req.name)
         where = origin.relative_to(src.resolve())
         if name in PINNED:
-            try:
-                have = md.version(name)
-            except md.PackageNotFoundError:
-                have = "not installed"
-            notes.append(f"{where} asks for {req}; the base image's {name} ({have}) is kept")
+            notes.append(f"{where} asks for {req}; the base image's {shown(name)} is kept")
         elif name in pins and not req.specifier.contains(pins[name][0], prereleases=True):
             pinned, pin_file = pins[name]
             problems.append(f"{where} needs {req} but {pin_file.name} pins {name}=={pinned}: "
@@ -215,7 +214,7 @@ def main(argv=None) -> int:
             problems, notes = check_build_tools(ns.src, ns.tools)
         elif not problems and ns.cmd == "triton-kernels":
             problems = check_triton_kernels(ns.src, ns.commit)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, Problem) as exc:
         problems = [str(exc)]
     for line in notes:
         print(f"vllm-requirements: {line}")

@@ -1,9 +1,12 @@
-"""Versions of installed distributions, read from their package metadata (nothing is imported).
+"""Installed distributions, read from their package metadata (nothing is imported): the one reader
+of installed metadata for the plugin, the kernel contract and the image's runtime
+(rocm_vllm_runtime.versions asks through it; the image build runs this file alone, beside the
+runtime's source, so it imports nothing but the standard library).
 
 Three answers, kept apart: ``None`` (none of the names is installed), ``""`` (installed, but its
 metadata has no ``Version``: a broken or hand-made install, which must not read as "not
-installed"), or the version. Plain standard library: the plugin, the kernel contract and the
-image's runtime ask through the same rule.
+installed"), or the version. Metadata that cannot be read (not UTF-8, unreadable files) is a
+:class:`MetadataError`: one line naming the distribution and how to fix it, never a traceback.
 """
 from __future__ import annotations
 
@@ -12,20 +15,76 @@ from importlib import metadata
 NO_VERSION = ""
 
 
-def version_of(*names: str) -> str | None:
-    """The version of the first of ``names`` that is installed; ``NO_VERSION`` when its metadata
-    has none; ``None`` when none of them is installed."""
+class MetadataError(ValueError):
+    """An installed distribution's metadata cannot be read (one line: what and how to fix it)."""
+
+
+def _unreadable(name: str, exc: Exception) -> MetadataError:
+    if isinstance(exc, UnicodeDecodeError):
+        why = f"is not UTF-8 text (byte {exc.start})"
+    else:
+        why = f"cannot be read ({' '.join(str(exc).split()) or type(exc).__name__})"
+    return MetadataError(f"the package metadata of the installed {name} {why}: reinstall it "
+                         f"(pip install --force-reinstall {name})")
+
+
+def find(*names: str) -> tuple[str, str] | None:
+    """(name, version) of the first of ``names`` that is installed (version ``NO_VERSION`` when its
+    metadata has none); None when none is. MetadataError when its metadata cannot be read."""
     for name in names:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
+        except (OSError, ValueError) as exc:
+            raise _unreadable(name, exc) from None
         try:
             found = dist.metadata.get("Version")
-        except (KeyError, AttributeError):  # no metadata file at all
+        except (KeyError, AttributeError, TypeError):  # no metadata file at all
             found = None
-        return str(found).strip() if found else NO_VERSION
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError among them
+            raise _unreadable(name, exc) from None
+        return name, (str(found).strip() if found else NO_VERSION)
     return None
+
+
+def version_of(*names: str) -> str | None:
+    """The version of the first of ``names`` that is installed; ``NO_VERSION`` when its metadata
+    has none; ``None`` when none of them is installed. MetadataError when it cannot be read."""
+    found = find(*names)
+    return None if found is None else found[1]
+
+
+def requires_of(name: str) -> list[str]:
+    """The Requires-Dist lines of an installed distribution; [] when it is not installed.
+    MetadataError when its metadata cannot be read."""
+    try:
+        return list(metadata.requires(name) or [])
+    except metadata.PackageNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise _unreadable(name, exc) from None
+
+
+def providers_of(import_name: str) -> list[str]:
+    """The distributions that provide the top-level package ``import_name`` ([] when none says so,
+    or when some installed distribution's metadata cannot be read: the caller asks by name then)."""
+    try:
+        return list(metadata.packages_distributions().get(import_name, []))
+    except (OSError, ValueError, KeyError, AttributeError):
+        return []
+
+
+def entry_points_of(group: str) -> list[tuple[str, str]]:
+    """(name, value) of every installed entry point of ``group``. MetadataError when some installed
+    distribution's entry points cannot be read."""
+    try:
+        return [(ep.name, ep.value) for ep in metadata.entry_points(group=group)]
+    except (OSError, ValueError) as exc:
+        why = f"are not UTF-8 text (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else \
+            f"cannot be read ({' '.join(str(exc).split())})"
+        raise MetadataError(f"the entry points ({group}) of an installed distribution {why}: "
+                            "reinstall the distribution that carries them") from None
 
 
 def no_version_problem(what: str, names: tuple[str, ...]) -> str:

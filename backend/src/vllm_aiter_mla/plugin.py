@@ -25,7 +25,7 @@ import logging
 import os
 
 from . import SUPPORTED_VLLM, __version__
-from .distributions import NO_VERSION, no_version_problem, version_of
+from .distributions import NO_VERSION, MetadataError, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
 
 logger = logging.getLogger("vllm.aiter_mla")
@@ -67,12 +67,30 @@ def check_vllm_version(found: str | None) -> None:
         raise RuntimeError(f"{problem}. Install a matching vLLM, or leave the plugin out with VLLM_PLUGINS.")
 
 
+def _installed_vllm_problem() -> tuple[str | None, str | None]:
+    """(the installed vLLM's version, why this package cannot serve it or None)."""
+    try:
+        found = _installed_vllm_version()
+    except MetadataError as exc:
+        return None, f"vLLM's version cannot be read: {exc}"
+    return found, vllm_version_problem(found)
+
+
 def register() -> None:
-    found = _installed_vllm_version()
-    problem = vllm_version_problem(found)
+    """Never raises: vLLM does not catch a general plugin's errors, so every vLLM process (API
+    server, engine core, workers) would fail to start. Whatever stops the registration is one
+    error line, and vLLM's built-in attention backends are used."""
+    try:
+        _register()
+    except Exception as exc:  # noqa: BLE001 - the plugin must never take vLLM down
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        logger.error("vllm-aiter-mla: not registered (%s: %s); vLLM's built-in attention backends are used",
+                     type(exc).__name__, reason)
+
+
+def _register() -> None:
+    _, problem = _installed_vllm_problem()
     if problem:
-        # Never raise here: vLLM does not catch a general plugin's errors, so every vLLM process
-        # (API server, engine core, workers) would fail to start.
         logger.error("%s: not registered; vLLM's built-in attention backends are used", problem)
         return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: PLC0415
@@ -99,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args != ["check"]:
         print("usage: python3 -m vllm_aiter_mla.plugin check", file=sys.stderr)
         return 2
-    found = _installed_vllm_version()
-    problem = vllm_version_problem(found)
+    found, problem = _installed_vllm_problem()
     if problem:
         print(f"error: {problem}: build on a vLLM of a release track (versions.json tracks; TRACK, VLLM_IMAGE)",
               file=sys.stderr)

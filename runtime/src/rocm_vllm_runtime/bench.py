@@ -36,8 +36,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
+
+from vllm_aiter_mla.distributions import MetadataError, entry_points_of
 
 from . import files, health, numbers
 from .selection import OURS, VLLMS, Selection, selection
@@ -99,9 +100,9 @@ def plugin_names(exclude_package: str = PLUGIN_PACKAGE) -> list[str]:
     """Names of installed vLLM plugins, except those provided by `exclude_package`."""
     names: set[str] = set()
     for group in VLLM_PLUGIN_GROUPS:
-        for ep in metadata.entry_points(group=group):
-            if ep.value.split(":", 1)[0].split(".", 1)[0] != exclude_package:
-                names.add(ep.name)
+        for name, value in entry_points_of(group):
+            if value.split(":", 1)[0].split(".", 1)[0] != exclude_package:
+                names.add(name)
     return sorted(names)
 
 
@@ -455,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = numbers.port("BENCH_PORT / --port", merged.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"])
         start_timeout = numbers.duration("BENCH_START_TIMEOUT / --start-timeout",
                                          merged.get("BENCH_START_TIMEOUT") or ENV_DEFAULTS["BENCH_START_TIMEOUT"])
-    except (BenchError, numbers.SettingError) as exc:
+    except (BenchError, numbers.SettingError, MetadataError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     doc = compare(chosen, args.serve_args, load, port, Path(args.out_dir), start_timeout)

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rocm_vllm_runtime.files import write_text
-from rocm_vllm_runtime.versions import Installed, installed, requires
+from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
 SCHEMA = 1
 MANIFEST_ENV = "ROCM_VLLM_MANIFEST"
@@ -467,7 +467,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         else:
             manifest = read_manifest(ns.path) if ns.path else load_manifest(env)
             print(dumps(manifest), end="")
-    except (ManifestError, OSError) as exc:
+    except (ManifestError, MetadataError, OSError) as exc:
         print(f"manifest: ERROR: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,12 +1,15 @@
-"""Installed distributions, read from package metadata (nothing GPU-bound is imported).
+"""Installed distributions, as the image's runtime reports them (nothing GPU-bound is imported).
 
-`installed(*names)` is the one way this package asks what is installed: the image manifest's
-writers and the self-test report both go through it.
+Installed metadata is read by one function, the backend's (vllm_aiter_mla.distributions, standard
+library only; the image build runs it from its source file beside the runtime's): `installed(*names)`
+is the one way this package asks through it: the image manifest's writers and the self-test report
+both go through it.
 """
 from __future__ import annotations
 
-from importlib import metadata
 from typing import NamedTuple
+
+from vllm_aiter_mla.distributions import MetadataError, find, providers_of, requires_of
 
 # label -> import name
 PACKAGES: dict[str, str] = {
@@ -19,6 +22,8 @@ PACKAGES: dict[str, str] = {
 
 # What the report shows for a distribution whose metadata has no version (never "not installed").
 NO_VERSION_SHOWN = "(installed, no version in its metadata)"
+# What it shows for one whose metadata cannot be read (not UTF-8, ...): the report is still written.
+UNREADABLE_SHOWN = "(installed, its metadata cannot be read: reinstall it)"
 
 
 class Installed(NamedTuple):
@@ -29,36 +34,24 @@ class Installed(NamedTuple):
 def installed(*names: str) -> Installed | None:
     """The first of the distributions `names` that is installed, with its version ("" when its
     metadata has none: installed all the same); None when none is (e.g. installed("amd-aiter",
-    "aiter"): the AITER wheel's name changed)."""
-    for name in names:
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        try:
-            version = dist.metadata.get("Version")
-        except (KeyError, AttributeError):  # no metadata file at all
-            version = None
-        return Installed(name, str(version).strip() if version else "")
-    return None
+    "aiter"): the AITER wheel's name changed). MetadataError (a ValueError, one line) when its
+    metadata cannot be read."""
+    found = find(*names)
+    return None if found is None else Installed(*found)
 
 
-def requires(name: str) -> list[str]:
-    """The Requires-Dist lines of an installed distribution; [] when it is not installed."""
-    try:
-        return list(metadata.requires(name) or [])
-    except metadata.PackageNotFoundError:
-        return []
+# The Requires-Dist lines of an installed distribution; [] when it is not installed.
+requires = requires_of
 
 
 def installed_version(import_name: str) -> str:
     """Version of the distribution that provides `import_name`; '' when not installed,
-    NO_VERSION_SHOWN when installed without a version in its metadata."""
+    NO_VERSION_SHOWN when installed without a version in its metadata, UNREADABLE_SHOWN when its
+    metadata cannot be read."""
     try:
-        dists = metadata.packages_distributions().get(import_name, [])
-    except Exception:  # noqa: BLE001 - broken metadata must not break the report
-        dists = []
-    found = installed(*(dists or [import_name]))
+        found = installed(*(providers_of(import_name) or [import_name]))
+    except MetadataError:
+        return UNREADABLE_SHOWN
     if found is None:
         return ""
     return found.version or NO_VERSION_SHOWN
