@@ -3,6 +3,7 @@ call the impl's reserve_workspace() there), so the KV cache is sized around them
 metadata builder later takes over exactly those tensors instead of allocating new ones."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -12,6 +13,7 @@ from vllm_aiter_mla import persistent
 from vllm_aiter_mla.backend import DecodeKernelsMixin
 from vllm_aiter_mla.config import DECODE_MODE_ENV
 from vllm_aiter_mla.kernels import load_kernels
+from vllm_aiter_mla.persistent import allocate_work, largest_specs
 
 REFERENCE = load_kernels("reference")
 
@@ -81,3 +83,23 @@ def test_the_hook_is_the_one_vllm_calls():
     assert AiterMLAImpl.reserve_workspace is DecodeKernelsMixin.reserve_workspace
     if hasattr(AttentionImpl, "reserve_workspace"):
         assert AiterMLAImpl.__mro__.index(DecodeKernelsMixin) < AiterMLAImpl.__mro__.index(AttentionImpl)
+
+
+def test_work_buffers_are_sized_by_the_largest_need_over_every_query_length():
+    """AITER's buffer needs are not monotonic in the query length (gfx950 bf16 tiles fewer than 128
+    packed rows by 64): each buffer gets, per dimension, the largest size over query lengths
+    1 .. max_qlen, not the size asked for at max_qlen."""
+    asked = []
+
+    def info(batch, qlen, heads, q_dtype, kv_dtype, is_sparse, fast_mode=True):
+        asked.append(qlen)
+        peak = 100 if qlen == 2 else 10  # the middle length needs the most
+        return tuple(((peak + i, 3), torch.int32) if i else ((peak,), torch.int64) for i in range(6))
+
+    kernels = dataclasses.replace(REFERENCE, get_mla_metadata_info_v1=info)
+    work = allocate_work(kernels, 4, 3, 16, torch.bfloat16, torch.bfloat16, "cpu")
+    assert asked == [1, 2, 3]
+    assert work.work_meta_data.shape == (100,) and work.work_meta_data.dtype == torch.int64
+    assert work.reduce_partial_map.shape == (105, 3)
+    with pytest.raises(ValueError, match="different ranks or dtypes"):
+        largest_specs([(((4,), torch.int32),), (((4, 2), torch.int32),)])

@@ -36,6 +36,18 @@ class PersistentWork:
         return {name: getattr(self, name) for name in _NAMES}
 
 
+def largest_specs(all_specs) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Per buffer, the largest size in each dimension over several ``get_mla_metadata_info_v1``
+    answers ((shape, dtype) per buffer; a shape may be a bare int)."""
+    merged = []
+    for entries in zip(*all_specs, strict=True):
+        shapes = [tuple(shape) if isinstance(shape, (tuple, list)) else (shape,) for shape, _ in entries]
+        if len({len(s) for s in shapes}) != 1 or len({dtype for _, dtype in entries}) != 1:
+            raise ValueError(f"get_mla_metadata_info_v1 answered buffers of different ranks or dtypes: {entries}")
+        merged.append((tuple(max(dims) for dims in zip(*shapes)), entries[0][1]))
+    return merged
+
+
 def allocate_work(
     kernels: MLAKernels,
     max_reqs: int,
@@ -50,8 +62,11 @@ def allocate_work(
             "This AITER build has no get_mla_metadata_v1 (persistent MLA decode); "
             "set AITER_MLA_DECODE_MODE=non-persistent or install the AITER build of this project's image."
         )
-    specs = kernels.get_mla_metadata_info_v1(max_reqs, max_qlen, heads, q_dtype, kv_dtype, is_sparse=False,
-                                             fast_mode=True)
+    # Every step is planned for its own query length (1 .. max_qlen), and AITER's needs are not
+    # monotonic in it (gfx950 bf16 tiles fewer than 128 packed rows by 64): each buffer is sized
+    # by the largest of its sizes over every query length served.
+    specs = largest_specs(kernels.get_mla_metadata_info_v1(max_reqs, qlen, heads, q_dtype, kv_dtype, is_sparse=False,
+                                                           fast_mode=True) for qlen in range(1, max_qlen + 1))
     tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in zip(_NAMES, specs)}
     return PersistentWork(heads=heads, max_qlen=max_qlen, q_dtype=q_dtype, kv_dtype=kv_dtype, **tensors)
 
