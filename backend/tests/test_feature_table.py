@@ -99,6 +99,34 @@ def _own_decode_modes() -> str:
     return "own" if decode_mode({DECODE_MODE_ENV: "non-persistent"}) == contract.NON_PERSISTENT else "refused"
 
 
+def _own_v_scale_fix() -> str:
+    from vllm_aiter_mla import fp8_probe
+    from vllm_aiter_mla.decode import mla_decode
+    from vllm_aiter_mla.routing import with_measurements
+
+    route = choose_route(facts(max_qlen=4, **FP8), TABLE)
+    kept = with_measurements(route, {2: fp8_probe.Outcome.DROPS_V_SCALE}).own
+    return "own" if kept and "v_scale_dropped" in inspect.signature(mla_decode).parameters else "refused"
+
+
+def _own_largest_work() -> str:
+    import dataclasses
+
+    from vllm_aiter_mla.kernels import load_kernels
+    from vllm_aiter_mla.persistent import allocate_work
+
+    reference = load_kernels("reference")
+    asked = []
+
+    def info(batch, qlen, *args, **kwargs):
+        asked.append(qlen)
+        return reference.get_mla_metadata_info_v1(batch, qlen, *args, **kwargs)
+
+    allocate_work(dataclasses.replace(reference, get_mla_metadata_info_v1=info), 2, 3, 16, torch.bfloat16,
+                  torch.bfloat16, "cpu")
+    return "own" if asked == [1, 2, 3] else "refused"
+
+
 # row -> (what the built-in has, read from its classes; what the plugin does)
 CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
     "bf16 model, bf16 KV cache (`auto`, `bfloat16`)": (
@@ -152,6 +180,13 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
         lambda: "own" if all(choose_route(facts(max_qlen=q, **FP8), TABLE).decode_heads == 128
                              for q in range(5, 9)) else "delegated"),
+    "gfx942 fp8 MTP past query length 4 by a Triton verify kernel": (
+        lambda b: hasattr(b, "_asm_causal_verify_unsupported"),
+        lambda: routed(max_qlen=5, builtin_triton_verify=True, **FP8)),
+    "fp8 MTP output corrected where AITER leaves V unscaled (ROCm/aiter#6732, measured at start-up)": (
+        lambda b: hasattr(b, "_aiter_fp8_mla_decode_drops_v_scale"), _own_v_scale_fix),
+    "FlyDSL fp8 prefill (opt-in `mla_prefill_backend`)": (
+        lambda b: hasattr(b, "AiterFlyDSLFP8PrefillBackend"), lambda: routed(builtin_flydsl_prefill=True, **FP8)),
     "more than 128 heads per GPU": (
         lambda b: b.AiterMLAHelper.is_valid_num_heads(256), lambda: routed(num_heads=256)),
     "kv_indices for max_num_seqs x max_model_len keys (prefix sharing)": (
@@ -162,6 +197,8 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda b: re.search(r"query_start_loc_device\[:\s*1 \+ num_kernel_reqs\]",
                             _source(b.AiterMLAMetadataBuilder._build_decode)) is not None,
         _own_non_uniform),
+    "persistent work buffers sized by the largest need over every query length": (
+        lambda b: hasattr(b, "_max_mla_metadata_info"), _own_largest_work),
     "persistent work buffers counted in the memory profile (`reserve_workspace`)": (
         lambda b: "reserve_workspace" in vars(b.AiterMLAImpl), _own_workspace),
     "non-persistent decode mode (`AITER_MLA_DECODE_MODE`)": (

@@ -35,6 +35,9 @@ ROWS = [
     ("256 heads", {"num_heads": 256}, "256 heads"),
     ("query length 9", {"max_qlen": 9}, "query length 9"),
     ("gfx942 bf16 query length 5", {"max_qlen": 5}, "no correct AITER v0.1.20.post1 kernel"),
+    ("gfx942 fp8 query length 5, where the built-in verifies with Triton (vLLM 0.34)",
+     {**FP8, "max_qlen": 5, "builtin_triton_verify": True}, "Triton kernel"),
+    ("FlyDSL fp8 prefill configured (vLLM 0.34)", {**FP8, "builtin_flydsl_prefill": True}, "FlyDSL"),
 ]
 
 
@@ -169,3 +172,57 @@ def test_the_builder_class_vllm_reads_is_the_built_ins():
     assert routed._cudagraph_support == own._cudagraph_support == builtin.AiterMLAMetadataBuilder._cudagraph_support
     assert routed.query_len_support == own.query_len_support
     assert backend.AiterMLABackend.supports_non_causal_dcp() == builtin.AiterMLABackend.supports_non_causal_dcp()
+
+
+# ---- facts read from the running vLLM's built-in where that release has the predicate ----
+
+
+def test_predicates_of_newer_built_ins_are_read_where_they_exist(monkeypatch):
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    asked = []
+
+    def unsupported(heads, qlen, kv_cache_dtype, dcp):
+        asked.append((heads, qlen, kv_cache_dtype, dcp))
+        return qlen > 4
+
+    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
+    if not hasattr(builtin, "_asm_causal_verify_unsupported"):  # releases before 0.34: never
+        assert backend._builtin_triton_verify(16, 5, "fp8", 1) is False
+    monkeypatch.setattr(builtin, "_asm_causal_verify_unsupported", unsupported, raising=False)
+    assert backend._builtin_triton_verify(16, 5, "fp8", 1) and not backend._builtin_triton_verify(16, 4, "fp8", 1)
+    assert asked == [(16, 5, "fp8", 1), (16, 4, "fp8", 1)]
+
+    class FlyDSL:
+        @staticmethod
+        def get_name():
+            return "ROCM_AITER_FLYDSL_FP8"
+
+    def chosen(name):
+        member = None if name is None else types.SimpleNamespace(name=name)
+        return types.SimpleNamespace(attention_config=types.SimpleNamespace(mla_prefill_backend=member))
+
+    if not hasattr(builtin, "AiterFlyDSLFP8PrefillBackend"):
+        assert backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8")) is False
+    monkeypatch.setattr(builtin, "AiterFlyDSLFP8PrefillBackend", FlyDSL, raising=False)
+    assert backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8"))
+    assert not backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FA"))
+    assert not backend._builtin_flydsl_prefill(chosen(None))
+
+
+def test_fp8_prefill_head_counts_follow_the_built_ins_own_predicate(monkeypatch):
+    """vLLM 0.34 keeps 1-8 heads in bf16 prefill (is_valid_fp8_prefill_num_heads): the own path
+    then keeps the layer; earlier releases decide by is_valid_num_heads."""
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
+    monkeypatch.setattr(builtin, "_fp8_mla_prefill_supported", lambda: True)
+    monkeypatch.setattr(builtin.AiterMLAHelper, "is_valid_num_heads", staticmethod(lambda n: True))
+    monkeypatch.setattr(builtin.AiterMLAHelper, "is_valid_fp8_prefill_num_heads", staticmethod(lambda n: n > 8),
+                        raising=False)
+    assert not backend._builtin_fp8_prefill("fp8", 8) and backend._builtin_fp8_prefill("fp8", 16)
+    assert not backend._builtin_fp8_prefill("auto", 16)

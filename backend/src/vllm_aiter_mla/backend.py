@@ -413,7 +413,31 @@ def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
     predicate imports AITER."""
     if not (_on_rocm() and _is_fp8_cache(kv_cache_dtype)):
         return False
-    return bool(builtin._fp8_mla_prefill_supported() and builtin.AiterMLAHelper.is_valid_num_heads(num_heads))
+    helper = builtin.AiterMLAHelper
+    # vLLM 0.34 keeps 1-8 heads in bf16 prefill (is_valid_fp8_prefill_num_heads); earlier releases
+    # prefill every valid head count in fp8.
+    valid = getattr(helper, "is_valid_fp8_prefill_num_heads", helper.is_valid_num_heads)
+    return bool(builtin._fp8_mla_prefill_supported() and valid(num_heads))
+
+
+def _builtin_triton_verify(num_heads: int, max_qlen: int, kv_cache_dtype: str, dcp_size: int) -> bool:
+    """Whether vLLM's built-in verifies this layer's drafts with its Triton verify kernel where
+    AITER's asm decode has no correct kernel (vLLM 0.34, gfx942, query length past 4), by the
+    built-in's own predicate; releases without it have none."""
+    unsupported = getattr(builtin, "_asm_causal_verify_unsupported", None)
+    if unsupported is None or not _on_rocm():
+        return False
+    return bool(unsupported(num_heads, max_qlen, kv_cache_dtype, dcp_size))
+
+
+def _builtin_flydsl_prefill(vllm_config) -> bool:
+    """Whether the configured MLA prefill backend is the built-in's opt-in FlyDSL fp8 prefill
+    (vLLM 0.34), which the built-in prepares fp8 inputs for."""
+    flydsl = getattr(builtin, "AiterFlyDSLFP8PrefillBackend", None)
+    chosen = getattr(getattr(vllm_config, "attention_config", None), "mla_prefill_backend", None)
+    if flydsl is None or chosen is None:
+        return False
+    return str(getattr(chosen, "name", chosen)) == flydsl.get_name()
 
 
 def _builtin_unpadded_small_heads(num_heads: int, max_qlen: int, kv_cache_dtype: str) -> bool:
@@ -449,6 +473,9 @@ def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
         builtin_varlen_verify=_builtin_varlen_verify(vllm_config),
         builtin_fp8_prefill=_builtin_fp8_prefill(kv_cache_dtype, num_heads),
         builtin_unpadded_small_heads=_builtin_unpadded_small_heads(num_heads, shape.max_qlen, kv_cache_dtype),
+        builtin_triton_verify=_builtin_triton_verify(num_heads, shape.max_qlen, kv_cache_dtype,
+                                                     vllm_config.parallel_config.decode_context_parallel_size),
+        builtin_flydsl_prefill=_builtin_flydsl_prefill(vllm_config),
     )
 
 

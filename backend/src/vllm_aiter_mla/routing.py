@@ -34,6 +34,8 @@ class LayerFacts:
     builtin_varlen_verify: bool = False  # adaptive (variable-length) spec-decode verification
     builtin_fp8_prefill: bool = False  # fp8 prefill with mla_prefill_ps_asm_fwd (gfx950)
     builtin_unpadded_small_heads: bool = False  # fewer than 16 heads unpadded (Gluon, gfx950)
+    builtin_triton_verify: bool = False  # Triton verify past query length 4 (gfx942, vLLM 0.34)
+    builtin_flydsl_prefill: bool = False  # the opt-in FlyDSL fp8 prefill is configured (vLLM 0.34)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ def delegation_reasons(facts: LayerFacts) -> list[str]:
         reasons.append("fp8 prefill with mla_prefill_ps_asm_fwd (the own path prefills in bf16)")
     if facts.builtin_unpadded_small_heads:
         reasons.append(f"{facts.num_heads} heads run unpadded by the built-in (the own path pads to 16)")
+    if facts.builtin_triton_verify:
+        reasons.append(f"query length {facts.shape.max_qlen} verified by the built-in's Triton kernel (the own path "
+                       "pads to 128 heads or has no kernel)")
+    if facts.builtin_flydsl_prefill:
+        reasons.append("FlyDSL fp8 prefill (--attention-config.mla_prefill_backend)")
     if facts.num_heads > contract.MAX_HEADS:
         reasons.append(f"{facts.num_heads} heads per GPU (own path: at most {contract.MAX_HEADS})")
     if facts.shape.max_qlen > contract.MAX_QLEN:
