@@ -167,6 +167,9 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
     "gfx950 fewer than 16 heads unpadded (Gluon)": (
         lambda b: hasattr(b.AiterMLAHelper, "use_gluon_decode") and hasattr(b.AiterMLAHelper, "use_gluon_verify"),
         lambda: routed(num_heads=8, archs=("gfx950",), builtin_unpadded_small_heads=True)),
+    "24 heads unpadded where AITER has native H24 kernels": (
+        lambda b: hasattr(b, "_aiter_mla_native_h24_supported"),
+        lambda: routed(num_heads=24, builtin_native_heads=True)),
     "gfx942 fewer than 16 heads, padded to 16": (
         lambda b: b.AiterMLAHelper.get_actual_mla_num_heads(8) == 16,
         lambda: routed(num_heads=8)),

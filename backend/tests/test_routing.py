@@ -38,6 +38,8 @@ ROWS = [
     ("gfx942 fp8 query length 5, where the built-in verifies with Triton (vLLM 0.34)",
      {**FP8, "max_qlen": 5, "builtin_triton_verify": True}, "Triton kernel"),
     ("FlyDSL fp8 prefill configured (vLLM 0.34)", {**FP8, "builtin_flydsl_prefill": True}, "FlyDSL"),
+    ("24 heads where AITER has native H24 kernels", {"num_heads": 24, "builtin_native_heads": True}, "natively"),
+    ("24 heads padded where it has none (gfx942: 32 is a listed defect)", {"num_heads": 24}, 48),
 ]
 
 
@@ -226,3 +228,15 @@ def test_fp8_prefill_head_counts_follow_the_built_ins_own_predicate(monkeypatch)
                         raising=False)
     assert not backend._builtin_fp8_prefill("fp8", 8) and backend._builtin_fp8_prefill("fp8", 16)
     assert not backend._builtin_fp8_prefill("auto", 16)
+
+
+def test_native_24_heads_follow_the_built_ins_probe(monkeypatch):
+    from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
+
+    from vllm_aiter_mla import backend
+
+    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
+    monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: True)
+    assert backend._builtin_native_heads(24) and not backend._builtin_native_heads(16)
+    monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: False)
+    assert not backend._builtin_native_heads(24)

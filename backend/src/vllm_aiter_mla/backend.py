@@ -420,6 +420,14 @@ def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
     return bool(builtin._fp8_mla_prefill_supported() and valid(num_heads))
 
 
+def _builtin_native_heads(num_heads: int) -> bool:
+    """Whether vLLM's built-in runs this head count natively where the own path pads it (24 heads
+    on an AITER with native H24 kernels), by the built-in's own predicate. Only on ROCm: it reads
+    AITER."""
+    native = getattr(builtin, "_aiter_mla_native_h24_supported", None)
+    return bool(num_heads == 24 and native is not None and _on_rocm() and native())
+
+
 def _builtin_triton_verify(num_heads: int, max_qlen: int, kv_cache_dtype: str, dcp_size: int) -> bool:
     """Whether vLLM's built-in verifies this layer's drafts with its Triton verify kernel where
     AITER's asm decode has no correct kernel (vLLM 0.34, gfx942, query length past 4), by the
@@ -476,6 +484,7 @@ def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
         builtin_triton_verify=_builtin_triton_verify(num_heads, shape.max_qlen, kv_cache_dtype,
                                                      vllm_config.parallel_config.decode_context_parallel_size),
         builtin_flydsl_prefill=_builtin_flydsl_prefill(vllm_config),
+        builtin_native_heads=_builtin_native_heads(num_heads),
     )
 
 

@@ -36,6 +36,7 @@ class LayerFacts:
     builtin_unpadded_small_heads: bool = False  # fewer than 16 heads unpadded (Gluon, gfx950)
     builtin_triton_verify: bool = False  # Triton verify past query length 4 (gfx942, vLLM 0.34)
     builtin_flydsl_prefill: bool = False  # the opt-in FlyDSL fp8 prefill is configured (vLLM 0.34)
+    builtin_native_heads: bool = False  # this head count runs unpadded (24 heads, AITER with H24 kernels)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ def delegation_reasons(facts: LayerFacts) -> list[str]:
     if facts.builtin_triton_verify:
         reasons.append(f"query length {facts.shape.max_qlen} verified by the built-in's Triton kernel (the own path "
                        "pads to 128 heads or has no kernel)")
+    if facts.builtin_native_heads:
+        reasons.append(f"{facts.num_heads} heads run natively by the built-in (AITER's H{facts.num_heads} kernels; "
+                       "the own path pads them)")
     if facts.builtin_flydsl_prefill:
         reasons.append("FlyDSL fp8 prefill (--attention-config.mla_prefill_backend)")
     if facts.num_heads > contract.MAX_HEADS:
