@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ci.pins import locks, model
 from tests import vllm_sdist
@@ -262,6 +264,13 @@ EDITS = [
     (["exclude_newer"], 20261130, "exclude_newer"),
     (["index_url"], "-i https://x", "index_url"),
     (["locks"], None, "locks.json.locks"),
+    (["locks", "vllm", "output"], "ci/locks/vllm-{0}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "ci/locks/vllm-{}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "ci/locks/vllm-{trak}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "ci/locks/vllm-}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "ci/locks/vllm-rocm.txt", "locks.vllm.output"),
+    (["locks", "scripts", "output"], "ci/docker/requirements-{track}.txt", "locks.scripts.output"),
+    (["platforms", "test-machine", "python"], "three", "platforms.test-machine.python"),
 ]
 
 
@@ -281,3 +290,110 @@ def test_a_hand_edited_locks_json_stops_in_one_line_naming_the_field(path, value
         assert named.split(":")[0].removeprefix("locks.json.") in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "resolving" not in proc.stderr
+
+
+# ------------------------------------------------------------------ the body of a lock
+
+def test_every_lock_holds_the_body_its_header_records():
+    """Offline: each lock's `# body sha256:HEX (N requirements)` line is its body's."""
+    for lock in all_locks():
+        assert locks.body_problem(lock.output, (ROOT / lock.output).read_text()) == "", lock.output
+
+
+def _vllm_lock(src: Path, entries: list[str]) -> str:
+    """A lock of src's requirements/rocm.txt holding entries, with the header the pin tool writes."""
+    body = "".join(f"{e}==1.0 \\\n    --hash=sha256:{'a' * 64}\n    # via -r requirements/rocm.txt\n" for e in entries)
+    digest = hashlib.sha256((src / "requirements/rocm.txt").read_bytes()).hexdigest()
+    return (f"# Locked by `python3 -m ci.pins lock vllm-0.33`: do not edit.\n"
+            f"# input requirements/rocm.txt sha256:{digest}\n"
+            f"# body sha256:{hashlib.sha256(body.encode()).hexdigest()} ({len(entries)} requirements)\n" + body)
+
+
+@pytest.mark.parametrize("cut", ["entry boundary", "no body line", "edited"])
+def test_the_build_refuses_a_lock_whose_body_is_not_the_one_its_header_records(cut, tmp_path):
+    """vllm_requirements.py lock (build_vllm.sh's gate) checks the body, not only the header: a
+    lock cut at an entry boundary (4 requirements to 1) is as complete-looking as a real one."""
+    src = tmp_path / "src"
+    (src / "requirements").mkdir(parents=True)
+    (src / "requirements/rocm.txt").write_text("aaa\nbbb\nccc\nddd\n")
+    lock = tmp_path / "vllm-0.33-rocm.txt"
+    text = _vllm_lock(src, ["aaa", "bbb", "ccc", "ddd"])
+    lock.write_text(text)
+    run = [sys.executable, DOCKER / "vllm_requirements.py", "lock", src, lock]
+    proc = subprocess.run(run, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    if cut == "entry boundary":
+        lock.write_text(text[:text.index("bbb==")])
+        named = "holds 1 requirements, not the 4 its header records"
+    elif cut == "no body line":
+        lock.write_text(re.sub(r"(?m)^# body .*\n", "", text))
+        named = "records no digest of its requirements"
+    else:
+        lock.write_text(text.replace("ccc==1.0", "ccc==2.0"))
+        named = "its requirements are not the ones its header records"
+    proc = subprocess.run(run, capture_output=True, text=True)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and named in err[0], proc.stderr
+    assert "python3 -m ci.pins lock vllm" in err[0]
+
+
+def test_the_pin_tool_records_the_body_it_writes():
+    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    lock = next(lk for lk in all_locks() if lk.name == "scripts")
+    body = (ROOT / lock.output).read_text().split("\n# body ", 1)[1].split("\n", 1)[1]
+    text = locks.header(lock, spec, [("ci/docker/requirements-scripts.in", "0" * 64)], body) + body
+    assert locks.body_problem(lock.output, text) == ""
+    cut = text[:text.index("    --hash")]
+    assert "not the 1 its header records" in locks.body_problem(lock.output, cut) or \
+        "its requirements are not the ones" in locks.body_problem(lock.output, cut)
+
+
+# ------------------------------------------------------------------ locks.json, whatever it holds
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+                     lambda inner: (st.lists(inner, max_size=3)
+                                    | st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                     max_leaves=8)
+_SPEC = json.loads((ROOT / "ci/locks/locks.json").read_text())
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+
+
+_PATHS = sorted(_paths(_SPEC), key=str)
+
+
+@settings(derandomize=True, max_examples=150, deadline=2000,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(path=st.sampled_from(_PATHS), value=_JSON | st.sampled_from(
+    ["{0}", "{}", "{trak}", "}", "{", "{track!r}", "{track:>9}", "{{track}}", "3.x", "", "universal"]),
+    whole=st.booleans())
+def test_any_locks_json_is_read_or_refused_in_one_line(path, value, whole, tmp_path_factory):
+    """Arbitrary JSON anywhere in locks.json (or as all of it): the lock commands' reading of it
+    (load, then the locks it defines) succeeds or raises PinError in one line, never anything else."""
+    import copy
+
+    root = tmp_path_factory.mktemp("locks-json")
+    (root / "ci/locks").mkdir(parents=True)
+    (root / "ci/docker").mkdir(parents=True)
+    shutil.copy(ROOT / "ci/docker/pinned_dists.py", root / "ci/docker/pinned_dists.py")
+    spec = value if whole else copy.deepcopy(_SPEC)
+    if not whole:
+        if not path:
+            spec = value
+        else:
+            node = spec
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+    (root / "ci/locks/locks.json").write_text(json.dumps(spec))
+    data = model.load(ROOT / "versions.json")
+    try:
+        for lock in locks.locks(root, data, locks.load(root)):
+            assert "{" not in lock.output and "}" not in lock.output, lock.output
+    except model.PinError as exc:
+        assert "\n" not in str(exc) and "locks.json" in str(exc), str(exc)

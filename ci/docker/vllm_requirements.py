@@ -160,12 +160,28 @@ def check_triton_kernels(src: Path, commit: str) -> list[str]:
     return []
 
 
+BODY_LINE = re.compile(r"^# body sha256:([0-9a-f]{64}) \((\d+) requirements\)$", re.M)
+
+
 def lock_body_problems(name: str, text: str) -> list[str]:
-    """A lock holds requirements, each pinned with == and its hashes: one truncated to its header
-    (or cut inside an entry) is refused, not installed as "nothing to install"."""
-    entries = re.split(r"^(?=[A-Za-z0-9])", text, flags=re.M)[1:]
+    """A lock holds requirements, each pinned with == and its hashes, and its body is the one its
+    header records (`# body sha256:HEX (N requirements)`, ci/pins/locks.py body_line): one truncated
+    to its header, cut at or inside an entry, or edited is refused, not installed as less."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    head, body = "".join(lines[:start]), "".join(lines[start:])
+    entries = re.split(r"^(?=[A-Za-z0-9])", body, flags=re.M)[1:]
     if not entries:
         return [f"{name} holds no requirements (truncated?): run python3 -m ci.pins lock vllm"]
+    recorded = BODY_LINE.search(head)
+    if not recorded:
+        return [f"{name} records no digest of its requirements (# body sha256:...): run python3 -m ci.pins lock vllm"]
+    if int(recorded.group(2)) != len(entries):
+        return [f"{name} holds {len(entries)} requirements, not the {recorded.group(2)} its header records "
+                "(a cut lock): run python3 -m ci.pins lock vllm"]
+    if hashlib.sha256(body.encode()).hexdigest() != recorded.group(1):
+        return [f"{name}: its requirements are not the ones its header records (an edited lock): "
+                "run python3 -m ci.pins lock vllm"]
     bad = [e.split(None, 1)[0] for e in entries
            if not re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?==\S+", e) or "--hash=sha256:" not in e]
     if bad:

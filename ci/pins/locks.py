@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import shutil
+import string
 import subprocess
 import sys
 import tarfile
@@ -52,6 +53,7 @@ _OUTPUT_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._/{}-]*\Z")
 _TIME_RE = re.compile(r"\A\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\Z")
 _SPEC_KEYS = {"about": str, "exclude_newer": str, "index_url": str, "locks": dict, "platforms": dict}
 _PLATFORM_KEYS = {"about": str, "glibc": str, "machine": str, "python": str}
+_PYTHON_RE = re.compile(r"\A3\.\d{1,3}\Z")
 _LOCK_KEYS = {"about": str, "inputs": list, "output": str, "platform": str, "no_deps": bool, "no_emit": list,
               "remove": str, "find_links": str, "per_track": bool}
 
@@ -82,7 +84,10 @@ def check_spec(spec) -> list[str]:
         if isinstance(spec.get(key), str) and not model.HTTPS_URL_RE.match(spec[key]):
             errors.append(f"locks.json {key} = {spec[key]!r}: must be an https:// URL")
     for name, value in (spec.get("platforms") or {}).items() if isinstance(spec.get("platforms"), dict) else ():
-        _keys(value, _PLATFORM_KEYS, f"locks.json platforms.{name}", ("glibc", "machine"), errors)
+        where = f"locks.json platforms.{name}"
+        if _keys(value, _PLATFORM_KEYS, where, ("glibc", "machine", "python"), errors) and \
+                isinstance(value["python"], str) and not _PYTHON_RE.match(value["python"]):
+            errors.append(f"{where}.python = {value['python']!r}: must be a Python release such as 3.11")
     for name, entry in spec["locks"].items() if isinstance(spec["locks"], dict) else ():
         where = f"locks.json locks.{name}"
         if not _keys(entry, _LOCK_KEYS, where, ("inputs", "output", "platform"), errors):
@@ -93,12 +98,30 @@ def check_spec(spec) -> list[str]:
             errors.append(f"{where}.inputs: a non-empty list of relative paths (or sdist:PATH) is required")
         if isinstance(entry["output"], str) and not _OUTPUT_RE.match(entry["output"]):
             errors.append(f"{where}.output = {entry['output']!r}: must be a relative path")
-        if not all(isinstance(n, str) and model.NAME_RE.match(n) for n in entry.get("no_emit", [])
-                   if isinstance(entry.get("no_emit"), list)):
+        elif isinstance(entry["output"], str):
+            errors.extend(_placeholder_problems(entry["output"], entry.get("per_track") is True, where))
+        no_emit = entry.get("no_emit", [])
+        if isinstance(no_emit, list) and not all(isinstance(n, str) and model.NAME_RE.match(n) for n in no_emit):
             errors.append(f"{where}.no_emit: a list of distribution names is required")
         if isinstance(entry.get("find_links"), str) and not model.HTTPS_URL_RE.match(entry["find_links"]):
             errors.append(f"{where}.find_links = {entry['find_links']!r}: must be an https:// URL")
     return errors
+
+
+def _placeholder_problems(output: str, per_track: bool, where: str) -> list[str]:
+    """A per_track lock's output names its track as {track} (nothing else in braces); any other
+    lock's output holds no braces."""
+    rule = (f"{where}.output = {output!r}: a per_track output names its track as {{track}} and holds no "
+            "other braces" if per_track else f"{where}.output = {output!r}: only a per_track lock's output "
+            "may hold braces ({track})")
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(output) if name is not None]
+    except ValueError:  # a lone { or }
+        return [rule]
+    if per_track and fields and all(f == ("track", "", None) for f in fields) and "{{" not in output \
+            and "}}" not in output:
+        return []
+    return [] if not per_track and "{" not in output and "}" not in output else [rule]
 
 
 def load(root: Path) -> dict:
@@ -240,7 +263,39 @@ def _sdist_tree(archive: Path, dest: Path) -> Path:
     return dest
 
 
-def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]]) -> str:
+BODY_RE = re.compile(r"^# body sha256:([0-9a-f]{64}) \((\d+) requirements\)$", re.M)
+
+
+def split_lock(text: str) -> tuple[str, str]:
+    """(header, body) of a lock's text: the header is its leading comment lines."""
+    lines = text.splitlines(keepends=True)
+    n = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "".join(lines[:n]), "".join(lines[n:])
+
+
+def body_line(body: str) -> str:
+    """The header line that records the body (what pip installs): its sha256 and entry count, so a
+    lock cut or edited below its header is told from the one the resolver made."""
+    return f"# body sha256:{hashlib.sha256(body.encode()).hexdigest()} ({len(_blocks(body))} requirements)"
+
+
+def body_problem(name: str, text: str) -> str:
+    """'' when the body of the lock `name` is the one its header records; else one line."""
+    head, body = split_lock(text)
+    recorded = BODY_RE.search(head)
+    if not recorded:
+        return f"{name} records no digest of its requirements (# body sha256:...): run python3 -m ci.pins lock"
+    digest, count = BODY_RE.search(body_line(body)).groups()
+    if count != recorded.group(2):
+        return (f"{name} holds {count} requirements, not the {recorded.group(2)} its header records (a cut lock): "
+                "run python3 -m ci.pins lock")
+    if digest != recorded.group(1):
+        return (f"{name}: its requirements are not the ones its header records (an edited lock): "
+                "run python3 -m ci.pins lock")
+    return ""
+
+
+def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> str:
     where = f"{lock.platform}, Python {lock.python}" if lock.platform else f"every platform, Python {lock.python}+"
     lines = [f"# Locked by `python3 -m ci.pins lock {lock.name}` (uv pip compile --generate-hashes"
              f"{' --no-deps' if lock.no_deps else ''}): do not edit; change the input and lock again.",
@@ -251,6 +306,7 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]]) -> str:
     if lock.no_emit:
         lines.append(f"# Left out: {', '.join(lock.no_emit)} (see ci/locks/locks.json).")
     lines += [f"# input {name} sha256:{digest}" for name, digest in inputs]
+    lines.append(body_line(body))
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +358,7 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
         body = proc.stdout
         if lock.remove:
             body = without(body, set(lock.remove)).replace(f"-c {held}", "the base image")
-        return header(lock, spec, recorded) + body
+        return header(lock, spec, recorded, body) + body
 
 
 def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path) -> int:
