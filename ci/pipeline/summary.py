@@ -52,11 +52,47 @@ def load_report(results: Path) -> dict:
                            "(see selftest.log; set RESULTS_DIR to the self-test's results directory)") from None
     if not isinstance(doc, dict) or "suites" not in doc or "result" not in doc:
         raise SummaryError(f"{path} is not a self-test report (no 'result'/'suites')")
-    suites = doc["suites"]
-    if not isinstance(suites, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str)
-                                               for x in suites):
-        raise SummaryError(f"{path}: 'suites' must be a list of objects with a name")
+    problem = report_problem(doc)
+    if problem:
+        raise SummaryError(f"{path}: {problem}: not a report the self-test wrote")
     return doc
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def report_problem(doc: Mapping) -> str:
+    """'' when what the table shows of a self-test report (runtime report.to_json) has its types;
+    else the field that is wrong. bench and accuracy are read apart, each cell on its own."""
+    if not _is_text(doc["result"]):
+        return "'result' must be a string"
+    if doc.get("exit_code") is not None and not _is_count(doc["exit_code"]):
+        return "'exit_code' must be a whole number"
+    gpus = doc.get("gpus")
+    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+        return "'gpus' must be a list of objects"
+    versions = doc.get("versions")
+    if versions is not None and not (isinstance(versions, dict) and all(
+            v is None or _is_text(v) for v in versions.values())):
+        return "'versions' must be an object of names and versions (strings)"
+    suites = doc["suites"]
+    if not isinstance(suites, list) or not all(isinstance(x, dict) and _is_text(x.get("name")) for x in suites):
+        return "'suites' must be a list of objects with a name"
+    for suite in suites:
+        where = f"suites[{suite['name']!r}]"
+        if not _is_text(suite.get("status")):
+            return f"{where}.status must be a string"
+        if suite.get("reason") is not None and not _is_text(suite["reason"]):
+            return f"{where}.reason must be a string or null"
+        counts = suite.get("counts")
+        if counts is not None and not (isinstance(counts, dict) and all(_is_count(n) for n in counts.values())):
+            return f"{where}.counts must be an object of whole numbers"
+    return ""
 
 
 def printed_backends(results: Path) -> dict[str, list[str]]:
@@ -147,15 +183,15 @@ def accuracy_cell(acc: Mapping) -> str:
     for other, entry in comparisons.items():
         if not isinstance(entry, Mapping):
             continue
-        for task, filters in (entry.get("tasks") or {}).items():
-            for flt, r in (filters or {}).items():
+        for task, filters in _items(entry.get("tasks")):
+            for flt, r in _items(filters):
                 try:
                     cells.append(f"{ours} vs {other} {task} {flt}: {r['ours_correct']}/{r['n']} vs "
                                  f"{r['reference_correct']}/{r['n']} right, {r['lost']} lost / {r['won']} won, "
                                  f"p {float(r['p_value']):.2g}{'' if r.get('ok') else ' FAILED'}")
                 except (KeyError, TypeError, ValueError):
                     cells.append(f"{ours} vs {other} {task} {flt}: (not recorded)")
-        for task, r in (entry.get("loglik") or {}).items():
+        for task, r in _items(entry.get("loglik")):
             try:
                 cells.append(f"{task} max Δ log-likelihood {float(r['max_abs_diff']):.2g} "
                              f"(atol {r['tolerance'][0]:g}, rtol {r['tolerance'][1]:g})"
@@ -165,6 +201,11 @@ def accuracy_cell(acc: Mapping) -> str:
         if not entry.get("ok") and not cells:
             cells.append(f"{ours} vs {other}: a run failed")
     return " · ".join(cells) or NONE
+
+
+def _items(value) -> list:
+    """The items of a JSON object; none of anything else (a cell then says what is missing)."""
+    return list(value.items()) if isinstance(value, Mapping) else []
 
 
 def _counts(suite: Mapping) -> str:
