@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime import guard, jitcache
+from rocm_vllm_runtime import files, guard, jitcache
 from rocm_vllm_runtime.manifest import parse_manifest
 
 COMMIT = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
@@ -49,8 +49,11 @@ def test_as_root_what_is_created_takes_the_cache_owner(tmp_path: Path, prebuilt:
     monkeypatch.setattr(jitcache.os, "geteuid", lambda: 0)
     monkeypatch.setattr(jitcache.os, "chown", lambda p, uid, gid, **kw: calls.append((Path(p), (uid, gid))))
     jitcache.prepare(str(root / "aiter-0123" / "sub"), prebuilt)
-    assert calls == [(root / "aiter-0123", owner), (root / "aiter-0123" / "sub", owner),
-                     (root / "aiter-0123" / "sub" / "module_mla_asm.so", owner)]
+    assert calls[:2] == [(root / "aiter-0123", owner), (root / "aiter-0123" / "sub", owner)]
+    # the link is made under a temporary name, given its owner, then renamed into place
+    (link, link_owner), = calls[2:]
+    assert link.parent == root / "aiter-0123" / "sub" and link.name.startswith(".module_mla_asm.so-")
+    assert link_owner == owner and (root / "aiter-0123" / "sub" / "module_mla_asm.so").is_symlink()
 
 
 def test_not_root_nothing_is_chowned(tmp_path: Path, prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,20 +136,31 @@ def test_a_build_killed_with_its_container_does_not_block_the_next_start(
     assert (jit / "module_mla_asm.so").resolve() == prebuilt / "module_mla_asm.so"
 
 
-def test_a_build_directory_left_on_the_volume_is_replaced(tmp_path: Path, prebuilt: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cache volume from an image without this layout: AITER's build directory on it holds the
-    locks of killed builds (AITER's own and the one of cpp_extension's _jit_compile)."""
+def test_a_build_directory_left_on_the_volume_is_kept_and_named(tmp_path: Path, prebuilt: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache volume from an image without this layout: AITER's build directory on it may hold the
+    locks of killed builds, but nothing tells it from a folder of the user's: it is never removed.
+    The guard stops in one line that names it (serve), so the user moves it away."""
     jit = tmp_path / "volume" / f"aiter-{COMMIT[:12]}"
     (jit / "build" / "module_b" / "build").mkdir(parents=True)
     (jit / "build" / "lock_module_b").write_text("245\nanother-container\n")
-    (jit / "build" / "module_b" / "build" / "lock").write_text("245\nanother-container\n")
     (jit / "module_a.so").write_text("compiled at run time")
-    assert start_container(tmp_path, monkeypatch, prebuilt, "run-1") == jit
-    assert AiterJit(jit).start_build("module_b")
-    assert not (jit / "build" / "module_b" / "build" / "lock").exists()
+    monkeypatch.setattr(jitcache, "aiter_prebuilt_dir", lambda: prebuilt)
+    monkeypatch.setattr(jitcache, "run_key", lambda: "run-1")
+    env = {"ROCM_VLLM_JIT_CACHE": str(tmp_path / "volume"), "TMPDIR": str(tmp_path / "tmp"),
+           "ROCM_VLLM_REQUIRE_GPU": "0"}
+    decision = guard.decide(guard.GuardInputs(mode="serve", listings=(), env=env, has_kfd=False,
+                                              manifest=MANIFEST))
+    guard.apply_jit_cache(decision, "strict")
+    assert not decision.ok and str(jit / "build") in decision.fatal and "move it away" in decision.fatal
+    assert (jit / "build" / "lock_module_b").read_text() == "245\nanother-container\n"
     assert (jit / "module_a.so").read_text() == "compiled at run time"
-    assert sorted(p.name for p in jit.iterdir()) == ["build", "module_a.so", "module_mla_asm.so"]
+    (jit / "build" / "lock_module_b").unlink()  # the user moves it away ...
+    (jit / "build" / "module_b" / "build").rmdir()
+    (jit / "build" / "module_b").rmdir()
+    (jit / "build").rmdir()
+    assert start_container(tmp_path, monkeypatch, prebuilt, "run-1") == jit  # ... and the next start goes on
+    assert AiterJit(jit).start_build("module_b")
 
 
 def test_processes_of_one_container_run_share_the_build_locks(tmp_path: Path, prebuilt: Path,
@@ -196,7 +210,7 @@ def test_run_build_dir_keeps_this_run_and_removes_the_runs_before(tmp_path: Path
     assert (current / "lock_module_b").exists()  # the same run: a live build's lock
     assert jitcache.run_build_dir(str(root), "b") == root / "current"
     assert os.readlink(root / "current") == "run-b"
-    assert sorted(p.name for p in root.iterdir()) == ["current", "run-b"]
+    assert sorted(p.name for p in root.iterdir() if p.name != files.MARKER) == ["current", "run-b"]
 
 
 def fake_proc(tmp_path: Path, boot: str, pid_ns: str, comm: str, start: int) -> Path:

@@ -74,12 +74,12 @@ def test_the_wait_for_a_server_ends_at_its_deadline(trickling_server, tmp_path, 
 SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from rocm_vllm_runtime import {module} as tool, bench
+    from rocm_vllm_runtime import {module} as tool, bench, children
     out = Path(sys.argv[1])
     fake = [sys.executable, "-c", "import os, time, pathlib; "
             "pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(600)" % str(out / "server.pid")]
     bench.server_command = lambda *a, **kw: fake
-    bench.stop_servers_on_sigterm()
+    children.forward_signals()
     backend = bench.Backend("plugin", "ROCM_AITER_MLA", bench.OURS)
     {call}
 """)

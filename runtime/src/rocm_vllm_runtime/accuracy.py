@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 import urllib.request
@@ -41,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, files, numbers
+from . import bench, children, files, numbers
 from .selection import selection
 from .secrets import shown
 
@@ -147,20 +146,24 @@ def task_configs(settings: Settings) -> list[dict]:
             raise AccuracyError(f"ACCURACY_TASKS / ACCURACY_LOGLIK_TASKS: {name!r} is not a single lm-eval task "
                                 f"(lm-eval's own or one in ACCURACY_TASKS_DIR={settings.tasks_dir})")
         cfg = dict(load_yaml(entry.yaml_path, resolve_func=True))
-        folder = Path(settings.data) / str(cfg.get("dataset_path", name)).rstrip("/").rsplit("/", 1)[-1]
         splits = sorted({cfg[k] for k in ("test_split", "validation_split", "training_split", "fewshot_split")
                          if cfg.get(k)})
-        files = {s: folder / f"{s}.jsonl" for s in splits}
-        absent = [str(p.relative_to(settings.data)) for p in files.values() if not p.is_file()]
+        try:  # names from the task's definition: each a plain name inside ACCURACY_DATA
+            folder = files.inside(settings.data, str(cfg.get("dataset_path", name)).rstrip("/").rsplit("/", 1)[-1],
+                                  f"task {name}: the last part of its dataset_path")
+            split_files = {s: files.inside(folder, f"{s}.jsonl", f"task {name}: a split") for s in splits}
+        except files.RefusedError as exc:
+            raise AccuracyError(str(exc)) from None
+        absent = [str(p.relative_to(settings.data)) for p in split_files.values() if not p.is_file()]
         if absent:
             missing.append((name, absent))
         for key in ("tag", "group"):
             cfg.pop(key, None)
         cfg.update(dataset_path="json", dataset_name=None, num_fewshot=fewshot,
-                   dataset_kwargs={"data_files": {s: str(p) for s, p in files.items()}})
+                   dataset_kwargs={"data_files": {s: str(p) for s, p in split_files.items()}})
         configs.append(cfg)
     if missing:
-        wanted = ", ".join(dict.fromkeys(f for _, files in missing for f in files))  # each file once
+        wanted = ", ".join(dict.fromkeys(f for _, absent in missing for f in absent))  # each file once
         raise DataMissing(f"no data for {', '.join(n for n, _ in missing)} in {settings.data}: mount a directory "
                           f"holding {wanted} (JSON lines with the dataset's fields, e.g. GSM8K's question/answer) "
                           f"at {settings.data}, or set ACCURACY_DATA to one")
@@ -222,7 +225,7 @@ def per_question(samples: Mapping[str, Sequence[Mapping]], loglik_tasks: Sequenc
 
 def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequence[dict], settings: Settings,
                 port: int, out_dir: Path, start_timeout_s: float) -> dict[str, object]:
-    log = out_dir / f"server-accuracy-{backend.name}.log"
+    log = files.inside(out_dir, f"server-accuracy-{backend.name}.log", "a backend's name")
     command = bench.server_command([*serve_args, "--enable-tokenizer-info-endpoint"], backend, port)
     base_url = f"http://127.0.0.1:{port}"
     print(f"== accuracy {backend.name}: {shown(command[1:])} (log {log})", flush=True)
@@ -232,10 +235,8 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
     scores: dict[str, dict[str, float]] = {}
     questions: dict[str, dict] = {}
     t0 = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=bench.server_env(backend, os.environ), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with children.started(command, log, bench.server_env(backend, os.environ),
+                          grace_s=lambda: bench.grace(bool(questions), base_url)) as proc:
         problem = bench.start_problem(backend, proc, base_url, log, start_timeout_s)
         if problem:
             problems.append(problem)
@@ -251,11 +252,9 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
                                  and not isinstance(v, bool) and "," in k}
                           for task, values in result["results"].items()}
                 questions = per_question(result["samples"], settings.loglik_tasks)
-                samples_file = out_dir / f"lm-eval-samples-{backend.name}.json"
-                samples_file.write_text(json.dumps(result["samples"], default=str) + "\n")
+                samples_file = files.inside(out_dir, f"lm-eval-samples-{backend.name}.json", "a backend's name")
+                files.write_text(samples_file, json.dumps(result["samples"], default=str) + "\n")
                 run["samples_file"] = str(samples_file)
-    finally:
-        bench.stop(proc, grace_s=bench.grace(bool(questions), base_url))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}
@@ -432,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accuracy: error: {problem}", file=sys.stderr)
         return 2
     merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("ACCURACY_") and v is not None}}
-    bench.stop_servers_on_sigterm()
+    children.forward_signals()
     try:
         settings = Settings.from_env(merged)
         chosen = bench.choose([n.strip() for n in merged.get("ACCURACY_BACKENDS", ENV_DEFAULTS["ACCURACY_BACKENDS"])

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from vllm_aiter_mla.distributions import MetadataError, entry_points_of
 
-from . import files, health, numbers
+from . import children, files, health, numbers
 from .selection import OURS, VLLMS, Selection, selection
 from .secrets import shown
 
@@ -234,50 +233,19 @@ def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
     return not health.within(timeout_s, health.problem, base_url, False, "", timeout_s)
 
 
-class Terminated(SystemExit):
-    """SIGTERM while servers run: raised in the main thread, so every server is stopped first."""
-
-
-_terminating = False
-
-
-def stop_servers_on_sigterm() -> None:
-    """The benchmark's and the accuracy gate's CLIs: SIGTERM stops the running server (its own
-    process group) before the process exits, with status 143."""
-    def handler(signum, frame):  # noqa: ARG001
-        global _terminating
-        _terminating = True
-        raise Terminated(128 + signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def grace(finished: bool, base_url: str) -> float:
     """Seconds a server may take to stop: a minute once it served (``finished``) or while it is
-    healthy, 5 s when it never came up or this process is being terminated."""
-    return 60.0 if not _terminating and (finished or healthy(base_url)) else 5.0
+    healthy, 5 s when it never came up (children.started gives 5 s when this process is told to stop)."""
+    return 60.0 if finished or healthy(base_url) else 5.0
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file written now from one that was there: inode, size, modification time."""
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
-    """SIGTERM to the server's process group, SIGKILL to what is left of it after `grace_s`."""
-    if _signal_group(proc.pid, signal.SIGTERM):
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 30.0  # the group's other processes die after their leader
-    while _signal_group(proc.pid, 0) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str, log: Path,
@@ -300,9 +268,9 @@ def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str
 
 def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: int, out_dir: Path,
                 start_timeout_s: float) -> dict[str, object]:
-    log = out_dir / f"server-{backend.name}.log"
-    result_file = out_dir / f"vllm-bench-{backend.name}.json"
-    result_file.unlink(missing_ok=True)
+    log = files.inside(out_dir, f"server-{backend.name}.log", "a backend's name")
+    result_file = files.inside(out_dir, f"vllm-bench-{backend.name}.json", "a backend's name")
+    before = _stamp(result_file)  # a file of that name already there is not this run's (nor removed)
     command = server_command(serve_args, backend, port)
     base_url = f"http://127.0.0.1:{port}"
     print(f"== {backend.name}: {shown(command[1:])} (log {log})", flush=True)
@@ -312,10 +280,9 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
     problems: list[str] = []
     errors: list[str] = []
     metrics: dict[str, float] = {}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=server_env(backend, os.environ), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    # A server that never came up has nothing to finish: no grace period for it.
+    with children.started(command, log, server_env(backend, os.environ),
+                          grace_s=lambda: grace(bool(metrics), base_url)) as proc:
         problem = start_problem(backend, proc, base_url, log, start_timeout_s)
         if problem:
             problems.append(problem)
@@ -324,13 +291,10 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                 vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
             except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
                 problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
-            if result_file.is_file():
+            if result_file.is_file() and _stamp(result_file) != before:
                 metrics, errors = summarize(json.loads(result_file.read_text()))
             elif not problems:
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
-    finally:
-        # A server that never came up has nothing to finish: no grace period for it.
-        stop(proc, grace_s=grace(bool(metrics), base_url))
     selected = selection(log.read_text(errors="replace"))
     run["selected"] = {"attention_backends": list(selected.attention_backends),
                        "implementation": selected.implementation}
@@ -449,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
     merged = {**env, **given}
-    stop_servers_on_sigterm()
+    children.forward_signals()
     try:
         load = Load.from_env(merged)
         chosen = choose([n.strip() for n in args.backends.split(",") if n.strip()], backends(plugin_names()))

@@ -1,21 +1,197 @@
-"""Result files: written whole or not at all, through a symbolic link to its target, never two
-outputs into one file. Standard library only."""
+"""The one owner of three kinds of risky file operation (an architecture test, tests/test_one_owner.py,
+fails on any other use). Standard library only.
+
+* Deleting: `remove_made` removes a folder this program made (`make_dir` wrote its marker inside) within
+  a root this program made, never through a symbolic link; anything else is refused in one line
+  (`RefusedError`). `point_link` replaces only a symbolic link, and only one that `replaceable` accepts.
+  `_delete` is the one primitive behind them.
+* Joining a path taken from data (a manifest's commit, a cache key, a task's dataset name): `inside`
+  joins one plain name to its root and refuses anything that would leave it.
+* Writing a result: `write_text` writes whole or not at all (a temporary file beside the target, then a
+  rename), through a symbolic link to its target, and only to an absent path or a regular file (never a
+  device, a FIFO, a socket or a stream such as /dev/stdout); `outputs_problem` checks the same before
+  any work, and that no two outputs name one file.
+"""
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+
+# The file `make_dir` writes into each folder it makes: what `remove_made` asks for.
+MARKER = ".rocm-vllm-made"
+# Folders of streams and devices: never a result file, whatever the node there is.
+_NOT_FILES = ("/dev/", "/proc/")
+_FILES_UNDER_DEV = ("/dev/shm/",)
 
 
 class OutputError(OSError):
     """A result file cannot be written; the message names the option and the path."""
 
 
+class RefusedError(OSError):
+    """A deletion or a path join this module will not do; the message is one line naming what to change."""
+
+
+# ------------------------------------------------------------------------------------ deleting
+
+def _delete(path: Path) -> None:
+    """The one primitive that deletes: a folder (its tree, links inside removed, never followed) or a
+    file or link itself. Only the functions of this module call it, after their checks."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def is_made(path: str | Path) -> bool:
+    """Whether `path` is a real folder (not a symbolic link) with this program's marker file inside."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(Path(path) / MARKER).st_mode)
+    except OSError:
+        return False
+
+
+def make_dir(path: str | Path) -> Path:
+    """Create the folder `path` (and its parents) with this program's marker inside, so that
+    `remove_made` may remove it later. A folder that was there without the marker is used, never
+    marked: it stays its owner's. Returns the path."""
+    folder = Path(path)
+    existed = os.path.lexists(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not existed:
+        with open(folder / MARKER, "x") as f:
+            f.write("made by rocm-vllm: this folder and all in it may be removed by it\n")
+    return folder
+
+
+def _within(path: Path, root: Path) -> bool:
+    """`path` lies strictly below `root` (both absolute, normalised) with no symbolic link between."""
+    try:
+        rest = path.relative_to(root)
+    except ValueError:
+        return False
+    step = root
+    for part in rest.parts[:-1]:
+        step = step / part
+        if os.path.islink(step):
+            return False
+    return bool(rest.parts) and ".." not in rest.parts
+
+
+def remove_made(path: str | Path, root: str | Path) -> None:
+    """Remove the folder `path`: only when it lies inside `root`, both made by this program (`make_dir`),
+    with no symbolic link on the way; otherwise RefusedError, one line."""
+    folder = Path(os.path.abspath(path))
+    base = Path(os.path.abspath(root))
+    if not is_made(base):
+        raise RefusedError(f"{base} was not made by this program (no {MARKER} in it): nothing under it is "
+                           "removed; give a folder of its own")
+    if not _within(folder, base):
+        raise RefusedError(f"{folder} is outside {base}, or reached through a symbolic link: not removed")
+    if os.path.islink(folder):
+        raise RefusedError(f"{folder} is a symbolic link: not removed, nor what it points at")
+    if not is_made(folder):
+        raise RefusedError(f"{folder} was not made by this program (no {MARKER} in it): not removed")
+    _delete(folder)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A new folder of this program's under the temporary directory for the length of the block, then
+    removed with all in it (a link inside is removed, never followed)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / MARKER).write_text("made by rocm-vllm: removed when its command ends\n")
+    try:
+        yield folder
+    finally:
+        if is_made(folder):
+            _delete(folder)
+
+
+def point_link(link: str | Path, target: str, replaceable: Callable[[str], bool],
+               owner: tuple[int, int] | None = None, advice: str = "move it away or choose another folder") -> None:
+    """Make `link` a symbolic link to `target`, atomically. Something already there is replaced only
+    when it is a symbolic link whose target `replaceable` accepts (one this program made); a folder,
+    a file or any other link is refused in one line (RefusedError) that ends with `advice`. Run as
+    root, `owner` (uid, gid) becomes the link's owner."""
+    link = Path(link)
+    if os.path.islink(link):
+        current = os.readlink(link)
+        if current == target:
+            return
+        if not replaceable(current):
+            raise RefusedError(f"{link} is a symbolic link to {current}, not one this program made: {advice}")
+    elif os.path.lexists(link):
+        kind = "a folder" if os.path.isdir(link) else "a file"
+        raise RefusedError(f"{link} is {kind} this program did not make: {advice}")
+    temporary = link.with_name(f".{link.name}-{os.urandom(6).hex()}")
+    os.symlink(target, temporary)
+    try:
+        if owner:
+            os.chown(temporary, *owner, follow_symlinks=False)
+        os.replace(temporary, link)
+    except BaseException:
+        _delete(temporary)
+        raise
+
+
+# ------------------------------------------------------------------------------------ joining
+
+def inside(root: str | Path, name: str, what: str = "a name") -> Path:
+    """`root / name` for one plain name taken from data; RefusedError (one line naming `what`) when the
+    name is empty, `.` or `..`, holds a separator or a NUL, so the result could leave `root`."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name or (os.altsep and os.altsep in name):
+        raise RefusedError(f"{what} {name!r} is not a plain name: it cannot be a folder's or file's name "
+                           "(no /, no .., not empty)")
+    return Path(root) / name
+
+
+# ------------------------------------------------------------------------------------ result files
+
 def target_of(path: str | Path) -> Path:
     """The file a write to path changes: a symbolic link's target (followed to the end)."""
     return Path(os.path.realpath(path))
+
+
+def _steps(path: str | Path) -> list[str]:
+    """Every path a lookup of `path` passes through, link by link (its folders resolved first)."""
+    seen, current = [], os.path.abspath(path)
+    for _ in range(40):
+        seen.append(current)
+        parent = os.path.realpath(os.path.dirname(current))
+        current = os.path.join(parent, os.path.basename(current))
+        seen.append(current)
+        if not os.path.islink(current):
+            break
+        current = os.path.normpath(os.path.join(parent, os.readlink(current)))
+    return seen
+
+
+def not_regular_problem(option: str, path: str | Path) -> str:
+    """'' when `path` (through its links) is absent or a regular file; else one line. Checked before
+    anything opens it: opening a FIFO waits for a reader, and a device replaced by a file is gone."""
+    for step in _steps(path):
+        under = step + "/" if not step.endswith("/") else step
+        if under.startswith(_NOT_FILES) and not under.startswith(_FILES_UNDER_DEV):
+            return (f"{option} {path} is not a regular file ({step} is a device or a stream): give the path "
+                    "of a file")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"cannot use {option} {path} ({exc.strerror or exc}): choose a writable path"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a directory is check_outputs' to name
+        return ""
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+    return f"{option} {path} is not a regular file (it is {kind}): give the path of a file"
 
 
 def check_outputs(outputs: Mapping[str, str | None]) -> str:
@@ -35,18 +211,17 @@ def check_outputs(outputs: Mapping[str, str | None]) -> str:
 
 
 def writable_problem(option: str, path: str) -> str:
-    """'' when `path` can be written as a file (its folder is created; nothing there is changed);
-    else one line naming the option. A directory there is check_outputs' to name."""
-    target = Path(path)
-    existed = os.path.lexists(target)
+    """'' when `path` can be written as a file (its folder is created; nothing there is changed):
+    write_text renames a new file into its folder, so that folder must take new files. Else one line
+    naming the option. A directory there is check_outputs' to name; anything but a regular file
+    not_regular_problem's."""
+    folder = target_of(path).parent
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "a"):
-            pass
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"cannot write {option} {path} ({exc.strerror or exc}): choose a writable path"
-    if not existed:
-        target.unlink()
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {option} {path} (its folder {folder} takes no new files): choose a writable path"
     return ""
 
 
@@ -69,7 +244,8 @@ def outputs_problem(outputs: Mapping[str, str | None], folders: Mapping[str, str
     every output folder (option -> path) can take files; else the first problem as one line.
     Every command that writes results checks this before it starts its work, so a bad path
     never costs a run."""
-    problems = [check_outputs(outputs)]
+    problems = [not_regular_problem(o, p) for o, p in outputs.items() if p]
+    problems += [check_outputs(outputs)]
     problems += [writable_problem(o, p) for o, p in outputs.items() if p]
     problems += [directory_problem(o, p) for o, p in (folders or {}).items() if p]
     return next((p for p in problems if p), "")
@@ -79,6 +255,9 @@ def write_text(path: str | Path, text: str) -> Path:
     """Write text to path atomically (a temporary file beside the target, then a rename): a reader
     sees the old file or the new one, never part of it. A symbolic link is written through (its
     target changes, the link stays). Returns the file written."""
+    problem = not_regular_problem("the result file", path)
+    if problem:
+        raise OutputError(problem)
     target = target_of(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -94,7 +273,7 @@ def write_text(path: str | Path, text: str) -> Path:
         os.replace(tmp, target)
     except BaseException:
         try:
-            os.unlink(tmp)
+            _delete(Path(tmp))  # the temporary file made above, never the target
         except OSError:
             pass
         raise
@@ -106,6 +285,9 @@ def write_result(prog: str, option: str, path: str, text: str) -> bool:
     False when the file could not be written."""
     try:
         write_text(path, text)
+    except OutputError as exc:
+        print(f"{prog}: error: {str(exc).replace('the result file', option, 1)}", file=sys.stderr, flush=True)
+        return False
     except OSError as exc:
         print(f"{prog}: error: cannot write {option} {path} ({exc.strerror or exc}): choose a writable path",
               file=sys.stderr, flush=True)

@@ -33,13 +33,12 @@ import errno
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocm_vllm_runtime import jitcache
+from rocm_vllm_runtime import children, files, jitcache
 from rocm_vllm_runtime.devices import Gpu, parse_listing
 from rocm_vllm_runtime.manifest import Manifest, ManifestError, load_manifest
 
@@ -102,6 +101,7 @@ class Decision:
     jit_mount: str = ""  # where a volume keeps the JIT cache
     jit_build: str = ""  # the container-local root of AITER's build directory per run
     triton_dir: str = ""  # Triton's kernel cache on that volume (empty: the user's TRITON_CACHE_DIR)
+    jit_problem: str = ""  # why there is no JIT cache directory (a manifest commit that is no name)
 
     @property
     def ok(self) -> bool:
@@ -190,7 +190,11 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
     if not inputs.aiter_installed:
         return
     commit = inputs.manifest.aiter_commit if inputs.manifest else ""
-    path, by_user = jitcache.jit_dir_for(inputs.env, commit)
+    try:
+        path, by_user = jitcache.jit_dir_for(inputs.env, commit)
+    except files.RefusedError as exc:
+        decision.jit_problem = str(exc)
+        return
     decision.jit_dir = path
     decision.jit_mount = path if by_user else (
         inputs.env.get(jitcache.CACHE_ROOT_ENV) or jitcache.DEFAULT_CACHE_ROOT)
@@ -302,10 +306,9 @@ def run_tool(argv: Sequence[str], timeout: float = 60.0) -> Listing:
     tool = argv[0]
     if shutil.which(tool) is None:
         return Listing(tool, None, "not installed")
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Listing(tool, None, f"failed ({exc.__class__.__name__})")
+    proc = children.output(argv, timeout)
+    if proc.error or proc.timed_out:
+        return Listing(tool, None, f"failed ({proc.error or 'TimeoutExpired'})")
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
         return Listing(tool, None, f"exit {proc.returncode} {last[0][:120]}".strip())
@@ -354,9 +357,24 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
     )
 
 
+def _jit_cache_problem(decision: Decision, level: str, message: str) -> None:
+    """Strict: fatal. Otherwise a warning, and no AITER_JIT_DIR of the guard's."""
+    if level == "strict":
+        decision.fatal = message
+        return
+    # A directory that could not be prepared is not handed to AITER (it would fail at its
+    # first JIT compile, rebuild every prebuilt module, or wait on locks of runs long gone).
+    if decision.env.pop(jitcache.JIT_DIR_ENV, None) is not None:
+        message += f"; {jitcache.JIT_DIR_ENV} not set (AITER uses its default, ~/.aiter/jit)"
+    decision.log.append(f"warning: {message}")
+
+
 def apply_jit_cache(decision: Decision, level: str) -> None:
     """Side effect: create the JIT cache directory, link the prebuilt modules into it and point
     AITER's build directory in it at this container run's own (jitcache.link_build_dir)."""
+    if decision.jit_problem:
+        _jit_cache_problem(decision, level, decision.jit_problem)
+        return
     if not decision.jit_dir:
         return
     triton = ""
@@ -376,6 +394,8 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
     if not in_package:
         try:
             build = jitcache.run_build_dir(decision.jit_build, jitcache.run_key())
+        except files.RefusedError as exc:
+            message = f"AITER's build directory: {exc}"
         except OSError as exc:
             message = (f"cannot create AITER's build directory under {decision.jit_build} "
                        f"({exc.strerror or exc}): give the container a writable /tmp, or set "
@@ -385,18 +405,13 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
             linked = jitcache.prepare(decision.jit_dir, prebuilt)
             if build is not None:
                 jitcache.link_build_dir(decision.jit_dir, build)
+        except files.RefusedError as exc:
+            message = f"AITER's build directory: {exc}"
         except OSError as exc:
             message = (f"cannot prepare the AITER JIT cache {decision.jit_dir} "
                        f"({exc.strerror or exc}): set AITER_JIT_DIR to a writable directory")
     if message:
-        if level == "strict":
-            decision.fatal = message
-            return
-        # A directory that could not be prepared is not handed to AITER (it would fail at its
-        # first JIT compile, rebuild every prebuilt module, or wait on locks of runs long gone).
-        if decision.env.pop(jitcache.JIT_DIR_ENV, None) is not None:
-            message += f"; {jitcache.JIT_DIR_ENV} not set (AITER uses its default, ~/.aiter/jit)"
-        decision.log.append(f"warning: {message}")
+        _jit_cache_problem(decision, level, message)
         return
     builds = f"; AITER builds, with their lock files, in {build} (this container run's own)" if build else ""
     decision.log.append(

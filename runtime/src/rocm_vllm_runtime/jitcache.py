@@ -32,9 +32,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
+from . import files
 
 JIT_DIR_ENV = "AITER_JIT_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
@@ -51,12 +52,19 @@ RUN_PREFIX = "run-"
 
 
 def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
-    """(directory, chosen_by_user)."""
+    """(directory, chosen_by_user); RefusedError (one line) when the manifest's commit would put the
+    directory outside the cache root."""
     if env.get(JIT_DIR_ENV):
         return env[JIT_DIR_ENV], True
     root = env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT
     if aiter_commit:
-        return str(Path(root) / f"aiter-{aiter_commit[:12]}"), False
+        try:
+            return str(files.inside(root, f"aiter-{aiter_commit[:12]}")), False
+        except files.RefusedError:
+            raise files.RefusedError(
+                f"the image manifest's aiter.commit {aiter_commit!r} is not a commit: the AITER JIT cache keyed "
+                f"by it would leave {root}; rebuild the image (its manifest is damaged) or set {JIT_DIR_ENV}"
+            ) from None
     return root, False
 
 
@@ -100,52 +108,46 @@ def run_key(proc: Path = Path("/proc")) -> str:
 def run_build_dir(root: str, key: str) -> Path:
     """`<root>/current`, a link to this run's own directory `<root>/run-<key>`.
 
-    Directories of other runs are removed: the root is the container's own, so they belong to
-    runs whose processes are all gone, and any lock file in them is stale.
+    The root is this program's (made with its marker; a root it did not make, or a symbolic link
+    there, is refused in one line: RefusedError), so the other `run-*` directories in it belong to
+    runs whose processes are all gone, and any lock file in them is stale: those this program made
+    are removed.
     """
     base = Path(root)
-    run = base / f"{RUN_PREFIX}{key}"
-    run.mkdir(parents=True, exist_ok=True)
+    files.make_dir(base)
+    if not files.is_made(base):
+        raise files.RefusedError(f"{base} was not made by this program (a folder or link of someone else's): "
+                                 "nothing in it is used or removed; set TMPDIR to a folder of this container only")
+    run = files.make_dir(files.inside(base, f"{RUN_PREFIX}{key}", "the container run's key"))
     current = base / CURRENT_RUN
-    _point(current, run.name)
+    files.point_link(current, run.name, _is_run_name)
     for entry in base.iterdir():
-        if entry.name.startswith(RUN_PREFIX) and entry.name != run.name:
-            shutil.rmtree(entry, ignore_errors=True)
+        if _is_run_name(entry.name) and entry.name != run.name and files.is_made(entry):
+            files.remove_made(entry, base)
     return current
 
 
-def _point(link: Path, target: str, owner: tuple[int, int] | None = None) -> None:
-    """Make `link` a symlink to `target`, replacing a symlink atomically."""
-    if link.is_symlink() and os.readlink(link) == target:
-        return
-    temporary = link.with_name(f".{link.name}-{os.urandom(6).hex()}")
-    os.symlink(target, temporary)
-    if owner:
-        os.chown(temporary, *owner, follow_symlinks=False)
-    os.replace(temporary, link)
+def _is_run_name(target: str) -> bool:
+    return target.startswith(RUN_PREFIX) and "/" not in target
+
+
+def _is_current_run(target: str) -> bool:
+    """A link `link_build_dir` made: to `<TMPDIR>/rocm-vllm-aiter-build/current`."""
+    path = Path(target)
+    return path.name == CURRENT_RUN and path.parent.name == BUILD_ROOT_NAME
 
 
 def link_build_dir(jit_dir: str, build_dir: Path) -> None:
     """Point AITER's build directory `<jit_dir>/build` at `build_dir` (this run's own).
 
-    A real build directory there (left by an image without this layout, or by AITER run without
-    the guard) may hold locks of killed builds that nothing can tell from live ones: it is moved
-    aside and removed. Run as root, the link takes the owner of the cache directory.
+    Only a link this program made there is replaced. Anything else (a folder or a file of the user's,
+    another link; also a real build directory left by an image without this layout, whose locks
+    nothing can tell from live ones) is kept and refused in one line (RefusedError). Run as root,
+    the link takes the owner of the cache directory.
     """
     jit = Path(jit_dir)
-    link = jit / BUILD_DIR_NAME
-    if os.path.lexists(link) and not link.is_symlink():
-        aside = jit / f"{BUILD_DIR_NAME}.stale-{os.urandom(6).hex()}"
-        try:
-            os.rename(link, aside)
-        except FileNotFoundError:  # another container moved it first
-            pass
-        else:
-            if aside.is_dir() and not aside.is_symlink():
-                shutil.rmtree(aside, ignore_errors=True)
-            else:  # a file, or the link another guard made meanwhile
-                aside.unlink()
-    _point(link, str(build_dir), _owner_to_keep(jit))
+    files.point_link(jit / BUILD_DIR_NAME, str(build_dir), _is_current_run, _owner_to_keep(jit),
+                     advice=f"move it away, or set {JIT_DIR_ENV} to another directory")
 
 
 def aiter_prebuilt_dir() -> Path | None:
@@ -192,12 +194,16 @@ def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
     linked = 0
     for module in prebuilt_modules(prebuilt_dir):
         link = target / module.name
-        if link.is_symlink():
-            link.unlink()
-        elif link.exists():
-            continue
-        os.symlink(module, link)
-        if owner:
-            os.chown(link, *owner, follow_symlinks=False)
+        if link.is_symlink() and not _is_prebuilt_link(os.readlink(link)):
+            continue  # a link of someone else's
+        if not link.is_symlink() and os.path.lexists(link):
+            continue  # a module compiled at run time
+        files.point_link(link, str(module), _is_prebuilt_link, owner)
         linked += 1
     return linked
+
+
+def _is_prebuilt_link(target: str) -> bool:
+    """A link `prepare` made: to a module in an AITER package's jit folder (of this image or an earlier one)."""
+    path = Path(target)
+    return path.suffix == ".so" and path.parent.name == "jit" and path.parent.parent.name == "aiter"

@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocm_vllm_runtime import files, report
+from rocm_vllm_runtime import children, files, report
 from rocm_vllm_runtime.guard import find_gpus, run_tool
 from rocm_vllm_runtime.secrets import shown
 from rocm_vllm_runtime.versions import stack_versions
@@ -57,9 +55,9 @@ def suites_dir() -> Path:
 
 def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
               workdir: Path) -> tuple[report.SuiteResult, str]:
-    files, needs_gpu = SUITES[name]
-    present = [str(directory / f) for f in files if (directory / f).is_file()]
-    missing = [f for f in files if not (directory / f).is_file()]
+    suite_files, needs_gpu = SUITES[name]
+    present = [str(directory / f) for f in suite_files if (directory / f).is_file()]
+    missing = [f for f in suite_files if not (directory / f).is_file()]
     if not present:
         return report.SuiteResult(name, report.NOT_RUN,
                                   f"suite files missing in {directory}: {', '.join(missing)} "
@@ -69,12 +67,12 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
         print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
         check = report.Check(f"{name}::preflight", "failed", problem)
         return report.SuiteResult(name, report.FAILED, problem, [check]), report.junit_of(name, [check])
-    junit = workdir / f"{name}.xml"
+    junit = files.inside(workdir, f"{name}.xml", "a suite's name")
     command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-rA",
                f"--junitxml={junit}", "-o", "junit_family=xunit2",
                "-o", f"junit_suite_name={name}", *pytest_args]
     print(f"\n== selftest {name}: {shown(command[1:])}", flush=True)
-    rc = subprocess.call(command)
+    rc = children.run(command)
     xml_text = junit.read_text() if junit.is_file() else ""
     try:
         checks = report.parse_junit(xml_text) if xml_text else []
@@ -97,8 +95,24 @@ def preflight(name: str) -> str:
     return ""
 
 
-def _artifact(name: str) -> Path:
-    return Path(os.environ.get("SELFTEST_RESULTS_DIR") or ".") / ARTIFACTS[name]
+def _artifact(name: str, results_dir: str | None = None) -> Path:
+    return Path(results_dir or os.environ.get("SELFTEST_RESULTS_DIR") or ".") / ARTIFACTS[name]
+
+
+def artifact_problem(names: Sequence[str], outputs: dict[str, str | None]) -> str:
+    """'' unless an output names the file a suite of this run writes itself (bench.json of the bench
+    suite, beside --json unless SELFTEST_RESULTS_DIR is set): the summary would replace it."""
+    results_dir = os.environ.get("SELFTEST_RESULTS_DIR") or (
+        str(Path(outputs["--json"]).resolve().parent) if outputs.get("--json") else None)
+    for name in names:
+        if name not in ARTIFACTS:
+            continue
+        own = files.target_of(_artifact(name, results_dir))
+        for option, path in outputs.items():
+            if path and files.target_of(path) == own:
+                return (f"{option} {path} is the file the {name} suite writes its own results to: give "
+                        f"{option} another name")
+    return ""
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -130,11 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.pytest_args = pytest_args
 
     outputs = {"--json": args.json, "--junit": args.junit}
-    problem = files.outputs_problem(outputs)
+    names = ALL if args.suite == "all" else (args.suite,)
+    problem = files.outputs_problem(outputs) or artifact_problem(names, outputs)
     if problem:
         print(f"selftest: error: {problem}", file=sys.stderr, flush=True)
         return report.EXIT_NOT_RUN
-    names = ALL if args.suite == "all" else (args.suite,)
+    children.forward_signals()
     directory = suites_dir()
     if args.json and not os.environ.get("SELFTEST_RESULTS_DIR"):
         # suites that write artifacts (bench) put them next to the summary
@@ -143,9 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # file of that name) are left as they are: what the suites do not rewrite is not embedded.
     before = {name: _stamp(_artifact(name)) for name in names if name in ARTIFACTS}
     results, xml_texts = [], []
-    with tempfile.TemporaryDirectory(prefix="selftest-") as tmp:
+    with files.scratch("selftest-") as tmp:
         for name in names:
-            result, xml_text = run_suite(name, directory, args.pytest_args, Path(tmp))
+            result, xml_text = run_suite(name, directory, args.pytest_args, tmp)
             results.append(result)
             if xml_text:
                 xml_texts.append(xml_text)

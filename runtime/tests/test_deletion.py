@@ -1,0 +1,154 @@
+"""Deletion has one owner (rocm_vllm_runtime.files.remove_made): it removes only a folder this
+program made (its marker inside, inside a root this program made), never through a symbolic link,
+and refuses anything else in one line. The guard runs before every container command: whatever a
+user keeps where AITER's build directory would go stays as it is."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rocm_vllm_runtime import files, guard, jitcache
+from rocm_vllm_runtime.manifest import parse_manifest
+
+COMMIT = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
+
+
+def manifest(commit: str = COMMIT):
+    return parse_manifest({"schema": 1, "gpu_archs": ["gfx942"],
+                           "aiter": {"version": "0.1.20.post1", "commit": commit, "ck_commit": "f" * 40},
+                           "vllm": {"version": "0.32.0", "commit": "a" * 40}})
+
+
+@pytest.fixture
+def prebuilt(tmp_path: Path) -> Path:
+    d = tmp_path / "site" / "aiter" / "jit"
+    d.mkdir(parents=True)
+    (d / "module_mla_asm.so").write_text("")
+    return d
+
+
+def run_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prebuilt: Path, env: dict[str, str],
+              commit: str = COMMIT, level: str = "warn") -> guard.Decision:
+    """The guard's JIT cache step of one container start, as `main()` runs it."""
+    monkeypatch.setattr(jitcache, "aiter_prebuilt_dir", lambda: prebuilt)
+    monkeypatch.setattr(jitcache, "run_key", lambda: "k1")
+    env = {"ROCM_VLLM_JIT_CACHE": str(tmp_path / "volume"), "TMPDIR": str(tmp_path / "tmp"),
+           "ROCM_VLLM_REQUIRE_GPU": "0", **env}
+    decision = guard.decide(guard.GuardInputs(mode="exec", listings=(), env=env, has_kfd=False,
+                                              manifest=manifest(commit)))
+    guard.apply_jit_cache(decision, level)
+    return decision
+
+
+def user_folder(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "notes.txt").write_text("mine\n")
+    (where / "sub").mkdir(exist_ok=True)
+    (where / "sub" / "data.bin").write_text("mine too\n")
+    return where
+
+
+def untouched(where: Path) -> bool:
+    return (where / "notes.txt").read_text() == "mine\n" and (where / "sub" / "data.bin").is_file()
+
+
+def one_refusal(decision: guard.Decision, level: str, words: str) -> None:
+    """Refused in one line naming what to change: fatal when strict, else a warning."""
+    if level == "strict":
+        assert not decision.ok and words in decision.fatal and "\n" not in decision.fatal, decision.fatal
+    else:
+        lines = [line for line in decision.log if line.startswith("warning:") and words in line]
+        assert len(lines) == 1, decision.log
+
+
+@pytest.mark.parametrize("level", ["warn", "strict"])
+def test_a_users_build_folder_in_aiter_jit_dir_is_kept(tmp_path, monkeypatch, prebuilt, level):
+    mine = tmp_path / "project"
+    user_folder(mine / "build")
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {"AITER_JIT_DIR": str(mine)}, level=level)
+    assert untouched(mine / "build") and not (mine / "build").is_symlink()
+    one_refusal(decision, level, str(mine / "build"))
+
+
+def test_aiter_jit_dir_dot_keeps_the_build_folder_of_the_working_directory(tmp_path, monkeypatch, prebuilt):
+    mine = tmp_path / "project"
+    user_folder(mine / "build")
+    monkeypatch.chdir(mine)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {"AITER_JIT_DIR": "."})
+    assert untouched(mine / "build") and not (mine / "build").is_symlink()
+    one_refusal(decision, "warn", "build")
+
+
+def test_a_symlinked_build_folder_and_what_it_points_at_are_kept(tmp_path, monkeypatch, prebuilt):
+    mine = tmp_path / "project"
+    mine.mkdir()
+    elsewhere = user_folder(tmp_path / "elsewhere")
+    (mine / "build").symlink_to(elsewhere)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {"AITER_JIT_DIR": str(mine)})
+    assert untouched(elsewhere)
+    assert os.readlink(mine / "build") == str(elsewhere)
+    one_refusal(decision, "warn", str(mine / "build"))
+
+
+def test_a_plain_file_named_build_is_kept(tmp_path, monkeypatch, prebuilt):
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "build").write_text("mine\n")
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {"AITER_JIT_DIR": str(mine)})
+    assert (mine / "build").read_text() == "mine\n"
+    one_refusal(decision, "warn", str(mine / "build"))
+
+
+@pytest.mark.parametrize("commit", ["/../../../x", "../../outside", "a/b"])
+def test_a_manifest_commit_cannot_move_the_jit_dir_out_of_the_cache(tmp_path, monkeypatch, prebuilt, commit):
+    outside = user_folder(tmp_path / "build")
+    user_folder(tmp_path / "volume" / "build")
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {}, commit=commit, level="strict")
+    assert untouched(outside) and untouched(tmp_path / "volume" / "build")
+    assert not any(p.name == "module_mla_asm.so" for p in tmp_path.rglob("*") if p.parent != prebuilt)
+    assert not decision.ok and "aiter.commit" in decision.fatal and "\n" not in decision.fatal, decision.fatal
+
+
+def test_a_build_root_linked_to_a_users_folder_keeps_its_run_folders(tmp_path, monkeypatch, prebuilt):
+    mine = user_folder(tmp_path / "mine")
+    user_folder(mine / "run-1234")
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / jitcache.BUILD_ROOT_NAME).symlink_to(mine)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {})
+    assert untouched(mine) and untouched(mine / "run-1234")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "run-1234", "sub"]
+    one_refusal(decision, "warn", jitcache.BUILD_ROOT_NAME)
+
+
+def test_run_folders_this_program_made_are_still_removed(tmp_path, monkeypatch, prebuilt):
+    root = tmp_path / "tmp" / jitcache.BUILD_ROOT_NAME
+    run_guard(tmp_path, monkeypatch, prebuilt, {})
+    monkeypatch.setattr(jitcache, "run_key", lambda: "k2")
+    jitcache.run_build_dir(str(root), "k2")
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["current", "run-k2"]
+
+
+def test_remove_made_refuses_what_it_did_not_make(tmp_path):
+    root = files.make_dir(tmp_path / "root")
+    mine = user_folder(root / "theirs")
+    link = root / "link"
+    link.symlink_to(files.make_dir(tmp_path / "made-elsewhere"))
+    made = files.make_dir(root / "ours")
+    (made / "x").write_text("")
+    for path, words in ((mine, "not made by this program"), (link, "symbolic link"),
+                        (tmp_path / "made-elsewhere", "outside"), (root / "absent", "not made by this program")):
+        with pytest.raises(files.RefusedError) as err:
+            files.remove_made(path, root)
+        assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert untouched(mine) and link.is_symlink() and (tmp_path / "made-elsewhere").is_dir()
+    files.remove_made(made, root)
+    assert not made.exists()
+
+
+def test_inside_refuses_parts_that_leave_the_root(tmp_path):
+    assert files.inside(tmp_path, "aiter-0123") == tmp_path / "aiter-0123"
+    for part in ("..", "/etc", "a/../..", "a/b", "", ".", "x\0y"):
+        with pytest.raises(files.RefusedError):
+            files.inside(tmp_path, part, what="the manifest's aiter.commit")
