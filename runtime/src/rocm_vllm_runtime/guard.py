@@ -324,7 +324,7 @@ def render_nodes(env: Mapping[str, str]) -> list[RenderNode]:
         return []
     nodes = []
     for name in names:
-        path = os.path.join(dri, name)
+        path = str(files.inside(dri, name, "a render node's name"))
         try:
             os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
         except OSError as exc:
