@@ -106,8 +106,10 @@ def test_tracks_command_lists_them_newest_first(data):
 
 
 def test_backend_range_is_derived_from_the_tracks(data, tree):
-    """The plugin's SUPPORTED_VLLM spans the tracks; verify fails when it does not."""
-    assert model.supported_vllm(data) == model.backend_supported_vllm(ROOT)[1]
+    """The plugin's SUPPORTED_VLLM runs from the oldest track up to a track: the newest, or an older
+    one while the plugin steps aside on a newer track it was not compared with yet; verify fails
+    on any other range."""
+    assert model.backend_supported_vllm(ROOT)[1] in model.backend_ranges(data).values()
     d = copy.deepcopy(data)
     newest = d["tracks"][d["default_track"]]
     major, minor, _ = newest["vllm"]["version"].split(".")
@@ -117,9 +119,21 @@ def test_backend_range_is_derived_from_the_tracks(data, tree):
     init = tree / model.BACKEND_INIT
     init.parent.mkdir(parents=True)
     shutil.copy(ROOT / model.BACKEND_INIT, init)
-    errors = verify.check_backend_range(d, tree)
-    assert len(errors) == 1 and "SUPPORTED_VLLM" in errors[0] and "change SUPPORTED_VLLM" in errors[0]
+    declared = model.backend_supported_vllm(tree)[1]
+    # a newer track than the range: allowed, the plugin steps aside on it
+    assert verify.check_backend_range(d, tree) == []
+    assert model.stepped_aside(d, declared) == [f"{major}.{int(minor) + 1}"]
     assert verify.check_backend_range(data, tree) == []
+    assert model.stepped_aside(data, declared) == []
+    # a range past the newest track, or not from the oldest one: refused
+    for wrong in (model.supported_vllm(d), declared.replace(">=", ">=9.")):
+        init.write_text(init.read_text().replace(model.backend_supported_vllm(tree)[1], wrong))
+        errors = verify.check_backend_range(data, tree)
+        assert len(errors) == 1 and "change SUPPORTED_VLLM to one of" in errors[0], errors
+    # the pin tool never widens it: a range that no longer fits (its end track gone) is moved back
+    assert model.backend_range_update(d, tree) != {}
+    init.write_text(init.read_text().replace(model.backend_supported_vllm(tree)[1], declared))
+    assert model.backend_range_update(d, tree) == {}
 
 
 def test_unresolved_pins_are_null_never_placeholders(data):
@@ -574,10 +588,12 @@ def test_network_calls_are_bounded_and_fail_in_one_line_per_item(what, tree, sil
     assert summary.startswith(f"error: resolve: {len(lines)} of {len(lines)} item(s) not resolved"), summary
 
 
-@pytest.fixture()
-def trickling_server(tmp_path):
+@pytest.fixture(params=["body"])
+def trickling_server(tmp_path, request):
     """An HTTPS server (its own certificate, trusted through SSL_CERT_FILE) that answers at once
-    and then sends its body one byte every 0.2 s (10 minutes' worth)."""
+    and then sends its body one byte every 0.2 s (10 minutes' worth); with the parameter
+    "headers", it sends its status line and then its headers that way (an endless header line,
+    each read answered well within any per-read timeout)."""
     import socket
     import ssl
     import threading
@@ -603,11 +619,14 @@ def trickling_server(tmp_path):
         with conn:
             try:
                 conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n")
+                if request.param == "headers":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n")
                 for _ in range(3000):
                     if stop.wait(0.2):
                         return
-                    conn.sendall(b" ")
+                    conn.sendall(b"x" if request.param == "headers" else b" ")
             except OSError:
                 return
 
@@ -628,10 +647,14 @@ def trickling_server(tmp_path):
     server.close()
 
 
+@pytest.mark.parametrize("trickling_server", ["body", "headers"], indirect=True)
 @pytest.mark.parametrize("args", [["discover", "--list"], ["resolve", "wheels"]], ids=["discover", "wheels"])
 def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_server):
-    """PINS_TIMEOUT bounds a request as a whole: a server that keeps sending a byte every 0.2 s
-    (each read answered well within the timeout) does not hold the command for its 10 minutes."""
+    """PINS_TIMEOUT bounds a request as a whole, headers included: a server that keeps sending a
+    byte every 0.2 s (each read answered well within the timeout), of its body or of its headers,
+    does not hold the command for its 10 minutes."""
+    import time
+
     address, cert = trickling_server
     d = model.load(tree / "versions.json")
     d["vllm"]["index_url"] = f"https://{address}/pypi"
@@ -639,15 +662,17 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_ser
     model.dump(d, tree / "versions.json")
     env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
            "SSL_CERT_FILE": str(cert)}
+    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), *args], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=120)
+    assert time.monotonic() - start < 20, proc.stderr  # 2 s, and the connection check (PINS_CONNECT_TIMEOUT)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == (2 if args[0] == "resolve" else 1), proc.stderr  # resolve: the item, then its summary
     assert address in lines[0] and "PINS_TIMEOUT" in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon", "99999999", "1e10", "86401"])
 def test_pins_timeout_must_be_a_positive_finite_number(value, tree, silent_server):
     d = model.load(tree / "versions.json")
     d["vllm"]["index_url"] = f"https://{silent_server}/pypi"
@@ -656,7 +681,8 @@ def test_pins_timeout_must_be_a_positive_finite_number(value, tree, silent_serve
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "discover",
                            "--list"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"error: PINS_TIMEOUT={value!r}: must be a positive, finite number of seconds"
+    assert proc.stderr.strip() == (f"error: PINS_TIMEOUT={value!r} is not a number of seconds more than 0 and at "
+                                   "most 86400")
 
 
 def _bad(data, mutate):
@@ -880,12 +906,13 @@ def test_a_proxy_that_refuses_the_host_is_named_for_each_item(tree):
     assert "the git remote https://git.example.org/ROCm/aiter.git (commits)" in summary
 
 
-@pytest.mark.parametrize("value", ["nan", "0", "soon"])
+@pytest.mark.parametrize("value", ["nan", "0", "soon", "99999999", "1e10"])
 def test_pins_connect_timeout_must_be_a_positive_finite_number(value, tree, refused):
     sources_at(tree / "versions.json", refused)
     proc = resolve_all(tree / "versions.json", "aiter", env=offline_env(PINS_CONNECT_TIMEOUT=value))
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"error: PINS_CONNECT_TIMEOUT={value!r}: must be a positive, finite number of seconds"
+    assert proc.stderr.strip() == (f"error: PINS_CONNECT_TIMEOUT={value!r} is not a number of seconds more than 0 "
+                                   "and at most 86400")
 
 
 def test_resolve_wheels_reads_tritons_name_and_version_from_torchs_metadata(data, tmp_path):

@@ -112,7 +112,7 @@ def run(ns, parser, root: Path) -> int:
             mark = " (default)" if name == data["default_track"] else ""
             print(f"{name}{mark}: vLLM {own['vllm']['version']}, AITER {data['aiter']['pins'][own['aiter']]['tag']}, "
                   f"ROCm {model.section(data, 'rocm', name)['version']}")
-        print(f"backend supports vLLM {model.supported_vllm(data)}")
+        print(backend_range_line(data, root))
         return 0
     if ns.command == "format":
         written = model.write_files({ns.file: model.canonical(data)})
@@ -266,6 +266,17 @@ def _and(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
+def backend_range_line(data: dict, root: Path) -> str:
+    """What the backend declares (SUPPORTED_VLLM), and the tracks past it, where the plugin steps aside."""
+    declared = model.backend_supported_vllm(root)[1] or model.supported_vllm(data)
+    line = f"backend supports vLLM {declared}"
+    aside = model.stepped_aside(data, declared)
+    if aside:
+        line += (f"; it steps aside on track {', '.join(aside)} (vLLM's built-in runs there) until the plugin is "
+                 "compared with that release (tests/test_builtin_surface.py) and SUPPORTED_VLLM is widened by hand")
+    return line
+
+
 def run_discover(ns, data: dict, root: Path) -> int:
     index = data["vllm"].get("index_url") or discover.DEFAULT_INDEX
     found = discover.new_releases(data, discover.pypi_sdists(index), ns.up_to)
@@ -312,7 +323,7 @@ def run_discover(ns, data: dict, root: Path) -> int:
         model.write_files(texts)
         for line in docker_changes:
             print(line)
-        print(f"backend supports vLLM {model.supported_vllm(data)}")
+        print(backend_range_line(data, root))
     elif found:
         print("(dry run: add --write to record these)")
     return 0

@@ -99,12 +99,37 @@ def recorded_files(data: dict, path: Path, root: Path = REPO_ROOT) -> tuple[list
 
 
 def backend_range_update(data: dict, root: Path = REPO_ROOT) -> dict[Path, str]:
-    """{backend __init__.py: its text with SUPPORTED_VLLM set to the tracks' range}, or {} when it is."""
+    """{backend __init__.py: its text with SUPPORTED_VLLM kept within the tracks}, or {} when it is.
+    The range never grows by itself: a new track stays outside it (the plugin steps aside there)
+    until the plugin was compared with that release's built-in and the range is widened by hand;
+    only a range that no longer fits the tracks (its oldest track, or the track it ends at, gone)
+    is moved, to end at the newest track it covered."""
     path, declared = backend_supported_vllm(root)
-    wanted = supported_vllm(data)
-    if declared is None or declared == wanted:
+    if declared is None or declared in backend_ranges(data).values():
         return {}
+    wanted = supported_vllm(data, covered_track(data, declared))
     return {path: _SUPPORTED_RE.sub(f'SUPPORTED_VLLM = "{wanted}"', path.read_text(), count=1)}
+
+
+def backend_ranges(data: dict) -> dict[str, str]:
+    """{track: the SUPPORTED_VLLM that ends at that track}: the ranges the plugin may declare (from
+    the oldest track up to any track)."""
+    return {name: supported_vllm(data, name) for name in track_names(data)}
+
+
+def covered_track(data: dict, declared: str) -> str:
+    """The newest track whose release a SUPPORTED_VLLM string admits (the oldest track when none)."""
+    upper = re.search(r"<\s*(\d+)\.(\d+)", declared or "")
+    bound = (int(upper.group(1)), int(upper.group(2))) if upper else (0, 0)
+    names = track_names(data)
+    inside = [n for n in names if _release_key(data["tracks"][n]["vllm"]["version"])[:2] < bound]
+    return inside[0] if inside else names[-1]
+
+
+def stepped_aside(data: dict, declared: str) -> list[str]:
+    """The tracks outside the declared range (newest first): the plugin registers nothing there."""
+    names = track_names(data)
+    return names[:names.index(covered_track(data, declared))]
 
 
 def write_files(contents: dict) -> list[Path]:
@@ -191,11 +216,13 @@ def track_aiter_pin_name(data: dict, name: str | None = None, aiter_name: str | 
     return aiter_name or track(data, name)["aiter"]
 
 
-def supported_vllm(data: dict) -> str:
-    """The vLLM releases the backend supports: from the oldest track's release up to, not including,
-    the minor release after the newest track (patch releases of a track are that track)."""
-    versions = [data["tracks"][t]["vllm"]["version"] for t in track_names(data)]
-    newest = _release_key(versions[0])
+def supported_vllm(data: dict, up_to: str | None = None) -> str:
+    """A range of vLLM releases for the backend: from the oldest track's release up to, not including,
+    the minor release after track ``up_to`` (default: the newest; patch releases of a track are that
+    track)."""
+    names = track_names(data)
+    versions = [data["tracks"][t]["vllm"]["version"] for t in names]
+    newest = _release_key(data["tracks"][up_to or names[0]]["vllm"]["version"])
     return f">={versions[-1]},<{newest[0]}.{newest[1] + 1}"
 
 

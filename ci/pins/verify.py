@@ -278,14 +278,15 @@ def _wheel_set(wheels: dict, known, where: str, errors: list[str]):
 
 
 def check_backend_range(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """The backend's SUPPORTED_VLLM is the range the tracks give (the plugin refuses other vLLMs)."""
+    """The backend's SUPPORTED_VLLM runs from the oldest track up to one of the tracks (the plugin
+    refuses other vLLMs; a track past its range is one the plugin was not yet compared with)."""
     path, declared = model.backend_supported_vllm(root)
     if not path.exists():
         return []
-    expected = model.supported_vllm(data)
-    if declared != expected:
-        return [f"{model.BACKEND_INIT}: SUPPORTED_VLLM is {declared!r} but the tracks give {expected!r}: "
-                "change SUPPORTED_VLLM"]
+    allowed = model.backend_ranges(data)
+    if declared not in allowed.values():
+        return [f"{model.BACKEND_INIT}: SUPPORTED_VLLM is {declared!r}, which does not run from the oldest track up "
+                f"to a track: change SUPPORTED_VLLM to one of {', '.join(repr(r) for r in allowed.values())}"]
     return []
 
 

@@ -10,5 +10,6 @@ package's or vLLM's built-in); ``backend`` holds the thin vLLM adapters.
 __version__ = "0.1.0"
 
 # vLLM releases whose MLA classes and selection rules this package is written against: the
-# release tracks of versions.json, oldest to newest (python3 -m ci.pins verify holds it there).
+# release tracks of versions.json from the oldest up to the newest one the plugin was compared with
+# (python3 -m ci.pins verify holds it to the tracks; the pin tool never widens it by itself).
 SUPPORTED_VLLM = ">=0.32.0,<0.34"
