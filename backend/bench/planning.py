@@ -1,35 +1,61 @@
 #!/usr/bin/env python3
-"""Decode planning per step at the memory-bandwidth limit: the fused Triton planner against
-its previous version and against the time to write its index array, side by side.
+"""Decode planning per step: the plugin's Triton planner against the decode-metadata step of
+vLLM's built-in ROCM_AITER_MLA backend, one column per vLLM release, side by side in one run.
 
-Plain PyTorch + Triton on a GPU (no vLLM). For each batch:
+Plain PyTorch + Triton on a GPU (no vLLM installed). For each batch:
 
-* ``previous``: the Triton planner before its tile walk planned short requests as rows and
-  walked the long requests' keys alone (``planning_previous.py`` beside this file, a frozen copy
-  of the module, for this comparison only).
-* ``new``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the host).
+* ``ours``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the
+  host): one launch writing qo_indptr, kv_indptr and kv_indices into persistent buffers.
+* one column per ``--vllm-source`` (an unpacked vLLM sdist folder or its
+  ``vllm/v1/attention/backends/mla/rocm_aiter_mla.py``, labelled by the release it finds):
+  the planning part of that release's ``AiterMLAMetadataBuilder._build_decode``
+  (builtin_planner.py beside this file). ``full graphs``: the step as the builder runs it
+  when vLLM runs decode batches in full CUDA graphs (its default cudagraph mode,
+  FULL_AND_PIECEWISE, does for this backend): kv_indptr (a prefix sum; padding rows of a
+  padded multi-token batch get the query length), the ``fill_(-1)`` of its persistent
+  page-index buffer, its Triton kernel expanding block-table entries into pages (read from
+  the release's file at run time), and the copies into its persistent kv_indptr and
+  qo_indptr. ``no full graphs``: the prefix sum and the kernel only. Its buffer is sized as
+  the builder sizes it, ``max_num_seqs x max_model_len`` entries: by default the smallest
+  that holds the batch (its requests x its longest request: the cheapest fill the built-in
+  can have); ``--max-num-seqs`` and ``--max-model-len`` size it (and the block table's width,
+  which sets the kernel's grid) as a server would.
 * ``bound``: the time to write ``kv_indices`` (int32, one per key) at the GPU's write
   bandwidth, measured in the same run on the same number of bytes: the faster of a fill
-  kernel and a memset. ``bytes / bound`` is printed as the measured bandwidth; a
-  device-to-device copy of the same bytes (read + write) is printed beside it, since a
-  block size of 1 makes the planner read one table entry per key it writes.
+  kernel and a memset. ``copy``: a device-to-device copy of those bytes (read + write).
 
-Every plan is first checked against the PyTorch planner (``plan_decode_into``, or, where
-its scratch of requests x longest request would not fit, the exact-size ``plan_decode`` on
-the raised lengths) and the previous kernel's; a difference ends the run with status 1
-before anything is timed. Times are CUDA-graph replays: a graph of ``--calls`` calls,
-replayed ``--replays`` times behind a GPU sleep that holds the queue full, median of
-``--trials``, per call. ``host`` is the eager call's host time (what vLLM's metadata
-builder pays each step before the graph of the model replays).
+What is compared: kv_indptr (int32, requests + 1) and the first kv_indptr[-1] entries of
+kv_indices. Both write slot ids (page size 1: block-table entry ``b`` of block size ``K``
+covers slots ``b*K .. b*K+K-1``; the built-in's kernel expands each entry the same way), so
+the two arrays are compared as they are. Every batch is a valid decode batch (a request has
+at least its query length of keys; padding rows have length 0). The one place the plans
+differ by design: at query length 1 the built-in gives a padding row 0 keys, ours 1 (its
+query length); such a batch (marked ``*``) is compared on the keys both plan: the
+built-in's kv_indptr must be the prefix sum of its lengths and its indices ours with the
+padding rows' keys left out.
+
+Every plan is first checked: ours against the PyTorch planner (``plan_decode_into``, or,
+where its scratch of requests x longest request would not fit, the exact-size
+``plan_decode``), each built-in against ours, and the built-in's buffer past its keys must
+hold -1 where it fills; a difference ends the run with status 1 before anything is timed.
+GPU times are CUDA-graph replays (a measure of device time alone: vLLM runs both steps
+eagerly, outside the model's graph): a graph of ``--calls`` calls, replayed ``--replays``
+times behind a GPU sleep that holds the queue full, median of ``--trials``, per call. Host
+times are the eager call's (median of 100, ours and the built-ins called in turn), what the
+metadata builder pays each step before the model's graph replays; for the built-in that is
+only the calls above, not the rest of its ``_build_decode`` (a lower bound). ``x ours``:
+the built-in's time over ours.
 
 Usage::
 
-    PYTHONPATH=backend/src python backend/bench/planning.py [--only SUBSTRING,...] [--sweep [--configs ...]]
+    PYTHONPATH=backend/src python backend/bench/planning.py [--vllm-source PATH ...]
+        [--only SUBSTRING,...] [--max-num-seqs N] [--max-model-len N] [--sweep [--configs ...]]
 
-``--sweep`` times the new planner (and prints the launch each batch gets) under
-configurations of its integer constants instead, e.g. ``--configs
-'ROWS_MAX_LEN=2048,ROW_ELEMS=8192;NUM_WARPS=8'`` (one configuration per ``;``; none: as
-shipped).
+``--check-only`` checks the plans without timing them; without a GPU it runs on the CPU in
+Triton's interpreter (``TRITON_INTERPRET=1``, the planner on a grid of ``--programs``).
+``--sweep`` times our planner (and prints the launch each batch gets) under configurations
+of its integer constants instead, e.g. ``--configs 'ROWS_MAX_LEN=2048,ROW_ELEMS=8192;NUM_WARPS=8'``
+(one configuration per ``;``; none: as shipped).
 """
 
 from __future__ import annotations
@@ -39,24 +65,16 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import planning_previous  # the previous planner: a frozen copy of the module, beside this file
+import builtin_planner  # beside this file
 import torch
 import triton
 
 from vllm_aiter_mla import planning_triton
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode, plan_decode_into
 from vllm_aiter_mla.planning_triton import plan_decode_triton
-
-# ---------------------------------------------------------------------------------------
-# The previous planner, for comparison only
-
-
-def previous_plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_len=None):
-    plan = planning_previous.plan_decode_triton(buffers, block_table, seq_lens, qlen, max_seq_len)
-    return plan.kv_indptr, plan.kv_indices
-
 
 # ---------------------------------------------------------------------------------------
 # Batches
@@ -68,6 +86,22 @@ class Case:
     seq_lens: tuple[int, ...]
     qlen: int = 1
     block_size: int = 16
+
+    def __post_init__(self):
+        # a decode batch: every request holds at least its query's keys; padding rows hold none
+        if any(0 < s < self.qlen for s in self.seq_lens):
+            raise ValueError(f"{self.name}: a request shorter than its query length {self.qlen}")
+
+    @property
+    def pad_rows(self) -> bool:
+        """A padded multi-token batch: the built-in gives its padding rows qlen keys."""
+        return self.qlen > 1 and 0 in self.seq_lens
+
+    def our_lengths(self) -> list[int]:
+        return [max(s, self.qlen) for s in self.seq_lens]
+
+    def builtin_lengths(self) -> list[int]:
+        return [s if s or not self.pad_rows else self.qlen for s in self.seq_lens]
 
 
 def _rand(seed: int, n: int, lo: int, hi: int) -> tuple[int, ...]:
@@ -90,27 +124,29 @@ def cases() -> list[Case]:
         Case("1024 random 1..64k", _rand(1, 1024, 1, 65536)),
         Case("4096 random 1..16k", _rand(2, 4096, 1, 16384)),
         Case("4096 random 1..16k (block size 1)", _rand(3, 4096, 1, 16384), block_size=1),
-        Case("512 random 1..8k, MTP qlen 3", _rand(4, 512, 1, 8192), qlen=3),
+        Case("512 random 3..8k, MTP qlen 3", _rand(4, 512, 3, 8192), qlen=3),
         Case("256 x 4k, MTP qlen 4", (4096,) * 256, qlen=4),
-        Case("4096 random 1..8k, MTP qlen 2", _rand(5, 4096, 1, 8192), qlen=2),
-        Case("1000 random 1..4k + 24 padding rows, qlen 2", _rand(6, 1000, 1, 4096) + (0,) * 24, qlen=2),
+        Case("4096 random 2..8k, MTP qlen 2", _rand(5, 4096, 2, 8192), qlen=2),
+        Case("1000 random 2..4k + 24 padding rows, qlen 2", _rand(6, 1000, 2, 4096) + (0,) * 24, qlen=2),
         Case("4000 x 512 + 96 padding rows, qlen 4", (512,) * 4000 + (0,) * 96, qlen=4),
         Case("4096 padding rows, qlen 1", (0,) * 4096),
+        Case("60 random 3..2k + 4 padding rows, qlen 3", _rand(11, 60, 3, 2048) + (0,) * 4, qlen=3),
         Case("mixed 4032 random 1..256 + 64 random 100k..400k (block size 64)",
              _rand(7, 4032, 1, 256) + _rand(8, 64, 100_000, 400_000), block_size=64),
-        Case("mixed 2048 x 1..32 and 2048 x 4k..12k, interleaved, qlen 2",
-             tuple(x for pair in zip(_rand(9, 2048, 1, 32), _rand(10, 2048, 4096, 12288)) for x in pair), qlen=2),
+        Case("mixed 2048 x 2..32 and 2048 x 4k..12k, interleaved, qlen 2",
+             tuple(x for pair in zip(_rand(9, 2048, 2, 32), _rand(10, 2048, 4096, 12288)) for x in pair), qlen=2),
     ]
 
 
-def make_batch(case: Case, device: torch.device):
+def make_batch(case: Case, device: torch.device, width: int = 0):
     """Block table (each request's blocks a slice of a random permutation of the cache's
-    blocks, stale random entries past its length), sequence lengths, cache slots."""
+    blocks, stale random entries past its length; at least ``width`` columns), sequence
+    lengths, cache slots."""
     bs, qlen = case.block_size, case.qlen
     gen = torch.Generator(device=device).manual_seed(0)
     lens = torch.tensor(case.seq_lens, dtype=torch.int64, device=device)
     blocks = (lens.clamp(min=qlen) + bs - 1) // bs
-    width = int(blocks.max())
+    width = max(width, int(blocks.max()))
     num_cache_blocks = int(blocks.sum()) + 16
     perm = torch.randperm(num_cache_blocks, generator=gen, device=device).to(torch.int32)
     first = torch.cumsum(blocks, 0) - blocks
@@ -123,8 +159,14 @@ def make_batch(case: Case, device: torch.device):
     return table, lens.to(torch.int32), num_cache_blocks * bs
 
 
+def query_start_loc(case: Case, device: torch.device) -> torch.Tensor:
+    """The batch's query_start_loc as vLLM hands it: qlen tokens per request, 0 per padding row."""
+    qlens = [case.qlen if s else 0 for s in case.seq_lens]
+    return torch.tensor([0] + qlens, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+
+
 def reference_plan(case: Case, table: torch.Tensor, seq: torch.Tensor):
-    """The PyTorch planner's kv_indptr and kv_indices (uniform layout)."""
+    """The PyTorch planner's qo_indptr, kv_indptr and kv_indices (uniform layout)."""
     num_reqs, width = table.shape
     if num_reqs * width * case.block_size <= 2**27:
         buffers = DecodePlanBuffers.allocate(num_reqs, width, case.block_size, table.device)
@@ -134,6 +176,32 @@ def reference_plan(case: Case, table: torch.Tensor, seq: torch.Tensor):
     qsl = torch.arange(num_reqs + 1, dtype=torch.int32, device=table.device) * case.qlen
     plan = plan_decode(table, seq.clamp(min=case.qlen), qsl, case.block_size)
     return plan.qo_indptr, plan.kv_indptr, plan.kv_indices
+
+
+def builtin_differences(case: Case, indptr: torch.Tensor, indices: torch.Tensor, ours, fills: bool) -> list[str]:
+    """What differs between a built-in's plan and ours (empty: the same plan); see the module
+    docstring for the padding rows at query length 1."""
+    keys = int(ours.kv_indptr[-1])
+    theirs = case.builtin_lengths()
+    failed = []
+    if theirs == case.our_lengths():
+        want_indptr, want_indices = ours.kv_indptr, ours.kv_indices[:keys]
+    else:  # compared on the keys both plan
+        device = indptr.device
+        lens = torch.tensor(theirs, dtype=torch.int64, device=device)
+        req = torch.repeat_interleave(torch.arange(len(theirs), device=device),
+                                      torch.tensor(case.our_lengths(), device=device), output_size=keys)
+        pos = torch.arange(keys, device=device) - ours.kv_indptr[req]
+        want_indices = ours.kv_indices[:keys][pos < lens[req]]
+        want_indptr = torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
+    if not torch.equal(indptr, want_indptr):
+        failed.append("kv_indptr")
+    total = want_indices.numel()
+    if not torch.equal(indices[:total], want_indices):
+        failed.append("kv_indices")
+    if fills and not bool((indices[total:] == -1).all()):
+        failed.append("-1 past its keys")
+    return failed
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,77 +235,99 @@ def graph_ms(fn, calls: int, replays: int, trials: int) -> float:
     return statistics.median(times)
 
 
-def host_ms(fn, reps: int) -> float:
-    times = []
+HOST_REPS = 100
+
+
+def host_ms(fns: list, reps: int) -> list[float]:
+    """Host time of one eager call of each of ``fns``, called in turn ``reps`` times (so that
+    a slower stretch of the host falls on all of them), median each."""
+    times = [[] for _ in fns]
     for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        for fn, spent in zip(fns, times):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            spent.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return [statistics.median(spent) for spent in times]
+
+
+@dataclass
+class BuiltinTimes:
+    full_ms: float  # under full CUDA graphs: prefix sum, fill, kernel, persistent copies
+    bare_ms: float  # without full CUDA graphs: prefix sum and kernel
+    host_ms: float  # the full-graph step, eager, host clock
 
 
 @dataclass
 class Row:
     case: str
     keys: int
-    previous_ms: float
-    new_ms: float
-    bound_ms: float
-    copy_ms: float
-    host_ms: float
+    ours_ms: float = 0.0
+    ours_host_ms: float = 0.0
+    bound_ms: float = 0.0
+    copy_ms: float = 0.0
+    builtins: list[BuiltinTimes] = field(default_factory=list)
+    differs_by_design: bool = False  # padding rows at query length 1 (see the module docstring)
 
     @property
     def ratio(self) -> float:
-        return self.new_ms / self.bound_ms
+        return self.ours_ms / self.bound_ms
 
 
-def run(case: Case, device: torch.device, args) -> Row | None:
-    table, seq, slots = make_batch(case, device)
+def run(case: Case, device: torch.device, builtins: list, args) -> Row | None:
+    """Check the batch's plans (None: they differ) and, unless --check-only, time them."""
+    max_len = max(case.our_lengths())
+    max_model_len = max(max_len, args.max_model_len)
+    max_num_seqs = max(len(case.seq_lens), args.max_num_seqs)
+    bs, qlen = case.block_size, case.qlen
+    table, seq, slots = make_batch(case, device, -(-max_model_len // bs))
     num_reqs = table.shape[0]
-    qlen, bs = case.qlen, case.block_size
-    max_seq = max(case.seq_lens)
-    keys = sum(max(s, qlen) for s in case.seq_lens)
-    max_keys = slots + num_reqs * qlen
-    new_buffers = DecodePlanBuffers.allocate(num_reqs, table.shape[1], bs, device, max_keys=max_keys)
-    old_buffers = DecodePlanBuffers.allocate(num_reqs, table.shape[1], bs, device, max_keys=max_keys)
+    keys = sum(case.our_lengths())
+    buffers = DecodePlanBuffers.allocate(num_reqs, table.shape[1], bs, device, max_keys=slots + num_reqs * qlen)
 
-    def new():
-        return plan_decode_triton(new_buffers, table, seq, qlen, max_seq)
-
-    def previous():
-        return previous_plan_decode_triton(old_buffers, table, seq, qlen, max_seq)
+    def ours():
+        return plan_decode_triton(buffers, table, seq, qlen, max(case.seq_lens))
 
     want_qo, want_indptr, want_indices = reference_plan(case, table, seq)
-    new_buffers.kv_indices.fill_(-1)
-    got = new()
-    old_indptr, old_indices = previous()
+    buffers.kv_indices.fill_(-1)
+    got = ours()
     checks = {
         "qo_indptr": torch.equal(got.qo_indptr, want_qo),
         "kv_indptr": torch.equal(got.kv_indptr, want_indptr),
         "kv_indices": torch.equal(got.kv_indices[:keys], want_indices),
-        "untouched past the keys": bool((new_buffers.kv_indices[keys:] == -1).all()),
-        "previous kernel's kv_indptr": torch.equal(old_indptr, want_indptr),
-        "previous kernel's kv_indices": torch.equal(old_indices[:keys], want_indices),
+        "untouched past the keys": bool((buffers.kv_indices[keys:] == -1).all()),
     }
     del want_qo, want_indptr, want_indices
-    if not all(checks.values()):
-        print(f"{case.name}: plans differ: {[k for k, ok in checks.items() if not ok]}", flush=True)
+    failed = [f"ours: {k}" for k, ok in checks.items() if not ok]
+
+    qsl = query_start_loc(case, device)
+    indices = torch.full((max_num_seqs * max_model_len,), -7, dtype=torch.int32, device=device)
+    steps = [builtin_planner.BuiltinStep(b, table, seq, qsl, qlen, bs, case.pad_rows, indices, max_num_seqs)
+             for b in builtins]
+    for step in steps:
+        indices.fill_(-7)  # a kernel that wrote nothing shows
+        indptr, written = step()
+        failed += [f"{step.builtin.label}: {what}"
+                   for what in builtin_differences(case, indptr, written, got, step.builtin.fills)]
+    if failed:
+        print(f"{case.name}: plans differ: {failed}", flush=True)
         return None
+    row = Row(case=case.name, keys=keys, differs_by_design=case.builtin_lengths() != case.our_lengths())
+    if args.check_only:
+        return row
 
     fill_target = torch.empty(keys, dtype=torch.int32, device=device)
     copy_source = torch.ones(keys, dtype=torch.int32, device=device)
     timing = (args.calls, args.replays, args.trials)
-    row = Row(
-        case=case.name,
-        keys=keys,
-        previous_ms=graph_ms(previous, *timing),
-        new_ms=graph_ms(new, *timing),
-        bound_ms=min(graph_ms(lambda: fill_target.fill_(7), *timing), graph_ms(fill_target.zero_, *timing)),
-        copy_ms=graph_ms(lambda: fill_target.copy_(copy_source), *timing),
-        host_ms=host_ms(new, 20),
-    )
+    row.ours_ms = graph_ms(ours, *timing)
+    row.ours_host_ms, *builtin_host = host_ms([ours, *steps], HOST_REPS)
+    for step, step_host_ms in zip(steps, builtin_host):
+        row.builtins.append(BuiltinTimes(full_ms=graph_ms(step, *timing),
+                                         bare_ms=graph_ms(lambda s=step: s(full_graphs=False), *timing),
+                                         host_ms=step_host_ms))
+    row.bound_ms = min(graph_ms(lambda: fill_target.fill_(7), *timing), graph_ms(fill_target.zero_, *timing))
+    row.copy_ms = graph_ms(lambda: fill_target.copy_(copy_source), *timing)
     return row
 
 
@@ -253,11 +343,11 @@ def launch_of(case: Case, device: torch.device) -> str:
     return " ".join(str(x) for x in shape)
 
 
-def _time_new_and_bound(case: Case, device: torch.device, args) -> tuple[float, float]:
+def _time_ours_and_bound(case: Case, device: torch.device, args) -> tuple[float, float]:
     table, seq, slots = make_batch(case, device)
     buffers = DecodePlanBuffers.allocate(table.shape[0], table.shape[1], case.block_size, device,
                                          max_keys=slots + table.shape[0] * case.qlen)
-    keys = sum(max(s, case.qlen) for s in case.seq_lens)
+    keys = sum(case.our_lengths())
     timing = (args.calls, args.replays, args.trials)
     ms = graph_ms(lambda: plan_decode_triton(buffers, table, seq, case.qlen, max(case.seq_lens)), *timing)
     target = torch.empty(keys, dtype=torch.int32, device=device)
@@ -299,7 +389,7 @@ def sweep(device: torch.device, args) -> int:
         planning_triton._num_programs.cache_clear()
         cells = []
         for case in picked:
-            ms, bound = _time_new_and_bound(case, device, args)
+            ms, bound = _time_ours_and_bound(case, device, args)
             cells.append(f"{ms:.4f} ({ms / bound:.2f}x, {launch_of(case, device)})")
             torch.cuda.empty_cache()
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "as shipped"
@@ -307,42 +397,121 @@ def sweep(device: torch.device, args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def header(builtins: list) -> str:
+    labels = [b.label for b in builtins]
+    cols = (["batch", "keys", "ours ms"] + [f"{x} ms, full graphs (x ours)" for x in labels]
+            + [f"{x} ms, no full graphs (x ours)" for x in labels]
+            + ["ours host ms"] + [f"{x} host ms (x ours)" for x in labels]
+            + ["bound ms (write)", "ours / bound", "copy ms (read + write)", "ours launch"])
+    return "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|"
+
+
+def line(row: Row, launch: str) -> str:
+    def vs(ms: float, base: float, digits: int) -> str:
+        return f"{ms:.{digits}f} ({ms / base:.1f}x)"
+
+    cells = [row.case + (" *" if row.differs_by_design else ""), f"{row.keys:,}", f"{row.ours_ms:.4f}"]
+    cells += [vs(b.full_ms, row.ours_ms, 4) for b in row.builtins]
+    cells += [vs(b.bare_ms, row.ours_ms, 4) for b in row.builtins]
+    cells += [f"{row.ours_host_ms:.3f}"] + [vs(b.host_ms, row.ours_host_ms, 3) for b in row.builtins]
+    cells += [f"{row.bound_ms:.4f}", f"{row.ratio:.2f}", f"{row.copy_ms:.4f}", launch]
+    return "| " + " | ".join(cells) + " |"
+
+
+def summary(rows: list[Row], builtins: list) -> list[str]:
+    out = []
+    for i, b in enumerate(builtins):
+        def span(ratios: list[float]) -> str:
+            return (f"{min(ratios):.1f}x to {max(ratios):.1f}x, geometric mean "
+                    f"{statistics.geometric_mean(ratios):.1f}x")
+
+        full = [r.builtins[i].full_ms / r.ours_ms for r in rows]
+        bare = [r.builtins[i].bare_ms / r.ours_ms for r in rows]
+        host = [r.builtins[i].host_ms / r.ours_host_ms for r in rows]
+        out.append(f"{b.label} over ours: GPU under full graphs {span(full)}; without full graphs {span(bare)}; "
+                   f"host {span(host)}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm-source", action="append", default=[], type=Path, metavar="PATH",
+                    help="an unpacked vLLM sdist folder, or its vllm/v1/attention/backends/mla/"
+                         "rocm_aiter_mla.py: time that release's built-in step beside ours (repeatable)")
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="size the built-in's page-index buffer for this many requests (default: the batch's)")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="size the built-in's page-index buffer and the block table's width for this many "
+                         "keys per request (default: the batch's longest request)")
     ap.add_argument("--calls", type=int, default=10, help="planner calls per captured graph")
     ap.add_argument("--replays", type=int, default=10, help="graph replays per trial")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--only", default="",
                     help="run only the batches whose name contains one of these (comma-separated)")
-    ap.add_argument("--sweep", action="store_true", help="time launch shapes of the new planner")
+    ap.add_argument("--check-only", action="store_true",
+                    help="check the plans, time nothing (runs on the CPU under TRITON_INTERPRET=1)")
+    ap.add_argument("--programs", type=int, default=16,
+                    help="on the CPU: the planner's grid (no GPU to ask for its multiprocessors)")
+    ap.add_argument("--sweep", action="store_true", help="time launch shapes of our planner")
     ap.add_argument("--configs", default="",
                     help="with --sweep: planner constants to time, e.g. "
                          "'ROWS_MAX_LEN=2048,ROW_ELEMS=8192;RUN_TILES=4' (one configuration per ';')")
     args = ap.parse_args()
-    device = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
-    warm = torch.randn(4096, 4096, device=device)
-    for _ in range(50):
-        warm @ warm  # clocks up before the first case
+    try:
+        builtins = [builtin_planner.load(path) for path in args.vllm_source]
+    except builtin_planner.SourceError as exc:
+        print(f"--vllm-source: {exc}", file=sys.stderr)
+        return 2
+    for b in builtins:
+        fill = "fills its index buffer with -1" if b.fills else "does not fill its index buffer"
+        print(f"{b.label}: {b.path}: {b.kernel_name} (chunks of {b.chunk} keys), {fill} under full CUDA graphs")
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
+    elif args.check_only:
+        device = torch.device("cpu")
+        planning_triton._num_programs = lambda device_index: args.programs
+        print(f"CPU (Triton's interpreter), torch {torch.__version__}, Triton {triton.__version__}")
+    else:
+        print("timing needs a GPU (--check-only checks the plans on the CPU)", file=sys.stderr)
+        return 2
     if args.sweep:
         return sweep(device, args)
-    print("| batch | keys | previous ms | new ms | bound ms (write) | new / bound | write GB/s "
-          "| copy ms (read + write) | new host ms | new launch |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    if not args.check_only:
+        warm = torch.randn(4096, 4096, device=device)
+        for _ in range(50):
+            warm @ warm  # clocks up before the first case
+        print(header(builtins))
     rows = []
     for case in cases():
         if not _picked(case, args):
             continue
-        row = run(case, device, args)
+        row = run(case, device, builtins, args)
         if row is None:
             return 1
         rows.append(row)
-        print(f"| {row.case} | {row.keys:,} | {row.previous_ms:.4f} | {row.new_ms:.4f} | {row.bound_ms:.4f} "
-              f"| {row.ratio:.2f} | {4 * row.keys / row.bound_ms / 1e6:,.0f} | {row.copy_ms:.4f} "
-              f"| {row.host_ms:.3f} | {launch_of(case, device)} |", flush=True)
-        torch.cuda.empty_cache()
-    worst = max(rows, key=lambda r: r.ratio)
-    print(f"all plans equal; worst new / bound: {worst.ratio:.2f} ({worst.case})")
+        if args.check_only:
+            print(f"ok: {case.name}: {row.keys:,} keys", flush=True)
+        else:
+            print(line(row, launch_of(case, device)), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not rows:
+        print("no batch matches --only", file=sys.stderr)
+        return 2
+    if any(r.differs_by_design for r in rows):
+        print("* padding rows at query length 1: the built-in plans them 0 keys, ours 1; compared on the keys "
+              "both plan")
+    print(f"all plans equal ({len(rows)} batches, {len(builtins)} built-in)")
+    if not args.check_only:
+        worst = max(rows, key=lambda r: r.ratio)
+        print(f"worst ours / bound: {worst.ratio:.2f} ({worst.case})")
+        for text in summary(rows, builtins):
+            print(text)
     return 0
 
 
