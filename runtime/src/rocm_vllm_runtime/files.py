@@ -175,23 +175,24 @@ def _steps(path: str | Path) -> list[str]:
 
 def not_regular_problem(option: str, path: str | Path) -> str:
     """'' when `path` (through its links) is absent or a regular file; else one line. Checked before
-    anything opens it: opening a FIFO waits for a reader, and a device replaced by a file is gone."""
-    for step in _steps(path):
-        under = step + "/" if not step.endswith("/") else step
-        if under.startswith(_NOT_FILES) and not under.startswith(_FILES_UNDER_DEV):
-            return (f"{option} {path} is not a regular file ({step} is a device or a stream): give the path "
-                    "of a file")
+    anything opens it: opening a FIFO waits for a reader, and a device replaced by a file is gone.
+    The line starts with the option and the path (the path alone when `option` is empty)."""
+    named = f"{option} {path}" if option else str(path)
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return ""
+        mode = None
     except OSError as exc:
-        return f"cannot use {option} {path} ({exc.strerror or exc}): choose a writable path"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a directory is check_outputs' to name
-        return ""
-    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
-    return f"{option} {path} is not a regular file (it is {kind}): give the path of a file"
+        return f"cannot use {named} ({exc.strerror or exc}): choose a writable path"
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a directory: check_outputs'
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+        return f"{named} is not a regular file (it is {kind}): give the path of a file"
+    for step in _steps(path):  # a stream that is a file now (/dev/stdout redirected to one)
+        under = step + "/" if not step.endswith("/") else step
+        if under.startswith(_NOT_FILES) and not under.startswith(_FILES_UNDER_DEV):
+            return f"{named} is not a regular file ({step} is a device or a stream): give the path of a file"
+    return ""
 
 
 def check_outputs(outputs: Mapping[str, str | None]) -> str:
@@ -255,7 +256,7 @@ def write_text(path: str | Path, text: str) -> Path:
     """Write text to path atomically (a temporary file beside the target, then a rename): a reader
     sees the old file or the new one, never part of it. A symbolic link is written through (its
     target changes, the link stays). Returns the file written."""
-    problem = not_regular_problem("the result file", path)
+    problem = not_regular_problem("", path)
     if problem:
         raise OutputError(problem)
     target = target_of(path)
@@ -286,7 +287,7 @@ def write_result(prog: str, option: str, path: str, text: str) -> bool:
     try:
         write_text(path, text)
     except OutputError as exc:
-        print(f"{prog}: error: {str(exc).replace('the result file', option, 1)}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {option} {exc}", file=sys.stderr, flush=True)
         return False
     except OSError as exc:
         print(f"{prog}: error: cannot write {option} {path} ({exc.strerror or exc}): choose a writable path",
