@@ -1,4 +1,4 @@
-"""One owner per kind of risky operation (docs: DESIGN principle), and no other door.
+"""One owner per kind of risky operation, and no other door.
 
 The product's Python (runtime/src, backend/src and ci/, without tests) is read as syntax trees, its
 shell scripts line by line; every call of a kind below must stand in its owner's function:
@@ -15,9 +15,10 @@ shell scripts line by line; every call of a kind below must stand in its owner's
   rocm_vllm_runtime.children._spawn.
 * joining a path from data (`path / f"..."`, os.path.join of computed parts): files.inside.
 
-The build and pins tooling (ci/docker, ci/pins, ci/pipeline) runs outside the image, from the
-standard library, where the runtime package is not installed: its own uses are counted in KNOWN
-below, one entry per file and kind with the reason, so that a new one fails as well.
+The build and pins tooling (ci/docker runs in build stages without the runtime package; ci/pins) and
+the backend (a package of its own) keep a few uses: each is counted in KNOWN below, per file and
+kind with its reason, so that a further one fails as any other does, and a KNOWN entry whose uses
+are gone fails until it is removed.
 """
 from __future__ import annotations
 
@@ -50,9 +51,8 @@ DOOR_NAMES = {
 }
 # Calls into the owners' modules are the door itself.
 DOORS = ("files.", "children.")
-# Kinds checked everywhere in the product's Python; the others in the runtime and the backend (the
-# code in the image), where a result, a log or a path from data can reach a user's files.
-EVERYWHERE = ("delete", "replace", "spawn")
+# Kinds checked in all of the product's Python (a kind left out here is checked in IN_IMAGE only).
+EVERYWHERE = ("delete", "replace", "spawn", "write", "join")
 IN_IMAGE = ("runtime/src/", "backend/src/")
 
 # (file, kind) -> (how many, why): uses outside the owners, in tooling that cannot import the
@@ -66,6 +66,14 @@ KNOWN = {
     ("ci/pins/resolve.py", "spawn"): (2, "git ls-remote / fetch, with deadlines (the pins job)"),
     ("ci/pins/reach.py", "spawn"): (1, "git config --get-urlmatch (the pins job)"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
+    ("ci/docker/check_aiter.py", "join"): (1, "the kernel table of AITER_TAG, in a build stage without the "
+                                              "runtime; the tag is checked where versions.json is read"),
+    ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
+    ("ci/docker/pinned_dists.py", "write"): (4, "triton's alias metadata and the pin report, in a build stage"),
+    ("ci/pins/kernel_table.py", "join"): (1, "a kernel table named by versions.json's AITER tag"),
+    ("ci/pins/kernel_table.py", "write"): (1, "a fetched source file in its scratch tree"),
+    ("ci/pins/locks.py", "write"): (2, "an sdist's files in its scratch tree; a lock's input file"),
+    ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "
                                                            "on the runtime"),
