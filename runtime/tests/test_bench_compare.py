@@ -88,9 +88,10 @@ def test_load_settings() -> None:
     assert Load.from_env({}) == Load(1000, 1024, 128, 64, 0, 4, ())
     load = Load.from_env({"BENCH_NUM_PROMPTS": "4", "BENCH_WARMUPS": "0", "BENCH_ARGS": "--dataset-name 'sharegpt'"})
     assert (load.num_prompts, load.warmups, load.extra) == (4, 0, ("--dataset-name", "sharegpt"))
-    with pytest.raises(bench.BenchError, match=r"^BENCH_INPUT_LEN='1k' is not a whole number$"):
+    with pytest.raises(bench.BenchError, match=r"^BENCH_INPUT_LEN='1k' is not a whole number: give 1 to 1048576 in "
+                                               r"decimal digits$"):
         Load.from_env({"BENCH_INPUT_LEN": "1k"})
-    with pytest.raises(bench.BenchError, match=r"^BENCH_CONCURRENCY=0 is out of range: give 1 or more$"):
+    with pytest.raises(bench.BenchError, match=r"^BENCH_CONCURRENCY='0' is out of range: give 1 to 65536$"):
         Load.from_env({"BENCH_CONCURRENCY": "0"})
     with pytest.raises(bench.BenchError, match="^BENCH_ARGS cannot be split"):
         Load.from_env({"BENCH_ARGS": "--label 'x"})

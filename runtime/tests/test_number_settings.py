@@ -1,7 +1,11 @@
 """Numbers from settings: one reading (rocm_vllm_runtime.numbers) for every number, port,
 duration and tolerance the serving benchmark, the accuracy gate and the health probe take. Each
 entry point is driven with each bad value: it stops with status 2 in one line naming the setting,
-never a traceback, never starting anything (a gate that cannot fail, nan, is refused)."""
+never a traceback, never starting anything (a gate that cannot fail, nan, is refused). Only plain
+decimal forms are read ("++8011", "1e3", "1_000", non-ASCII digits are refused) and every setting
+is bounded (ports 1-65535, durations at most a day, counts at most what each names): a value of
+5000 digits or 1e10 seconds is one line, never an int() or overflow traceback. The reading's
+properties: test_numbers_properties.py."""
 from __future__ import annotations
 
 import os
@@ -10,11 +14,12 @@ import sys
 
 import pytest
 
-from rocm_vllm_runtime import numbers
+from rocm_vllm_runtime import accuracy, bench, numbers
 
-BAD_WHOLE = ["abc", "nan", "1.5", "-3", " 8", "1e3"]  # (empty: the default)
+LONG = "9" * 5000  # past int()'s 4300-digit limit
+BAD_WHOLE = ["abc", "nan", "1.5", "-3", " 8", "1e3", "++8", "1_000", "\u0663", LONG]  # (empty: the default)
 BAD_PORT = [*BAD_WHOLE, "0", "65536", "99999999999999999999"]
-BAD_DURATION = ["abc", "nan", "inf", "-inf", "0", "-5", " 3"]
+BAD_DURATION = ["abc", "nan", "inf", "-inf", "0", "-5", " 3", "1e10", "99999999", "86401", "1_0", LONG]
 BAD_TOLERANCE = ["nan,nan", "inf,0", "-1,0", "0.5,-0.1", "0.5", "0.5,0.1,1", "a,b"]
 BAD_FRACTION = ["0", "1", "nan", "-0.5", "2", "x"]
 
@@ -53,7 +58,8 @@ def test_every_number_setting_of_every_entry_point_refuses_bad_values(module, tm
 
 
 @pytest.mark.parametrize("option,bad", [("--port", "abc"), ("--port", "0"), ("--start-timeout", "nan"),
-                                        ("--start-timeout", "-1")])
+                                        ("--start-timeout", "-1"), ("--port", "++8011"), ("--port", LONG),
+                                        ("--start-timeout", "1e10"), ("--start-timeout", "99999999")])
 def test_the_options_are_read_as_their_settings(option, bad, tmp_path):
     for module in ("bench", "accuracy"):
         proc = _run(module, {"ACCURACY_DATA": str(tmp_path)}, option, bad, cwd=tmp_path)
@@ -72,8 +78,23 @@ def test_accuracy_backends_names_its_own_setting(tmp_path):
 
 
 def test_the_readings():
-    assert numbers.whole("N", "8") == 8 and numbers.port("P", "65535") == 65535
+    assert numbers.whole("N", "8", 1, 10) == 8 and numbers.port("P", "65535") == 65535
     assert numbers.duration("T", "0.5") == 0.5 and numbers.pair("L", "0.5,0.02") == (0.5, 0.02)
     assert numbers.real("A", "0.01", 0, 1, open_low=True, open_high=True) == 0.01
-    with pytest.raises(numbers.SettingError, match=r"^L='nan,nan' is not A,B: two finite numbers"):
+    with pytest.raises(numbers.SettingError, match=r"^L='nan,nan' is not A,B: two numbers from 0 to"):
         numbers.pair("L", "nan,nan")
+
+
+@pytest.mark.parametrize("setting,too_many", [("BENCH_NUM_PROMPTS", "1000001"), ("BENCH_CONCURRENCY", "65537"),
+                                              ("BENCH_INPUT_LEN", "1048577"), ("BENCH_SEED", "4294967296"),
+                                              ("BENCH_WARMUPS", "1001")])
+def test_every_count_has_a_stated_maximum(setting, too_many):
+    with pytest.raises(bench.BenchError, match=rf"^{setting}='{too_many}' is out of range: give \d+ to \d+$"):
+        bench.Load.from_env({setting: too_many})
+
+
+@pytest.mark.parametrize("setting,too_many", [("ACCURACY_LIMIT", "1000001"), ("ACCURACY_NUM_FEWSHOT", "101"),
+                                              ("ACCURACY_CONCURRENCY", "4097")])
+def test_every_accuracy_count_has_a_stated_maximum(setting, too_many):
+    with pytest.raises(accuracy.AccuracyError, match=rf"^{setting}='{too_many}' is out of range"):
+        accuracy.Settings.from_env({setting: too_many})

@@ -58,6 +58,9 @@ ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
     "ACCURACY_PORT": "8012",
     "ACCURACY_START_TIMEOUT": "1800",
 }
+# (least, most) of each count setting
+COUNT_RANGES = {"ACCURACY_LIMIT": (0, 1_000_000), "ACCURACY_NUM_FEWSHOT": (0, 100),
+                "ACCURACY_CONCURRENCY": (1, 4096)}
 TOLERANCES = {"float32": (1e-3, 1e-5), "low": (0.5, 0.02)}  # (atol, rtol) of a question's log-likelihood
 SHOWN = 20  # differing questions listed per comparison
 
@@ -88,9 +91,9 @@ class Settings:
             value = env.get(name)
             return ENV_DEFAULTS[name] if value is None or value == "" and ENV_DEFAULTS[name] else value
 
-        def number(name: str, low: int = 1) -> int:
+        def number(name: str) -> int:
             try:
-                return numbers.whole(name, get(name), low)
+                return numbers.whole(name, get(name), *COUNT_RANGES[name])
             except numbers.SettingError as exc:
                 raise AccuracyError(str(exc)) from None
 
@@ -101,12 +104,12 @@ class Settings:
             tolerance = numbers.pair("ACCURACY_LL_TOLERANCE", raw, "ATOL,RTOL (e.g. 0.5,0.02)") if raw else None
         except numbers.SettingError as exc:
             raise AccuracyError(str(exc)) from None
-        limit = number("ACCURACY_LIMIT", 0)
+        limit = number("ACCURACY_LIMIT")
         tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
         loglik = tuple(t.strip() for t in get("ACCURACY_LOGLIK_TASKS").split(",") if t.strip() not in ("", "none"))
         if not tasks and not loglik:
             raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
-        return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT", 0), limit or None,
+        return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT"), limit or None,
                    number("ACCURACY_CONCURRENCY"), alpha, get("ACCURACY_DATA"),
                    env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance)
 

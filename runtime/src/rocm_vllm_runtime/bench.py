@@ -58,6 +58,10 @@ ENV_DEFAULTS = {  # setting: default, shared by the CLI and the bench suite
     "BENCH_PORT": "8011",
     "BENCH_START_TIMEOUT": "1800",
 }
+# (least, most) of each count setting
+COUNT_RANGES = {"BENCH_NUM_PROMPTS": (1, 1_000_000), "BENCH_INPUT_LEN": (1, 1_048_576),
+                "BENCH_OUTPUT_LEN": (1, 1_048_576), "BENCH_CONCURRENCY": (1, 65_536),
+                "BENCH_SEED": (0, 2**32 - 1), "BENCH_WARMUPS": (0, 1000)}
 RATIO_KEYS = ("request_throughput", "output_throughput", "total_token_throughput",
               "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 HIGHER_IS_BETTER = {"request_throughput", "output_throughput", "total_token_throughput"}
@@ -163,8 +167,7 @@ class Load:
     def from_env(cls, env: Mapping[str, str]) -> Load:
         def number(name: str) -> int:
             try:
-                return numbers.whole(name, env.get(name) or ENV_DEFAULTS[name],
-                                     0 if name in ("BENCH_SEED", "BENCH_WARMUPS") else 1)
+                return numbers.whole(name, env.get(name) or ENV_DEFAULTS[name], *COUNT_RANGES[name])
             except numbers.SettingError as exc:
                 raise BenchError(str(exc)) from None
 
