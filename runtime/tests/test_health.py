@@ -175,3 +175,38 @@ def test_an_api_key_an_http_header_cannot_carry_is_named_never_shown(server, key
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert "VLLM_API_KEY" in proc.stderr and "s3cret" not in proc.stderr and "s3" not in proc.stderr
     assert server["requests"] == []  # nothing sent with a key that cannot be one
+
+
+# ---- bad input, round 4: numbers, URLs, secrets and answers each read by their one owner ----------
+
+def test_a_url_port_past_65535_never_wraps_onto_a_healthy_server(server):
+    """Port N + 65536 is refused (exit 2), not connected to N (where a healthy server answers)."""
+    port = int(server["base"].rsplit(":", 1)[1])
+    proc = run_probe("--url", f"http://127.0.0.1:{port + 65536}")
+    assert proc.returncode == 2 and "--url" in proc.stderr and "not a TCP port" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and server["requests"] == []
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1]:x", "http://127.0.0.1:", "http://127.0.0.1:+80",
+                                 "http://127.0.0.1:" + "9" * 5000])
+def test_a_url_that_cannot_be_read_is_one_line(url):
+    proc = run_probe("--url", url)
+    assert proc.returncode == 2 and "--url" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("python3 -m rocm_vllm_runtime.health: error: --url")
+    assert len(proc.stderr) < 1000  # argparse's usage + one line, a long value cut short
+
+
+@pytest.mark.parametrize("value", ["1e10", "99999999", "86401", "1_0"])
+def test_a_timeout_past_a_day_or_not_plain_decimal_is_refused(value):
+    proc = run_probe("--timeout", value)
+    assert proc.returncode == 2 and "--timeout" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("userinfo", ["user:PASSWORD@", "PASSWORD@", "user:PASSWORD:more@"])
+def test_credentials_in_the_url_are_never_shown(server, userinfo):
+    base = server["base"].replace("http://", f"http://{userinfo}")
+    proc = run_probe("--url", base, "--generate")
+    assert proc.returncode == 2 and "--url" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "PASSWORD" not in proc.stderr + proc.stdout and "***@" in proc.stderr
+    why = problem(base.replace("127.0.0.1", "127.0.0.1.invalid"), generate=False, timeout=2)
+    assert why and "PASSWORD" not in why

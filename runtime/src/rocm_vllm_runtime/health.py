@@ -10,6 +10,8 @@ shows without other traffic (the request fails or does not answer within the tim
 URL: default http://127.0.0.1:$SERVE_PORT (8000). The API key, when the server has one, comes
 from VLLM_API_KEY, as the server's own (never shown). --timeout bounds the whole check, every
 request together: a server that answers one byte at a time is cut off at the deadline as well.
+--url's port and --timeout (at most a day) are read as every number setting is
+(rocm_vllm_runtime.numbers); credentials in --url are refused (the probe sends none) and never shown.
 Exit status 0 healthy, 1 not (one line saying why); 2 for a bad --timeout, --url or SERVE_PORT.
 """
 from __future__ import annotations
@@ -20,12 +22,11 @@ import os
 import sys
 import threading
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 
 from rocm_vllm_runtime import numbers
-from rocm_vllm_runtime.secrets import api_key_problem
+from rocm_vllm_runtime.secrets import api_key_problem, masked_url
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -44,8 +45,12 @@ def _request(url: str, payload: Mapping | None, api_key: str, timeout: float) ->
 
 
 def problem(base: str, generate: bool, api_key: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> str:
-    """'' when the server at base is healthy, else why not (one line)."""
+    """'' when the server at base is healthy, else why not (one line; credentials in base masked)."""
     base = base.rstrip("/")
+    return masked_url(_problem(base, generate, api_key, timeout).replace(base, masked_url(base)))
+
+
+def _problem(base: str, generate: bool, api_key: str, timeout: float) -> str:
     try:
         status, _ = _request(f"{base}/health", None, api_key, timeout)
         if status != 200:
@@ -85,13 +90,25 @@ def default_url(env: Mapping[str, str]) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def url_problem(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"--url {url!r}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000"
+def read_url(url: str) -> tuple[str, str]:
+    """(the base URL the probe asks, '') or ('', why url is no server base URL: one line, its
+    credentials masked). The port is read as every port setting is: 65536 or more never wraps."""
+    shown = masked_url(url)
+    try:
+        parts = numbers.url("--url", url)
+    except numbers.SettingError as exc:
+        return "", f"{exc}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000"
     if parts.path.strip("/") or parts.query or parts.fragment:
-        return f"--url {url!r}: give the server's base URL without a path (the probe adds /health)"
-    return ""
+        return "", f"--url {shown!r}: give the server's base URL without a path (the probe adds /health)"
+    if parts.username is not None:
+        return "", (f"--url {shown!r}: give the server's base URL without credentials (the probe sends none; "
+                    "the API key comes from VLLM_API_KEY)")
+    host = f"[{parts.host}]" if ":" in parts.host else parts.host
+    return f"{parts.scheme}://{host}:{parts.port or {'http': 80, 'https': 443}[parts.scheme]}", ""
+
+
+def url_problem(url: str) -> str:
+    return read_url(url)[1]
 
 
 def within(deadline: float, check, *args) -> str:
@@ -102,7 +119,7 @@ def within(deadline: float, check, *args) -> str:
     worker.start()
     worker.join(deadline)
     if not result:
-        return f"{args[0]}: no complete answer within {deadline:g}s: the server is down or hangs"
+        return f"{masked_url(str(args[0]))}: no complete answer within {deadline:g}s: the server is down or hangs"
     return result[0]
 
 
@@ -123,7 +140,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
         url = args.url or default_url(env)
     except ValueError as exc:
         parser.error(str(exc))
-    bad_url = url_problem(url)
+    url, bad_url = read_url(url)
     if bad_url:
         parser.error(bad_url)
     key = env.get("VLLM_API_KEY", "")

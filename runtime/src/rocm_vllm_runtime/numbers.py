@@ -1,5 +1,6 @@
-"""The one reading of numbers from settings (environment variables and command-line options):
-whole numbers, ports, durations, fractions and tolerance pairs. Standard library only.
+"""The one reading of numbers from settings (environment variables, command-line options and the
+port of a URL): whole numbers, ports, durations, fractions and tolerance pairs; and of URLs.
+Standard library only (the pin tool uses it too).
 
 Only plain decimal forms are read: digits, for a real number one optional sign and one decimal
 point ("8000", "0.5", "-1"). Exponents, nan, inf, underscores, spaces, repeated signs and non-ASCII
@@ -9,6 +10,8 @@ setting, the value (cut short when long) and what it takes: one line, never a tr
 from __future__ import annotations
 
 import re
+import urllib.parse
+from typing import NamedTuple
 
 DAY_S = 86400.0
 MAX_PORT = 65535
@@ -83,3 +86,43 @@ def pair(name: str, raw: object, what: str = "A,B", high: float = 1000.0) -> tup
     except SettingError:
         raise SettingError(f"{name}={_shown(raw)} is not {what}: two numbers from 0 to {high:g}, "
                            "comma-separated") from None
+
+
+class Url(NamedTuple):
+    """A URL as read by ``url``: its parts (port: None when the URL gives none)."""
+    scheme: str
+    host: str  # IPv6 addresses without brackets
+    port: int | None
+    path: str
+    query: str
+    fragment: str
+    username: str | None
+    password: str | None
+
+
+
+def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) -> Url:
+    """A URL with one of schemes and a host; its port, when given, read as ``port`` reads one (a
+    port of 65536 or more never wraps round onto another). The message names the setting, the
+    URL's password masked."""
+    from . import secrets  # noqa: PLC0415  (a sibling module: the one masking)
+
+    text = _text(raw)
+    shown = _shown(secrets.masked_url(text))
+    try:
+        parts = urllib.parse.urlsplit(text)
+        host = parts.hostname
+    except ValueError as exc:
+        raise SettingError(f"{name}={shown} is not a URL ({exc})") from None
+    if parts.scheme not in schemes or not host:
+        raise SettingError(f"{name}={shown}: give a URL with its scheme ({' or '.join(schemes)}) and host")
+    hostport = parts.netloc.rpartition("@")[2]
+    given = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    _, colon, port_text = given.rpartition(":")
+    try:
+        number = port(f"{name}'s port", port_text) if colon else None
+    except SettingError:
+        raise SettingError(f"{name}={shown}: its port {port_text[:_SHOWN]!r} is not a TCP port "
+                           f"(1-{MAX_PORT})") from None
+    return Url(parts.scheme, host, number, parts.path, parts.query, parts.fragment, parts.username,
+               parts.password)

@@ -3,7 +3,9 @@ masking of secrets in everything printed or written (command lines, logs, report
 
 Secret-bearing: the options --api-key, --hf-token, --token and any --*-token, --*-key,
 --*-secret, --*-password (underscores count as dashes), and the variables *_TOKEN, *_KEY,
-*_SECRET, *_PASSWORD (HF_TOKEN, VLLM_API_KEY, ...), in NAME=VALUE arguments too."""
+*_SECRET, *_PASSWORD (HF_TOKEN, VLLM_API_KEY, ...), in NAME=VALUE arguments too; and the
+credentials of a URL (scheme://user:PASSWORD@host: the password; scheme://TOKEN@host: the
+name, which may be a token), wherever a URL stands in an argument or a text."""
 from __future__ import annotations
 
 import re
@@ -15,6 +17,9 @@ _SECRET_OPTION = re.compile(r"\A--?(?:[a-z0-9]+-)*(?:api-key|token|key|secret|pa
 _SECRET_NAME = re.compile(r"(?:\A|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)\Z")
 # Options that take one or more values (vLLM's --api-key); the others take one.
 _MANY_VALUES = ("--api-key",)
+
+# scheme://NAME[:PASSWORD]@: the user part of a URL's authority (no "/", "@" or space in it).
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s:]*)(?::([^/?#@\s]*))?@")
 
 # An HTTP header value the key travels in (Authorization: Bearer KEY) holds visible ASCII only.
 _VISIBLE = {chr(c) for c in range(0x21, 0x7F)}
@@ -54,9 +59,18 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name.upper()))
 
 
+def masked_url(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked: scheme://user:***@host, and
+    scheme://***@host where a name stands alone (a token is often given so)."""
+    def hide(m: re.Match) -> str:
+        return f"{m.group(1)}{m.group(2)}:{MASK}@" if m.group(3) is not None else f"{m.group(1)}{MASK}@"
+    return _URL_CREDENTIALS.sub(hide, text)
+
+
 def masked(args: Sequence[str]) -> list[str]:
     """``args`` with the value of every secret-bearing option (--opt VALUE, --opt=VALUE; vLLM's
-    --api-key takes several) and of every secret NAME=VALUE replaced by ***."""
+    --api-key takes several) and of every secret NAME=VALUE replaced by ***, and the credentials of
+    every URL masked (``masked_url``)."""
     out: list[str] = []
     taking = 0  # values still to mask: 1, or -1 for "every value up to the next option"
     for arg in args:
@@ -75,7 +89,7 @@ def masked(args: Sequence[str]) -> list[str]:
             out.append(f"{option}={MASK}")
             taking = 0
         else:
-            out.append(arg)
+            out.append(masked_url(arg))
             taking = 0
     return out
 
@@ -86,15 +100,19 @@ def shown(command: Sequence[str]) -> str:
 
 
 def secret_values(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """The secrets a run holds: the values ``masked`` hides in ``args``, and those of the secret
-    variables of ``env``."""
-    values = [a.split("=", 1)[1] if m.endswith("=" + MASK) else a for a, m in zip(args, masked(args)) if a != m]
+    """The secrets a run holds: the values ``masked`` hides in ``args`` (of a URL, its password),
+    and those of the secret variables of ``env``."""
+    values = [a.split("=", 1)[1] if m.endswith("=" + MASK) else a for a, m in zip(args, masked(args))
+              if a != m and m != masked_url(a)]
+    values += [m.group(3) if m.group(3) is not None else m.group(2)
+               for a in args for m in _URL_CREDENTIALS.finditer(a)]
     values += [v for k, v in env.items() if is_secret_name(k)]
     return [v for v in values if len(v) >= 4]
 
 
 def mask_text(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every occurrence of each secret replaced by *** (longest first)."""
+    """``text`` with every occurrence of each secret replaced by *** (longest first), and the
+    credentials of every URL in it masked."""
     for secret in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(secret, MASK)
-    return text
+    return masked_url(text)
