@@ -20,7 +20,8 @@ from rocm_vllm_runtime.health import default_url, main, problem
 @pytest.fixture()
 def server():
     """A server answering as `state` says: health status, completion status, required API key, hang."""
-    state = {"health": 200, "completion": 200, "key": "", "hang": False, "trickle": False, "requests": []}
+    state = {"health": 200, "completion": 200, "key": "", "hang": False, "trickle": False, "requests": [],
+             "models": None}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def reply(self, status: int, doc: dict) -> None:
@@ -56,7 +57,8 @@ def server():
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             elif self.path == "/v1/models" and self.authorized():
-                self.reply(200, {"object": "list", "data": [{"id": "/opt/models/tiny", "object": "model"}]})
+                self.reply(200, state["models"] if state["models"] is not None else
+                           {"object": "list", "data": [{"id": "/opt/models/tiny", "object": "model"}]})
 
         def do_POST(self) -> None:
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -210,3 +212,14 @@ def test_credentials_in_the_url_are_never_shown(server, userinfo):
     assert "PASSWORD" not in proc.stderr + proc.stdout and "***@" in proc.stderr
     why = problem(base.replace("127.0.0.1", "127.0.0.1.invalid"), generate=False, timeout=2)
     assert why and "PASSWORD" not in why
+
+
+@pytest.mark.parametrize("answer,what", [([{"id": "m"}], "JSON list"), ("m", "JSON str"), (7, "JSON int"),
+                                         ({"data": "m"}, "'data'"), ({"data": [{"name": "m"}]}, '"id"')])
+def test_a_models_answer_of_the_wrong_shape_is_one_line_saying_so(server, answer, what):
+    server["models"] = answer
+    proc = run_probe("--url", server["base"], "--generate", "--timeout", "3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "/v1/models" in proc.stderr and what in proc.stderr, \
+        proc.stderr
+    assert "no complete answer" not in proc.stderr

@@ -44,6 +44,21 @@ def _request(url: str, payload: Mapping | None, api_key: str, timeout: float) ->
         return exc.code, exc.read()
 
 
+def _object(body: bytes, where: str, key: str) -> tuple[list, str]:
+    """(the list under key in a JSON object answer, '') or ([], why the answer is not one)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return [], f"{where} answered no JSON: not an OpenAI-compatible server"
+    if not isinstance(doc, dict):
+        return [], (f"{where} answered a JSON {type(doc).__name__} where an object with {key!r} belongs: "
+                    "not an OpenAI-compatible server")
+    value = doc.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        return [], f"{where} answered {key!r} that is not a list of objects: not an OpenAI-compatible server"
+    return value, ""
+
+
 def problem(base: str, generate: bool, api_key: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> str:
     """'' when the server at base is healthy, else why not (one line; credentials in base masked)."""
     base = base.rstrip("/")
@@ -62,16 +77,22 @@ def _problem(base: str, generate: bool, api_key: str, timeout: float) -> str:
             return f"{base}/v1/models answered HTTP 401: set VLLM_API_KEY to the server's API key"
         if status != 200:
             return f"{base}/v1/models answered HTTP {status}"
-        models = json.loads(body).get("data") or []
+        models, why = _object(body, f"{base}/v1/models", "data")
+        if why:
+            return why
         if not models:
             return f"{base}/v1/models lists no model"
-        model = models[0]["id"]
+        model = models[0].get("id")
+        if not isinstance(model, str) or not model:
+            return f"{base}/v1/models lists a model without an \"id\": not an OpenAI-compatible server"
         status, body = _request(f"{base}/v1/completions", {"model": model, "prompt": [1], "max_tokens": 1,
                                                            "temperature": 0.0}, api_key, timeout)
         if status != 200:
             return (f"{base}/v1/completions answered HTTP {status} for one token of {model}: the engine cannot "
                     "serve (a lost node of a multi-node deployment shows here first; see the server log)")
-        choices = json.loads(body).get("choices") or []
+        choices, why = _object(body, f"{base}/v1/completions", "choices")
+        if why:
+            return why
         if not choices:
             return f"{base}/v1/completions gave no choice for one token of {model}"
         return ""
@@ -115,7 +136,14 @@ def within(deadline: float, check, *args) -> str:
     """check(*args), or the line saying it did not finish within deadline seconds (it runs in a
     thread of its own: a server that trickles bytes cannot hold the caller past the deadline)."""
     result: list[str] = []
-    worker = threading.Thread(target=lambda: result.append(check(*args)), daemon=True)
+
+    def run() -> None:
+        try:
+            result.append(check(*args))
+        except Exception as exc:  # noqa: BLE001  (one line, never a thread's traceback)
+            result.append(f"{masked_url(str(args[0]))}: {exc.__class__.__name__}: {masked_url(str(exc))}")
+
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(deadline)
     if not result:
