@@ -171,6 +171,15 @@ def throughput_ratios(bench: Mapping) -> str:
     return " · ".join(cells) or f"{NONE} (no AITER run)"
 
 
+def passed(result: Mapping, number: str) -> bool:
+    """Whether a comparison passed: recorded ok, and its number finite (a nan or inf compared with
+    anything never passes, whatever ok says)."""
+    try:
+        return result.get("ok") is True and math.isfinite(float(result[number]))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def accuracy_cell(acc: Mapping) -> str:
     """This backend against each other one on the same questions: right answers, discordant
     questions (lost / won), the paired test's p-value, and the log-likelihoods' largest difference."""
@@ -188,14 +197,14 @@ def accuracy_cell(acc: Mapping) -> str:
                 try:
                     cells.append(f"{ours} vs {other} {task} {flt}: {r['ours_correct']}/{r['n']} vs "
                                  f"{r['reference_correct']}/{r['n']} right, {r['lost']} lost / {r['won']} won, "
-                                 f"p {float(r['p_value']):.2g}{'' if r.get('ok') else ' FAILED'}")
+                                 f"p {float(r['p_value']):.2g}{'' if passed(r, 'p_value') else ' FAILED'}")
                 except (KeyError, TypeError, ValueError):
                     cells.append(f"{ours} vs {other} {task} {flt}: (not recorded)")
         for task, r in _items(entry.get("loglik")):
             try:
                 cells.append(f"{task} max Δ log-likelihood {float(r['max_abs_diff']):.2g} "
                              f"(atol {r['tolerance'][0]:g}, rtol {r['tolerance'][1]:g})"
-                             f"{'' if r.get('ok') else ' FAILED'}")
+                             f"{'' if passed(r, 'max_abs_diff') else ' FAILED'}")
             except (KeyError, TypeError, ValueError, IndexError):
                 cells.append(f"{task}: (not recorded)")
         if not entry.get("ok") and not cells:

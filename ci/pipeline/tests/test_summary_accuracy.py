@@ -4,11 +4,15 @@ an accuracy.json built by the real comparison (rocm_vllm_runtime.accuracy.docume
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from ci.pipeline import summary
 from rocm_vllm_runtime import accuracy
 
 REPO = Path(__file__).resolve().parents[3]
@@ -28,9 +32,9 @@ def run(name: str, impl: str, right: list[bool], lls: list[float]) -> dict:
             "questions": questions(right, lls)}
 
 
-def summary_of(tmp_path: Path, ours: list[bool]) -> tuple[int, str]:
+def summary_of(tmp_path: Path, ours: list[bool], ours_ll: list[float] | None = None) -> tuple[int, str]:
     theirs = [True] * 8 + [False] * 2
-    doc = accuracy.document({"plugin": run("plugin", "vllm-aiter-mla", ours, [-10.0] * 10),
+    doc = accuracy.document({"plugin": run("plugin", "vllm-aiter-mla", ours, ours_ll or [-10.0] * 10),
                              "vllm-aiter": run("vllm-aiter", "vllm", theirs, [-10.1] * 10)},
                             accuracy.Settings(alpha=0.01), "bfloat16", (0.5, 0.02))
     suites, results = tmp_path / "suites", tmp_path / "results"
@@ -70,3 +74,21 @@ def test_a_failed_gate_shows_in_the_row(tmp_path: Path) -> None:
     assert code == 1
     row = next(line for line in text.splitlines() if line.startswith("| accuracy |"))
     assert "plugin vs vllm-aiter gsm8k strict-match: 0/10 vs 8/10 right, 8 lost / 0 won, p 0.0039 FAILED" in row
+
+
+@pytest.mark.parametrize("bad", [math.nan, -math.inf])
+def test_a_non_finite_log_likelihood_fails_the_gate_and_shows_failed(tmp_path: Path, bad: float) -> None:
+    code, text = summary_of(tmp_path, [True] * 8 + [False, True], [-10.0] * 9 + [bad])
+    assert code == 1
+    row = next(line for line in text.splitlines() if line.startswith("| accuracy |"))
+    assert "gsm8k_loglik max Δ log-likelihood inf (atol 0.5, rtol 0.02) FAILED" in row, row
+
+
+@pytest.mark.parametrize("recorded", [float("inf"), float("nan"), "Infinity", None])
+def test_a_comparison_recorded_ok_with_a_non_finite_number_shows_failed(recorded) -> None:
+    """An accuracy.json that says ok beside a number that is not finite (as the gate wrote before
+    a non-finite value stopped agreeing): the summary never shows it as passed."""
+    acc = {"ours": "plugin", "comparisons": {"vllm-aiter": {"ok": True, "tasks": {}, "loglik": {
+        "gsm8k_loglik": {"n": 10, "max_abs_diff": recorded, "tolerance": [0.5, 0.02], "ok": True}}}}}
+    cell = summary.accuracy_cell(json.loads(json.dumps(acc)))
+    assert cell.endswith("FAILED") or "not recorded" in cell, cell

@@ -11,7 +11,8 @@ project's) with each other one, question by question:
   answers significantly fewer right: exact one-sided binomial (McNemar) test on the discordant
   pairs, p < ACCURACY_ALPHA. The differing questions are listed.
 * loglikelihood tasks (default gsm8k_loglik: each reference solution's log-likelihood given its
-  question): the numbers must agree within the dtype's tolerance, |a - b| <= atol + rtol * max(|a|, |b|):
+  question): the numbers must agree within the dtype's tolerance, |a - b| <= atol + rtol * max(|a|, |b|)
+  (numbers.agree: a nan or inf never agrees):
   float32 atol 1e-3, rtol 1e-5; bfloat16/float16 (and auto) atol 0.5, rtol 0.02 (docs/self-tests.md says why).
 
 The task data is local: ACCURACY_DATA/<dataset>/<split>.jsonl, <dataset> the last part of the
@@ -312,11 +313,13 @@ def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
     for d in docs:
         a, b = ours[d]["loglik"], theirs[d]["loglik"]
         for x, y in zip(a, b):
-            diff = abs(x - y) if math.isfinite(x) and math.isfinite(y) else math.inf
-            scale = max(abs(x), abs(y))
-            max_diff = max(max_diff, diff)
-            max_rel = max(max_rel, diff / scale if scale else 0.0)
-            if diff > atol + rtol * scale:
+            if math.isfinite(x) and math.isfinite(y):
+                diff, scale = abs(x - y), max(abs(x), abs(y))
+                rel = diff / scale if scale else 0.0
+            else:
+                diff = rel = math.inf
+            max_diff, max_rel = max(max_diff, diff), max(max_rel, rel)
+            if not numbers.agree(x, y, atol, rtol):  # a nan or inf never agrees
                 beyond.append({"doc_id": d, "ours": x, "reference": y, "diff": diff})
     if beyond:
         worst = max(beyond, key=lambda r: r["diff"])

@@ -1,6 +1,7 @@
 """The one reading of numbers from settings (environment variables, command-line options and the
-port of a URL): whole numbers, ports, durations, fractions and tolerance pairs; and of URLs.
-Standard library only (the pin tool uses it too).
+port of a URL): whole numbers, ports, durations, fractions and tolerance pairs; and the one
+comparison of two measured numbers within a tolerance. Standard library only (the pin tool
+and the Ray node script use it too).
 
 Only plain decimal forms are read: digits, for a real number one optional sign and one decimal
 point ("8000", "0.5", "-1"). Exponents, nan, inf, underscores, spaces, repeated signs and non-ASCII
@@ -9,6 +10,7 @@ most the maximum each names. A value outside is a SettingError (a ValueError) th
 setting, the value (cut short when long) and what it takes: one line, never a traceback."""
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 from typing import NamedTuple
@@ -126,3 +128,11 @@ def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) ->
                            f"(1-{MAX_PORT})") from None
     return Url(parts.scheme, host, number, parts.path, parts.query, parts.fragment, parts.username,
                parts.password)
+
+
+def agree(a: float, b: float, atol: float, rtol: float) -> bool:
+    """Whether two measured numbers agree: |a - b| <= atol + rtol * max(|a|, |b|), both finite. A
+    non-finite value (nan, inf) never agrees with anything, itself included."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
