@@ -343,11 +343,44 @@ def torch_triton(requirements: Sequence[str]) -> str | None:
     return None
 
 
+# aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
+AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
+
+
+def aiter_pins_problem(pins: object) -> str:
+    """'' when pins is what aiter_source.sh verify writes: an object of exactly AITER_PIN_KEYS,
+    strings (or null) and pinned true or false; else what is wrong, naming the key."""
+    if not isinstance(pins, dict):
+        return f"a JSON object of {', '.join(AITER_PIN_KEYS)} is expected, not a {type(pins).__name__}"
+    unknown = sorted(str(k) for k in pins if k not in AITER_PIN_KEYS)
+    if unknown:
+        return f"unknown key {unknown[0]!r} (known: {', '.join(AITER_PIN_KEYS)})"
+    missing = [k for k in AITER_PIN_KEYS if k not in pins]
+    if missing:
+        return f"no {missing[0]!r}"
+    bad = next((k for k in AITER_PIN_KEYS[:-1] if pins[k] is not None and not isinstance(pins[k], str)), None)
+    if bad:
+        return f"{bad!r} must be a string or null"
+    if not isinstance(pins["pinned"], bool):
+        return "'pinned' must be true or false"
+    unverified = next((k for k in ("commit", "ck_commit") if not pins[k]), None)
+    if pins["pinned"] and unverified:
+        return f"'pinned' is true but {unverified!r} is {json.dumps(pins[unverified])}: pinned means both are verified"
+    return ""
+
+
 def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules: Sequence[str], *,
               lookup: Lookup = installed, torch_requires: Callable[[str], list[str]] = requires) -> Manifest:
     """The base image's manifest: the build args (env; the JSON args AITER_PINS, PYTORCH_PINS,
     VLLM_PINS among them), the verified AITER commits (the aiter-pins.json of the aiter-verified
     stage), the prebuilt modules, what is installed."""
+    problem = aiter_pins_problem(aiter_pins)
+    if problem:
+        raise ManifestError(f"--aiter-pins: {problem}: pass the aiter-pins.json aiter_source.sh verify writes "
+                            "(build the aiter-verified stage)")
+    epoch = env.get("SOURCE_DATE_EPOCH", "")
+    if epoch and not (epoch.isascii() and epoch.isdigit()):
+        raise ManifestError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds: set the build arg")
     pins = {name: _pin_arg(env, name) for name in PIN_ARGS}
     pytorch = pins["PYTORCH_PINS"]
     wheels = {}
@@ -358,9 +391,6 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         wheels[key] = Wheel(package=package, version=_field(pytorch, "wheels", key, "version"),
                             sha256=_field(pytorch, "wheels", key, "sha256"), installed=found.version if found else None)
     aiter = lookup(*AITER_DISTRIBUTIONS)
-    epoch = env.get("SOURCE_DATE_EPOCH", "")
-    if epoch and not epoch.isdigit():
-        raise ManifestError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds: set the build arg")
 
     def verified(key: str) -> str | None:
         value = aiter_pins.get(key)
@@ -452,7 +482,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             try:
                 pins = json.loads(ns.aiter_pins.read_text())
                 modules = ns.modules.read_text().split()
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:
                 raise ManifestError(f"base part inputs not readable ({exc}): build the aiter-wheel stage") from None
             manifest = base_part(env, pins, modules)
             write_manifest(manifest, ns.out)

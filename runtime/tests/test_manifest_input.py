@@ -1,0 +1,114 @@
+"""The image manifest's readers on bad input: `manifest base` (its --aiter-pins file and build
+args), `manifest show` (a manifest holding anything). Each gives its result or one line naming
+what to change, never a traceback."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rocm_vllm_runtime import manifest as mf
+
+COMMIT, CK = "a" * 40, "b" * 40
+AITER_PINS = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
+              "ck_commit": CK, "pinned": True}
+BUILD_ARGS = {"ROCM_VERSION": "7.2.3", "PYTHON_VERSION": "3.12", "GPU_ARCHS": "gfx942;gfx950",
+              "SOURCE_DATE_EPOCH": "1700000000", "VLLM_TRACK": "0.33", "VLLM_VERSION": "0.33.0"}
+
+
+def base(tmp_path, capsys, pins, **env) -> tuple[int, str, str]:
+    (tmp_path / "pins.json").write_text(pins if isinstance(pins, str) else json.dumps(pins))
+    (tmp_path / "modules.txt").write_text("module_mla_asm\n")
+    rc = mf.main(["base", "--aiter-pins", str(tmp_path / "pins.json"), "--modules", str(tmp_path / "modules.txt"),
+                  "--out", str(tmp_path / "manifest.json")], env={**BUILD_ARGS, **env})
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_the_pins_aiter_source_writes_make_a_manifest(tmp_path, capsys):
+    rc, out, err = base(tmp_path, capsys, AITER_PINS)
+    assert rc == 0, err
+    assert mf.read_manifest(tmp_path / "manifest.json").aiter_commit == COMMIT
+
+
+@pytest.mark.parametrize("pins, env, named", [
+    ([AITER_PINS], {}, "--aiter-pins: a JSON object of repository, tag, commit, ck_commit, pinned is expected, "
+                       "not a list"),
+    ({**{k: v for k, v in AITER_PINS.items() if k != "commit"}, "comit": COMMIT}, {},
+     "--aiter-pins: unknown key 'comit'"),
+    ({k: v for k, v in AITER_PINS.items() if k != "ck_commit"}, {}, "--aiter-pins: no 'ck_commit'"),
+    ({**AITER_PINS, "commit": 7}, {}, "--aiter-pins: 'commit' must be a string or null"),
+    ({**AITER_PINS, "pinned": "yes"}, {}, "--aiter-pins: 'pinned' must be true or false"),
+    ({**AITER_PINS, "commit": None}, {}, "--aiter-pins: 'pinned' is true but 'commit' is null"),
+    (AITER_PINS, {"SOURCE_DATE_EPOCH": "²"}, "SOURCE_DATE_EPOCH='²' is not a number of seconds"),
+    (AITER_PINS, {"SOURCE_DATE_EPOCH": "١٧٠٠"}, "is not a number of seconds"),
+    ("[" * 100000, {}, "base part inputs not readable"),
+], ids=["a list", "misspelt commit", "no ck_commit", "commit a number", "pinned a string", "pinned without a commit",
+        "superscript epoch", "arabic-indic epoch", "nested too deeply"])
+def test_bad_base_inputs_are_one_line_naming_what_to_change(pins, env, named, tmp_path, capsys):
+    rc, out, err = base(tmp_path, capsys, pins, **env)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and named in lines[0], err
+    assert not (tmp_path / "manifest.json").exists()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10)
+_SETTINGS = settings(derandomize=True, max_examples=150, deadline=2000,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(key=st.sampled_from([None, *AITER_PINS, "comit"]), value=_JSON,
+       epoch=st.sampled_from(["", "0", "1700000000", "²", "-1", "1e9", " 1", "٣"]))
+def test_any_aiter_pins_is_a_manifest_or_one_line(key, value, epoch, tmp_path_factory, capsys):
+    """Arbitrary JSON as --aiter-pins (or as one of its keys), with odd SOURCE_DATE_EPOCHs: exit 0
+    with a manifest whose aiter.pinned is true only with both commits, or one line and exit 1."""
+    pins = value if key is None else {**AITER_PINS, key: value}
+    tmp_path = tmp_path_factory.mktemp("base")
+    rc, out, err = base(tmp_path, capsys, pins, SOURCE_DATE_EPOCH=epoch)
+    if rc == 0:
+        written = mf.read_manifest(tmp_path / "manifest.json")
+        assert not written.aiter.pinned or (written.aiter.commit and written.aiter.ck_commit), written.aiter
+    else:
+        assert rc == 1 and len(err.strip().splitlines()) == 1 and err.startswith("manifest: ERROR: "), err
+
+
+def _manifest() -> dict:
+    m = mf.base_part(BUILD_ARGS, AITER_PINS, ["module_mla_asm"], lookup=lambda *names: None,
+                     torch_requires=lambda name: [])
+    return json.loads(mf.dumps(m))
+
+
+_MANIFEST = _manifest()
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+
+
+@_SETTINGS
+@given(path=st.sampled_from(list(_paths(_MANIFEST))), value=_JSON)
+def test_any_manifest_is_read_or_refused_in_one_line(path, value):
+    """parse_manifest (what `manifest show`, the guard and the self-tests read through) on a
+    manifest with arbitrary JSON at any key: a Manifest, or ManifestError in one line."""
+    doc = copy.deepcopy(_MANIFEST)
+    if path:
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    else:
+        doc = value
+    try:
+        mf.parse_manifest(doc)
+    except mf.ManifestError as exc:
+        assert "\n" not in str(exc), str(exc)
