@@ -114,3 +114,26 @@ def test_output_of_a_tool_that_hangs_ends_at_its_deadline():
     assert result.timed_out and time.monotonic() - t0 < 10
     assert children.output([sys.executable, "-c", "print('hi')"]).stdout == "hi\n"
     assert children.output(["no-such-tool-here"]).error
+
+
+def test_a_signal_to_selftest_stops_what_its_suite_started(tmp_path):
+    """The bench and accuracy suites start servers (each in its own process group) from inside
+    pytest: those are stopped too, not only pytest."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    pid_file = tmp_path / "server.pid"
+    (suites / "test_bench.py").write_text(textwrap.dedent(f"""
+        import sys, time
+        from rocm_vllm_runtime import children
+        def test_serves(tmp_path):
+            with children.started([sys.executable, "-c", {SLEEPER!r}, {str(pid_file)!r}], tmp_path / "log"):
+                time.sleep(600)
+    """))
+    env = {**os.environ, "SELFTEST_SUITES": str(suites)}
+    proc = subprocess.Popen([sys.executable, "-m", "rocm_vllm_runtime.selftest", "bench"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = _wait_for_pid(proc, pid_file)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert _gone(server), "the server a suite started outlived SIGTERM to selftest"
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out, err)

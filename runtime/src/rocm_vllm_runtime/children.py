@@ -2,8 +2,9 @@
 other spawn in the product). Standard library only.
 
 Every child runs in a process group of its own, so whatever it starts in turn is reached too.
-`forward_signals()` (called by each command that starts children: bench, accuracy, selftest) turns
-SIGTERM, SIGINT and SIGHUP into `Terminated` in the main thread; each child's `with` block then sends
+`forward_signals()` (called by each command that starts children: bench, accuracy, selftest, and as
+a pytest plugin by the suites selftest runs) turns SIGTERM, SIGINT and SIGHUP into `Terminated` in
+the main thread; each child's `with` block then sends
 the same signal to the child's group, waits its grace period, kills what is left, and the command
 exits with 128 + the signal's number. Nothing a command started is left running when it ends.
 
@@ -41,16 +42,26 @@ def received() -> int | None:
     return _received
 
 
-def forward_signals() -> None:
-    """From now on SIGTERM, SIGINT and SIGHUP raise Terminated in the main thread (exit 128 + signal)."""
+def forward_signals(interrupt: bool = False) -> None:
+    """From now on SIGTERM, SIGINT and SIGHUP raise Terminated in the main thread (exit 128 + signal),
+    or KeyboardInterrupt with `interrupt` (pytest's own way to stop a session, tearing its fixtures
+    down). Either way each child's `with` block then stops its child with that signal."""
     def handler(signum, frame):  # noqa: ARG001
         global _received
         if _received is None:
             _received = signum
+            if interrupt:
+                raise KeyboardInterrupt
             raise Terminated(signum)
 
     for sig in FORWARDED:
         signal.signal(sig, handler)
+
+
+def pytest_sessionstart(session) -> None:  # noqa: ARG001
+    """`pytest -p rocm_vllm_runtime.children` (selftest's suites): a forwarded signal stops the session
+    as Ctrl-C does, and the servers a suite started (bench, accuracy) are stopped with it."""
+    forward_signals(interrupt=True)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -68,8 +68,9 @@ def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
         check = report.Check(f"{name}::preflight", "failed", problem)
         return report.SuiteResult(name, report.FAILED, problem, [check]), report.junit_of(name, [check])
     junit = files.inside(workdir, f"{name}.xml", "a suite's name")
-    command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-rA",
-               f"--junitxml={junit}", "-o", "junit_family=xunit2",
+    # -p rocm_vllm_runtime.children: a signal stops what the suite started too (its servers)
+    command = [sys.executable, "-m", "pytest", *present, "-p", "no:cacheprovider", "-p", "rocm_vllm_runtime.children",
+               "-rA", f"--junitxml={junit}", "-o", "junit_family=xunit2",
                "-o", f"junit_suite_name={name}", *pytest_args]
     print(f"\n== selftest {name}: {shown(command[1:])}", flush=True)
     rc = children.run(command)
