@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from . import resolve
+from .resolve import numbers, secrets
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "git": 9418}
 # Where Docker Hub's images (a name without a registry host) are served.
@@ -41,11 +42,13 @@ class Source:
     registry: str = ""
 
     def describe(self) -> str:
+        """What the source is, its credentials masked."""
+        address = secrets.masked_url(self.address)
         if self.kind == "git":
-            return f"the git remote {self.address} (commits)"
+            return f"the git remote {address} (commits)"
         if self.kind == "registry":
-            return f"the container registry {self.registry} (the digest of {self.address})"
-        return f"the PyTorch wheel index {self.address} (wheel sha256)"
+            return f"the container registry {secrets.masked_url(self.registry)} (the digest of {address})"
+        return f"the PyTorch wheel index {address} (wheel sha256)"
 
 
 @dataclass(frozen=True)
@@ -95,18 +98,20 @@ def _git_proxy(url: str) -> str | None:
 def _proxy_route(host: str, port: int, scheme: str, proxy: str | None) -> Route:
     if not proxy:
         return Route(host, port)
-    parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-    if not parts.hostname:
-        return Route(host, port)
+    try:
+        parts = numbers.url("the proxy", proxy if "://" in proxy else f"http://{proxy}",
+                            ("http", "https", "socks4", "socks4a", "socks5", "socks5h"))
+    except numbers.SettingError:
+        return Route(host, port)  # not a proxy URL: the client goes without one too
     if parts.scheme not in ("http", "https"):  # SOCKS: the proxy itself is what must answer
-        return Route(host, port, (parts.hostname, parts.port or 1080))
+        return Route(host, port, (parts.host, parts.port or 1080))
     auth = ""
     if parts.username is not None:
         user = urllib.parse.unquote(parts.username)
         password = urllib.parse.unquote(parts.password or "")
         auth = base64.b64encode(f"{user}:{password}".encode()).decode()
     proxy_port = parts.port or DEFAULT_PORTS[parts.scheme]
-    return Route(host, port, (parts.hostname, proxy_port), auth, tunnel=scheme == "https" and parts.scheme == "http")
+    return Route(host, port, (parts.host, proxy_port), auth, tunnel=scheme == "https" and parts.scheme == "http")
 
 
 def _env_proxy(scheme: str, host: str, port: int) -> str | None:
@@ -117,10 +122,11 @@ def _env_proxy(scheme: str, host: str, port: int) -> str | None:
 
 
 def route(source: Source) -> Route | None:
-    """The connection source needs, or None when it needs none this module can try."""
+    """The connection source needs, or None when it needs none this module can try. Its URL (and
+    port) is read by rocm_vllm_runtime.numbers.url: a SettingError names what is wrong."""
     if source.kind == "registry":
-        parts = urllib.parse.urlsplit(f"//{source.registry}")
-        host = parts.hostname or ""
+        parts = numbers.url("the registry", f"https://{source.registry}", ("https",))
+        host = parts.host
         if host == DOCKER_HUB[0]:
             host = DOCKER_HUB[1]
         if not host or (parts.port is None and _loopback(host)):
@@ -128,16 +134,16 @@ def route(source: Source) -> Route | None:
         port = parts.port or 443
         # Docker's client (Go) never sends a loopback host through a proxy.
         return _proxy_route(host, port, "https", None if _loopback(host) else _env_proxy("https", host, port))
-    parts = urllib.parse.urlsplit(source.address)
-    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+    if urllib.parse.urlsplit(source.address).scheme not in DEFAULT_PORTS:
         return None  # ssh, file://, a local path
+    parts = numbers.url("the URL", source.address, tuple(DEFAULT_PORTS))
     port = parts.port or DEFAULT_PORTS[parts.scheme]
     if parts.scheme == "git":
-        return Route(parts.hostname, port)
+        return Route(parts.host, port)
     proxy = _git_proxy(source.address) if source.kind == "git" else None
     if proxy is None:
-        proxy = _env_proxy(parts.scheme, parts.hostname, port)
-    return _proxy_route(parts.hostname, port, parts.scheme, proxy)
+        proxy = _env_proxy(parts.scheme, parts.host, port)
+    return _proxy_route(parts.host, port, parts.scheme, proxy)
 
 
 def _try(r: Route, limit: float) -> str | None:
@@ -175,7 +181,13 @@ def unreachable(sources: list[Source]) -> dict[Source, str]:
     distinct route tried at once, the whole within PINS_CONNECT_TIMEOUT seconds (a host whose name
     does not resolve in that time counts as not answering)."""
     limit = connect_timeout()
-    routes = {s: route(s) for s in dict.fromkeys(sources)}
+    out = {}
+    routes = {}
+    for s in dict.fromkeys(sources):
+        try:
+            routes[s] = route(s)
+        except numbers.SettingError as exc:
+            out[s] = f"{exc}: check versions.json or --registry"
     found: dict[Route, str | None] = {}
     threads = []
     for r in dict.fromkeys(r for r in routes.values() if r is not None):
@@ -187,11 +199,10 @@ def unreachable(sources: list[Source]) -> dict[Source, str]:
     deadline = time.monotonic() + limit
     for thread in threads:
         thread.join(max(deadline - time.monotonic(), 0) + 0.5)
-    out = {}
     for source, r in routes.items():
         if r is None:
             continue
         why = found.get(r, f"no connection within {limit:g}s (PINS_CONNECT_TIMEOUT)")
         if why is not None:
-            out[source] = f"{source.address}: cannot reach {r}: {why}: check the network or proxy"
+            out[source] = f"{secrets.masked_url(source.address)}: cannot reach {r}: {why}: check the network or proxy"
     return out

@@ -3,37 +3,41 @@ names and the base image digest (the wheels: ci.pins.wheels). Needs the network 
 a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
 connected machine and commit the result. Standard library only.
 
-Every git, HTTP and registry call is bounded in time as a whole: one that has not finished
-within PINS_TIMEOUT seconds (default 60), however slowly its server keeps answering, is an error
-naming the URL or image. Hosts that do not answer at all are found before any call, within
+Every git, HTTP and registry call of every ci.pins command goes through _git, _http or
+image_digest here and is bounded in time as a whole: one that has not finished within
+PINS_TIMEOUT seconds (default 60; at most a day), however slowly its server keeps answering (its
+TLS handshake, its status line and headers, its body), is an error naming the URL or image, its
+credentials masked. Hosts that do not answer at all are found before any call, within
 PINS_CONNECT_TIMEOUT seconds (ci.pins.reach)."""
 from __future__ import annotations
 
+import http.client
 import json
-import math
 import os
 import re
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 
+from .. import runtime_modules
 from . import model
 from .model import PinError
 
+numbers = runtime_modules.module("numbers")
+secrets = runtime_modules.module("secrets")
+
 
 def seconds(name: str, default: str) -> float:
-    """A time limit from the environment variable name (a positive, finite number of seconds)."""
-    value = os.environ.get(name, default)
+    """A time limit from the environment variable name, read as every duration setting is
+    (rocm_vllm_runtime.numbers: plain decimal seconds, more than 0, at most a day)."""
     try:
-        limit = float(value)
-    except ValueError:
-        limit = 0
-    if not math.isfinite(limit) or limit <= 0:
-        raise PinError(f"{name}={value!r}: must be a positive, finite number of seconds")
-    return limit
+        return numbers.duration(name, os.environ.get(name, default))
+    except numbers.SettingError as exc:
+        raise PinError(str(exc)) from None
 
 
 def timeout() -> float:
@@ -44,7 +48,7 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
     limit = timeout()
     # lowSpeed*: a server that accepts the connection and then stalls is cut off as well.
     cmd = ["git", "-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}", *args]
-    where = url or next((a for a in args if "://" in a), "")
+    where = secrets.masked_url(url or next((a for a in args if "://" in a), ""))
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=limit,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
@@ -54,7 +58,8 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
     except OSError as exc:
         raise PinError(f"cannot run git ({exc.strerror}): install git") from None
     if proc.returncode != 0:
-        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
+        last = secrets.masked_url(proc.stderr.strip().splitlines()[-1]) if proc.stderr.strip() else \
+            f"exit status {proc.returncode}"
         raise PinError(f"git {args[0]} {where} failed: {last}")
     return proc.stdout
 
@@ -134,23 +139,95 @@ class _Response:
         self.headers, self.body = headers, body
 
 
+class _Watch:
+    """The connections of one request, shut when its deadline passes: whatever is then blocked
+    reading (a TLS handshake, a proxy's CONNECT answer, the status line and headers, the body)
+    stops at once, however slowly the server keeps sending."""
+
+    def __init__(self, limit: float):
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._timer = threading.Timer(limit, self.expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            held = sock.dup()  # the same connection, kept when TLS takes over the socket
+            self._socks.append(held)
+            if self.expired:
+                self._shut(held)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._socks:
+                self._shut(sock)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for sock in self._socks:
+                sock.close()
+            self._socks.clear()
+
+
+def _watched(base: type, watch: _Watch) -> type:
+    class Connection(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+            def create(*a, **kw):
+                sock = socket.create_connection(*a, **kw)
+                watch.add(sock)
+                return sock
+            self._create_connection = create
+    return Connection
+
+
+def _opener(watch: _Watch) -> urllib.request.OpenerDirector:
+    """urllib's opener (the environment's proxies included) whose connections watch holds."""
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(_watched(http.client.HTTPConnection, watch), req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(_watched(http.client.HTTPSConnection, watch), req, context=self._context)
+
+    return urllib.request.build_opener(HTTP, HTTPS)
+
+
 def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None) -> _Response:
-    """One HTTP request, finished within PINS_TIMEOUT seconds as a whole (a server that trickles
-    its answer is cut off too); the body is read here (or fed to sink in chunks). HTTP errors
-    other than 401 and every network failure become one-line PinErrors naming the URL; a 401 is
+    """One HTTP request, finished within PINS_TIMEOUT seconds as a whole, from the connection to
+    the body's last byte (a server that trickles its headers or its body is cut off at the
+    deadline); the body is read here (or fed to sink in chunks). HTTP errors other than 401 and
+    every network failure become one-line PinErrors naming the URL (credentials masked); a 401 is
     raised as HTTPError for the token dance."""
     limit = timeout()
     deadline = time.monotonic() + limit
     req = urllib.request.Request(url, headers=headers or {}, method=method)
+    shown = secrets.masked_url(url)
+    late = (f"{shown}: no complete answer within {limit:g}s: check the network or proxy (or raise "
+            "PINS_TIMEOUT)")
+    watch = _Watch(limit)
 
     def left() -> float:
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or watch.expired:
             raise TimeoutError
         return remaining
 
     try:
-        with urllib.request.urlopen(req, timeout=limit) as resp:
+        with _opener(watch).open(req, timeout=limit) as resp:
             sock = _socket_of(resp)
             chunks = []
             while True:
@@ -165,21 +242,24 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None)
                 else:
                     sink(chunk)
             return _Response(resp.headers, b"".join(chunks))
-    except urllib.error.HTTPError as exc:
+    except urllib.error.HTTPError as exc:  # a whole status line and headers came in time
         if exc.code == 401:
             raise
-        raise PinError(f"{url}: HTTP {exc.code} {exc.reason}: check the name/tag/version in versions.json") from None
+        raise PinError(f"{shown}: HTTP {exc.code} {exc.reason}: check the name/tag/version in versions.json") from None
     except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise PinError(f"{url}: no answer within {timeout():g}s: check the network or proxy (or raise "
-                           "PINS_TIMEOUT)") from None
-        raise PinError(f"{url}: {reason}: check the network, proxy or CA bundle (SSL_CERT_FILE)") from None
+        if watch.expired or isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            raise PinError(late) from None
+        raise PinError(f"{shown}: {secrets.masked_url(str(exc.reason))}: check the network, proxy or CA bundle "
+                       "(SSL_CERT_FILE)") from None
     except (TimeoutError, socket.timeout):
-        raise PinError(f"{url}: no answer within {timeout():g}s: check the network or proxy (or raise "
-                       "PINS_TIMEOUT)") from None
-    except OSError as exc:
-        raise PinError(f"{url}: {exc.strerror or exc}: check the network or proxy") from None
+        raise PinError(late) from None
+    except (http.client.HTTPException, OSError) as exc:
+        if watch.expired:  # the cut connection: the cause is the time
+            raise PinError(late) from None
+        why = exc.__class__.__name__ if isinstance(exc, http.client.HTTPException) else (exc.strerror or exc)
+        raise PinError(f"{shown}: {why}: check the network or proxy") from None
+    finally:
+        watch.close()
 
 
 def _socket_of(resp):

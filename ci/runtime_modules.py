@@ -1,0 +1,22 @@
+"""The runtime's standard-library modules for the repository's own tools (ci.pins): the one reading
+of numbers and URLs (rocm_vllm_runtime.numbers) and the one masking of secrets
+(rocm_vllm_runtime.secrets). The installed rocm_vllm_runtime when there is one, else this
+checkout's runtime/src: the tools run from a checkout with a plain python3."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).resolve().parents[1] / "runtime" / "src"
+
+
+def module(name: str) -> ModuleType:
+    """rocm_vllm_runtime.<name>."""
+    try:
+        return importlib.import_module(f"rocm_vllm_runtime.{name}")
+    except ModuleNotFoundError:
+        if str(SOURCE) not in sys.path:
+            sys.path.append(str(SOURCE))
+        return importlib.import_module(f"rocm_vllm_runtime.{name}")
