@@ -70,6 +70,7 @@ def test_a_users_build_folder_in_aiter_jit_dir_is_kept(tmp_path, monkeypatch, pr
     decision = run_guard(tmp_path, monkeypatch, prebuilt, {"AITER_JIT_DIR": str(mine)}, level=level)
     assert untouched(mine / "build") and not (mine / "build").is_symlink()
     one_refusal(decision, level, str(mine / "build"))
+    assert sorted(p.name for p in mine.iterdir()) == ["build"]  # nothing linked into a folder refused
 
 
 def test_aiter_jit_dir_dot_keeps_the_build_folder_of_the_working_directory(tmp_path, monkeypatch, prebuilt):

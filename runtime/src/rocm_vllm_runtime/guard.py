@@ -402,9 +402,10 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
                        "TMPDIR to a writable directory of this container only")
     if not message:
         try:
-            linked = jitcache.prepare(decision.jit_dir, prebuilt)
-            if build is not None:
+            jitcache.prepare(decision.jit_dir, None)  # the directory only: nothing is linked into it
+            if build is not None:  # before the modules, so a refused build/ leaves the directory as it was
                 jitcache.link_build_dir(decision.jit_dir, build)
+            linked = jitcache.prepare(decision.jit_dir, prebuilt)
         except files.RefusedError as exc:
             message = f"AITER's build directory: {exc}"
         except OSError as exc:
