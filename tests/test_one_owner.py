@@ -70,7 +70,6 @@ KNOWN = {
                                               "runtime; the tag is checked where versions.json is read"),
     ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
     ("ci/docker/pinned_dists.py", "write"): (4, "triton's alias metadata and the pin report, in a build stage"),
-    ("ci/pins/kernel_table.py", "join"): (1, "a kernel table named by versions.json's AITER tag"),
     ("ci/pins/kernel_table.py", "write"): (1, "a fetched source file in its scratch tree"),
     ("ci/pins/locks.py", "write"): (2, "an sdist's files in its scratch tree; a lock's input file"),
     ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),

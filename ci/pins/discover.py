@@ -27,8 +27,11 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import runtime_modules
 from . import model, resolve
 from .model import PinError
+
+files = runtime_modules.module("files")
 
 RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 AITER_TAG_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -104,8 +107,11 @@ def new_releases(data: dict, sdists: dict[str, Sdist], up_to: str | None = None)
 
 def fetch(sdist: Sdist, cache: Path) -> Path:
     """The sdist archive in cache (downloaded once), its sha256 checked against PyPI's."""
+    try:
+        archive = files.inside(cache, sdist.filename, "the file name PyPI lists")
+    except files.RefusedError as exc:
+        raise PinError(f"vLLM {sdist.version}'s sdist: {exc}: download refused") from None
     cache.mkdir(parents=True, exist_ok=True)
-    archive = cache / sdist.filename
     if archive.is_file() and _sha256(archive) == sdist.sha256:
         return archive
     partial = archive.with_name(archive.name + ".part")

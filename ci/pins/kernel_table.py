@@ -15,7 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import runtime_modules
 from . import model, resolve
+
+files = runtime_modules.module("files")
 
 TABLES = Path("backend/src/vllm_aiter_mla/kernel_tables")
 SCRIPT = model.REPO_ROOT / "ci/docker/aiter_kernel_table.py"
@@ -32,7 +35,12 @@ def rules_module():
 
 
 def table_path(tag: str, root: Path = model.REPO_ROOT) -> Path:
-    return root / TABLES / f"{tag}.json"
+    """The kernel table of AITER `tag` (a name from versions.json): inside TABLES, or PinError."""
+    try:
+        return files.inside(root / TABLES, f"{tag}.json", "the kernel table name")
+    except files.RefusedError as exc:
+        raise model.PinError(f"aiter tag {tag!r} cannot name a kernel table ({exc}): fix the tag in "
+                             "versions.json") from None
 
 
 def needed_files(rules) -> list[str]:

@@ -1,0 +1,35 @@
+"""Paths built from data (a versions.json tag, a file name PyPI lists) go through the one join that
+stays inside its root (rocm_vllm_runtime.files.inside): a value that would leave it is one line
+naming what to fix, and nothing is read or written outside."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ci.pins import discover, kernel_table, model
+
+
+@pytest.mark.parametrize("tag", ["../../../outside", "v1/../../x", "/etc/x"])
+def test_a_versions_json_tag_cannot_name_a_kernel_table_outside_its_folder(tmp_path, tag):
+    with pytest.raises(model.PinError) as err:
+        kernel_table.table_path(tag, tmp_path)
+    assert "tag" in str(err.value) and "versions.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_plain_tag_names_its_table(tmp_path):
+    assert kernel_table.table_path("v0.1.10.post2", tmp_path) == tmp_path / kernel_table.TABLES / "v0.1.10.post2.json"
+
+
+@pytest.mark.parametrize("filename", ["../escaped.tar.gz", "a/b.tar.gz", "..", ""])
+def test_a_file_name_from_pypi_cannot_leave_the_sdist_cache(tmp_path, filename, monkeypatch):
+    fetched = []
+    monkeypatch.setattr(discover.resolve, "_http", lambda *a, **k: fetched.append(a))
+    cache = tmp_path / "cache"
+    sdist = discover.Sdist("0.99.0", "https://files.example/x.tar.gz", "0" * 64, filename)
+    with pytest.raises(model.PinError) as err:
+        discover.fetch(sdist, cache)
+    assert "file name" in str(err.value) and "\n" not in str(err.value)
+    assert fetched == []
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) in ([], ["cache"])
+    assert not Path(tmp_path / "escaped.tar.gz.part").exists()
