@@ -23,6 +23,8 @@ VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
+# source_date_epoch's plausible range (the build's mtimes, `touch -d @N`, and the wheels' zip entries).
+EPOCH_RANGE = (315532800, 4102444800)
 # Every string of the versions file has a pattern (verify.check_strings), anchored with \A and
 # \Z (not ^ and $, which let a trailing newline through into a build arg).
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
@@ -293,11 +295,11 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
     name = track_name(data, track_name_)
     args = {
         "VLLM_TRACK": name,
-        "VLLM_VERSION": data["tracks"][name]["vllm"]["version"],
+        "VLLM_VERSION": render(data["tracks"][name]["vllm"]["version"]),
         "ROCM_IMAGE": image_ref(section(data, "base_image", name), allow_unresolved),
-        "ROCM_VERSION": section(data, "rocm", name)["version"],
-        "PYTHON_VERSION": data["python"]["version"],
-        "SOURCE_DATE_EPOCH": str(data["source_date_epoch"]),
+        "ROCM_VERSION": render(section(data, "rocm", name)["version"]),
+        "PYTHON_VERSION": render(data["python"]["version"]),
+        "SOURCE_DATE_EPOCH": render(data["source_date_epoch"]),
         "GPU_ARCHS": render(data["gpu_archs"]),
     }
     for arg, pins in components(data, aiter_name, name).items():

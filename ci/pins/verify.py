@@ -96,8 +96,10 @@ def check_schema(data: dict) -> list[str]:
             return errors
     if data["schema"] != model.SCHEMA:
         errors.append(f"schema = {data['schema']!r}: this tool reads schema {model.SCHEMA} (release tracks)")
-    if data["source_date_epoch"] is None or data["source_date_epoch"] <= 0:
-        errors.append("source_date_epoch: must be a positive Unix time")
+    epoch = data["source_date_epoch"]
+    if epoch is None or not model.EPOCH_RANGE[0] <= epoch <= model.EPOCH_RANGE[1]:
+        errors.append(f"source_date_epoch = {epoch!r}: must be a Unix time from {model.EPOCH_RANGE[0]} "
+                      f"(1980-01-01, the earliest a wheel's zip entries hold) to {model.EPOCH_RANGE[1]} (2100-01-01)")
 
     archs = data["gpu_archs"]
     if not archs:
