@@ -20,7 +20,8 @@ BUILD_ARGS = {"ROCM_VERSION": "7.2.3", "PYTHON_VERSION": "3.12", "GPU_ARCHS": "g
 
 
 def base(tmp_path, capsys, pins, **env) -> tuple[int, str, str]:
-    (tmp_path / "pins.json").write_text(pins if isinstance(pins, str) else json.dumps(pins))
+    text = pins if isinstance(pins, str) else json.dumps(pins)
+    (tmp_path / "pins.json").write_bytes(text.encode("utf-8", "surrogateescape"))
     (tmp_path / "modules.txt").write_text("module_mla_asm\n")
     rc = mf.main(["base", "--aiter-pins", str(tmp_path / "pins.json"), "--modules", str(tmp_path / "modules.txt"),
                   "--out", str(tmp_path / "manifest.json")], env={**BUILD_ARGS, **env})
@@ -45,9 +46,10 @@ def test_the_pins_aiter_source_writes_make_a_manifest(tmp_path, capsys):
     ({**AITER_PINS, "commit": None}, {}, "--aiter-pins: 'pinned' is true but 'commit' is null"),
     (AITER_PINS, {"SOURCE_DATE_EPOCH": "²"}, "SOURCE_DATE_EPOCH='²' is not a number of seconds"),
     (AITER_PINS, {"SOURCE_DATE_EPOCH": "١٧٠٠"}, "is not a number of seconds"),
-    ("[" * 100000, {}, "base part inputs not readable"),
+    ("[" * 100000, {}, "pins.json is nested too deeply to be one: build the aiter-verified stage"),
+    ("\udcff", {}, "pins.json is not UTF-8 text (byte 0)"),
 ], ids=["a list", "misspelt commit", "no ck_commit", "commit a number", "pinned a string", "pinned without a commit",
-        "superscript epoch", "arabic-indic epoch", "nested too deeply"])
+        "superscript epoch", "arabic-indic epoch", "nested too deeply", "not UTF-8"])
 def test_bad_base_inputs_are_one_line_naming_what_to_change(pins, env, named, tmp_path, capsys):
     rc, out, err = base(tmp_path, capsys, pins, **env)
     lines = err.strip().splitlines()

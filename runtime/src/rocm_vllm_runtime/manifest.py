@@ -242,24 +242,28 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
     )
 
 
-def read_manifest(path: str | Path) -> Manifest:
-    """Read and validate the manifest at `path`; ManifestError says what to fix."""
+def read_json(path: str | Path, what: str, fix: str) -> object:
+    """The JSON value of the file at `path` (the manifest, --aiter-pins): ManifestError in one line
+    naming `what` and `fix` when it cannot be read, is not UTF-8 or not JSON."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ManifestError(f"image manifest not readable at {path} ({exc.strerror or exc}); "
-                            f"set {MANIFEST_ENV} to its path") from None
+        raise ManifestError(f"{what} not readable at {path} ({exc.strerror or exc}); {fix}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ManifestError(f"image manifest {path} is not UTF-8 text (byte {exc.start}): rebuild the image, "
-                            f"or set {MANIFEST_ENV} to the image's manifest") from None
+        raise ManifestError(f"{what} {path} is not UTF-8 text (byte {exc.start}): {fix}") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except RecursionError:
-        raise ManifestError(f"image manifest {path} is nested too deeply to be a manifest") from None
+        raise ManifestError(f"{what} {path} is nested too deeply to be one: {fix}") from None
     except ValueError as exc:
-        raise ManifestError(f"image manifest {path} is not valid JSON: {exc}") from None
+        raise ManifestError(f"{what} {path} is not valid JSON: {exc}: {fix}") from None
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Read and validate the manifest at `path`; ManifestError says what to fix."""
+    data = read_json(path, "image manifest", f"rebuild the image, or set {MANIFEST_ENV} to the image's manifest")
     return parse_manifest(data, where=str(path))
 
 
@@ -479,11 +483,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     ns = parser.parse_args(argv)
     try:
         if ns.cmd == "base":
+            pins = read_json(ns.aiter_pins, "--aiter-pins", "build the aiter-verified stage")
             try:
-                pins = json.loads(ns.aiter_pins.read_text())
                 modules = ns.modules.read_text().split()
-            except (OSError, ValueError, RecursionError) as exc:
-                raise ManifestError(f"base part inputs not readable ({exc}): build the aiter-wheel stage") from None
+            except (OSError, ValueError) as exc:
+                raise ManifestError(f"--modules not readable ({exc}): build the aiter-wheel stage") from None
             manifest = base_part(env, pins, modules)
             write_manifest(manifest, ns.out)
             print(dumps(manifest), end="")
