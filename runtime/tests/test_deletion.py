@@ -153,3 +153,18 @@ def test_inside_refuses_parts_that_leave_the_root(tmp_path):
     for part in ("..", "/etc", "a/../..", "a/b", "", ".", "x\0y"):
         with pytest.raises(files.RefusedError):
             files.inside(tmp_path, part, what="the manifest's aiter.commit")
+
+
+def test_the_guard_command_keeps_the_folder_and_says_so_in_one_line(tmp_path, monkeypatch, prebuilt, capsys):
+    """As the entrypoint runs it before a container command (exec mode, no GPU check)."""
+    mine = tmp_path / "project"
+    user_folder(mine / "build")
+    monkeypatch.setattr(jitcache, "aiter_prebuilt_dir", lambda: prebuilt)
+    monkeypatch.setattr(jitcache, "run_key", lambda: "k1")
+    for name, value in {"AITER_JIT_DIR": str(mine), "TMPDIR": str(tmp_path / "tmp"), "ROCM_VLLM_REQUIRE_GPU": "0",
+                        "ROCM_VLLM_MANIFEST": str(tmp_path / "absent.json")}.items():
+        monkeypatch.setenv(name, value)
+    assert guard.main(["--mode", "exec"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if str(mine / "build") in line]
+    assert len(err) == 1 and err[0].startswith("[rocm-vllm] warning: AITER's build directory: "), err
+    assert untouched(mine / "build") and not (mine / "build").is_symlink()
