@@ -183,6 +183,18 @@ def constraints() -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_snapshot(path: Path) -> dict[str, str | None]:
+    """A snapshot this script wrote (name -> version, null: not installed); Problem otherwise."""
+    again = "run pinned_dists.py snapshot again before the step"
+    try:
+        before = json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deeply
+        raise Problem(f"{path} is not JSON ({type(exc).__name__}): {again}") from None
+    if not isinstance(before, dict) or not all(v is None or isinstance(v, str) for v in before.values()):
+        raise Problem(f"{path} is not a snapshot of pinned distributions (an object of names and versions): {again}")
+    return before
+
+
 def compare(before: dict, step: str, allow=()) -> list[str]:
     after = snapshot()
     problems = []
@@ -250,7 +262,7 @@ def main(argv=None) -> int:
         elif ns.cmd == "snapshot":
             ns.out.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
         elif ns.cmd == "compare":
-            problems = compare(json.loads(ns.before.read_text()), ns.step, ns.allow)
+            problems = compare(read_snapshot(ns.before), ns.step, ns.allow)
         elif ns.cmd == "torch-triton":
             found = torch_triton()
             if ns.expect and expected(ns.expect) != found:
