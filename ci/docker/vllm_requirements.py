@@ -6,7 +6,8 @@ folder), against this project's pins.
         every file of SRC that the vLLM build scripts name exists (one line per missing file)
     vllm_requirements.py build-tools SRC TOOLS
         the build tools pinned in TOOLS (a hash-pinned requirements file) satisfy what vLLM's
-        requirements/build/rocm.txt asks of them; its lines for the base image's pinned
+        ROCm build requirements (requirements/build/rocm.txt; in 0.34 rock.txt) ask of them; its
+        lines for the base image's pinned
         distributions (torch, Triton, amdsmi, ...) are reported, never installed: the base
         image's builds are kept
     vllm_requirements.py triton-kernels SRC COMMIT
@@ -41,11 +42,13 @@ except ImportError:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pinned_dists import Problem, shown  # noqa: E402
 
-BUILD_REQUIREMENTS = "requirements/build/rocm.txt"
+# vLLM's ROCm build requirements, by release, the first a source has: requirements/build/rocm.txt
+# up to 0.33 (0.33 has TheRock's rock.txt beside it); 0.34, which builds on TheRock ROCm only, has
+# requirements/build/rock.txt alone.
+BUILD_REQUIREMENTS = ("requirements/build/rocm.txt", "requirements/build/rock.txt")
 RUNTIME_REQUIREMENTS = "requirements/rocm.txt"
-# Every file of the vLLM source the scripts of this directory name.
+# Every file of the vLLM source the scripts of this directory name (besides the build requirements).
 NAMED_FILES = (
-    BUILD_REQUIREMENTS,
     RUNTIME_REQUIREMENTS,
     "requirements/common.txt",
     "cmake/external_projects/triton_kernels.cmake",
@@ -124,16 +127,29 @@ def pinned_versions(tools: Path) -> dict[str, tuple[str, Path]]:
     return pins
 
 
+LAYOUT = ("this vLLM source (the track's vllm.tag/commit) does not have the layout the build scripts (ci/docker) "
+          "read (vLLM 0.32 to 0.34); pin one of those releases or update the scripts")
+
+
+def build_requirements(src: Path) -> Path:
+    """The source's ROCm build requirements file (FileNotFoundError naming every name tried)."""
+    for name in BUILD_REQUIREMENTS:
+        if (src / name).is_file():
+            return src / name
+    raise FileNotFoundError(f"{src}: none of {', '.join(BUILD_REQUIREMENTS)}: {LAYOUT}")
+
+
 def check_files(src: Path) -> list[str]:
-    return [f"{src}/{name}: missing: this vLLM source (the track's vllm.tag/commit) does not have the layout "
-            f"the vLLM 0.32 build scripts (ci/docker) read; pin vLLM 0.32 or update the scripts"
-            for name in NAMED_FILES if not (src / name).is_file()]
+    missing = [f"{src}/{name}: missing: {LAYOUT}" for name in NAMED_FILES if not (src / name).is_file()]
+    if not any((src / name).is_file() for name in BUILD_REQUIREMENTS):
+        missing.append(f"{src}: none of {', '.join(BUILD_REQUIREMENTS)}: {LAYOUT}")
+    return missing
 
 
 def check_build_tools(src: Path, tools: Path) -> tuple[list[str], list[str]]:
     pins = pinned_versions(tools)
     problems, notes = [], []
-    for origin, req in read_requirements(src / BUILD_REQUIREMENTS):
+    for origin, req in read_requirements(build_requirements(src)):
         if req.marker is not None and not req.marker.evaluate():
             continue
         name = canonicalize_name(req.name)
