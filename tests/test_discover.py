@@ -142,3 +142,21 @@ def test_a_tampered_sdist_is_refused(tmp_path):
     with pytest.raises(model.PinError, match="sha256 differs"):
         discover.fetch(discover.Sdist("9.9.9", served.as_uri(), "0" * 64, "vllm-9.9.9.tar.gz"), cache)
     assert not (cache / "vllm-9.9.9.tar.gz.part").exists()
+
+
+@pytest.mark.parametrize("ref,parts", [
+    ("rocm/dev-ubuntu-22.04:7.2.3-complete", ("rocm/dev-ubuntu-22.04", "7.2.3-complete", None)),
+    ("ubuntu:22.04@sha256:" + "5" * 64, ("ubuntu", "22.04", "sha256:" + "5" * 64)),
+    ("localhost:5000/rocm/dev", ("localhost:5000/rocm/dev", "latest", None)),
+    ("localhost:5000/rocm/dev:7.2@sha256:" + "a" * 64, ("localhost:5000/rocm/dev", "7.2", "sha256:" + "a" * 64)),
+])
+def test_upstream_base_images_are_compared_with_their_digest(ref, parts):
+    """vLLM 0.34's docker/Dockerfile.rocm_base names its base with a digest (ubuntu:22.04@sha256:...):
+    the same image is the same name and tag, and the same digest where both name one."""
+    assert discover.image_parts(ref) == parts
+    name, tag, digest = parts
+    assert discover.same_image(ref, {"name": name, "tag": tag, "digest": None})
+    assert discover.same_image(ref, {"name": name, "tag": tag, "digest": digest})
+    assert not discover.same_image(ref, {"name": name, "tag": tag + "x", "digest": None})
+    if digest:
+        assert not discover.same_image(ref, {"name": name, "tag": tag, "digest": "sha256:" + "0" * 64})

@@ -173,10 +173,29 @@ def read_release(archive: Path, version: str) -> Release:
     return release
 
 
+def image_parts(ref: str) -> tuple[str, str, str | None]:
+    """(name, tag, digest or None) of an image reference name:tag[@sha256:...] (the tag defaults
+    to latest, as Docker reads it)."""
+    ref, _, digest = ref.partition("@")
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    name, tag = (ref[:colon], ref[colon + 1:]) if colon > slash else (ref, "latest")
+    return name, tag, digest or None
+
+
+def same_image(upstream: str | None, base_image: dict) -> bool:
+    """Whether an upstream BASE_IMAGE (name:tag, with or without a digest) is base_image: name and tag
+    equal, and the digests too where both have one."""
+    if not upstream:
+        return False
+    name, tag, digest = image_parts(upstream)
+    ours = base_image.get("digest")
+    return (name, tag) == (base_image["name"], base_image["tag"]) and (digest is None or ours is None or digest == ours)
+
+
 def choose_base(release: Release, base_image: dict) -> tuple[str, bool]:
     """(the upstream base Dockerfile the new track follows, whether it is the ROCm stack of base_image)."""
-    wanted = f"{base_image['name']}:{base_image['tag']}"
-    same = sorted(p for p, args in release.base_dockerfiles.items() if args.get("BASE_IMAGE") == wanted)
+    same = sorted(p for p, args in release.base_dockerfiles.items() if same_image(args.get("BASE_IMAGE"), base_image))
     if same:
         return same[0], True
     if "docker/Dockerfile.rocm_base" in release.base_dockerfiles:
