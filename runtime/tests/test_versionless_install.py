@@ -157,6 +157,22 @@ def test_the_manifest_step_names_metadata_that_is_not_utf8(not_utf8, tmp_path, c
     assert rc == 1 and len(err) == 1 and "not UTF-8" in err[0] and "vllm" in err[0], err
 
 
+def test_bench_names_entry_points_that_are_not_utf8(tmp_path, monkeypatch):
+    """The bench leaves other vLLM plugins out by their entry points: an installed distribution's
+    entry_points.txt that is not UTF-8 is one line, through the same reader."""
+    from rocm_vllm_runtime import bench
+    from vllm_aiter_mla.distributions import MetadataError
+
+    folder = tmp_path / "site/other_plugin-1.0.dist-info"
+    folder.mkdir(parents=True)
+    (folder / "METADATA").write_text("Metadata-Version: 2.1\nName: other-plugin\nVersion: 1.0\n")
+    (folder / "entry_points.txt").write_bytes(b"[vllm.general_plugins]\ncaf\xe9 = other_plugin:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(MetadataError, match=r"^the metadata of an installed distribution with vllm\.general_plugins "
+                                            r"entry points is not UTF-8 text \(byte \d+\): reinstall"):
+        bench.plugin_names()
+
+
 # ------------------------------------------------------------------ the plugin never stops vLLM
 
 @settings(derandomize=True, max_examples=40, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])

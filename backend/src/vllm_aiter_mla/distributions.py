@@ -19,12 +19,15 @@ class MetadataError(ValueError):
     """An installed distribution's metadata cannot be read (one line: what and how to fix it)."""
 
 
-def _unreadable(name: str, exc: Exception) -> MetadataError:
+def _why(exc: Exception) -> str:
+    """Why metadata could not be read, in a few words (one line)."""
     if isinstance(exc, UnicodeDecodeError):
-        why = f"is not UTF-8 text (byte {exc.start})"
-    else:
-        why = f"cannot be read ({' '.join(str(exc).split()) or type(exc).__name__})"
-    return MetadataError(f"the package metadata of the installed {name} {why}: reinstall it "
+        return f"not UTF-8 text (byte {exc.start})"
+    return f"unreadable ({' '.join(str(exc).split()) or type(exc).__name__})"
+
+
+def _unreadable(name: str, exc: Exception) -> MetadataError:
+    return MetadataError(f"the package metadata of the installed {name} is {_why(exc)}: reinstall it "
                          f"(pip install --force-reinstall {name})")
 
 
@@ -81,10 +84,8 @@ def entry_points_of(group: str) -> list[tuple[str, str]]:
     try:
         return [(ep.name, ep.value) for ep in metadata.entry_points(group=group)]
     except (OSError, ValueError) as exc:
-        why = f"are not UTF-8 text (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else \
-            f"cannot be read ({' '.join(str(exc).split())})"
-        raise MetadataError(f"the entry points ({group}) of an installed distribution {why}: "
-                            "reinstall the distribution that carries them") from None
+        raise MetadataError(f"the metadata of an installed distribution with {group} entry points is "
+                            f"{_why(exc)}: reinstall the distribution that carries them") from None
 
 
 def no_version_problem(what: str, names: tuple[str, ...]) -> str:
