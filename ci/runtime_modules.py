@@ -13,10 +13,13 @@ SOURCE = Path(__file__).resolve().parents[1] / "runtime" / "src"
 
 
 def module(name: str) -> ModuleType:
-    """rocm_vllm_runtime.<name>."""
+    """rocm_vllm_runtime.<name>; where neither is there, the program stops in one line."""
     try:
         return importlib.import_module(f"rocm_vllm_runtime.{name}")
     except ModuleNotFoundError:
+        if not (SOURCE / "rocm_vllm_runtime" / f"{name}.py").is_file():
+            raise SystemExit(f"error: rocm_vllm_runtime.{name} is neither installed nor at {SOURCE}: run the tool "
+                             "from a whole checkout of this repository") from None
         if str(SOURCE) not in sys.path:
             sys.path.append(str(SOURCE))
         return importlib.import_module(f"rocm_vllm_runtime.{name}")

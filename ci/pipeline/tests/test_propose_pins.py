@@ -74,6 +74,8 @@ def project(tmp_path: Path):
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
     shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", root / "runtime/src/rocm_vllm_runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # ci.pins reads numbers and URLs through it
     data["vllm"]["repository"] = str(upstream)
     for own in data["tracks"].values():
         own["vllm"].update(commit=None, unresolved=["commit"])
