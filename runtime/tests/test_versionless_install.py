@@ -175,11 +175,19 @@ def test_bench_names_entry_points_that_are_not_utf8(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the plugin never stops vLLM
 
+@pytest.fixture(scope="module")
+def registry():
+    """vLLM's backend registry, imported once (its import takes seconds, past the examples' deadline)."""
+    import vllm.v1.attention.backends.registry as registry
+
+    return registry
+
+
 @settings(derandomize=True, max_examples=40, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(failure=st.sampled_from([ValueError, OSError, RuntimeError, ImportError, KeyError,
                                 AttributeError, TypeError, UnicodeDecodeError, RecursionError]),
        text=st.text(max_size=60), where=st.sampled_from(["version", "registry"]))
-def test_registration_never_raises(failure, text, where, monkeypatch, caplog):
+def test_registration_never_raises(failure, text, where, registry, monkeypatch, caplog):
     """Whatever goes wrong while registering (reading vLLM's version, vLLM's registry) is one error
     line and no exception: vLLM loads general plugins without catching their errors."""
     from vllm_aiter_mla import plugin
@@ -192,8 +200,6 @@ def test_registration_never_raises(failure, text, where, monkeypatch, caplog):
     if where == "version":
         monkeypatch.setattr(plugin, "_installed_vllm_version", fail)
     else:
-        import vllm.v1.attention.backends.registry as registry
-
         monkeypatch.setattr(plugin, "vllm_version_problem", lambda found: None)
         monkeypatch.setattr(registry, "register_backend", fail)
     caplog.clear()
