@@ -69,16 +69,17 @@ def test_an_unreadable_line_names_file_and_line(tmp_path):
         vr.read_requirements(bad)
 
 
-def test_build_tools_check_names_the_file_that_pins(tmp_path):
-    """vLLM's build requirements against our tools, the pin in an included file: the problem
-    names that file."""
+@pytest.mark.parametrize("build", vr.BUILD_REQUIREMENTS)
+def test_build_tools_check_names_the_file_that_pins(tmp_path, build):
+    """vLLM's build requirements (rocm.txt up to 0.33, rock.txt in 0.34) against our tools, the pin
+    in an included file: the problem names that file."""
     src = tmp_path / "vllm"
     write(src / "requirements/common.txt", "regex\n")
-    write(src / vr.BUILD_REQUIREMENTS, "-r ../common.txt\nsetuptools>=77.0.3,<80.0.0\npackaging>=26.2\ntorch==2.13.0\n")
+    write(src / build, "-r ../common.txt\nsetuptools>=77.0.3,<80.0.0\npackaging>=26.2\ntorch==2.13.0\n")
     write(tmp_path / "requirements-scripts.txt", f"packaging==24.0 \\\n    --hash={HASH}\n")
     tools = write(tmp_path / "requirements-build.txt",
                   f"setuptools==79.0.1 --hash={HASH}\n-r requirements-scripts.txt\n")
     problems, notes = vr.check_build_tools(src, tools)
-    assert problems == ["requirements/build/rocm.txt needs packaging>=26.2 but requirements-scripts.txt pins "
+    assert problems == [f"{build} needs packaging>=26.2 but requirements-scripts.txt pins "
                         "packaging==24.0: change the pin in requirements-scripts.txt"]
     assert len(notes) == 1 and "asks for torch==2.13.0" in notes[0]
