@@ -111,9 +111,12 @@ function "no_value" {
 // has none.)
 target "_pins_resolved" {}
 
+// A track on TheRock ROCm (tracks.<track>.stack = "therock": ROCm as pip wheels, upstream's only
+// stack from vLLM 0.34) has no images here yet: its ROCm targets stop the same way, in one line,
+// whatever ALLOW_UNRESOLVED says.
 function "pins_check" {
   params = [name, pins]
-  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and the PyTorch wheel index, or set ALLOW_UNRESOLVED=1 for a development image"
+  result = lookup(tracks[TRACK], "stack", "rocm-image") != "rocm-image" ? "${name} (track ${TRACK}): it builds on the ${tracks[TRACK].stack} ROCm stack (TheRock ROCm ${tracks[TRACK].rocm.version} as wheels), which Dockerfile.rocm_base does not build yet: build a track on the rocm-image stack (TRACK=${default_track})" : length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and the PyTorch wheel index, or set ALLOW_UNRESOLVED=1 for a development image"
 }
 
 // versions.json paths (path.key) of the keys of node that are null.

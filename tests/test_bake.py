@@ -61,7 +61,7 @@ def resolved(data, tmp_path, keep=()):
     return path
 
 
-@pytest.mark.parametrize("track", model.track_names(model.load()))
+@pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_base_args_equal_versions_file(track, tmp_path):
     """bake's _versions and ci.pins build_args are one mapping: the same args, byte for byte (the
     component JSON args included), for every track: unresolved pins (null in the JSON args, the
@@ -146,7 +146,7 @@ ATTESTATIONS = ["type=sbom", "type=provenance,mode=max"]
 CLEAR = {"PUSH": "0", "CACHE_FROM": "", "CACHE_TO": "", "TAG": "dev", "REGISTRY": "localhost/rocm-vllm"}
 
 
-@pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
+@pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_local_images_are_tagged_per_track_without_push_cache_or_attestations(track):
     """<name>:<TAG>-vllm<track>, plus <name>:<TAG> for the default track; nothing pushed."""
     data = model.load()
@@ -165,7 +165,7 @@ def pushed(track=None, **env):
     return printed("base", "serve", "ci", env=full)
 
 
-@pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
+@pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_pushed_images_tags_cache_and_attestations_follow_the_versions_file(track):
     """PUSH=1: the commit tag vllm<version>-aiter<12 hex>-<12 hex of VCS_REF> and the branch tag
     (-vllm<track> outside the default track); one registry cache ref per target, the base's
@@ -267,7 +267,7 @@ def unresolved(data, tmp_path):
     return data, path
 
 
-@pytest.mark.parametrize("track", model.track_names(model.load()))
+@pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_unresolved_pins_stop_each_rocm_target_in_one_line_naming_every_one(track, tmp_path):
     """Pins unresolved (as on a machine where `resolve` has not run): every ROCm target stops bake
     in one line naming the target, each unresolved pin it builds from (the track's AITER pin, the
@@ -289,6 +289,32 @@ def test_unresolved_pins_stop_each_rocm_target_in_one_line_naming_every_one(trac
     assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == set(ROCM_TARGETS), proc.stderr
     proc = bake_print("cpu", env={**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0"}, files=files)
     assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == {"serve-cpu", "ci-cpu"}, proc.stderr
+
+
+def test_a_track_on_a_stack_not_built_here_stops_every_rocm_target_in_one_line(tmp_path):
+    """A therock track (ROCm as wheels, vLLM 0.34's only stack): its ROCm targets stop bake in one
+    line naming the stack and a track to build instead, resolved pins or not (ALLOW_UNRESOLVED
+    does not let it through); the CPU path is not stopped. A versions file without such a track
+    has one made from its newest track, so this runs whatever versions.json holds."""
+    data = model.load()
+    therock = [n for n in model.track_names(data) if model.track_stack(data, n) == model.THEROCK_STACK]
+    if not therock:
+        newest = model.track_names(data)[0]
+        data["tracks"][newest].update(stack=model.THEROCK_STACK, rocm={"version": "10.0.0"}, base_image={
+            "name": "ubuntu", "tag": "22.04", "digest": "sha256:" + "5" * 64, "unresolved": []})
+        therock = [newest]
+    path = resolved(data, tmp_path)
+    files = ("docker-bake.hcl", str(path))
+    for track in therock:
+        for allow in ("0", "1"):
+            for target in ROCM_TARGETS:
+                line = stop_line(bake_print(target, env={**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": allow},
+                                            files=files))
+                stop = f"failed to find target {target} (track {track}): it builds on the therock ROCm stack"
+                assert stop in line, line
+                assert f"build a track on the rocm-image stack (TRACK={data['default_track']})" in line, line
+        proc = bake_print("cpu", env={**CLEAR, "TRACK": track}, files=files)
+        assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == {"serve-cpu", "ci-cpu"}, proc.stderr
 
 
 def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):

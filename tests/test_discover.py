@@ -60,8 +60,12 @@ def test_discover_proposes_the_newest_track_as_released(sdists, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"tracks.{newest}: vLLM {version}, AITER {want['aiter']}" in proc.stdout
     got = model.load(path)
-    assert got["default_track"] == newest
+    real = model.load(ROOT / "versions.json")
+    # the new track is the default where its stack is built here, as versions.json has it
+    assert (got["default_track"] == newest) == (newest == real["default_track"])
     track = got["tracks"][newest]
+    for key in ("stack", "base_image", "rocm"):  # a therock track's own stack, as discover derives it
+        assert track.get(key) == want.get(key), key
     assert (track["aiter"], track["upstream_base_dockerfile"]) == (want["aiter"], want["upstream_base_dockerfile"])
     assert track["vllm"]["sdist"]["sha256"] == want["vllm"]["sdist"]["sha256"]
     # the file's address on PyPI's file host (the JSON API may give it relative to itself)
@@ -72,7 +76,8 @@ def test_discover_proposes_the_newest_track_as_released(sdists, tmp_path):
     assert got["aiter"]["pins"][want["aiter"]]["unresolved"] or got["aiter"]["pins"][want["aiter"]]["commit"]
     # written with the Dockerfiles' defaults; the backend's range left as it was (the plugin steps
     # aside on the new track until it is compared with that release), and it verifies
-    assert f"ARG VLLM_VERSION={version}\n" in (tmp_path / "Dockerfile.rocm").read_text()
+    default_version = got["tracks"][got["default_track"]]["vllm"]["version"]
+    assert f"ARG VLLM_VERSION={default_version}\n" in (tmp_path / "Dockerfile.rocm").read_text()
     assert model.backend_supported_vllm(tmp_path)[1] == model.supported_vllm(got, model.track_names(got)[1])
     assert f"it steps aside on track {newest} " in proc.stdout
     assert run_tool("--file", path, "verify").returncode == 0
@@ -96,7 +101,7 @@ def test_list_and_release_name_what_would_be_added(sdists, tmp_path):
 
 def test_new_releases_take_the_newest_patch_of_each_newer_line():
     data = model.load(ROOT / "versions.json")
-    newest = tuple(map(int, data["tracks"][data["default_track"]]["vllm"]["version"].split(".")))
+    newest = tuple(map(int, data["tracks"][model.track_names(data)[0]]["vllm"]["version"].split(".")))
     line = f"{newest[0]}.{newest[1] + 1}"
     sdists = {v: discover.Sdist(v, f"https://x/{v}", "0" * 64, f"vllm-{v}.tar.gz")
               for v in (f"{line}.0", f"{line}.1", f"{newest[0]}.{newest[1]}.9", f"{newest[0]}.{newest[1] + 2}.0")}
@@ -108,10 +113,10 @@ def test_new_releases_take_the_newest_patch_of_each_newer_line():
 def test_another_rocm_stack_is_reported_not_hidden():
     data = model.load(ROOT / "versions.json")
     release = discover.Release("9.1.0", "abcdef123", "1" * 40, base_dockerfiles={
-        "docker/Dockerfile.rocm_base": {"BASE_IMAGE": "ubuntu:22.04", "AITER_BRANCH": "v0.2.0"}})
+        "docker/Dockerfile.rocm_base": {"BASE_IMAGE": "debian:13", "AITER_BRANCH": "v0.2.0"}})
     proposal = discover.add_track(copy.deepcopy(data), discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
     assert not proposal.same_stack and proposal.base_dockerfile == "docker/Dockerfile.rocm_base"
-    assert any("ubuntu:22.04" in note for note in proposal.notes)
+    assert any("debian:13" in note for note in proposal.notes)
     release.base_dockerfiles["docker/Dockerfile.rocm_base"]["AITER_BRANCH"] = "main"
     with pytest.raises(model.PinError, match="names no AITER release tag"):
         discover.add_track(copy.deepcopy(data), discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
@@ -129,7 +134,9 @@ def test_newer_aiter_tags_are_reported_for_each_track(tmp_path):
     tags = discover.aiter_tags(repo.as_uri())
     assert {"v0.1.26", "v0.1.27.post1", "nightly"} <= set(tags)
     lines = discover.newer_aiter_tags(data, tags)
-    assert len(lines) == len(data["tracks"]) and all("v0.1.27.post1" in line for line in lines)
+    older = [t for t, own in data["tracks"].items()
+             if discover._aiter_key(data["aiter"]["pins"][own["aiter"]]["tag"]) < discover._aiter_key("v0.1.27.post1")]
+    assert len(lines) == len(older) >= 2 and all("v0.1.27.post1" in line for line in lines)
     assert discover.newer_aiter_tags(data, ["v0.1.0"]) == []
 
 
@@ -160,3 +167,23 @@ def test_upstream_base_images_are_compared_with_their_digest(ref, parts):
     assert not discover.same_image(ref, {"name": name, "tag": tag + "x", "digest": None})
     if digest:
         assert not discover.same_image(ref, {"name": name, "tag": tag, "digest": "sha256:" + "0" * 64})
+
+
+def test_a_therock_base_makes_a_therock_track_that_is_not_the_default(tmp_path):
+    """vLLM 0.34's base installs TheRock ROCm as wheels (ROCM_SDK_VERSION) on ubuntu by digest: the
+    track records that stack, base image and SDK version; as this repository does not build that
+    stack yet, the default track stays where it was."""
+    data = model.load(ROOT / "versions.json")
+    digest = "sha256:" + "5" * 64
+    release = discover.Release("9.1.0", "abcdef123", "1" * 40, base_dockerfiles={
+        "docker/Dockerfile.rocm_base": {"BASE_IMAGE": f"ubuntu:24.04@{digest}", "AITER_BRANCH": "v0.2.0",
+                                        "ROCM_SDK_VERSION": "11.0.0"}})
+    changed = copy.deepcopy(data)
+    proposal = discover.add_track(changed, discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
+    own = changed["tracks"]["9.1"]
+    assert own["stack"] == model.THEROCK_STACK and own["rocm"] == {"version": "11.0.0"}
+    assert own["base_image"] == {"name": "ubuntu", "tag": "24.04", "digest": digest, "unresolved": []}
+    assert changed["default_track"] == data["default_track"]
+    assert any("TheRock ROCm 11.0.0" in note for note in proposal.notes)
+    assert any("default track stays" in note for note in proposal.notes)
+    assert model.built_track_names(changed) == model.built_track_names(data)

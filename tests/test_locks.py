@@ -119,7 +119,7 @@ def test_removed_distributions_leave_with_what_only_they_require():
     assert sorted(kept) == ["foo", "sympy"]
 
 
-@pytest.mark.parametrize("track", vllm_sdist.track_names())
+@pytest.mark.parametrize("track", vllm_sdist.built_track_names())
 def test_vllm_lock_is_the_lock_of_the_tracks_requirements(track, tmp_path):
     """build_vllm.sh check (vllm_requirements.py lock) accepts the track's lock for the track's
     source and refuses it once requirements/rocm.txt changes."""

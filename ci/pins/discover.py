@@ -6,8 +6,11 @@ read: the commit prefix setuptools-scm recorded (vllm/_version.py), the triton_k
 its CMake names, and the ROCm base Dockerfile it ships for the ROCm stack the newest track uses
 (the docker/Dockerfile.rocm*_base whose BASE_IMAGE is that track's base image; else
 docker/Dockerfile.rocm_base, and the stack change is reported). The AITER tag that Dockerfile
-names becomes the new track's AITER pin (added, unresolved, when versions.json lacks it). The
-new track becomes the default. What changed upstream (requirement files, ROCm Dockerfiles) is
+names becomes the new track's AITER pin (added, unresolved, when versions.json lacks it). A base
+that installs TheRock ROCm as wheels (ROCM_SDK_VERSION) makes a therock track, with that base image
+(by digest) and SDK version. The new track becomes the default where this repository builds its
+stack (model.BUILT_STACKS); otherwise the default stays and the summary says so. What changed
+upstream (requirement files, ROCm Dockerfiles) is
 written as a Markdown summary for the pull request.
 
 Newer AITER tags than a track builds are read from the AITER repository (git ls-remote) and
@@ -214,7 +217,8 @@ class Proposal:
 
 
 def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
-    """Add the release as a track (the new default) to data; returns what was added."""
+    """Add the release as a track to data (the new default where this repository builds its stack);
+    returns what was added."""
     newest = model.track_names(data)[0]
     base_path, same = choose_base(release, model.section(data, "base_image", newest))
     args = release.base_dockerfiles[base_path]
@@ -223,7 +227,20 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         raise PinError(f"vLLM {release.version}'s {base_path} names no AITER release tag (AITER_BRANCH={tag!r}): "
                        "add its track by hand")
     notes: list[str] = []
-    if not same:
+    stack: dict = {}
+    if not same and args.get("ROCM_SDK_VERSION") and args.get("BASE_IMAGE"):
+        # upstream's base installs TheRock ROCm as wheels (rocm[libraries,devel]==ROCM_SDK_VERSION) on
+        # a plain image: the track records that stack, its base image (with the digest upstream names)
+        # and the SDK version
+        image, image_tag, digest = image_parts(args["BASE_IMAGE"])
+        stack = {"stack": model.THEROCK_STACK,
+                 "base_image": {"name": image, "tag": image_tag, "digest": digest,
+                                "unresolved": [] if digest else ["digest"]},
+                 "rocm": {"version": args["ROCM_SDK_VERSION"]}}
+        notes.append(f"vLLM {release.version}'s {base_path} builds on TheRock ROCm {args['ROCM_SDK_VERSION']} "
+                     f"(wheels on {args['BASE_IMAGE']}): the track records that stack; this repository does not "
+                     "build its images yet (bake refuses them)")
+    elif not same:
         shared = model.section(data, "base_image", newest)
         notes.append(f"vLLM {release.version} has no base Dockerfile for {shared['name']}:{shared['tag']}; "
                      f"{base_path} builds on "
@@ -248,11 +265,15 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         "upstream_base_dockerfile": base_path,
         "aiter": tag,
         "vllm": vllm,
+        **stack,
     }
     if tag not in data["aiter"]["pins"]:
         data["aiter"]["pins"][tag] = {"tag": tag, "commit": None, "ck_commit": None, "hipkittens_commit": None,
                                       "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
-    data["default_track"] = name
+    if stack.get("stack", model.ROCM_IMAGE_STACK) in model.BUILT_STACKS:
+        data["default_track"] = name
+    else:
+        notes.append(f"the default track stays {data['default_track']}: track {name}'s images cannot be built here yet")
     return Proposal(name, release.version, tag, base_path, same, notes)
 
 

@@ -152,7 +152,8 @@ def _platform(spec: dict, where: str) -> tuple[str, str]:
 
 
 def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
-    """Every lock locks.json defines (a per_track lock once per track of the versions file data)."""
+    """Every lock locks.json defines (a per_track lock once per track of the versions file data whose
+    images are built)."""
     spec = spec if spec is not None else load(root)
     image_platform, _ = _platform(data["platform"], "versions.json platform")
     platforms = {"image": (image_platform, data["python"]["version"])}
@@ -175,7 +176,9 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
                       no_emit=tuple(entry.get("no_emit", ())),
                       remove=base_image_dists(root) if remove else (), find_links=entry.get("find_links"))
         if entry.get("per_track"):
-            for track in model.track_names(data):
+            # only where the images are built: a track on a stack this repository does not build yet
+            # (therock) has no image to install its lock into
+            for track in model.built_track_names(data):
                 out.append(Lock(f"{name}-{track}", tuple(entry["inputs"]), entry["output"].format(track=track),
                                 track=track, family=name, **common))
         else:

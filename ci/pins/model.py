@@ -51,6 +51,25 @@ MACHINES = ("x86_64",)
 SCHEMA = 2
 # Shared sections a track may replace with its own (a track on another ROCm release).
 TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
+# The ROCm stack a track's images build on: a ROCm container image (rocm/dev-ubuntu, upstream up to
+# vLLM 0.33; Dockerfile.rocm_base builds it), or TheRock: ROCm as pip wheels on a plain ubuntu image
+# (upstream's only stack from vLLM 0.34; not built by this repository yet, bake refuses its targets).
+ROCM_IMAGE_STACK = "rocm-image"
+THEROCK_STACK = "therock"
+STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
+BUILT_STACKS = (ROCM_IMAGE_STACK,)
+
+
+def track_stack(data: dict, name: str) -> str:
+    """The track's ROCm stack (tracks.<name>.stack; rocm-image where it names none)."""
+    return data["tracks"][name].get("stack", ROCM_IMAGE_STACK)
+
+
+def built_track_names(data: dict) -> list[str]:
+    """The tracks whose images this repository builds (their stack is in BUILT_STACKS), newest first."""
+    return [name for name in track_names(data) if track_stack(data, name) in BUILT_STACKS]
+
+
 # The backend's supported vLLM range, derived from the tracks (verify holds the file to it).
 BACKEND_INIT = Path("backend/src/vllm_aiter_mla/__init__.py")
 _SUPPORTED_RE = re.compile(r'^SUPPORTED_VLLM = "([^"]*)"$', re.M)

@@ -233,8 +233,13 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
         if not _TRACK_RE.match(name):
             errors.append(f"{path}: a track is named after its vLLM release line, like 0.33")
         if not _require(own, path, {"aiter": str, "upstream_base_dockerfile": str, "vllm": dict}, errors,
-                        optional=dict.fromkeys(model.TRACK_OVERRIDES, dict)):
+                        optional={**dict.fromkeys(model.TRACK_OVERRIDES, dict), "stack": str}):
             continue
+        if own.get("stack", model.ROCM_IMAGE_STACK) not in model.STACKS:
+            errors.append(f"{path}.stack = {own['stack']!r}: not one of {', '.join(model.STACKS)}")
+        elif own.get("stack") == model.THEROCK_STACK and not {"base_image", "rocm"} <= set(own):
+            errors.append(f"{path}: a therock track names its own base_image (the plain ubuntu image, by digest) and "
+                          "rocm (the TheRock SDK version)")
         for key in model.TRACK_OVERRIDES:
             if key in own:
                 _OVERRIDE_CHECKS[key](own[key], f"{path}.{key}", errors)
