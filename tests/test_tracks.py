@@ -88,7 +88,8 @@ def vllm_dependent_tests() -> list[str]:
     for suite in TRACK_SUITES:
         path = ROOT / suite
         for test in sorted(path.rglob("test_*.py")) if path.is_dir() else [path]:
-            if imports_vllm(test):
+            # the engine tests run on the CPU track only (its vLLM has a CPU build)
+            if imports_vllm(test) and "engine" not in test.relative_to(ROOT).parts:
                 files.append(str(test.relative_to(ROOT)))
     return files
 
@@ -98,7 +99,8 @@ def test_only_the_tests_that_reach_vllm_run_again_per_track():
     for dependent in ("ci/suites/test_selector.py", "backend/tests/test_routing.py",
                       "backend/tests/test_feature_table.py", "backend/tests/test_fp8_v_scale.py"):
         assert dependent in files
-    assert "backend/tests/engine/test_cpu_selection.py" in files  # vLLM imported by the child Python it runs
+    assert not [f for f in files if "/engine/" in f]  # the CPU track's
+    assert imports_vllm(ROOT / "backend/tests/engine/test_cpu_selection.py")  # through the child Python it runs
     for independent in ("backend/tests/test_contract.py", "backend/tests/test_planning.py",
                         "backend/tests/test_reference.py"):
         assert independent not in files
@@ -129,6 +131,24 @@ def test_this_environment_has_the_cpu_tracks_vllm():
     assert versions()["tracks"][cpu_track()]["vllm"]["version"] == cpu_vllm_version()
 
 
+# vLLM's ROCM_AITER_MLA entry before and after the plugin's registration: vLLM's own class both times.
+STEPPED_ASIDE_PROBE = """
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+from vllm_aiter_mla.plugin import register
+name = lambda: "built-in" if E.ROCM_AITER_MLA.get_path().startswith("vllm.") else E.ROCM_AITER_MLA.get_path()
+print(name())
+register()
+print(name())
+"""
+
+
+def stepped_aside() -> list[str]:
+    """The tracks past the plugin's declared range (SUPPORTED_VLLM), where it registers nothing."""
+    from ci.pins import model
+
+    return model.stepped_aside(versions(), model.backend_supported_vllm(ROOT)[1])
+
+
 @pytest.mark.parametrize("track", OTHER_TRACKS)
 def test_track_suites_pass_on_the_tracks_own_vllm(track):
     python = track_python(track)
@@ -136,8 +156,19 @@ def test_track_suites_pass_on_the_tracks_own_vllm(track):
     found = subprocess.run([python, "-c", "from importlib.metadata import version; print(version('vllm'))"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert _release(found) == want, f"the track {track} environment has vLLM {found}, not {want}"
+    files = vllm_dependent_tests()
+    if track in stepped_aside():
+        # the plugin steps aside on this release (past SUPPORTED_VLLM): it registers nothing, in one
+        # line, and vLLM's selection is its own; the backend's own tests still hold on it, and the
+        # feature table's column for its built-in is checked there
+        check = subprocess.run([python, "-m", "vllm_aiter_mla.plugin", "check"], capture_output=True, text=True)
+        assert check.returncode == 1 and len(check.stderr.strip().splitlines()) == 1, check.stdout + check.stderr
+        assert f"found {found}" in check.stderr and "supports vLLM" in check.stderr, check.stderr
+        kept = subprocess.run([python, "-c", STEPPED_ASIDE_PROBE], capture_output=True, text=True, cwd=ROOT)
+        assert kept.returncode == 0 and kept.stdout.split() == ["built-in", "built-in"], kept.stdout + kept.stderr
+        files = [f for f in files if not f.startswith("ci/suites/")]  # the suites test the plugin's selection
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not engine and not docker",
-                           *vllm_dependent_tests()], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                           *files], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"track {track} (vLLM {found}):\n{out[-6000:]}"
     summary = out.strip().splitlines()[-1]

@@ -127,6 +127,16 @@ def _own_largest_work() -> str:
     return "own" if asked == [1, 2, 3] else "refused"
 
 
+def _own_context_gather() -> str:
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonImpl
+
+    from vllm_aiter_mla.backend import AiterMLAImpl
+
+    # the own path gathers a chunked prefill's context as vLLM's MLA common impl does (unfused)
+    common = AiterMLAImpl._compute_prefill_context is MLACommonImpl._compute_prefill_context
+    return "own" if common else "refused"
+
+
 # row -> (what the built-in has, read from its classes; what the plugin does)
 CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
     "bf16 model, bf16 KV cache (`auto`, `bfloat16`)": (
@@ -164,6 +174,8 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
     "gfx950 fp8 prefill (`mla_prefill_ps_asm_fwd`)": (
         lambda b: "mla_prefill_ps_asm_fwd" in _source(b._fp8_mla_prefill_supported),
         lambda: routed(archs=("gfx950",), builtin_fp8_prefill=True, **FP8)),
+    "gfx950 fused chunked-context gather for prefill (`gather_kv_b_proj`)": (
+        lambda b: hasattr(b.AiterMLAImpl, "_can_fuse_context_gather"), _own_context_gather),
     "gfx950 fewer than 16 heads unpadded (Gluon)": (
         lambda b: hasattr(b.AiterMLAHelper, "use_gluon_decode") and hasattr(b.AiterMLAHelper, "use_gluon_verify"),
         lambda: routed(num_heads=8, archs=("gfx950",), builtin_unpadded_small_heads=True)),

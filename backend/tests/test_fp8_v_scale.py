@@ -88,7 +88,8 @@ def test_classify(factor, outcome):
 def _config(max_qlen: int):
     model = types.SimpleNamespace(dtype=torch.bfloat16, max_model_len=256,
                                   model_arch_config=types.SimpleNamespace(total_num_attention_heads=16))
-    spec = types.SimpleNamespace(num_speculative_tokens=max_qlen - 1, parallel_drafting=False)
+    spec = types.SimpleNamespace(num_speculative_tokens=max_qlen - 1, parallel_drafting=False,
+                                 max_num_new_slots_for_drafting=0)  # read by vLLM 0.34
     return types.SimpleNamespace(model_config=model, speculative_config=spec if max_qlen > 1 else None,
                                  use_v2_model_runner=True, scheduler_config=types.SimpleNamespace(max_num_seqs=8),
                                  device_config=types.SimpleNamespace(device="cpu"))

@@ -20,7 +20,8 @@ REFERENCE = load_kernels("reference")
 
 def config(max_num_seqs: int = 8, num_speculative_tokens: int | None = None):
     spec = None if num_speculative_tokens is None else types.SimpleNamespace(
-        num_speculative_tokens=num_speculative_tokens, parallel_drafting=False)
+        num_speculative_tokens=num_speculative_tokens, parallel_drafting=False,
+        max_num_new_slots_for_drafting=0)  # read by vLLM 0.34
     return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
                                  model_config=types.SimpleNamespace(dtype=torch.float32),
                                  device_config=types.SimpleNamespace(device=torch.device("cpu")),
