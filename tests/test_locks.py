@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ci.pins import locks, model
+from json_cases import paths, replaced
 from tests import vllm_sdist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,14 +358,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
 _SPEC = json.loads((ROOT / "ci/locks/locks.json").read_text())
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-
-
-_PATHS = sorted(_paths(_SPEC), key=str)
+_PATHS = sorted(paths(_SPEC), key=str)
 
 
 @settings(derandomize=True, max_examples=150, deadline=2000,
@@ -375,21 +369,12 @@ _PATHS = sorted(_paths(_SPEC), key=str)
 def test_any_locks_json_is_read_or_refused_in_one_line(path, value, whole, tmp_path_factory):
     """Arbitrary JSON anywhere in locks.json (or as all of it): the lock commands' reading of it
     (load, then the locks it defines) succeeds or raises PinError in one line, never anything else."""
-    import copy
 
     root = tmp_path_factory.mktemp("locks-json")
     (root / "ci/locks").mkdir(parents=True)
     (root / "ci/docker").mkdir(parents=True)
     shutil.copy(ROOT / "ci/docker/pinned_dists.py", root / "ci/docker/pinned_dists.py")
-    spec = value if whole else copy.deepcopy(_SPEC)
-    if not whole:
-        if not path:
-            spec = value
-        else:
-            node = spec
-            for key in path[:-1]:
-                node = node[key]
-            node[path[-1]] = value
+    spec = value if whole else replaced(_SPEC, path, value)
     (root / "ci/locks/locks.json").write_text(json.dumps(spec))
     data = model.load(ROOT / "versions.json")
     try:

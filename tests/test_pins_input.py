@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from ci.pins import model
 from ci.pins.__main__ import main
+from json_cases import JSON, paths, replaced
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = model.load(ROOT / "versions.json")
@@ -34,6 +35,19 @@ def pins(tmp_path: Path, data, *command: str) -> tuple[int, str, str, object]:
         except BaseException as exc:  # noqa: BLE001 - what the test is about
             rc, escaped = None, exc
     return rc, out.getvalue(), err.getvalue(), escaped
+
+
+@pytest.mark.parametrize("key", ["\x85", "a\nb", "\u2028", "x\ry"])
+def test_a_key_holding_a_line_break_is_shown_escaped_in_its_one_line(key, tmp_path):
+    """An unknown key with a character that breaks lines (NEL, LINE SEPARATOR, CR, LF) is named
+    escaped, so that every problem stays one line."""
+    data = copy.deepcopy(DATA)
+    data[key] = None
+    rc, out, err, escaped = pins(tmp_path, data, "verify")
+    assert escaped is None and rc == 1
+    lines = err.splitlines()
+    assert all(line.startswith("error: ") for line in lines[:-1]) and lines[-1].endswith("error(s)"), err
+    assert any(ascii(key)[1:-1] in line for line in lines), err
 
 
 @pytest.mark.parametrize("epoch", [2**63, 2**40, 0, 315532799, 4102444801])
@@ -66,37 +80,17 @@ def test_args_print_an_unresolved_rocm_version_as_unresolved(tmp_path):
     assert "None" not in out
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10)
-
-
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-
-
-_PATHS = list(_paths(DATA))
+_PATHS = list(paths(DATA))
 
 
 @settings(derandomize=True, max_examples=150, deadline=5000,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(path=st.sampled_from(_PATHS), value=_JSON | st.sampled_from([2**63, -1, 0, "²", "", "UNRESOLVED"]),
+@given(path=st.sampled_from(_PATHS), value=JSON | st.sampled_from([2**63, -1, 0, "²", "", "UNRESOLVED"]),
        command=st.sampled_from([["verify"], ["args"], ["args", "--allow-unresolved"], ["tracks"]]))
 def test_any_versions_file_is_read_or_refused_in_error_lines(path, value, command, tmp_path_factory):
     """Arbitrary JSON at any key of versions.json (or as all of it): exit 0, or exit 1 with every
     line of stderr an error line; nothing escapes; args never prints None."""
-    data = copy.deepcopy(DATA)
-    if path:
-        node = data
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-    else:
-        data = value
+    data = replaced(DATA, path, value)
     rc, out, err, escaped = pins(tmp_path_factory.mktemp("pins"), data, *command)
     assert escaped is None, f"{type(escaped).__name__}: {escaped}"
     assert rc in (0, 1), (rc, err)

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PinError(f"{ns.file}: cannot resolve the path ({exc})") from None
         return run(ns, parser, root)
     except PinError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        error(exc)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written", file=sys.stderr)
@@ -91,13 +91,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+# The characters str.splitlines breaks a line at: shown escaped, so that each error is one line
+# whatever a versions file's keys or values hold.
+_LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def error(text: object) -> None:
+    """Print one error line (the one way this tool reports a problem)."""
+    print(f"error: {str(text).translate(_LINE_BREAKS)}", file=sys.stderr)
+
+
 def run(ns, parser, root: Path) -> int:
     data = model.load(ns.file)
     # The schema first, in every subcommand: nothing reads a malformed file.
     errors = verify.check_schema(data)
     if errors:
         for line in errors:
-            print(f"error: {line}", file=sys.stderr)
+            error(line)
         print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
         return 1
     if getattr(ns, "aiter_pin", None) is not None and ns.aiter_pin not in data["aiter"]["pins"]:
@@ -132,7 +142,7 @@ def run(ns, parser, root: Path) -> int:
             errors.insert(0, f"{ns.file.name} is not in the canonical layout (keys sorted, two-space indent, one "
                              "trailing newline): run python3 -m ci.pins format")
         for line in errors:
-            print(f"error: {line}", file=sys.stderr)
+            error(line)
         if errors:
             print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
             return 1
@@ -241,7 +251,7 @@ def run_resolve(ns, data: dict, root: Path) -> int:
             data.clear()
             data.update(before)  # what the item set before it failed is not kept
             failed.append(item)
-            print(f"error: {item.label}: {exc}", file=sys.stderr)
+            error(f"{item.label}: {exc}")
     for line in changes:
         print(line)
     if not changes and not failed:

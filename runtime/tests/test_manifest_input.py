@@ -3,13 +3,13 @@ args), `manifest show` (a manifest holding anything). Each gives its result or o
 what to change, never a traceback."""
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from json_cases import JSON, paths, replaced
 from rocm_vllm_runtime import manifest as mf
 
 COMMIT, CK = "a" * 40, "b" * 40
@@ -57,16 +57,12 @@ def test_bad_base_inputs_are_one_line_naming_what_to_change(pins, env, named, tm
     assert not (tmp_path / "manifest.json").exists()
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10)
 _SETTINGS = settings(derandomize=True, max_examples=150, deadline=2000,
                      suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @_SETTINGS
-@given(key=st.sampled_from([None, *AITER_PINS, "comit"]), value=_JSON,
+@given(key=st.sampled_from([None, *AITER_PINS, "comit"]), value=JSON,
        epoch=st.sampled_from(["", "0", "1700000000", "²", "-1", "1e9", " 1", "٣"]))
 def test_any_aiter_pins_is_a_manifest_or_one_line(key, value, epoch, tmp_path_factory, capsys):
     """Arbitrary JSON as --aiter-pins (or as one of its keys), with odd SOURCE_DATE_EPOCHs: exit 0
@@ -90,26 +86,12 @@ def _manifest() -> dict:
 _MANIFEST = _manifest()
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-
-
 @_SETTINGS
-@given(path=st.sampled_from(list(_paths(_MANIFEST))), value=_JSON)
+@given(path=st.sampled_from(list(paths(_MANIFEST))), value=JSON)
 def test_any_manifest_is_read_or_refused_in_one_line(path, value):
     """parse_manifest (what `manifest show`, the guard and the self-tests read through) on a
     manifest with arbitrary JSON at any key: a Manifest, or ManifestError in one line."""
-    doc = copy.deepcopy(_MANIFEST)
-    if path:
-        node = doc
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-    else:
-        doc = value
+    doc = replaced(_MANIFEST, path, value)
     try:
         mf.parse_manifest(doc)
     except mf.ManifestError as exc:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ci.pipeline.__main__ import main
+from json_cases import JSON, paths, replaced
 
 # What the self-test writes (runtime report.to_json), with a bench and an accuracy part.
 REPORT = {
@@ -70,40 +71,16 @@ def test_a_report_of_the_wrong_shape_is_one_line_naming_the_field(change, named,
     assert len(lines) == 1 and named in lines[0] and "selftest.json" in lines[0], err
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10)
-
-
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _paths(value, (*prefix, i))
-
-
-_PATHS = list(_paths(REPORT))
+_PATHS = list(paths(REPORT, lists=True))
 
 
 @settings(derandomize=True, max_examples=200, deadline=2000,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(path=st.sampled_from(_PATHS), value=_JSON, whole=st.booleans())
+@given(path=st.sampled_from(_PATHS), value=JSON, whole=st.booleans())
 def test_any_report_is_a_table_or_one_line(path, value, whole, tmp_path_factory, capsys):
     """Arbitrary JSON anywhere in the report (or as all of it): exit 0 with a table, or exit 1
     with one line, never a traceback."""
-    report = value if whole else copy.deepcopy(REPORT)
-    if not whole:
-        if not path:
-            report = value
-        else:
-            node = report
-            for key in path[:-1]:
-                node = node[key]
-            node[path[-1]] = value
+    report = value if whole else replaced(REPORT, path, value)
     rc, out, err = summary(tmp_path_factory.mktemp("summary"), report, capsys)
     if rc == 0:
         assert out.startswith("### Self-test: ") and err == "", err
