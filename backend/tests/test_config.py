@@ -106,9 +106,13 @@ def test_compile_threads_setting():
     assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": " "}) is None
     assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": "1"}) == 1
     assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": " 32 "}) == 32
-    for bad in ["0", "-2", "1.5", "four", "+3", "\u00b2"]:
+    assert compile_threads_setting({"AITER_MLA_COMPILE_THREADS": "256"}) == 256
+    for bad in ["0", "-2", "1.5", "four", "+3", "\u00b2", "257", "00000001"]:
         with pytest.raises(ValueError, match=re.escape(f"AITER_MLA_COMPILE_THREADS={bad!r} is not a whole number")):
             compile_threads_setting({"AITER_MLA_COMPILE_THREADS": bad})
+    # 5000 digits: one line, cut short, never int()'s own limit error
+    with pytest.raises(ValueError, match=r"AITER_MLA_COMPILE_THREADS='9{20}\.\.\.\(5000 characters\)' is not"):
+        compile_threads_setting({"AITER_MLA_COMPILE_THREADS": "9" * 5000})
 
 
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16", "fp8", "fp8_e4m3"])

@@ -46,10 +46,14 @@ def test_the_pins_aiter_source_writes_make_a_manifest(tmp_path, capsys):
     ({**AITER_PINS, "commit": None}, {}, "--aiter-pins: 'pinned' is true but 'commit' is null"),
     (AITER_PINS, {"SOURCE_DATE_EPOCH": "²"}, "SOURCE_DATE_EPOCH='²' is not a number of seconds"),
     (AITER_PINS, {"SOURCE_DATE_EPOCH": "١٧٠٠"}, "is not a number of seconds"),
+    (AITER_PINS, {"SOURCE_DATE_EPOCH": str(2**63)}, "is not a number of seconds from 315532800 to 4102444800"),
+    (AITER_PINS, {"SOURCE_DATE_EPOCH": "0"}, "is not a number of seconds from 315532800"),
+    (AITER_PINS, {"SOURCE_DATE_EPOCH": "9" * 5000}, "SOURCE_DATE_EPOCH='99999999999999999999...(5000 characters)'"),
     ("[" * 100000, {}, "pins.json is nested too deeply to be one: build the aiter-verified stage"),
     ("\udcff", {}, "pins.json is not UTF-8 text (byte 0)"),
 ], ids=["a list", "misspelt commit", "no ck_commit", "commit a number", "pinned a string", "pinned without a commit",
-        "superscript epoch", "arabic-indic epoch", "nested too deeply", "not UTF-8"])
+        "superscript epoch", "arabic-indic epoch", "epoch 2**63", "epoch 0", "epoch of 5000 digits",
+        "nested too deeply", "not UTF-8"])
 def test_bad_base_inputs_are_one_line_naming_what_to_change(pins, env, named, tmp_path, capsys):
     rc, out, err = base(tmp_path, capsys, pins, **env)
     lines = err.strip().splitlines()

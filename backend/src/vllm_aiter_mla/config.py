@@ -32,6 +32,7 @@ def decode_mode(environ: Mapping[str, str] = os.environ) -> str:
 
 
 COMPILE_THREADS_ENV = "AITER_MLA_COMPILE_THREADS"
+MAX_COMPILE_THREADS = 256
 
 
 def compile_threads_setting(environ: Mapping[str, str] = os.environ) -> int | None:
@@ -40,9 +41,10 @@ def compile_threads_setting(environ: Mapping[str, str] = os.environ) -> int | No
     text = environ.get(COMPILE_THREADS_ENV, "").strip()
     if not text:
         return None
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise ValueError(f"{COMPILE_THREADS_ENV}={environ[COMPILE_THREADS_ENV]!r} is not a whole number of threads, "
-                         "1 or more (1: compile one at a time; unset: one per CPU, at most 16)")
+    if not (text.isascii() and text.isdigit() and len(text) <= 4 and 1 <= int(text) <= MAX_COMPILE_THREADS):
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise ValueError(f"{COMPILE_THREADS_ENV}={shown!r} is not a whole number of threads from 1 to "
+                         f"{MAX_COMPILE_THREADS} (1: compile one at a time; unset: one per CPU, at most 16)")
     return int(text)
 
 
