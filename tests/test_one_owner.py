@@ -65,6 +65,8 @@ KNOWN = {
     ("ci/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
     ("ci/pins/resolve.py", "spawn"): (2, "git ls-remote / fetch, with deadlines (the pins job)"),
     ("ci/pins/reach.py", "spawn"): (1, "git config --get-urlmatch (the pins job)"),
+    ("ci/runtime_modules.py", "join"): (1, "the runtime module the tool itself names (numbers, secrets), found in "
+                                           "this checkout's runtime/src: a name from the code, not from data"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
     ("ci/docker/check_aiter.py", "join"): (1, "the kernel table of AITER_TAG, in a build stage without the "
                                               "runtime; the tag is checked where versions.json is read"),

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# TheRock ROCm as Python wheels (the stack vLLM 0.34 builds on: the SDK, a device wheel per GPU arch,
+# torch/torchvision/torchaudio +rocm), every wheel hash-checked, from TheRock's release index alone.
+#
+#   install_therock.sh LOCK INDEX_URL
+#
+# LOCK: a hash-locked requirements file (each wheel as name==version --hash=sha256:..., made by a
+#   resolver against INDEX_URL alone on a connected host); the whole set, installed --no-deps.
+# INDEX_URL: TheRock's release index (never PyPI, never a nightly index: PyPI holds same-named
+#   placeholder projects, rocm, rocm-sdk-core, rocm-sdk-device-gfx942, ..., so a second index could
+#   substitute one). https://, or file:// for a local mirror.
+# pip runs --isolated: no PIP_* variable (PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS) and no pip.conf can add
+# an index or a wheel directory; PIP_CERT, where set, is passed on explicitly. Wheels only.
+set -euo pipefail
+lock=${1:-} index=${2:-}
+die() { echo "install_therock: ERROR: $*" >&2; exit 1; }
+[ -n "$lock" ] && [ -n "$index" ] || die "usage: install_therock.sh LOCK INDEX_URL"
+[ -f "$lock" ] || die "no lock at $lock: make it with uv pip compile --generate-hashes against $index alone on a connected host"
+case "$index" in
+  https://*|file://*) ;;
+  *) die "INDEX_URL $index is not an https:// (or local file://) index" ;;
+esac
+grep -qE '^[A-Za-z0-9]' "$lock" || die "$lock holds no requirement"
+cert=()
+[ -n "${PIP_CERT:-}" ] && cert=(--cert "$PIP_CERT")
+"${PYTHON:-python3}" -m pip install --isolated --disable-pip-version-check --no-cache-dir --no-deps \
+  --require-hashes --only-binary=:all: "${cert[@]}" --index-url "$index" -r "$lock"
