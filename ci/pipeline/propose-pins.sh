@@ -93,7 +93,9 @@ for version in $releases; do
     exit 1
   fi
   cat "$out/discover.log"
-  track=$(python3 -c 'import json; print(json.load(open("versions.json"))["default_track"])')
+  # the track discover added: the newest (the default only where its stack is built here)
+  track=$(python3 -m ci.pins tracks --json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0])')
+  built=$(python3 -m ci.pins tracks --json --built | python3 -c 'import json, sys; print(int(sys.argv[1] in json.load(sys.stdin)))' "$track")
   set +e
   python3 -m ci.pins resolve "${release_items[@]}" --track "$track" --write >"$out/resolve.log" 2>&1
   resolve_status=$?
@@ -101,8 +103,13 @@ for version in $releases; do
   verify_status=$?
   # the new track's lock of vLLM's runtime requirements (uv: the test environment's, PINS_PYTHON)
   lock=ci/locks/vllm-$track-rocm.txt
-  "$pins_python" -m ci.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
-  lock_status=$?
+  if [ "$built" = 1 ]; then
+    "$pins_python" -m ci.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
+    lock_status=$?
+  else
+    echo "no lock: track $track's ROCm stack is not built here yet, so no image installs it" >"$out/lock.log"
+    lock_status=0
+  fi
   [ -f "$lock" ] && git add -- "$lock"
   bash -c "$tests_cmd" >"$out/tests.log" 2>&1
   tests_status=$?

@@ -209,7 +209,8 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
         git("tag", "-a", tag, "-m", tag, cwd=aiter)
     data["aiter"]["repository"] = aiter.as_uri()
     (project.path / "versions.json").write_text(model.canonical(data))
-    (project.path / f"ci/locks/vllm-{newest}-rocm.txt").unlink()  # the job must make it
+    built = newest in model.built_track_names(model.load(REPO / "versions.json"))
+    (project.path / f"ci/locks/vllm-{newest}-rocm.txt").unlink(missing_ok=not built)  # the job must make it
     sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; d = model.load(); "
                            "model.write_files({**model.global_arg_updates(d)[1], **model.backend_range_update(d)})"],
                           cwd=project.path, capture_output=True, text=True)
@@ -223,9 +224,11 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     assert git("rev-parse", "main", cwd=project.remote) == main_before
     branch = f"pins/vllm-{NEWEST}"
     proposed = json.loads(project.remote_file(branch, "versions.json"))
-    assert proposed["default_track"] == newest and proposed["tracks"][newest]["aiter"] == own["aiter"]
+    # the new track; the default where its stack is built here (a therock track leaves it)
+    assert (proposed["default_track"] == newest) == built and proposed["tracks"][newest]["aiter"] == own["aiter"]
     assert proposed["tracks"][newest]["vllm"]["sdist"]["sha256"] == own["vllm"]["sdist"]["sha256"]
-    assert f"ARG VLLM_VERSION={NEWEST}" in project.remote_file(branch, "Dockerfile.rocm")
+    default_version = proposed["tracks"][proposed["default_track"]]["vllm"]["version"]
+    assert f"ARG VLLM_VERSION={default_version}" in project.remote_file(branch, "Dockerfile.rocm")
     # the plugin's range is left as it was: the new release is not compared with the plugin yet
     assert f'SUPPORTED_VLLM = "{model.supported_vllm(data)}"' in project.remote_file(branch, str(model.BACKEND_INIT))
     calls = project.gh_calls()
@@ -236,8 +239,12 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     # the local upstream's tag is not the release's commit: the prefix check says so, in the body
     assert f"does not start with tracks.{newest}.vllm.commit_prefix" in body
     assert "Tests (`python3 -m ci.pins verify`): exit 0" in body
-    # the new track's lock, made by the job from the release's sdist, is the repository's own
+    # the new track's lock, made by the job from the release's sdist, is the repository's own (none
+    # for a track whose stack is not built here)
     assert f"`python3 -m ci.pins lock vllm-{newest}` (exit 0)" in body, body[body.find("ci.pins lock"):][:1500]
     lock = f"ci/locks/vllm-{newest}-rocm.txt"
-    assert project.remote_file(branch, lock) == (REPO / lock).read_text().rstrip("\n")
+    if built:
+        assert project.remote_file(branch, lock) == (REPO / lock).read_text().rstrip("\n")
+    else:
+        assert f"no lock: track {newest}'s ROCm stack is not built here yet" in body
     assert f"track {newest} builds AITER {own['aiter']}; AITER has v9.0.0" in body
