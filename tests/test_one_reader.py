@@ -28,9 +28,6 @@ URL_SPLITS = ("urlsplit", "urlparse")
 KNOWN = {
     ("backend/src/vllm_aiter_mla/config.py", "number"): (2, "AITER_MLA_COMPILE_THREADS: the backend package does "
                                                            "not depend on the runtime (its own digits check)"),
-    ("runtime/src/rocm_vllm_runtime/manifest.py", "number"): (2, "SOURCE_DATE_EPOCH of the build, read by the "
-                                                                "manifest (run from source in the build, numbers.py "
-                                                                "not mounted) with its own digits and range check"),
 }
 
 

@@ -18,13 +18,16 @@ import re
 import tempfile
 from pathlib import Path
 
+from .. import runtime_modules
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
-# source_date_epoch's plausible range (the build's mtimes, `touch -d @N`, and the wheels' zip entries).
-EPOCH_RANGE = (315532800, 4102444800)
+# source_date_epoch's plausible range (the build's mtimes, `touch -d @N`, and the wheels' zip entries):
+# the one the image manifest reads SOURCE_DATE_EPOCH with.
+EPOCH_RANGE = runtime_modules.module("numbers").EPOCH_RANGE
 # Every string of the versions file has a pattern (verify.check_strings), anchored with \A and
 # \Z (not ^ and $, which let a trailing newline through into a build arg).
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")

