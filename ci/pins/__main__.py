@@ -116,7 +116,8 @@ def run(ns, parser, root: Path) -> int:
     if getattr(ns, "track", None) is not None and ns.track not in data["tracks"]:
         raise PinError(f"--track {ns.track}: not a key of tracks (known: {', '.join(model.track_names(data))})")
     if ns.command == "tracks":
-        names = model.built_track_names(data) if ns.built else model.track_names(data)
+        built = model.built_track_names(data)
+        names = built if ns.built else model.track_names(data)
         if ns.json:
             print(json.dumps(names))
             return 0
@@ -125,7 +126,7 @@ def run(ns, parser, root: Path) -> int:
             mark = " (default)" if name == data["default_track"] else ""
             print(f"{name}{mark}: vLLM {own['vllm']['version']}, AITER {data['aiter']['pins'][own['aiter']]['tag']}, "
                   f"ROCm {model.section(data, 'rocm', name)['version']} ({model.track_stack(data, name)}"
-                  f"{'' if name in model.built_track_names(data) else ', images not built here yet'})")
+                  f"{'' if name in built else ', images not built here yet'})")
         print(backend_range_line(data, root))
         return 0
     if ns.command == "format":

@@ -49,11 +49,11 @@ MAX_HEADS = 128
 MAX_QLEN = 8  # the tables cover query lengths 1..8 (up to 7 speculative tokens)
 
 TABLE_ENV = "AITER_MLA_KERNEL_TABLE"
+AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 
 REFUSE = "refuse"  # a defect's remedy: the call is refused
 MEASURE = "measure"  # the call runs; the defect is measured at start-up and its effect undone
 REMEDIES = (REFUSE, MEASURE)
-AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 
 Key = tuple[str, str, int, str, str, int]  # arch, mode, heads, q, kv, qlen
 
