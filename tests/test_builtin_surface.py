@@ -1,6 +1,6 @@
 """vLLM's built-in ROCM_AITER_MLA, release by release, against the plugin's feature table: every
 item of the built-in's surface in each track's released source (the AITER names it imports, its
-support and predicate functions, its metadata fields) is classified in
+support and predicate functions, every method of its impl, its metadata fields) is classified in
 backend/tests/data/builtin_surface.json, as a row of the feature table in backend/README.md (own,
 delegated or refused there) or as internal. A release that adds a feature adds an item: this
 fails, naming it, until someone classifies it (and the plugin routes it), before the plugin's
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIED = ROOT / "backend/tests/data/builtin_surface.json"
 BUILTIN = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
 # support and predicate names: get_supported_*, supports_*, is_*, use_*, can_*, has_*, *_supported, ...
+# The impl class: the own impl is it with the own decode, so every method it has is an item.
+IMPL = "AiterMLAImpl"
 PREDICATE = re.compile(r"^(supports?_|get_supported_|is_|use_|can_|has_)|_(supported|unsupported|enabled|superseded)$")
 
 
@@ -37,7 +39,9 @@ def surface(source: str) -> set[str]:
             items.add(f"function {node.name}")
         elif isinstance(node, ast.ClassDef):
             for member in node.body:
-                if isinstance(member, ast.FunctionDef) and PREDICATE.search(member.name.lstrip("_")):
+                # every method of the impl (the own impl inherits all but its decode), predicates elsewhere
+                if isinstance(member, ast.FunctionDef) and (
+                        node.name == IMPL or PREDICATE.search(member.name.lstrip("_"))):
                     items.add(f"method {node.name}.{member.name}")
                 elif (node.name.endswith("Metadata") and isinstance(member, ast.AnnAssign)
                       and isinstance(member.target, ast.Name)):
@@ -85,9 +89,11 @@ def test_a_release_adding_a_predicate_a_field_or_an_aiter_call_fails():
         "def _new_feature_supported() -> bool:\n    return True\n"
         "class AiterMLAHelper2:\n    @staticmethod\n    def use_new_path(n):\n        return n\n"
         "class AiterMLANewMetadata:\n    new_field: int = 0\n"
+        "class AiterMLAImpl:\n    def _fused_prefill_step(self):\n        pass\n"
     )
     assert unclassified(added) == ["aiter aiter.ops.new_kernel.fused_thing", "field AiterMLANewMetadata.new_field",
-                                   "function _new_feature_supported", "method AiterMLAHelper2.use_new_path"]
+                                   "function _new_feature_supported", "method AiterMLAHelper2.use_new_path",
+                                   "method AiterMLAImpl._fused_prefill_step"]
 
 
 def test_no_classification_is_left_without_a_release():

@@ -1,6 +1,7 @@
 """backend/README.md's feature table is true: each row's built-in column for the installed vLLM
 (0.32 here, 0.33 in its track's environment) against vLLM's built-in ROCM_AITER_MLA classes, and
-the plugin column against routing (own / delegated) or the own path's refusals."""
+the plugin column against routing (own / delegated), the own impl's inheritance of the built-in's
+prefill (inherited) or the own path's refusals."""
 from __future__ import annotations
 
 import inspect
@@ -127,14 +128,25 @@ def _own_largest_work() -> str:
     return "own" if asked == [1, 2, 3] else "refused"
 
 
-def _own_context_gather() -> str:
-    from vllm.model_executor.layers.attention.mla_attention import MLACommonImpl
-
+def _inherited(*methods: str) -> str:
+    """"inherited" when the own impl runs the built-in's code for these methods of the running
+    release (those it has; backend/tests/test_prefill_inherited.py holds every method), else
+    "own" (the own path would have code of its own there)."""
     from vllm_aiter_mla.backend import AiterMLAImpl
 
-    # the own path gathers a chunked prefill's context as vLLM's MLA common impl does (unfused)
-    common = AiterMLAImpl._compute_prefill_context is MLACommonImpl._compute_prefill_context
-    return "own" if common else "refused"
+    impl = builtin().AiterMLAImpl
+    same = all(inspect.getattr_static(AiterMLAImpl, m) is inspect.getattr_static(impl, m)
+               for m in methods if m in vars(impl))
+    return "inherited" if issubclass(AiterMLAImpl, impl) and same else "own"
+
+
+def _inherited_context_gather() -> str:
+    from vllm_aiter_mla.backend import AiterMLAMetadataBuilder
+
+    # the own builder makes the indices the built-in's gather reads, with the built-in builder's method
+    feeds = "_build_context_chunk_kv_indices" in _source(AiterMLAMetadataBuilder.build)
+    return _inherited("_compute_prefill_context", "_gather_context_chunk", "_can_fuse_context_gather") if feeds \
+        else "own"
 
 
 # row -> (what the built-in has, read from its classes; what the plugin does)
@@ -175,7 +187,10 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda b: "mla_prefill_ps_asm_fwd" in _source(b._fp8_mla_prefill_supported),
         lambda: routed(archs=("gfx950",), builtin_fp8_prefill=True, **FP8)),
     "gfx950 fused chunked-context gather for prefill (`gather_kv_b_proj`)": (
-        lambda b: hasattr(b.AiterMLAImpl, "_can_fuse_context_gather"), _own_context_gather),
+        lambda b: hasattr(b.AiterMLAImpl, "_can_fuse_context_gather"), _inherited_context_gather),
+    "fused k_nope/k_pe concat for prefill (`fused_kimi_k3_mla_kv_concat`)": (
+        lambda b: "fused_kimi_k3_mla_kv_concat" in _source(b.AiterMLAImpl),
+        lambda: _inherited("_concat_k_nope_k_pe")),
     "gfx950 fewer than 16 heads unpadded (Gluon)": (
         lambda b: hasattr(b.AiterMLAHelper, "use_gluon_decode") and hasattr(b.AiterMLAHelper, "use_gluon_verify"),
         lambda: routed(num_heads=8, archs=("gfx950",), builtin_unpadded_small_heads=True)),

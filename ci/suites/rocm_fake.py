@@ -73,6 +73,11 @@ def rocm_platform(arch: str, env: dict[str, str], aiter_found: bool) -> Iterator
         )
         stack.enter_context(mock.patch.object(platforms, "_current_platform", platform))
         stack.enter_context(mock.patch.object(aiter_ops, "current_platform", platform))
+        # VllmConfig's checks run the current platform's check_and_update_config, through the name
+        # its module bound at import (vLLM 0.34's CPU platform refuses an x86 host without Triton).
+        config_module = importlib.import_module("vllm.config.vllm")
+        if hasattr(config_module, "current_platform"):
+            stack.enter_context(mock.patch.object(config_module, "current_platform", platform))
         stack.enter_context(mock.patch.object(aiter_ops, "IS_AITER_FOUND", aiter_found))
         aiter_ops.rocm_aiter_ops.refresh_env_variables()
         _clear_arch_caches()

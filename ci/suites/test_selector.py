@@ -190,7 +190,9 @@ PARITY_ROWS = [
     # what the built-in does not serve either: the same other backend, or the same error
     ("non-causal-gfx942", "gfx942", {"use_non_causal": True}, False),
     ("sliding-window", "gfx942", {"has_sliding_window": True}, False),
+    ("attention-sinks", "gfx942", {"has_sink": True}, False),
 ]
+NOT_SERVED = ("non-causal-gfx942", "sliding-window", "attention-sinks")
 
 
 def _parity_fields(fields: dict) -> dict:
@@ -239,8 +241,8 @@ def test_selection_with_the_plugin_lands_on_aiter_mla_wherever_vllm_alone_does(r
         assert with_plugin == without.replace(VLLM_BUILTIN_AITER, OURS), f"{name}: {with_plugin} vs {without}"
 
 
-@pytest.mark.parametrize("row", [r for r in PARITY_ROWS if r[0] not in ("non-causal-gfx942", "sliding-window")],
-                         ids=[r[0] for r in PARITY_ROWS if r[0] not in ("non-causal-gfx942", "sliding-window")])
+@pytest.mark.parametrize("row", [r for r in PARITY_ROWS if r[0] not in NOT_SERVED],
+                         ids=[r[0] for r in PARITY_ROWS if r[0] not in NOT_SERVED])
 def test_vllm_alone_serves_these_rows_with_its_aiter_mla(row):
     """The rows above are rows the built-in really serves (else the parity test proves nothing)."""
     name, arch, fields, non_causal_kernels = row
@@ -259,9 +261,15 @@ def _tiny_model_dir() -> str:
     pytest.fail("tiny MLA model not found: set TINY_MLA_MODEL to its directory")
 
 
-def _vllm_config(dtype: str = "bfloat16", tp: int = 1, dcp: int = 1, spec_tokens: int = 0, kv: str = "auto",
-                 adaptive: bool = False, non_causal: bool = False):
-    """A real VllmConfig of the tiny MLA model (16 heads): `tp` divides its heads over GPUs."""
+def _vllm_config(arch: str, dtype: str = "bfloat16", tp: int = 1, dcp: int = 1, spec_tokens: int = 0,
+                 kv: str = "auto", adaptive: bool = False, non_causal: bool = False):
+    """A real VllmConfig of the tiny MLA model (16 heads), made as on a host with ``arch`` (the
+    platform checks the config: vLLM's ROCm one, as there): `tp` divides its heads over GPUs."""
+    with rocm_platform(arch, ON, True):
+        return _make_vllm_config(dtype, tp, dcp, spec_tokens, kv, adaptive, non_causal)
+
+
+def _make_vllm_config(dtype: str, tp: int, dcp: int, spec_tokens: int, kv: str, adaptive: bool, non_causal: bool):
     from vllm.config import AttentionConfig, CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
     model = ModelConfig(model=_tiny_model_dir(), skip_tokenizer_init=True, dtype=dtype)
@@ -293,7 +301,8 @@ def _installed_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# name, arch, config settings, built-in predicate patches -> "own" or a word of the delegation reason
+# name, arch, config settings, built-in predicate patches (or the kernels the measurement runs) -> "own" or a
+# word of the delegation reason
 ROUTE_ROWS = [
     ("bf16-16-heads", "gfx942", {}, {}, "own"),
     ("bf16-16-heads-gfx950", "gfx950", {}, {}, "own"),
@@ -305,8 +314,13 @@ ROUTE_ROWS = [
     ("fp8-e5m2", "gfx942", {"kv": "fp8_e5m2"}, {}, "fp8_e5m2"),
     ("non-causal", "gfx950", {"non_causal": True}, {}, "non-causal"),
     # MTP with 4+ speculative tokens, bf16 on gfx942: no correct own kernel past query length 4
+    # (0.34's built-in verifies these with its Triton kernel: delegated for that reason there)
     ("mtp-5-bf16-gfx942", "gfx942", {"spec_tokens": 4}, {}, "no correct AITER"),
     ("mtp-8-bf16-gfx942", "gfx942", {"spec_tokens": 7}, {}, "no correct AITER"),
+    # fp8 on gfx942: the own path's 128-head kernels, where 0.34's built-in has its Triton verify
+    # (routing measures AITER's fp8 verify decode at start-up: the reference kernel stands in)
+    ("mtp-5-fp8-gfx942", "gfx942", {"spec_tokens": 4, "kv": "fp8"}, {"kernels": "reference"}, "own"),
+    ("mtp-8-fp8-gfx942", "gfx942", {"spec_tokens": 7, "kv": "fp8"}, {"kernels": "reference"}, "own"),
     # the built-in's own predicates, as they answer on a gfx950 host with AITER's kernels
     ("fp8-prefill-gfx950", "gfx950", {"kv": "fp8"}, {"_fp8_mla_prefill_supported": True}, "fp8 prefill"),
     ("8-heads-gfx950", "gfx950", {"tp": 2}, {}, "unpadded"),
@@ -319,10 +333,17 @@ def test_each_layer_runs_the_own_path_or_vllms_built_in(row):
     name, arch, settings, patches, expected = row
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    config = _vllm_config(**settings)
+    from vllm_aiter_mla.kernels import KERNELS_ENV
+
+    config = _vllm_config(arch, **settings)
+    if settings.get("spec_tokens", 0) >= 4 and hasattr(builtin, "_asm_causal_verify_unsupported"):
+        expected = "Triton kernel"  # the release's built-in verifies past query length 4 itself
     with contextlib.ExitStack() as stack:
         for attr, value in patches.items():
-            stack.enter_context(mock.patch.object(builtin, attr, lambda value=value: value))
+            if attr == "kernels":
+                stack.enter_context(mock.patch.dict(os.environ, {KERNELS_ENV: value}))
+            else:
+                stack.enter_context(mock.patch.object(builtin, attr, lambda value=value: value))
         route = _route(arch, config, settings.get("kv", "auto"))
     if expected == "own":
         assert route.own, f"{name}: {route.describe()}"
@@ -333,7 +354,7 @@ def test_each_layer_runs_the_own_path_or_vllms_built_in(row):
 def test_adaptive_verification_follows_the_built_in_of_the_running_vllm():
     """0.33's built-in verifies variable-length drafts (QueryLenSupport.VARLEN): delegated there;
     0.32's built-in verifies uniform drafts, as the own path does: own."""
-    config = _vllm_config(spec_tokens=2, adaptive=True)
+    config = _vllm_config("gfx942", spec_tokens=2, adaptive=True)
     route = _route("gfx942", config)
     if _installed_release() >= (0, 33):
         assert not route.own and "adaptive" in route.reasons[0]

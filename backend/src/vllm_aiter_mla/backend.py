@@ -29,8 +29,6 @@ from vllm.logger import init_logger
 from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonDecodeMetadata,
-    MLACommonImpl,
-    MLACommonMetadata,
     MLACommonMetadataBuilder,
     QueryLenSupport,
 )
@@ -76,8 +74,10 @@ class AiterMLADecodeMetadata(MLACommonDecodeMetadata):
 
 
 @dataclass
-class AiterMLAMetadata(MLACommonMetadata[AiterMLADecodeMetadata]):
-    pass
+class AiterMLAMetadata(builtin.AiterMLAMetadata):
+    """The built-in's metadata class (its prefill code reads its fields and checks its type), with
+    the own decode metadata. Built-in-only fields keep their defaults unless the own builder fills
+    them for the built-in's prefill code (``context_chunk_kv_indices``)."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -172,6 +172,11 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         shape = decode_shape(vllm_config, kv_cache_dtype)
         self._decode_heads = decode_head_count(self.num_heads, _total_heads(vllm_config), shape)
         self._kernels = load_kernels()
+        # The own impl's prefill is the built-in's (see AiterMLAImpl): where the built-in's builder
+        # flattens chunked-prefill context for its fused gather, this builder does the same, with
+        # the built-in's own method, so the built-in prefill code finds what it reads.
+        self._fused_context_gather = builtin_fused_context_gather(kv_cache_dtype, self.dcp_world_size)
+        self.kernel_block_size = kv_cache_spec.block_size  # read by that method, as in the built-in's builder
         self._work: PersistentWork | None = None
         if shape.mode == contract.PERSISTENT:
             dtype = work_dtype(vllm_config, kv_cache_dtype)
@@ -205,7 +210,8 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "
-            "<= %d (KV as pages of 1 slot, block size %d), kernels: %s, prefill=%s",
+            "<= %d (KV as pages of 1 slot, block size %d), kernels: %s, prefill=%s by vLLM's built-in impl "
+            "(fused context gather: %s)",
             BACKEND_NAME,
             __version__,
             self._kernels.name,
@@ -216,6 +222,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             self.page_size,
             kernel_family(self._decode_heads, shape),
             prefill,
+            "on" if self._fused_context_gather else "off",
         )
         if _on_rocm() and prefill != AITER_PREFILL_BACKEND:
             logger.warning_once(
@@ -226,6 +233,15 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 prefill,
                 AITER_PREFILL_BACKEND,
             )
+
+    def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False) -> AiterMLAMetadata:
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        prefill = metadata.prefill
+        if self._fused_context_gather and prefill is not None and prefill.chunked_context is not None:
+            # Once per step, not per layer, as the built-in's builder does.
+            metadata.context_chunk_kv_indices = builtin.AiterMLAMetadataBuilder._build_context_chunk_kv_indices(
+                self, prefill)
+        return metadata
 
     def _build_decode(
         self,
@@ -368,8 +384,15 @@ def _on_rocm() -> bool:
     return current_platform.is_rocm()
 
 
-class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
+class AiterMLAImpl(DecodeKernelsMixin, builtin.AiterMLAImpl):
+    """The own path's impl: vLLM's built-in impl of the running release with the own decode.
+    Everything but decode (``forward_mqa``) and the workspace reservation is the built-in's, so
+    the own path's prefill is never behind the release it runs on (0.34's fused k-concat and
+    gfx950 fused context gather included); layers whose prefill the built-in runs from metadata
+    only its builder makes (fp8 prefill, FlyDSL) are routed to the built-in whole."""
+
     can_return_lse_for_decode: bool = False
+    supports_dcp: bool = False  # the own builder refuses DCP; routing gives -dcp layers to the built-in
 
     def __init__(
         self,
@@ -401,6 +424,10 @@ class AiterMLAImpl(DecodeKernelsMixin, MLACommonImpl[AiterMLAMetadata]):
             kv_sharing_target_layer_name,
             **mla_args,
         )
+        if getattr(self, "_fp8_prefill_enabled", False):
+            # routing gives these layers to the built-in (its builder makes the fp8 prefill metadata)
+            raise ValueError(f"{BACKEND_NAME}: a layer with vLLM's built-in fp8 prefill reached the own path "
+                             "(routing gives it to the built-in)")
         self._init_decode(num_heads, kv_cache_dtype)
 
 
@@ -418,6 +445,22 @@ def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
     # prefill every valid head count in fp8.
     valid = getattr(helper, "is_valid_fp8_prefill_num_heads", helper.is_valid_num_heads)
     return bool(builtin._fp8_mla_prefill_supported() and valid(num_heads))
+
+
+def builtin_fused_context_gather(kv_cache_dtype: str, dcp_size: int) -> bool:
+    """Whether vLLM's built-in builder flattens chunked-prefill context for the fused gather
+    (``gather_kv_b_proj``) its prefill code runs: vLLM 0.34's predicate (gfx950, any KV dtype but
+    ``fp8_ds_mla``, no DCP; held against each release's source by the tests). Releases without
+    the method have no fused gather."""
+    if not hasattr(builtin.AiterMLAMetadataBuilder, "_build_context_chunk_kv_indices") or not _on_rocm():
+        return False
+    return kv_cache_dtype != "fp8_ds_mla" and dcp_size == 1 and _on_gfx950()
+
+
+def _on_gfx950() -> bool:
+    from vllm.platforms.rocm import on_gfx950  # noqa: PLC0415  (reads the GPU: ROCm only)
+
+    return bool(on_gfx950())
 
 
 def _builtin_native_heads(num_heads: int) -> bool:
