@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import discover, model
+from ci.pins import discover, model, verify
 from vllm_sdist import cache_dir, sdist_archive, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_discover_proposes_the_newest_track_as_released(sdists, tmp_path):
     # the new track is the default where its stack is built here, as versions.json has it
     assert (got["default_track"] == newest) == (newest == real["default_track"])
     track = got["tracks"][newest]
-    for key in ("stack", "base_image", "rocm"):  # a therock track's own stack, as discover derives it
+    for key in ("stack", "base_image", "rocm", "therock"):  # a therock track's own stack, as discover derives it
         assert track.get(key) == want.get(key), key
     assert (track["aiter"], track["upstream_base_dockerfile"]) == (want["aiter"], want["upstream_base_dockerfile"])
     assert track["vllm"]["sdist"]["sha256"] == want["vllm"]["sdist"]["sha256"]
@@ -177,12 +177,19 @@ def test_a_therock_base_makes_a_therock_track_that_is_not_the_default(tmp_path):
     digest = "sha256:" + "5" * 64
     release = discover.Release("9.1.0", "abcdef123", "1" * 40, base_dockerfiles={
         "docker/Dockerfile.rocm_base": {"BASE_IMAGE": f"ubuntu:24.04@{digest}", "AITER_BRANCH": "v0.2.0",
-                                        "ROCM_SDK_VERSION": "11.0.0"}})
+                                        "ROCM_SDK_VERSION": "11.0.0",
+                                        "ROCM_RELEASE_WHEELS_MULTIARCH_URL": "https://rel.example/whl/",
+                                        "TORCH_VERSION": "2.15.0+rocm11.0.0",
+                                        "TORCHVISION_VERSION": "0.30.0+rocm11.0.0",
+                                        "TORCHAUDIO_VERSION": "2.13.0+rocm11.0.0"}})
     changed = copy.deepcopy(data)
     proposal = discover.add_track(changed, discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
     own = changed["tracks"]["9.1"]
     assert own["stack"] == model.THEROCK_STACK and own["rocm"] == {"version": "11.0.0"}
     assert own["base_image"] == {"name": "ubuntu", "tag": "24.04", "digest": digest, "unresolved": []}
+    assert own["therock"]["index_url"] == "https://rel.example/whl/" and own["therock"]["torch"]["torch"] == \
+        "2.15.0+rocm11.0.0" and own["therock"]["unresolved"] == ["lock_sha256"]
+    assert verify.check_schema(changed) == []
     assert changed["default_track"] == data["default_track"]
     assert any("TheRock ROCm 11.0.0" in note for note in proposal.notes)
     assert any("default track stays" in note for note in proposal.notes)

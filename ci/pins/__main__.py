@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--built", action="store_true", help="only the tracks whose images this repository builds "
                                                         "(their ROCm stack is built here; not therock yet)")
 
+    p = sub.add_parser("therock", help="print what a therock track installs from TheRock's release index, as "
+                                       "requirement lines (the input of its hash lock)")
+    p.add_argument("--track", help="release track (default: the newest therock track)")
+
     sub.add_parser("format", help="rewrite the versions file in its one canonical layout (keys sorted, two-space "
                                   "indent)")
 
@@ -115,6 +119,8 @@ def run(ns, parser, root: Path) -> int:
                        f"{', '.join(sorted(data['aiter']['pins']))})")
     if getattr(ns, "track", None) is not None and ns.track not in data["tracks"]:
         raise PinError(f"--track {ns.track}: not a key of tracks (known: {', '.join(model.track_names(data))})")
+    if ns.command == "therock":
+        return run_therock(ns, data)
     if ns.command == "tracks":
         built = model.built_track_names(data)
         names = built if ns.built else model.track_names(data)
@@ -277,6 +283,25 @@ def run_resolve(ns, data: dict, root: Path) -> int:
 
 def _section_path(data: dict, track: str, key: str) -> str:
     return f"tracks.{track}.{key}" if key in data["tracks"][track] else key
+
+
+def run_therock(ns, data: dict) -> int:
+    """The requirement lines of a therock track (model.therock_requirements), headed by how to lock
+    them: uv against the track's release index alone, for the images' platform and Python."""
+    therock = [t for t in model.track_names(data) if model.track_stack(data, t) == model.THEROCK_STACK]
+    name = ns.track or (therock[0] if therock else None)
+    if name is None or name not in therock:
+        raise PinError(f"{'--track ' + name if name else 'versions.json'}: no therock track "
+                       f"(therock tracks: {', '.join(therock) or 'none'})")
+    track = data["tracks"][name]
+    platform = data["platform"]
+    print(f"# TheRock wheels of track {name}; lock them against the release index alone:\n"
+          f"#   uv pip compile --generate-hashes --index-url {track['therock']['index_url']} "
+          f"--python-version {data['python']['version']} "
+          f"--python-platform {platform['machine']}-manylinux_{platform['glibc'].replace('.', '_')} FILE")
+    for line in model.therock_requirements(track["rocm"]["version"], track["therock"]["torch"], data["gpu_archs"]):
+        print(line)
+    return 0
 
 
 def _and(parts: list[str]) -> str:

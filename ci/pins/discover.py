@@ -206,6 +206,31 @@ def choose_base(release: Release, base_image: dict) -> tuple[str, bool]:
     raise PinError(f"vLLM {release.version} ships no docker/Dockerfile.rocm*_base: add its track by hand")
 
 
+# ARGs of upstream's TheRock base: the release index (never the nightly one) and PyTorch's versions.
+THEROCK_INDEX_ARG = "ROCM_RELEASE_WHEELS_MULTIARCH_URL"
+THEROCK_ABOUT = ("TheRock ROCm wheels of this track, from its release index alone (upstream's base also consults the "
+                 "nightly index; this one never does): PyTorch's versions, from which with the SDK version and "
+                 "gpu_archs python3 -m ci.pins therock derives what the track installs, and the sha256 of their "
+                 "hash lock, made on a host that reaches the index.")
+THEROCK_TORCH_ARGS = {"torch": "TORCH_VERSION", "torchvision": "TORCHVISION_VERSION",
+                      "torchaudio": "TORCHAUDIO_VERSION"}
+
+
+def therock_pins(version: str, base_path: str, args: dict[str, str]) -> dict:
+    """A therock track's TheRock section, from upstream's base Dockerfile ARGs: its release index and
+    PyTorch's versions (what the track installs is derived from them: model.therock_requirements);
+    the hash lock of those wheels is made on a host that reaches the index (unresolved until then)."""
+    index = args.get(THEROCK_INDEX_ARG, "")
+    torch = {name: args.get(arg, "") for name, arg in THEROCK_TORCH_ARGS.items()}
+    missing = [arg for name, arg in THEROCK_TORCH_ARGS.items() if not torch[name]]
+    if not index.startswith("https://") or "nightly" in index or missing:
+        raise PinError(f"vLLM {version}'s {base_path} installs TheRock without a https release index "
+                       f"({THEROCK_INDEX_ARG}={index!r}) or PyTorch versions ({', '.join(missing) or 'present'}): "
+                       "add its track by hand")
+    return {"about": THEROCK_ABOUT, "index_url": index, "torch": torch, "lock_sha256": None,
+            "unresolved": ["lock_sha256"]}
+
+
 @dataclass
 class Proposal:
     track: str
@@ -236,7 +261,8 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         stack = {"stack": model.THEROCK_STACK,
                  "base_image": {"name": image, "tag": image_tag, "digest": digest,
                                 "unresolved": [] if digest else ["digest"]},
-                 "rocm": {"version": args["ROCM_SDK_VERSION"]}}
+                 "rocm": {"version": args["ROCM_SDK_VERSION"]},
+                 "therock": therock_pins(release.version, base_path, args)}
         notes.append(f"vLLM {release.version}'s {base_path} builds on TheRock ROCm {args['ROCM_SDK_VERSION']} "
                      f"(wheels on {args['BASE_IMAGE']}): the track records that stack; this repository does not "
                      "build its images yet (bake refuses them)")

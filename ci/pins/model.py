@@ -63,6 +63,21 @@ STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
 BUILT_STACKS = (ROCM_IMAGE_STACK,)
 
 
+# TheRock's PyTorch wheels a therock track installs (versions.json tracks.<track>.therock.torch).
+THEROCK_TORCH = ("torch", "torchvision", "torchaudio")
+
+
+def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: list[str]) -> list[str]:
+    """What a therock track installs from TheRock's release index, as upstream's base installs it but
+    for this project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch
+    the device wheels (GPU code objects) of the SDK, torch and torchvision."""
+    wanted = [f"rocm[libraries,devel]=={sdk_version}", *(f"{name}=={torch[name]}" for name in THEROCK_TORCH)]
+    for arch in gpu_archs:
+        wanted += [f"rocm[device-{arch}]=={sdk_version}", f"torch[device-{arch}]=={torch['torch']}",
+                   f"torchvision[device-{arch}]=={torch['torchvision']}"]
+    return wanted
+
+
 def track_stack(data: dict, name: str) -> str:
     """The track's ROCm stack (tracks.<name>.stack; rocm-image where it names none)."""
     return data["tracks"][name].get("stack", ROCM_IMAGE_STACK)

@@ -46,6 +46,26 @@ def _type_ok(value, types) -> bool:
     return isinstance(value, types)
 
 
+def _check_therock(track: dict, path: str, errors: list[str]) -> None:
+    """A therock track's TheRock section: the https release index alone (never a nightly one), the
+    PyTorch versions (what the track installs is derived from them, the SDK version and gpu_archs:
+    model.therock_requirements), and the sha256 of the hash lock of those wheels (null until a host
+    that reaches the index makes it)."""
+    therock = track["therock"]
+    if not _require(therock, path, {"index_url": str, "torch": dict, "lock_sha256": str}, errors):
+        return
+    _check_unresolved_list(therock, path, errors)
+    index = therock["index_url"] or ""
+    if not index.startswith("https://") or "nightly" in index:
+        errors.append(f"{path}.index_url = {index!r}: TheRock's release index over https (never a nightly index)")
+    torch = therock["torch"]
+    if set(torch) != set(model.THEROCK_TORCH) or not all(isinstance(v, str) and v for v in torch.values()):
+        errors.append(f"{path}.torch: the versions of {', '.join(model.THEROCK_TORCH)}, nothing else")
+    lock = therock["lock_sha256"]
+    if lock is not None and not SHA256_RE.match(lock):
+        errors.append(f"{path}.lock_sha256 = {lock!r}: 64 lowercase hex digits")
+
+
 def _require(node, path: str, fields: dict, errors: list[str], optional: dict | None = None) -> bool:
     """node is an object with every field of fields, each of that type or null, null only where
     "unresolved" lists it; optional fields, when present, of their type; no key other than
@@ -233,13 +253,19 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
         if not _TRACK_RE.match(name):
             errors.append(f"{path}: a track is named after its vLLM release line, like 0.33")
         if not _require(own, path, {"aiter": str, "upstream_base_dockerfile": str, "vllm": dict}, errors,
-                        optional={**dict.fromkeys(model.TRACK_OVERRIDES, dict), "stack": str}):
+                        optional={**dict.fromkeys(model.TRACK_OVERRIDES, dict), "stack": str,
+                                                 "therock": dict}):
             continue
         if own.get("stack", model.ROCM_IMAGE_STACK) not in model.STACKS:
             errors.append(f"{path}.stack = {own['stack']!r}: not one of {', '.join(model.STACKS)}")
-        elif own.get("stack") == model.THEROCK_STACK and not {"base_image", "rocm"} <= set(own):
-            errors.append(f"{path}: a therock track names its own base_image (the plain ubuntu image, by digest) and "
-                          "rocm (the TheRock SDK version)")
+        elif own.get("stack") == model.THEROCK_STACK and not {"base_image", "rocm", "therock"} <= set(own):
+            errors.append(f"{path}: a therock track names its own base_image (the plain ubuntu image, by digest), "
+                          "rocm (the TheRock SDK version) and therock (its wheel index and what it installs)")
+        elif own.get("stack") == model.THEROCK_STACK:
+            _check_therock(own, f"{path}.therock", errors)
+        elif "therock" in own:
+            errors.append(f"{path}.therock: only a therock track installs TheRock wheels (stack is "
+                          f"{own.get('stack', model.ROCM_IMAGE_STACK)})")
         for key in model.TRACK_OVERRIDES:
             if key in own:
                 _OVERRIDE_CHECKS[key](own[key], f"{path}.{key}", errors)

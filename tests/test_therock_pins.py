@@ -1,0 +1,108 @@
+"""A therock track's TheRock section of versions.json: the release index alone (never a nightly
+one, never plain http), PyTorch's versions from upstream's base Dockerfile, and what the track
+installs derived from them, the SDK version and gpu_archs (`python3 -m ci.pins therock`, the input
+of its hash lock); the lock's sha256 stays an unresolved pin until a host that reaches the index
+makes it. discover's proposal of the whole section against the real release is in test_discover."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.pins import discover, model, verify
+from ci.pins.model import PinError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tool(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def data():
+    return model.load(ROOT / "versions.json")
+
+
+def therock_tracks(data: dict) -> list[str]:
+    return [t for t in model.track_names(data) if model.track_stack(data, t) == model.THEROCK_STACK]
+
+
+def test_every_therock_track_has_its_section_and_an_unresolved_lock_here(data):
+    assert therock_tracks(data), "no therock track in versions.json"
+    for name in therock_tracks(data):
+        assert verify.check_schema(data) == []
+        assert f"tracks.{name}.therock.lock_sha256" in model.unresolved_pins(data)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda t: t["therock"].update(index_url="https://nightly.repo.amd.com/rocm/whl-next/"), "never a nightly"),
+    (lambda t: t["therock"].update(index_url="http://stable.repo.amd.com/rocm/whl-next/"), "over https"),
+    (lambda t: t["therock"]["torch"].update(triton="3.8.0"), "nothing else"),
+    (lambda t: t["therock"]["torch"].pop("torchaudio"), "nothing else"),
+    (lambda t: t["therock"].update(lock_sha256="ABC"), "64 lowercase hex"),
+    (lambda t: t["therock"].update(lock_sha256=None, unresolved=[]), "lock_sha256"),
+    (lambda t: t["therock"].update(extra_index_url="https://pypi.org/simple"), "unknown key"),
+    (lambda t: t.pop("therock"), "therock (its wheel index"),
+])
+def test_verify_refuses_a_therock_section_that_could_take_other_wheels(data, change, words):
+    d = copy.deepcopy(data)
+    change(d["tracks"][therock_tracks(d)[0]])
+    errors = verify.check_schema(d)
+    assert any(words in e for e in errors), errors
+
+
+def test_only_a_therock_track_has_a_therock_section(data):
+    d = copy.deepcopy(data)
+    built = model.built_track_names(d)[0]
+    d["tracks"][built]["therock"] = copy.deepcopy(d["tracks"][therock_tracks(d)[0]]["therock"])
+    assert any(f"tracks.{built}.therock: only a therock track" in e for e in verify.check_schema(d))
+
+
+def test_what_a_therock_track_installs_follows_gpu_archs(data):
+    name = therock_tracks(data)[0]
+    track = data["tracks"][name]
+    sdk, torch = track["rocm"]["version"], track["therock"]["torch"]
+    lines = model.therock_requirements(sdk, torch, ["gfx942"])
+    assert lines[:4] == [f"rocm[libraries,devel]=={sdk}", f"torch=={torch['torch']}",
+                         f"torchvision=={torch['torchvision']}", f"torchaudio=={torch['torchaudio']}"]
+    assert lines[4:] == [f"rocm[device-gfx942]=={sdk}", f"torch[device-gfx942]=={torch['torch']}",
+                         f"torchvision[device-gfx942]=={torch['torchvision']}"]
+    both = model.therock_requirements(sdk, torch, ["gfx942", "gfx950"])
+    assert len(both) == 10 and sum("gfx950" in line for line in both) == 3
+
+
+def test_the_therock_command_prints_the_lock_input(data):
+    name = therock_tracks(data)[0]
+    proc = run_tool("therock", "--track", name)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    track = data["tracks"][name]
+    assert f"--index-url {track['therock']['index_url']} " in lines[1] and "--generate-hashes" in lines[1]
+    assert "--extra-index-url" not in proc.stdout
+    assert [line for line in lines if not line.startswith("#")] == model.therock_requirements(
+        track["rocm"]["version"], track["therock"]["torch"], data["gpu_archs"])
+    built = model.built_track_names(data)[0]
+    proc = run_tool("therock", "--track", built)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and f"--track {built}: no therock track" in proc.stderr
+
+
+UPSTREAM = {"ROCM_SDK_VERSION": "10.0.0", "ROCM_RELEASE_WHEELS_MULTIARCH_URL": "https://stable.repo.amd.com/rocm/whl-next/",
+            "ROCM_NIGHTLY_WHEELS_MULTIARCH_URL": "https://nightly.repo.amd.com/rocm/whl-next/",
+            "TORCH_VERSION": "2.13.0+rocm10.0.0", "TORCHVISION_VERSION": "0.28.0+rocm10.0.0",
+            "TORCHAUDIO_VERSION": "2.11.0+rocm10.0.0"}
+
+
+def test_discover_takes_the_release_index_and_never_the_nightly_one():
+    pins = discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", UPSTREAM)
+    assert pins["index_url"] == UPSTREAM["ROCM_RELEASE_WHEELS_MULTIARCH_URL"]
+    assert pins["torch"] == {"torch": "2.13.0+rocm10.0.0", "torchvision": "0.28.0+rocm10.0.0",
+                             "torchaudio": "2.11.0+rocm10.0.0"}
+    assert pins["lock_sha256"] is None and pins["unresolved"] == ["lock_sha256"]
+    for bad in ({"ROCM_RELEASE_WHEELS_MULTIARCH_URL": UPSTREAM["ROCM_NIGHTLY_WHEELS_MULTIARCH_URL"]},
+                {"ROCM_RELEASE_WHEELS_MULTIARCH_URL": ""}, {"TORCHAUDIO_VERSION": ""}):
+        with pytest.raises(PinError, match="add its track by hand"):
+            discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", {**UPSTREAM, **bad})
