@@ -132,3 +132,19 @@ def test_the_gather_indices_are_the_context_slots_in_the_interpreter(monkeypatch
     run = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("ok: ") == 4 and "DIFFERENT" not in run.stdout
+
+
+@pytest.mark.parametrize("archs", [("gfx942",), ("gfx950",)])
+def test_the_builtins_constructor_accepts_every_head_count_the_own_path_serves(archs):
+    """The own impl runs the built-in's constructor, which refuses head counts it cannot pad: every
+    count routing gives the own path is one it accepts (else the own path would stop at start-up
+    where the built-in runs)."""
+    from routing_cases import FP8, TABLE, facts  # noqa: PLC0415
+
+    from vllm_aiter_mla.routing import choose_route  # noqa: PLC0415
+
+    own = [n for n in range(1, 300) for kv in ({}, FP8)
+           if choose_route(facts(num_heads=n, archs=archs, **kv), TABLE).own]
+    assert own and 16 in own and 128 in own
+    refused = sorted({n for n in own if not builtin.AiterMLAHelper.is_valid_num_heads(n)})
+    assert refused == [], f"the built-in's constructor refuses {refused} heads, which the own path would take"
