@@ -2,7 +2,7 @@
 release index's wheels are installed by their hashes; a same-named wheel on another index (a PyPI
 stand-in, offered through PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS as a careless environment would) is
 never taken, even at the same version; a wrong hash, a wheel only the other index has, an http://
-index and a missing lock are refused."""
+index, a missing lock and a lock other than the one versions.json pins (its sha256) are refused."""
 from __future__ import annotations
 
 import hashlib
@@ -65,13 +65,16 @@ def indexes(tmp_path_factory):
             "python": venv / "bin/python"}
 
 
-def install(indexes, lock_lines: list[str], index_url: str | None = None) -> subprocess.CompletedProcess:
+def install(indexes, lock_lines: list[str], index_url: str | None = None,
+            pinned: str | None = None) -> subprocess.CompletedProcess:
+    """The script on a lock of these lines, pinned by its own sha256 unless `pinned` says otherwise."""
     lock = indexes["root"] / "lock.txt"
     lock.write_text("".join(f"{line}\n" for line in lock_lines))
     env = {**os.environ, "PYTHON": str(indexes["python"]),
            # what a careless environment offers: PyPI stand-ins as an extra index and a wheel folder
            "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri(), "PIP_FIND_LINKS": str(indexes["pypi-newer"] / "torch")}
-    return subprocess.run(["bash", SCRIPT, lock, index_url or indexes["release"].as_uri()], env=env,
+    pin = hashlib.sha256(lock.read_bytes()).hexdigest() if pinned is None else pinned
+    return subprocess.run(["bash", SCRIPT, lock, index_url or indexes["release"].as_uri(), pin], env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -101,9 +104,17 @@ def test_refusals_come_before_any_install(indexes):
     proc = install(indexes, lock_of(indexes), index_url="http://127.0.0.1:9/simple")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         "install_therock: ERROR: INDEX_URL http://127.0.0.1:9/simple is not an https:// (or local file://) index"]
-    proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "none.txt", indexes["release"].as_uri()],
+    proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "none.txt", indexes["release"].as_uri(), "0" * 64],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "no lock at" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    # a lock that is not the one versions.json pins (edited, or another track's), an unresolved pin
+    proc = install(indexes, lock_of(indexes), pinned="1" * 64)
+    assert proc.returncode == 1 and f"not the pinned {'1' * 64}" in proc.stderr, proc.stderr
+    proc = install(indexes, lock_of(indexes), pinned="UNRESOLVED")
+    assert proc.returncode == 1 and "is not a sha256 (unresolved?" in proc.stderr, proc.stderr
+    proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "lock.txt", indexes["release"].as_uri()],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "usage: install_therock.sh LOCK INDEX_URL LOCK_SHA256" in proc.stderr
     assert origins(indexes) == {}
 
 
