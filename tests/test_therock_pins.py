@@ -27,20 +27,17 @@ def data():
     return model.load(ROOT / "versions.json")
 
 
-def therock_tracks(data: dict) -> list[str]:
-    return [t for t in model.track_names(data) if model.track_stack(data, t) == model.THEROCK_STACK]
-
-
 def test_every_therock_track_has_its_section_and_an_unresolved_lock_here(data):
-    assert therock_tracks(data), "no therock track in versions.json"
-    for name in therock_tracks(data):
+    assert model.therock_track_names(data), "no therock track in versions.json"
+    for name in model.therock_track_names(data):
         assert verify.check_schema(data) == []
         assert f"tracks.{name}.therock.lock_sha256" in model.unresolved_pins(data)
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    (lambda t: t["therock"].update(index_url="https://nightly.repo.amd.com/rocm/whl-next/"), "never a nightly"),
-    (lambda t: t["therock"].update(index_url="http://stable.repo.amd.com/rocm/whl-next/"), "over https"),
+    (lambda t: t["therock"].update(index_url="https://nightly.repo.amd.com/rocm/whl-next/"), "a nightly index"),
+    (lambda t: t["therock"].update(index_url="https://NIGHTLY.repo.amd.com/rocm/whl-next/"), "a nightly index"),
+    (lambda t: t["therock"].update(index_url="http://stable.repo.amd.com/rocm/whl-next/"), "not an https:// index"),
     (lambda t: t["therock"]["torch"].update(triton="3.8.0"), "nothing else"),
     (lambda t: t["therock"]["torch"].pop("torchaudio"), "nothing else"),
     (lambda t: t["therock"].update(lock_sha256="ABC"), "64 lowercase hex"),
@@ -50,7 +47,7 @@ def test_every_therock_track_has_its_section_and_an_unresolved_lock_here(data):
 ])
 def test_verify_refuses_a_therock_section_that_could_take_other_wheels(data, change, words):
     d = copy.deepcopy(data)
-    change(d["tracks"][therock_tracks(d)[0]])
+    change(d["tracks"][model.therock_track_names(d)[0]])
     errors = verify.check_schema(d)
     assert any(words in e for e in errors), errors
 
@@ -58,12 +55,12 @@ def test_verify_refuses_a_therock_section_that_could_take_other_wheels(data, cha
 def test_only_a_therock_track_has_a_therock_section(data):
     d = copy.deepcopy(data)
     built = model.built_track_names(d)[0]
-    d["tracks"][built]["therock"] = copy.deepcopy(d["tracks"][therock_tracks(d)[0]]["therock"])
+    d["tracks"][built]["therock"] = copy.deepcopy(d["tracks"][model.therock_track_names(d)[0]]["therock"])
     assert any(f"tracks.{built}.therock: only a therock track" in e for e in verify.check_schema(d))
 
 
 def test_what_a_therock_track_installs_follows_gpu_archs(data):
-    name = therock_tracks(data)[0]
+    name = model.therock_track_names(data)[0]
     track = data["tracks"][name]
     sdk, torch = track["rocm"]["version"], track["therock"]["torch"]
     lines = model.therock_requirements(sdk, torch, ["gfx942"])
@@ -76,7 +73,7 @@ def test_what_a_therock_track_installs_follows_gpu_archs(data):
 
 
 def test_the_therock_command_prints_the_lock_input(data):
-    name = therock_tracks(data)[0]
+    name = model.therock_track_names(data)[0]
     proc = run_tool("therock", "--track", name)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -103,6 +100,18 @@ def test_discover_takes_the_release_index_and_never_the_nightly_one():
                              "torchaudio": "2.11.0+rocm10.0.0"}
     assert pins["lock_sha256"] is None and pins["unresolved"] == ["lock_sha256"]
     for bad in ({"ROCM_RELEASE_WHEELS_MULTIARCH_URL": UPSTREAM["ROCM_NIGHTLY_WHEELS_MULTIARCH_URL"]},
+                {"ROCM_RELEASE_WHEELS_MULTIARCH_URL": "https://Nightly.repo.amd.com/rocm/whl-next/"},
                 {"ROCM_RELEASE_WHEELS_MULTIARCH_URL": ""}, {"TORCHAUDIO_VERSION": ""}):
         with pytest.raises(PinError, match="add its track by hand"):
             discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", {**UPSTREAM, **bad})
+
+
+def test_the_therock_command_masks_credentials_in_the_index(data, tmp_path):
+    """An index with credentials (a private mirror) is printed masked, as every command line is."""
+    d = copy.deepcopy(data)
+    name = model.therock_track_names(d)[0]
+    d["tracks"][name]["therock"]["index_url"] = "https://user:s3cret@mirror.example/rocm/whl/"
+    model.dump(d, tmp_path / "versions.json")
+    proc = run_tool("--file", tmp_path / "versions.json", "therock")
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in proc.stdout and "--index-url https://" in proc.stdout and "mirror.example" in proc.stdout

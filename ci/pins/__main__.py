@@ -288,17 +288,17 @@ def _section_path(data: dict, track: str, key: str) -> str:
 def run_therock(ns, data: dict) -> int:
     """The requirement lines of a therock track (model.therock_requirements), headed by how to lock
     them: uv against the track's release index alone, for the images' platform and Python."""
-    therock = [t for t in model.track_names(data) if model.track_stack(data, t) == model.THEROCK_STACK]
+    therock = model.therock_track_names(data)
     name = ns.track or (therock[0] if therock else None)
     if name is None or name not in therock:
         raise PinError(f"{'--track ' + name if name else 'versions.json'}: no therock track "
                        f"(therock tracks: {', '.join(therock) or 'none'})")
     track = data["tracks"][name]
-    platform = data["platform"]
+    platform, _ = locks.platform_tag(data["platform"], "versions.json platform")
+    index = resolve.secrets.masked_url(track["therock"]["index_url"])  # a mirror's credentials are not printed
     print(f"# TheRock wheels of track {name}; lock them against the release index alone:\n"
-          f"#   uv pip compile --generate-hashes --index-url {track['therock']['index_url']} "
-          f"--python-version {data['python']['version']} "
-          f"--python-platform {platform['machine']}-manylinux_{platform['glibc'].replace('.', '_')} FILE")
+          f"#   uv pip compile --generate-hashes --index-url {index} "
+          f"--python-version {data['python']['version']} --python-platform {platform} FILE")
     for line in model.therock_requirements(track["rocm"]["version"], track["therock"]["torch"], data["gpu_archs"]):
         print(line)
     return 0

@@ -223,10 +223,11 @@ def therock_pins(version: str, base_path: str, args: dict[str, str]) -> dict:
     index = args.get(THEROCK_INDEX_ARG, "")
     torch = {name: args.get(arg, "") for name, arg in THEROCK_TORCH_ARGS.items()}
     missing = [arg for name, arg in THEROCK_TORCH_ARGS.items() if not torch[name]]
-    if not index.startswith("https://") or "nightly" in index or missing:
-        raise PinError(f"vLLM {version}'s {base_path} installs TheRock without a https release index "
-                       f"({THEROCK_INDEX_ARG}={index!r}) or PyTorch versions ({', '.join(missing) or 'present'}): "
-                       "add its track by hand")
+    problem = model.therock_index_problem(index)
+    if problem or missing:
+        raise PinError(f"vLLM {version}'s {base_path} installs TheRock from {THEROCK_INDEX_ARG}="
+                       f"{resolve.secrets.masked_url(index)!r} ({problem or 'a release index'}), PyTorch versions "
+                       f"({'missing: ' + ', '.join(missing) if missing else 'present'}): add its track by hand")
     return {"about": THEROCK_ABOUT, "index_url": index, "torch": torch, "lock_sha256": None,
             "unresolved": ["lock_sha256"]}
 

@@ -144,7 +144,8 @@ def base_image_dists(root: Path) -> tuple[str, ...]:
     raise PinError(f"{BASE_IMAGE_DISTS}: no FIXED = (...) assignment to read the base image's distributions from")
 
 
-def _platform(spec: dict, where: str) -> tuple[str, str]:
+def platform_tag(spec: dict, where: str) -> tuple[str, str]:
+    """(uv's --python-platform tag, the spec's Python or "") of a platform spec (glibc, machine)."""
     for key in ("glibc", "machine"):
         if not isinstance(spec.get(key), str) or not re.fullmatch(r"[A-Za-z0-9_.]+", spec[key]):
             raise PinError(f"{where}.{key}: a string such as 2.35 / x86_64 is required")
@@ -155,10 +156,10 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
     """Every lock locks.json defines (a per_track lock once per track of the versions file data whose
     images are built)."""
     spec = spec if spec is not None else load(root)
-    image_platform, _ = _platform(data["platform"], "versions.json platform")
+    image_platform, _ = platform_tag(data["platform"], "versions.json platform")
     platforms = {"image": (image_platform, data["python"]["version"])}
     for name, value in spec.get("platforms", {}).items():
-        platforms[name] = _platform(value, f"locks.json platforms.{name}")
+        platforms[name] = platform_tag(value, f"locks.json platforms.{name}")
     out = []
     for name, entry in sorted(spec.get("locks", {}).items()):
         where = f"locks.json locks.{name}"

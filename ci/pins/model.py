@@ -67,6 +67,16 @@ BUILT_STACKS = (ROCM_IMAGE_STACK,)
 THEROCK_TORCH = ("torch", "torchvision", "torchaudio")
 
 
+def therock_index_problem(url: str) -> str | None:
+    """What is wrong with a TheRock index URL, or None: it must be a release index over https, never
+    a nightly one (hosts compare without case)."""
+    if not url.startswith("https://"):
+        return "not an https:// index"
+    if "nightly" in url.lower():
+        return "a nightly index (the release index only)"
+    return None
+
+
 def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: list[str]) -> list[str]:
     """What a therock track installs from TheRock's release index, as upstream's base installs it but
     for this project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch
@@ -81,6 +91,11 @@ def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: lis
 def track_stack(data: dict, name: str) -> str:
     """The track's ROCm stack (tracks.<name>.stack; rocm-image where it names none)."""
     return data["tracks"][name].get("stack", ROCM_IMAGE_STACK)
+
+
+def therock_track_names(data: dict) -> list[str]:
+    """The tracks on the therock stack, newest first."""
+    return [name for name in track_names(data) if track_stack(data, name) == THEROCK_STACK]
 
 
 def built_track_names(data: dict) -> list[str]:

@@ -55,9 +55,9 @@ def _check_therock(track: dict, path: str, errors: list[str]) -> None:
     if not _require(therock, path, {"index_url": str, "torch": dict, "lock_sha256": str}, errors):
         return
     _check_unresolved_list(therock, path, errors)
-    index = therock["index_url"] or ""
-    if not index.startswith("https://") or "nightly" in index:
-        errors.append(f"{path}.index_url = {index!r}: TheRock's release index over https (never a nightly index)")
+    problem = model.therock_index_problem(therock["index_url"] or "")
+    if problem:
+        errors.append(f"{path}.index_url: {problem}: TheRock's release index over https (never a nightly index)")
     torch = therock["torch"]
     if set(torch) != set(model.THEROCK_TORCH) or not all(isinstance(v, str) and v for v in torch.values()):
         errors.append(f"{path}.torch: the versions of {', '.join(model.THEROCK_TORCH)}, nothing else")
