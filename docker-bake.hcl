@@ -111,12 +111,16 @@ function "no_value" {
 // has none.)
 target "_pins_resolved" {}
 
-// A track on TheRock ROCm (tracks.<track>.stack = "therock": ROCm as pip wheels, upstream's only
-// stack from vLLM 0.34) has no images here yet: its ROCm targets stop the same way, in one line,
-// whatever ALLOW_UNRESOLVED says.
 function "pins_check" {
   params = [name, pins]
-  result = lookup(tracks[TRACK], "stack", "rocm-image") != "rocm-image" ? "${name} (track ${TRACK}): it builds on the ${tracks[TRACK].stack} ROCm stack (TheRock ROCm ${tracks[TRACK].rocm.version} as wheels), which Dockerfile.rocm_base does not build yet: build a track on the rocm-image stack (TRACK=${default_track})" : length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and the PyTorch wheel index, or set ALLOW_UNRESOLVED=1 for a development image"
+  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
+}
+
+// The track's ROCm stack (tracks.<track>.stack): rocm-image (a ROCm container image) or therock
+// (TheRock ROCm as wheels on plain ubuntu); Dockerfile.rocm_base's ROCM_STACK picks its stages.
+function "stack" {
+  params = []
+  result = lookup(tracks[TRACK], "stack", "rocm-image")
 }
 
 // versions.json paths (path.key) of the keys of node that are null.
@@ -141,17 +145,32 @@ function "aiter_source_pins" {
     nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["tag", "commit", "ck_commit"]))
 }
 
-// The pins the base image builds from: the AITER source's, the HipKittens commit, the PyTorch
-// wheels.
+// The pins the base image builds from: the AITER source's, the HipKittens commit, and the stack's
+// PyTorch: the PyTorch wheels (rocm-image) or the TheRock lock and the Triton source (therock).
+// An unresolved TheRock lock stops even with ALLOW_UNRESOLVED=1 (its wheels are never installed
+// without hashes): the build step names it then.
 function "base_pins" {
   params = []
   result = concat(
     aiter_source_pins(),
     nulls("aiter", aiter, ["hipkittens_repository", "required_modules"]),
     nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["hipkittens_commit"]),
+    stack() == "therock" ? therock_pins() : pytorch_pins())
+}
+
+function "pytorch_pins" {
+  params = []
+  result = concat(
     nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url"]),
     flatten([for key, wheel in track_section("pytorch", pytorch).wheels : nulls(
       "${section_path("pytorch")}.wheels.${key}", wheel, ["package", "version", "sha256"])]))
+}
+
+function "therock_pins" {
+  params = []
+  result = concat(
+    nulls("tracks.${TRACK}.therock", tracks[TRACK].therock, ["index_url", "lock_sha256"]),
+    nulls("tracks.${TRACK}.therock.triton", tracks[TRACK].therock.triton, ["repository", "commit", "version"]))
 }
 
 // The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them, also
@@ -218,15 +237,24 @@ target "_versions" {
   args = {
     VLLM_TRACK     = TRACK
     VLLM_VERSION   = tracks[TRACK].vllm.version
+    ROCM_STACK     = stack()
     ROCM_IMAGE     = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
     ROCM_VERSION   = track_section("rocm", rocm).version
     PYTHON_VERSION = python.version
     // aiter's shared fields and the track's pin (AITER_PIN)
     AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], [])))
-    // the track's pytorch section: index_url and the wheels
-    PYTORCH_PINS = pins_json({
+    // the track's pytorch section: index_url and the wheels ({} on therock: PyTorch is in its TheRock lock)
+    PYTORCH_PINS = stack() == "therock" ? "{}" : pins_json({
       index_url = track_section("pytorch", pytorch).index_url
       wheels    = { for key, wheel in track_section("pytorch", pytorch).wheels : key => without_notes(wheel, []) }
+    })
+    // a therock track's TheRock section: the index, its lock (ci/locks/therock-<track>.txt) and the
+    // lock's sha256, the Triton source ({} on rocm-image)
+    THEROCK_PINS = stack() != "therock" ? "{}" : pins_json({
+      index_url   = tracks[TRACK].therock.index_url
+      lock        = "therock-${TRACK}.txt"
+      lock_sha256 = tracks[TRACK].therock.lock_sha256
+      triton      = without_notes(tracks[TRACK].therock.triton, [])
     })
     // vllm's shared repository and triton_kernels, and the track's release
     VLLM_PINS = pins_json({

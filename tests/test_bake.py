@@ -49,8 +49,8 @@ def resolved(data, tmp_path, keep=()):
             for name in list(node.get("unresolved") or []):
                 if f"{path}{name}" in keep:
                     continue
-                node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64, "package": "pytorch-triton-rocm",
-                              "version": "3.8.0"}.get(name, "c" * 40)
+                node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64, "lock_sha256": "e" * 64,
+                              "package": "pytorch-triton-rocm", "version": "3.8.0"}.get(name, "c" * 40)
                 node["unresolved"].remove(name)
             for key, value in node.items():
                 fill(value, f"{path}{key}.")
@@ -262,6 +262,9 @@ def unresolved(data, tmp_path):
         unset(pin, "commit", "ck_commit", "hipkittens_commit")
     for own in data["tracks"].values():
         unset(own["vllm"], "commit")
+        if "therock" in own:
+            unset(own["therock"], "lock_sha256")
+            unset(own["therock"]["triton"], "commit")
     path = tmp_path / "unresolved.json"
     path.write_text(json.dumps(data))
     return data, path
@@ -291,30 +294,33 @@ def test_unresolved_pins_stop_each_rocm_target_in_one_line_naming_every_one(trac
     assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == {"serve-cpu", "ci-cpu"}, proc.stderr
 
 
-def test_a_track_on_a_stack_not_built_here_stops_every_rocm_target_in_one_line(tmp_path):
-    """A therock track (ROCm as wheels, vLLM 0.34's only stack): its ROCm targets stop bake in one
-    line naming the stack and a track to build instead, resolved pins or not (ALLOW_UNRESOLVED
-    does not let it through); the CPU path is not stopped. A versions file without such a track
-    has one made from its newest track, so this runs whatever versions.json holds."""
+def test_the_default_track_builds_vllm_0_34_on_the_therock_base(tmp_path):
+    """`bake --print serve ci` for the default track: vLLM 0.34 on TheRock (ROCM_STACK=therock, the
+    base stages FROM plain ubuntu by digest, PyTorch from the TheRock lock: PYTORCH_PINS empty). With
+    its pins unresolved, as versions.json holds them here, bake stops in one line naming each one
+    (the TheRock lock's sha256 among them, never the shared pytorch section's wheels) and the
+    indexes resolve must reach."""
     data = model.load()
-    therock = [n for n in model.track_names(data) if model.track_stack(data, n) == model.THEROCK_STACK]
-    if not therock:
-        newest = model.track_names(data)[0]
-        data["tracks"][newest].update(stack=model.THEROCK_STACK, rocm={"version": "10.0.0"}, base_image={
-            "name": "ubuntu", "tag": "22.04", "digest": "sha256:" + "5" * 64, "unresolved": []})
-        therock = [newest]
+    track = data["default_track"]
+    assert data["tracks"][track]["vllm"]["version"].startswith("0.34.") and \
+        model.track_stack(data, track) == model.THEROCK_STACK
+    for target in ("serve", "ci"):
+        line = stop_line(bake_print(target, env={**CLEAR, "ALLOW_UNRESOLVED": "0"}))
+        assert named_pins(line) == set(model.unresolved_pins(data, track_name_=track)), line
+        assert f"tracks.{track}.therock.lock_sha256" in named_pins(line)
+        assert not any(p.startswith("pytorch.") for p in named_pins(line)) and "TheRock's wheel index" in line
     path = resolved(data, tmp_path)
-    files = ("docker-bake.hcl", str(path))
-    for track in therock:
-        for allow in ("0", "1"):
-            for target in ROCM_TARGETS:
-                line = stop_line(bake_print(target, env={**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": allow},
-                                            files=files))
-                stop = f"failed to find target {target} (track {track}): it builds on the therock ROCm stack"
-                assert stop in line, line
-                assert f"build a track on the rocm-image stack (TRACK={data['default_track']})" in line, line
-        proc = bake_print("cpu", env={**CLEAR, "TRACK": track}, files=files)
-        assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == {"serve-cpu", "ci-cpu"}, proc.stderr
+    proc = bake_print("serve", "ci", env=CLEAR, files=("docker-bake.hcl", str(path)))
+    assert proc.returncode == 0, proc.stderr
+    base = data["tracks"][track]["base_image"]
+    targets = json.loads(proc.stdout)["target"]
+    assert set(targets) == {"base", "serve", "ci"} and targets["base"]["dockerfile"] == "Dockerfile.rocm_base"
+    for name, target in targets.items():
+        args = target["args"]
+        assert args["VLLM_VERSION"] == data["tracks"][track]["vllm"]["version"] and args["ROCM_STACK"] == "therock"
+        assert args["ROCM_IMAGE"] == f"{base['name']}:{base['tag']}@{base['digest']}" and args["PYTORCH_PINS"] == "{}"
+        assert json.loads(args["THEROCK_PINS"])["lock"] == f"therock-{track}.txt"
+        assert name == "base" or target["contexts"]["base"] == "target:base"
 
 
 def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):
@@ -326,6 +332,7 @@ def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):
     track = data["default_track"]
     pin = data["tracks"][track]["aiter"]
     env = {**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0", "VLLM_IMAGE": ""}
+    data = json.loads(json.dumps(data))
 
     def bake(keep, *targets, **more):
         return bake_print(*targets, env={**env, **more}, files=("docker-bake.hcl", str(resolved(data, tmp_path, keep))))
@@ -343,6 +350,20 @@ def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):
     assert bake({hipkittens}, "validate", "cpu").returncode == 0
     assert named_pins(stop_line(bake({hipkittens}, "base"))) == {hipkittens}
 
+    own = "base_image" in data["tracks"][track]
+    digest = f"tracks.{track}.base_image.digest" if own else "base_image.digest"
+    image = data["tracks"][track]["base_image"] if own else data["base_image"]
+    image.update(digest=None, unresolved=["digest"])
     for target in ("validate", *ROCM_TARGETS):
-        assert named_pins(stop_line(bake({"base_image.digest"}, target))) == {"base_image.digest"}
-    assert bake({"base_image.digest"}, "cpu").returncode == 0
+        assert named_pins(stop_line(bake({digest}, target))) == {digest}
+    assert bake({digest}, "cpu").returncode == 0
+
+    if model.track_stack(data, track) == model.THEROCK_STACK:
+        # the TheRock lock and the Triton source: the base and what builds on it, not the AITER source
+        for pin in (f"tracks.{track}.therock.lock_sha256", f"tracks.{track}.therock.triton.commit"):
+            node = data["tracks"][track]["therock"]
+            node = node["triton"] if pin.endswith("triton.commit") else node
+            node.update({pin.rsplit(".", 1)[1]: None, "unresolved": [pin.rsplit(".", 1)[1]]})
+            assert bake({pin}, "validate", "cpu").returncode == 0
+            for target in ROCM_TARGETS:
+                assert named_pins(stop_line(bake({pin}, target))) == {pin}

@@ -366,8 +366,13 @@ def test_the_build_args_schema_is_what_the_pin_tool_writes():
     def keys(node):
         return {k: keys(v) if isinstance(v, dict) else None for k, v in node.items()}
 
+    unused = {model.THEROCK_STACK: "PYTORCH_PINS", model.ROCM_IMAGE_STACK: "THEROCK_PINS"}
     for track in model.track_names(data):
         for arg, value in model.components(data, track_name_=track).items():
+            # a component the track's stack does not build from is passed empty
+            if unused[model.track_stack(data, track)] == arg:
+                assert value == {}, (track, arg)
+                continue
             assert keys(value) == keys(pins.SCHEMA[arg]), (track, arg)
             pins.flatten(value, arg[:-5])  # the real pins pass
     assert {k: p.pattern for k, p in pins.PATTERNS.items()} == {
@@ -389,14 +394,21 @@ def _leaf_paths(node, path=()):
 def test_every_value_of_every_build_arg_refuses_hostile_strings():
     """For each arg and each of its keys (the real pins of the default track), a line break, a
     leading '-', a space, a quote or a trailing newline stops the step in one line naming the
-    key; so do an unknown key (e.g. "lock" beside VLLM_PINS's keys) and an object where a value
+    key; so do an unknown key (e.g. "locks" beside VLLM_PINS's keys) and an object where a value
     belongs."""
     import copy
 
     from ci.pins import model
 
     data = model.load(ROOT / "versions.json")
-    for arg, value in model.components(data).items():
+    # each arg as the first track that builds from it passes it (a track passes the component of a
+    # stack it is not on empty)
+    components: dict = {}
+    for track in model.track_names(data):
+        for arg, value in model.components(data, track_name_=track).items():
+            components.setdefault(arg, value) if value else None
+    assert set(components) == set(_pins_module().SCHEMA)
+    for arg, value in components.items():
         for path, real in _leaf_paths(value):
             var = "_".join((arg[:-5], *(p.upper() for p in path)))
             for bad in ([*HOSTILE, {"nested": "x"}] if not isinstance(real, list) else [["a b"], ["-x"], "a"]):
@@ -408,8 +420,8 @@ def test_every_value_of_every_build_arg_refuses_hostile_strings():
                 proc = load_pins(arg, json.dumps(changed))
                 assert proc.returncode == 1 and var in proc.stderr, (arg, path, bad, proc.stderr)
                 assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
-        for extra in ({"lock": "x"}, {"wheels": {"torch": {"package": "torch", "extra": "x"}}}):
-            proc = load_pins(arg, json.dumps({**value, **extra}) if arg != "PYTORCH_PINS" or "lock" in extra
+        for extra in ({"locks": "x"}, {"wheels": {"torch": {"package": "torch", "extra": "x"}}}):
+            proc = load_pins(arg, json.dumps({**value, **extra}) if arg != "PYTORCH_PINS" or "locks" in extra
                              else json.dumps(extra))
             assert proc.returncode == 1 and "unknown key" in proc.stderr, (arg, extra, proc.stderr)
     proc = load_pins("AITER_PINS", "[" * 20000 + "]" * 20000)

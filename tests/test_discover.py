@@ -169,10 +169,10 @@ def test_upstream_base_images_are_compared_with_their_digest(ref, parts):
         assert not discover.same_image(ref, {"name": name, "tag": tag, "digest": "sha256:" + "0" * 64})
 
 
-def test_a_therock_base_makes_a_therock_track_that_is_not_the_default(tmp_path):
+def test_a_therock_base_makes_a_therock_track_the_new_default(tmp_path):
     """vLLM 0.34's base installs TheRock ROCm as wheels (ROCM_SDK_VERSION) on ubuntu by digest: the
-    track records that stack, base image and SDK version; as this repository does not build that
-    stack yet, the default track stays where it was."""
+    track records that stack, base image, SDK version and Triton source; this repository builds that
+    stack, so the new track becomes the default."""
     data = model.load(ROOT / "versions.json")
     digest = "sha256:" + "5" * 64
     release = discover.Release("9.1.0", "abcdef123", "1" * 40, base_dockerfiles={
@@ -181,7 +181,9 @@ def test_a_therock_base_makes_a_therock_track_that_is_not_the_default(tmp_path):
                                         "ROCM_RELEASE_WHEELS_MULTIARCH_URL": "https://rel.example/whl/",
                                         "TORCH_VERSION": "2.15.0+rocm11.0.0",
                                         "TORCHVISION_VERSION": "0.30.0+rocm11.0.0",
-                                        "TORCHAUDIO_VERSION": "2.13.0+rocm11.0.0"}})
+                                        "TORCHAUDIO_VERSION": "2.13.0+rocm11.0.0",
+                                        "TRITON_REPO": "https://github.com/ROCm/triton.git",
+                                        "TRITON_BRANCH": "11111111", "TRITON_VERSION": "3.9.0+git11111111"}})
     changed = copy.deepcopy(data)
     proposal = discover.add_track(changed, discover.Sdist("9.1.0", "https://x/y", "0" * 64, "y"), release)
     own = changed["tracks"]["9.1"]
@@ -189,8 +191,10 @@ def test_a_therock_base_makes_a_therock_track_that_is_not_the_default(tmp_path):
     assert own["base_image"] == {"name": "ubuntu", "tag": "24.04", "digest": digest, "unresolved": []}
     assert own["therock"]["index_url"] == "https://rel.example/whl/" and own["therock"]["torch"]["torch"] == \
         "2.15.0+rocm11.0.0" and own["therock"]["unresolved"] == ["lock_sha256"]
+    # the release's triton_kernels commit (1...1) starts with upstream's short Triton commit
+    assert own["therock"]["triton"] == {"repository": "https://github.com/ROCm/triton.git", "commit": "1" * 40,
+                                        "version": "3.9.0+git11111111", "unresolved": []}
     assert verify.check_schema(changed) == []
-    assert changed["default_track"] == data["default_track"]
-    assert any("TheRock ROCm 11.0.0" in note for note in proposal.notes)
-    assert any("default track stays" in note for note in proposal.notes)
-    assert model.built_track_names(changed) == model.built_track_names(data)
+    assert changed["default_track"] == "9.1" and model.built_track_names(changed)[0] == "9.1"
+    assert any("TheRock ROCm 11.0.0" in note and "ci/locks/therock-9.1.txt" in note for note in proposal.notes)
+    assert not any("default track stays" in note for note in proposal.notes)

@@ -74,8 +74,13 @@ def test_every_from_is_a_stage_or_pinned_variable(name):
     for stage, base, _ in stages(commands):
         assert "latest" not in base.lower(), f"{name}: FROM {base}"
         var = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([A-Za-z0-9_.-]+))?\}?", base)
+        stacked = "${ROCM_STACK}" in base
         if base in seen or base == "scratch":
             pass
+        elif stacked:
+            # a stage per ROCm stack (torch-${ROCM_STACK}): every stack names a stage built before
+            for stack in model.STACKS:
+                assert base.replace("${ROCM_STACK}", stack) in seen, f"{name}: FROM {base}: no stage for {stack}"
         elif var:
             default = known_args.get(var.group(1))
             assert default is not None, f"{name}: FROM {base}: no global ARG default"
@@ -83,6 +88,8 @@ def test_every_from_is_a_stage_or_pinned_variable(name):
                 default = var.group(2)
             # a variable FROM either names an earlier stage or is a versions-file image pin
             assert default in seen or expected.get(var.group(1)) == default, f"{name}: FROM {base}={default}"
+            if var.group(1) == "ROCM_STACK":  # the stack's stage: one for every stack
+                assert set(model.STACKS) <= seen, f"{name}: FROM {base}: a stage for each of {model.STACKS}"
             if default not in seen:
                 assert "@sha256:" in default, f"{name}: FROM {base}={default} is not digest-pinned"
         else:
@@ -286,7 +293,8 @@ def test_bind_check_can_fail():
     parser = buildkit_parser()
     problems = bind_problems(parser.parse_string(text.replace(pins, "", 1)))
     assert problems and all("needs pins.py beside it" in p for p in problems), problems
-    copied = text.replace("FROM base AS torch\n", "FROM base AS torch\nCOPY ci/docker/lib.sh /opt/x/\n", 1)
+    copied = text.replace("FROM base AS torch-rocm-image\n",
+                          "FROM base AS torch-rocm-image\nCOPY ci/docker/lib.sh /opt/x/\n", 1)
     assert any("COPY of ci/docker" in p for p in bind_problems(parser.parse_string(copied)))
     folder = text.replace("source=ci/docker/lib.sh,", "source=ci/docker,", 1)
     assert any("not one file" in p for p in bind_problems(parser.parse_string(folder)))

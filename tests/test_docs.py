@@ -75,7 +75,7 @@ def test_a_missing_or_misplaced_stage_is_caught() -> None:
     assert documented_stages(text)["Dockerfile.rocm_base"] == real
     without = re.sub(r"`aiter-verify`,\s*", "", text, count=1)
     assert documented_stages(without)["Dockerfile.rocm_base"] == [s for s in real if s != "aiter-verify"]
-    swapped = documented_stages("Stages of `Dockerfile.rocm_base`: `aiter-clone`, `base`.")["Dockerfile.rocm_base"]
+    swapped = documented_stages(f"Stages of `Dockerfile.rocm_base`: `{real[1]}`, `{real[0]}`.")["Dockerfile.rocm_base"]
     assert swapped != real[:2] and sorted(swapped) == sorted(real[:2])
     header = ("# Stages, named after what they produce:\n"
               "#   base   ROCm\n#          more of it\n#   torch  wheels\n# end\n")

@@ -71,9 +71,10 @@ KNOWN = {
     ("ci/docker/check_aiter.py", "join"): (1, "the kernel table of AITER_TAG, in a build stage without the "
                                               "runtime; the tag is checked where versions.json is read"),
     ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
-    ("ci/docker/pinned_dists.py", "write"): (4, "triton's alias metadata and the pin report, in a build stage"),
+    ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
+                                                "requirement (therock), in a build stage"),
     ("ci/pins/kernel_table.py", "write"): (1, "a fetched source file in its scratch tree"),
-    ("ci/pins/locks.py", "write"): (2, "an sdist's files in its scratch tree; a lock's input file"),
+    ("ci/pins/locks.py", "write"): (3, "an sdist's files in its scratch tree; a lock's input and override files"),
     ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "

@@ -92,7 +92,8 @@ def test_a_track_may_carry_its_own_rocm_stack(data):
     assert verify.check_schema(d) == []
     assert model.build_args(d, track_name_=old)["ROCM_IMAGE"].startswith("rocm/dev-ubuntu-22.04:7.1-complete@")
     assert model.build_args(d, track_name_=old)["ROCM_VERSION"] == "7.1"
-    assert model.build_args(d)["ROCM_VERSION"] == d["rocm"]["version"]
+    shared = next(n for n in model.track_names(d) if n != old and model.track_stack(d, n) == model.ROCM_IMAGE_STACK)
+    assert model.build_args(d, track_name_=shared)["ROCM_VERSION"] == d["rocm"]["version"]
     assert f"tracks.{old}.base_image.digest" in model.unresolved_pins(d, track_name_=old)
     assert "base_image.digest" not in model.unresolved_pins(d, track_name_=old)
 
@@ -103,7 +104,7 @@ def test_tracks_command_lists_them_newest_first(data):
     proc = run_tool("tracks", "--json", "--built")  # the CI image matrix: tracks whose stack is built here
     assert proc.returncode == 0 and json.loads(proc.stdout) == model.built_track_names(data)
     assert data["default_track"] in model.built_track_names(data)
-    assert all(model.track_stack(data, t) == model.ROCM_IMAGE_STACK for t in model.built_track_names(data))
+    assert all(model.track_stack(data, t) in model.BUILT_STACKS for t in model.built_track_names(data))
     proc = run_tool("tracks")
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"{model.track_names(data)[0]}") and len(lines) == len(model.track_names(data)) + 1
@@ -267,7 +268,8 @@ def test_a_json_default_is_written_in_single_quotes():
 def test_component_pins_are_compact_sorted_json_with_null_for_unresolved(data):
     """One rule for every component: versions.json's fields as they are named there, without
     notes (about, unresolved), keys sorted, no spaces, null for an unresolved pin."""
-    args = model.build_args(data, "v0.1.24.post1")
+    shared = rocm_image_track(data)
+    args = model.build_args(data, "v0.1.24.post1", track_name_=shared)
     for name in ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS"):
         value = json.loads(args[name])
         assert args[name] == json.dumps(value, sort_keys=True, separators=(",", ":")), name
@@ -277,8 +279,9 @@ def test_component_pins_are_compact_sorted_json_with_null_for_unresolved(data):
     assert aiter["ck_submodule_path"] == data["aiter"]["ck_submodule_path"]
     assert aiter["required_modules"] == data["aiter"]["required_modules"]
     assert set(json.loads(args["PYTORCH_PINS"])["wheels"]) == set(model.WHEEL_KEYS)
+    assert args["THEROCK_PINS"] == "{}"  # a rocm-image track has no TheRock section
     vllm = json.loads(args["VLLM_PINS"])
-    own = data["tracks"][data["default_track"]]["vllm"]
+    own = data["tracks"][shared]["vllm"]
     assert vllm["triton_kernels"]["commit"] == own["triton_kernels_commit"]
     assert vllm["repository"] == data["vllm"]["repository"] and "version" not in vllm
 
@@ -290,11 +293,30 @@ def test_every_versions_build_arg_is_declared_in_dockerfile(data):
     assert needed <= declared, needed - declared
 
 
+def rocm_image_track(data) -> str:
+    """The newest track on the rocm-image stack (the shared base_image, rocm and pytorch sections)."""
+    return next(n for n in model.track_names(data) if model.track_stack(data, n) == model.ROCM_IMAGE_STACK)
+
+
+def test_a_therock_track_passes_its_therock_section_and_no_pytorch_section(data):
+    name = model.therock_track_names(data)[0]
+    args = model.build_args(data, track_name_=name)
+    therock = data["tracks"][name]["therock"]
+    assert args["ROCM_STACK"] == model.THEROCK_STACK and args["PYTORCH_PINS"] == "{}"
+    assert json.loads(args["THEROCK_PINS"]) == {
+        "index_url": therock["index_url"], "lock": f"therock-{name}.txt", "lock_sha256": therock["lock_sha256"],
+        "triton": {k: therock["triton"][k] for k in ("repository", "commit", "version")}}
+    # the shared pytorch section is not this track's: its unresolved wheels are not this track's pins
+    assert not any(p.startswith("pytorch.") for p in model.unresolved_pins(data, track_name_=name))
+    assert any(p.startswith("pytorch.") for p in model.unresolved_pins(data, track_name_=rocm_image_track(data)))
+
+
 def test_args_render_unresolved_and_allow(data):
-    args = model.build_args(data)
+    shared = rocm_image_track(data)
+    args = model.build_args(data, track_name_=shared)
     if data["base_image"]["digest"] is None:
         assert args["ROCM_IMAGE"].endswith("@sha256:UNRESOLVED")
-        assert "@" not in model.build_args(data, allow_unresolved=True)["ROCM_IMAGE"]
+        assert "@" not in model.build_args(data, allow_unresolved=True, track_name_=shared)["ROCM_IMAGE"]
     known = json.loads(model.build_args(data, "v0.1.20.post1")["AITER_PINS"])
     assert known["commit"] == KNOWN_AITER and known["ck_commit"] == KNOWN_CK
     assert args["GPU_ARCHS"] == "gfx942;gfx950"
@@ -821,6 +843,8 @@ def sources_at(path, host):
     d["aiter"]["repository"] = f"http://{host}/ROCm/aiter.git"
     d["vllm"]["repository"] = f"http://{host}/vllm-project/vllm.git"
     d["pytorch"]["index_url"] = f"https://{host}/whl/rocm7.2"
+    for track in model.therock_track_names(d):
+        d["tracks"][track]["therock"]["index_url"] = f"https://{host}/rocm/whl-next/"
     model.dump(d, path)
     return d
 
@@ -847,7 +871,7 @@ def test_resolve_names_every_item_it_cannot_reach_within_10_seconds(tree, blackh
     *lines, summary = proc.stderr.strip().splitlines()
     tracks = model.track_names(d)
     items = [f"aiter.pins.{d['tracks'][t]['aiter']}" for t in tracks] + [f"tracks.{t}.vllm" for t in tracks] + \
-        ["base_image", "pytorch.wheels"]
+        ["base_image", "pytorch.wheels"] + [f"tracks.{t}.therock" for t in model.therock_track_names(d)]
     assert [line.split(": ", 2)[1] for line in lines] == items, proc.stderr
     for line in lines:
         assert line.startswith("error: ") and f"cannot reach {blackhole}: no connection within 5s" in line, line
@@ -856,6 +880,7 @@ def test_resolve_names_every_item_it_cannot_reach_within_10_seconds(tree, blackh
                    f"the git remote http://{blackhole}/vllm-project/vllm.git (commits)",
                    f"the container registry {blackhole} (the digest of {blackhole}/rocm/dev-ubuntu-22.04:",
                    f"the PyTorch wheel index https://{blackhole}/whl/rocm7.2 (wheel sha256)",
+                   f"TheRock's wheel index https://{blackhole}/rocm/whl-next/ (the TheRock lock)",
                    "run python3 -m ci.pins resolve --write on a machine that reaches them"):
         assert needed in summary, summary
     assert {p.name: p.read_text() for p in tree.iterdir()} == before
@@ -869,13 +894,16 @@ def test_resolve_writes_what_it_reaches_and_names_the_rest(tree, upstream, refus
     d = model.load(path)
     d["vllm"]["repository"] = f"http://{refused}/vllm.git"
     d["pytorch"]["index_url"] = f"https://{refused}/whl"
+    for track in model.therock_track_names(d):
+        d["tracks"][track]["therock"]["index_url"] = f"https://{refused}/rocm/whl-next/"
     model.dump(d, path)
     proc = resolve_all(path, "--registry", refused, "--write", env=offline_env(NO_PROXY="*"))
     assert proc.returncode == 1
     *lines, summary = proc.stderr.strip().splitlines()
     tracks = model.track_names(d)
     assert [line.split(": ", 2)[1] for line in lines] == [f"tracks.{t}.vllm" for t in tracks] + \
-        ["base_image", "pytorch.wheels"], proc.stderr
+        ["base_image", "pytorch.wheels"] + [f"tracks.{t}.therock" for t in model.therock_track_names(d)], \
+        proc.stderr
     assert all(f"cannot reach {refused}: " in line for line in lines), lines
     assert summary.startswith(f"error: resolve: {len(lines)} of {len(lines) + 1} item(s) not resolved"), summary
     after = model.load(path)

@@ -52,9 +52,13 @@ def test_verify_refuses_a_therock_section_that_could_take_other_wheels(data, cha
     assert any(words in e for e in errors), errors
 
 
+def rocm_image_track(data) -> str:
+    return next(n for n in model.track_names(data) if model.track_stack(data, n) == model.ROCM_IMAGE_STACK)
+
+
 def test_only_a_therock_track_has_a_therock_section(data):
     d = copy.deepcopy(data)
-    built = model.built_track_names(d)[0]
+    built = rocm_image_track(d)
     d["tracks"][built]["therock"] = copy.deepcopy(d["tracks"][model.therock_track_names(d)[0]]["therock"])
     assert any(f"tracks.{built}.therock: only a therock track" in e for e in verify.check_schema(d))
 
@@ -82,7 +86,7 @@ def test_the_therock_command_prints_the_lock_input(data):
     assert "--extra-index-url" not in proc.stdout
     assert [line for line in lines if not line.startswith("#")] == model.therock_requirements(
         track["rocm"]["version"], track["therock"]["torch"], data["gpu_archs"])
-    built = model.built_track_names(data)[0]
+    built = rocm_image_track(data)
     proc = run_tool("therock", "--track", built)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and f"--track {built}: no therock track" in proc.stderr
 
@@ -90,7 +94,8 @@ def test_the_therock_command_prints_the_lock_input(data):
 UPSTREAM = {"ROCM_SDK_VERSION": "10.0.0", "ROCM_RELEASE_WHEELS_MULTIARCH_URL": "https://stable.repo.amd.com/rocm/whl-next/",
             "ROCM_NIGHTLY_WHEELS_MULTIARCH_URL": "https://nightly.repo.amd.com/rocm/whl-next/",
             "TORCH_VERSION": "2.13.0+rocm10.0.0", "TORCHVISION_VERSION": "0.28.0+rocm10.0.0",
-            "TORCHAUDIO_VERSION": "2.11.0+rocm10.0.0"}
+            "TORCHAUDIO_VERSION": "2.11.0+rocm10.0.0", "TRITON_REPO": "https://github.com/ROCm/triton.git",
+            "TRITON_BRANCH": "669b31ac", "TRITON_VERSION": "3.8.0+git669b31ac"}
 
 
 def test_discover_takes_the_release_index_and_never_the_nightly_one():
@@ -104,6 +109,32 @@ def test_discover_takes_the_release_index_and_never_the_nightly_one():
                 {"ROCM_RELEASE_WHEELS_MULTIARCH_URL": ""}, {"TORCHAUDIO_VERSION": ""}):
         with pytest.raises(PinError, match="add its track by hand"):
             discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", {**UPSTREAM, **bad})
+
+
+KERNELS = "669b31acc1dd1b3fd93286afd5db67f65d9f7557"
+
+
+def test_discover_takes_triton_from_upstream_and_its_full_commit_from_the_kernels_pin():
+    """Upstream names Triton by a short commit; the track pins the full one where vLLM's ROCm
+    triton_kernels commit (same repository) starts with it, and leaves it unresolved otherwise."""
+    pins = discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", UPSTREAM, KERNELS)
+    assert pins["triton"] == {"repository": "https://github.com/ROCm/triton.git", "commit": KERNELS,
+                              "version": "3.8.0+git669b31ac", "unresolved": []}
+    other = discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", UPSTREAM, "0" * 40)["triton"]
+    assert other["commit"] is None and other["unresolved"] == ["commit"]
+    for bad in ({"TRITON_BRANCH": ""}, {"TRITON_BRANCH": "release/3.8"}, {"TRITON_REPO": "http://github.com/x.git"},
+                {"TRITON_VERSION": ""}):
+        with pytest.raises(PinError, match="builds Triton from .*add its track by hand"):
+            discover.therock_pins("0.34.0", "docker/Dockerfile.rocm_base", {**UPSTREAM, **bad}, KERNELS)
+
+
+def test_verify_holds_the_triton_pin_to_a_commit_and_an_https_repository(data):
+    d = copy.deepcopy(data)
+    triton = d["tracks"][model.therock_track_names(d)[0]]["therock"]["triton"]
+    triton["commit"] = "669b31ac"
+    assert any("triton.commit = '669b31ac': a full 40-hex commit" in e for e in verify.check_schema(d))
+    triton["commit"], triton["repository"] = KERNELS, "git@github.com:ROCm/triton.git"
+    assert any("triton.repository: an https:// git repository" in e for e in verify.check_schema(d))
 
 
 def test_the_therock_command_masks_credentials_in_the_index(data, tmp_path):

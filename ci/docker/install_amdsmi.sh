@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The AMD SMI Python package (`amdsmi`) from the ROCm image, installed into the venv: vLLM
+# The AMD SMI Python package (`amdsmi`) from the ROCm stack, installed into the venv: vLLM
 # detects a ROCm platform by importing it ("Failed to infer device type" without it).
-# Source: ${ROCM_PATH}/share/amd_smi, the package the ROCm image ships (as vLLM's own base
-# image installs it); built in a copy, so the ROCm tree stays untouched.
+# Source: AMD_SMI_SRC, which each stack's base stage sets: ${ROCM_PATH}/share/amd_smi on a ROCm
+# image, the SDK core's share/amd_smi on TheRock (as vLLM's own base images install it); built in
+# a copy, so the ROCm tree stays untouched.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-src=${ROCM_PATH:-/opt/rocm}/share/amd_smi
+src=${AMD_SMI_SRC:?the base stage sets AMD_SMI_SRC (where the ROCm stack ships the amdsmi package)}
 if [ ! -f "$src/pyproject.toml" ] && [ ! -f "$src/setup.py" ]; then
-  echo "amdsmi: ERROR: $src holds no Python package: the ROCm image (ROCM_IMAGE) lacks AMD SMI; use a -complete ROCm image" >&2
+  echo "amdsmi: ERROR: $src holds no Python package: the ROCm stack lacks AMD SMI (a ROCm image: use a -complete one; TheRock: its core wheel)" >&2
   exit 1
 fi
 use_ca_bundle

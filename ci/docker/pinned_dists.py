@@ -16,6 +16,11 @@ Run with the Python of the environment to protect:
                                         print the Triton requirement of the installed torch
                                         (NAME==VERSION, from torch's metadata); with --expect,
                                         fail unless it is that
+    pinned_dists.py torch-triton-set NAME==VERSION
+                                        make the installed torch require exactly that Triton
+                                        (the one the image built from source, on the therock
+                                        stack: TheRock's torch names another); prints the
+                                        Requires-Dist line replaced
     pinned_dists.py triton-alias        when ROCm torch's Triton is not the distribution
                                         `triton` (pytorch-triton-rocm, triton-rocm), record an
                                         alias distribution `triton` of the same version that
@@ -121,7 +126,7 @@ def triton_recorded() -> str:
     """pytorch.wheels.triton.package of the build arg PYTORCH_PINS (a JSON object), "" when the
     step has no PYTORCH_PINS or the pin is unresolved."""
     text = os.environ.get("PYTORCH_PINS", "")
-    if not text:
+    if not text or text.strip() == "{}":  # no pytorch section (a therock track: PyTorch from its TheRock lock)
         return ""
     try:
         package = json.loads(text)["wheels"]["triton"]["package"]
@@ -234,6 +239,42 @@ def triton_alias() -> str:
     return f"triton-alias: distribution triton {ver} recorded as an alias of {real} {ver}"
 
 
+def set_torch_triton(spec: str) -> str:
+    """Rewrite the installed torch's Triton Requires-Dist (its first, as torch_triton_requirement
+    reads it) to spec, NAME==VERSION of an installed distribution; the line replaced, and the new one."""
+    wanted = Requirement(spec) if _valid(spec) else None
+    if wanted is None or exact_version(wanted) is None:
+        raise Problem(f"torch-triton-set {spec!r} is not NAME==VERSION: check tracks.<track>.therock.triton")
+    name, ver = canonicalize_name(wanted.name), exact_version(wanted)
+    if version(name) != ver:
+        raise Problem(f"{shown(name)} is installed, not {name} {ver}: install the Triton wheel the image built first")
+    old = torch_triton_requirement()
+    dist = md.distribution("torch")
+    meta = next((f for f in dist.files or [] if f.name == "METADATA" and f.parent.name.endswith(".dist-info")), None)
+    if meta is None:
+        raise Problem(f"{shown('torch')} lists no METADATA among its files: reinstall torch")
+    path = Path(dist.locate_file(meta))
+    lines = path.read_text(encoding="utf-8").split("\n")
+    hits = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:") and _valid(line[14:].strip())
+            and Requirement(line[14:].strip()).name == old.name]
+    if not hits:
+        raise Problem(f"{path} has no Requires-Dist line for {old.name}: reinstall torch")
+    replaced = [lines[i] for i in hits]
+    lines[hits[0]] = f"Requires-Dist: {name}=={ver}"
+    for i in reversed(hits[1:]):
+        del lines[i]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return f"torch-triton-set: torch's {' / '.join(replaced)} is now Requires-Dist: {name}=={ver}"
+
+
+def _valid(text: str) -> bool:
+    try:
+        Requirement(text)
+    except InvalidRequirement:
+        return False
+    return True
+
+
 def expected(spec: str) -> str:
     """NAME==VERSION of an --expect value, the name canonical (as torch_triton prints it)."""
     try:
@@ -254,6 +295,7 @@ def main(argv=None) -> int:
     p.add_argument("--allow", action="append", default=[], help="a distribution this step installs on purpose")
     sub.add_parser("triton-alias")
     sub.add_parser("torch-triton").add_argument("--expect")
+    sub.add_parser("torch-triton-set").add_argument("spec", metavar="NAME==VERSION")
     ns = parser.parse_args(argv)
     try:
         problems: list[str] = []
@@ -269,6 +311,8 @@ def main(argv=None) -> int:
                 raise Problem(f"{shown('torch')} requires {found} but versions.json records {ns.expect} "
                               "(pytorch.wheels.triton): run python3 -m ci.pins resolve wheels --write")
             print(found)
+        elif ns.cmd == "torch-triton-set":
+            print(set_torch_triton(ns.spec))
         else:
             print(triton_alias())
     except (Problem, OSError, ValueError) as exc:

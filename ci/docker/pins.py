@@ -1,5 +1,5 @@
 """A component's pins, handed to a build step as one build arg holding a JSON object (AITER_PINS,
-PYTORCH_PINS, VLLM_PINS: python3 -m ci.pins args and docker-bake.hcl write them), as shell
+PYTORCH_PINS, THEROCK_PINS, VLLM_PINS: python3 -m ci.pins args and docker-bake.hcl write them), as shell
 variables. Standard library only (it runs in the source stages, before anything is installed).
 
     python3 pins.py NAME     print PREFIX_KEY='value' lines for `eval` (lib.sh load_pins NAME)
@@ -44,6 +44,8 @@ SCHEMA = {
                    "repository": "repository", "required_modules": "names", "tag": "name"},
     "PYTORCH_PINS": {"index_url": "url",
                      "wheels": {w: WHEEL for w in ("torch", "torchaudio", "torchvision", "triton")}},
+    "THEROCK_PINS": {"index_url": "url", "lock": "name", "lock_sha256": "sha256",
+                     "triton": {"commit": "commit", "repository": "repository", "version": "name"}},
     "VLLM_PINS": {"commit": "commit", "repository": "repository", "tag": "name",
                   "triton_kernels": {"commit": "commit", "path": "name", "repository": "repository"}},
 }

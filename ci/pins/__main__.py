@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from pathlib import Path
 from . import discover, kernel_table, locks, model, reach, resolve, verify
 from .model import PinError
 
-RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels")
+RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "therock")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +208,11 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                                   reach.Source("registry", ref, reach.registry_host(base["name"], ns.registry)),
                                   lambda track=track: resolve.resolve_base_image(data, ns.registry, ns.force,
                                                                                  track)))
+        elif kind == "therock":
+            for track in [t for t in tracks if model.track_stack(data, t) == model.THEROCK_STACK]:
+                index = data["tracks"][track]["therock"]["index_url"]
+                items.append(Item(f"tracks.{track}.therock", reach.Source("therock", index),
+                                  lambda track=track: resolve_therock(ns, data, root, track, tables)))
         elif kind == "wheels":
             from . import wheels
             for track in _distinct(data, tracks, "pytorch"):
@@ -232,8 +238,10 @@ def run_resolve(ns, data: dict, root: Path) -> int:
         ("aiter", any(p.startswith(f"aiter.pins.{n}.") for n in pin_names for p in unresolved)),
         ("vllm", any(data["tracks"][t]["vllm"].get("unresolved") for t in tracks)),
         ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
-        ("wheels", any(w.get("unresolved") for t in tracks
+        ("wheels", any(w.get("unresolved") for t in tracks if model.pytorch_pins(data, t)
                        for w in model.section(data, "pytorch", t)["wheels"].values())),
+        ("therock", any(data["tracks"][t]["therock"].get("unresolved") for t in tracks
+                        if model.track_stack(data, t) == model.THEROCK_STACK)),
     ) if todo]
     if "wheels" in what:
         try:
@@ -279,6 +287,25 @@ def run_resolve(ns, data: dict, root: Path) -> int:
               "python3 -m ci.pins resolve --write on a machine that reaches them", file=sys.stderr)
         return 1
     return 0
+
+
+def resolve_therock(ns, data: dict, root: Path, track: str, tables: dict[Path, str]) -> list[str]:
+    """A therock track's TheRock lock, made by uv against its release index alone
+    (locks.therock_lock), into ci/locks/therock-<track>.txt, and its sha256 into
+    tracks.<track>.therock.lock_sha256. A lock already pinned is kept unless --force."""
+    therock = data["tracks"][track]["therock"]
+    path = root / model.LOCKS_DIR / model.therock_lock_name(track)
+    if therock.get("lock_sha256") and not ns.force:
+        return []
+    text = locks.therock_lock(data, track)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if digest == therock.get("lock_sha256"):
+        return []
+    tables[path] = text
+    therock["lock_sha256"] = digest
+    therock["unresolved"] = [f for f in therock.get("unresolved", []) if f != "lock_sha256"]
+    return [f"tracks.{track}.therock.lock_sha256: {digest} ({model.LOCKS_DIR / path.name}, "
+            f"{locks.requirement_count(text)} wheels)"]
 
 
 def _section_path(data: dict, track: str, key: str) -> str:

@@ -214,9 +214,27 @@ THEROCK_ABOUT = ("TheRock ROCm wheels of this track, from its release index alon
                  "hash lock, made on a host that reaches the index.")
 THEROCK_TORCH_ARGS = {"torch": "TORCH_VERSION", "torchvision": "TORCHVISION_VERSION",
                       "torchaudio": "TORCHAUDIO_VERSION"}
+# ARGs of upstream's TheRock base naming the Triton it builds from source (a short commit, the version).
+THEROCK_TRITON_ARGS = {"repository": "TRITON_REPO", "commit": "TRITON_BRANCH", "version": "TRITON_VERSION"}
 
 
-def therock_pins(version: str, base_path: str, args: dict[str, str]) -> dict:
+def therock_triton(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None) -> dict:
+    """The Triton a therock track builds from source, as upstream's base names it: repository, version
+    and commit. Upstream names a short commit; it is the full commit of vLLM's ROCm triton_kernels
+    (the same repository) when that one starts with it, else unresolved."""
+    found = {key: args.get(arg, "").strip() for key, arg in THEROCK_TRITON_ARGS.items()}
+    missing = [THEROCK_TRITON_ARGS[key] for key, value in found.items() if not value]
+    bad = not found["repository"].startswith("https://") or not re.fullmatch(r"[0-9a-f]{7,40}", found["commit"])
+    if missing or bad:
+        why = "missing: " + ", ".join(missing) if missing else "not an https repository and a hex commit"
+        raise PinError(f"vLLM {version}'s {base_path} builds Triton from {found['repository']!r} at "
+                       f"{found['commit']!r} ({why}): add its track by hand")
+    full = kernels_commit if kernels_commit and kernels_commit.startswith(found["commit"]) else None
+    return {"repository": found["repository"], "commit": full, "version": found["version"],
+            "unresolved": [] if full else ["commit"]}
+
+
+def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None = None) -> dict:
     """A therock track's TheRock section, from upstream's base Dockerfile ARGs: its release index and
     PyTorch's versions (what the track installs is derived from them: model.therock_requirements);
     the hash lock of those wheels is made on a host that reaches the index (unresolved until then)."""
@@ -229,7 +247,13 @@ def therock_pins(version: str, base_path: str, args: dict[str, str]) -> dict:
                        f"{resolve.secrets.masked_url(index)!r} ({problem or 'a release index'}), PyTorch versions "
                        f"({'missing: ' + ', '.join(missing) if missing else 'present'}): add its track by hand")
     return {"about": THEROCK_ABOUT, "index_url": index, "torch": torch, "lock_sha256": None,
-            "unresolved": ["lock_sha256"]}
+            "triton": therock_triton(version, base_path, args, kernels_commit), "unresolved": ["lock_sha256"]}
+
+
+def track_of(version: str) -> str:
+    """The release track (major.minor) of a vLLM version."""
+    major, minor, _ = release_key(version)
+    return f"{major}.{minor}"
 
 
 @dataclass
@@ -263,18 +287,18 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
                  "base_image": {"name": image, "tag": image_tag, "digest": digest,
                                 "unresolved": [] if digest else ["digest"]},
                  "rocm": {"version": args["ROCM_SDK_VERSION"]},
-                 "therock": therock_pins(release.version, base_path, args)}
+                 "therock": therock_pins(release.version, base_path, args, release.triton_kernels_commit)}
         notes.append(f"vLLM {release.version}'s {base_path} builds on TheRock ROCm {args['ROCM_SDK_VERSION']} "
-                     f"(wheels on {args['BASE_IMAGE']}): the track records that stack; this repository does not "
-                     "build its images yet (bake refuses them)")
+                     f"(wheels on {args['BASE_IMAGE']}): the track records that stack; its TheRock lock "
+                     f"({model.LOCKS_DIR / model.therock_lock_name(track_of(release.version))}, "
+                     "python3 -m ci.pins therock prints its input) is made on a host that reaches TheRock's index")
     elif not same:
         shared = model.section(data, "base_image", newest)
         notes.append(f"vLLM {release.version} has no base Dockerfile for {shared['name']}:{shared['tag']}; "
                      f"{base_path} builds on "
                      f"{args.get('BASE_IMAGE')}: the track keeps the shared ROCm stack until its own rocm, "
                      "base_image and pytorch are added")
-    major, minor, _ = release_key(release.version)
-    name = f"{major}.{minor}"
+    name = track_of(release.version)
     vllm = {"version": release.version, "tag": f"v{release.version}", "commit": None}
     if release.commit_prefix:
         vllm["commit_prefix"] = release.commit_prefix

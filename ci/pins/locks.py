@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import discover, model
+from . import discover, model, resolve
 from .model import PinError
 
 LOCKS_FILE = Path("ci/locks/locks.json")
@@ -43,6 +43,7 @@ class Lock:
     no_emit: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
     find_links: str | None = None  # index of wheels not on PyPI (PIP_FIND_LINKS first)
+    overrides: tuple[str, ...] = ()  # uv --override lines: requirement lines of upstream that cannot be met
     track: str | None = None
     family: str = ""  # the locks.json entry (a per_track entry makes one lock per track)
 
@@ -55,7 +56,8 @@ _SPEC_KEYS = {"about": str, "exclude_newer": str, "index_url": str, "locks": dic
 _PLATFORM_KEYS = {"about": str, "glibc": str, "machine": str, "python": str}
 _PYTHON_RE = re.compile(r"\A3\.\d{1,3}\Z")
 _LOCK_KEYS = {"about": str, "inputs": list, "output": str, "platform": str, "no_deps": bool, "no_emit": list,
-              "remove": str, "find_links": str, "per_track": bool}
+              "remove": str, "find_links": str, "per_track": bool, "overrides": dict}
+_OVERRIDE_KEYS = {"about": str, "requirements": list}
 
 
 def _keys(node, allowed: dict, where: str, required: tuple[str, ...], errors: list[str]) -> bool:
@@ -105,6 +107,26 @@ def check_spec(spec) -> list[str]:
             errors.append(f"{where}.no_emit: a list of distribution names is required")
         if isinstance(entry.get("find_links"), str) and not model.HTTPS_URL_RE.match(entry["find_links"]):
             errors.append(f"{where}.find_links = {entry['find_links']!r}: must be an https:// URL")
+        for track, override in (entry.get("overrides") or {}).items():
+            errors.extend(_override_problems(track, override, entry.get("per_track") is True, f"{where}.overrides"))
+    return errors
+
+
+def _override_problems(track, override, per_track: bool, where: str) -> list[str]:
+    """overrides.<track>: a per_track lock's requirement lines that replace upstream's for that
+    track (uv --override), each with the reason (about)."""
+    errors: list[str] = []
+    if not per_track:
+        return [f"{where}: only a per_track lock has overrides (by track)"]
+    if not isinstance(track, str) or not model.TRACK_RE.match(track):
+        return [f"{where}: key {track!r} is not a track name such as 0.34"]
+    here = f"{where}.{track}"
+    if not _keys(override, _OVERRIDE_KEYS, here, ("about", "requirements"), errors):
+        return errors
+    lines = override["requirements"]
+    if not lines or not all(isinstance(line, str) and line.strip() and "\n" not in line and
+                            not line.lstrip().startswith("-") for line in lines):
+        errors.append(f"{here}.requirements: a non-empty list of requirement lines (no options, no line breaks)")
     return errors
 
 
@@ -173,6 +195,7 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
         remove = entry.get("remove")
         if remove not in (None, "base-image"):
             raise PinError(f"{where}.remove: only \"base-image\" is known, not {remove!r}")
+        overrides = entry.get("overrides") or {}
         common = dict(python=python, platform=platform, no_deps=bool(entry.get("no_deps")),
                       no_emit=tuple(entry.get("no_emit", ())),
                       remove=base_image_dists(root) if remove else (), find_links=entry.get("find_links"))
@@ -181,7 +204,8 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
             # (therock) has no image to install its lock into
             for track in model.built_track_names(data):
                 out.append(Lock(f"{name}-{track}", tuple(entry["inputs"]), entry["output"].format(track=track),
-                                track=track, family=name, **common))
+                                track=track, family=name,
+                                overrides=tuple(overrides.get(track, {}).get("requirements", ())), **common))
         else:
             if any(i.startswith(SDIST) for i in entry["inputs"]):
                 raise PinError(f"{where}.inputs: sdist inputs need per_track: true")
@@ -190,7 +214,13 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
 
 
 def base_image_versions(data: dict, track: str | None) -> dict[str, str]:
-    """NAME==VERSION (public part) of the base image's resolved pinned wheels of the track."""
+    """NAME==VERSION (public part) of the base image's resolved pinned wheels of the track: its
+    PyTorch wheels, or on the therock stack TheRock's PyTorch. (Its Triton, built from source, is not
+    held: PyPI's torch of the same release names another Triton, a requirement the image rewrites;
+    the lock leaves Triton out either way.)"""
+    if track is not None and model.track_stack(data, track) == model.THEROCK_STACK:
+        torch = data["tracks"][track]["therock"]["torch"]
+        return {name: torch[name].split("+")[0] for name in sorted(torch) if torch[name]}
     wheels = model.section(data, "pytorch", track)["wheels"]
     return {w["package"]: w["version"].split("+")[0] for w in wheels.values() if w.get("package") and w.get("version")}
 
@@ -277,6 +307,11 @@ def split_lock(text: str) -> tuple[str, str]:
     return "".join(lines[:n]), "".join(lines[n:])
 
 
+def requirement_count(text: str) -> int:
+    """How many requirements a lock's body holds."""
+    return len(_blocks(split_lock(text)[1]))
+
+
 def body_line(body: str) -> str:
     """The header line that records the body (what pip installs): its sha256 and entry count, so a
     lock cut or edited below its header is told from the one the resolver made."""
@@ -309,6 +344,8 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> 
         lines.append(f"# Left out (the base image provides them): {', '.join(lock.remove)}.")
     if lock.no_emit:
         lines.append(f"# Left out: {', '.join(lock.no_emit)} (see ci/locks/locks.json).")
+    if lock.overrides:
+        lines.append(f"# Overrides (see ci/locks/locks.json): {'; '.join(lock.overrides)}.")
     lines += [f"# input {name} sha256:{digest}" for name, digest in inputs]
     lines.append(body_line(body))
     return "\n".join(lines) + "\n"
@@ -347,22 +384,66 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
             held = tmp_path / "base-image.txt"
             held.write_text("".join(f"{n}=={v}\n" for n, v in base_image_versions(data, lock.track).items()))
             cmd += ["--constraint", str(held)]
+        if lock.overrides:
+            override = tmp_path / "overrides.txt"
+            override.write_text("".join(f"{line}\n" for line in lock.overrides))
+            cmd += ["--override", str(override)]
         if lock.find_links:
             local = [p for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
             cmd += [a for p in local for a in ("--find-links", p)] if local else \
                 ["--extra-index-url", lock.find_links, "--index-strategy", "unsafe-best-match"]
         cmd += inputs
-        try:
-            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            raise PinError(f"lock {lock.name}: uv pip compile took more than 900 s") from None
-        if proc.returncode != 0:
-            reason = " ".join(proc.stderr.split())[-1500:]
-            raise PinError(f"lock {lock.name}: uv pip compile failed: {reason}")
-        body = proc.stdout
+        body = _uv_compile(cmd, cwd, f"lock {lock.name}")
         if lock.remove:
             body = without(body, set(lock.remove)).replace(f"-c {held}", "the base image")
         return header(lock, spec, recorded, body) + body
+
+
+def _uv_compile(cmd: list[str], cwd: Path | None, what: str, stdin: str | None = None,
+                env: dict[str, str] | None = None) -> str:
+    """uv pip compile's output (its requirement lines), within 900 s; a PinError naming `what` and
+    uv's last words otherwise. stdin: the requirement lines, where cmd reads them from "-"."""
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, input=stdin, env=env)
+    except subprocess.TimeoutExpired:
+        raise PinError(f"{what}: uv pip compile took more than 900 s") from None
+    if proc.returncode != 0:
+        reason = " ".join(proc.stderr.split())[-1500:]
+        raise PinError(f"{what}: uv pip compile failed: {reason}")
+    return proc.stdout
+
+
+# Left out of a TheRock lock: the Triton distributions TheRock's torch may name; the image builds its
+# Triton from the pinned commit (tracks.<track>.therock.triton) and makes torch require that one.
+THEROCK_BUILT_HERE = ("triton", "pytorch-triton-rocm", "triton-rocm")
+
+
+def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
+    """The hash lock of a therock track's TheRock wheels (model.therock_requirements: the SDK, the
+    device wheels of gpu_archs, the PyTorch wheels) and everything they require, as uv resolves them
+    against the track's release index alone (never PyPI, never a second index), for the images'
+    platform and Python. index_url: another copy of that index (a mirror; tests)."""
+    therock = data["tracks"][track]["therock"]
+    index = index_url or therock["index_url"]
+    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    python = data["python"]["version"]
+    wanted = model.therock_requirements(data["tracks"][track]["rocm"]["version"], therock["torch"], data["gpu_archs"])
+    cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
+           "--refresh", "--python-version", python, "--python-platform", platform, "--index-url", index,
+           "--index-strategy", "first-index", "--only-binary", ":all:", "--no-python-downloads",
+           *(a for name in THEROCK_BUILT_HERE for a in ("--no-emit-package", name)), "-"]
+    # no UV_* setting of the environment (UV_EXTRA_INDEX_URL, UV_FIND_LINKS, ...) may add an index
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    body = _uv_compile(cmd, None, f"therock lock of track {track}", stdin="".join(f"{line}\n" for line in wanted),
+                       env=env)
+    lines = [f"# Locked by `python3 -m ci.pins resolve therock --track {track}` (uv pip compile --generate-hashes "
+             f"against {resolve.secrets.masked_url(therock['index_url'])} alone): do not edit; resolve again.",
+             f"# For {platform}, Python {python}. Its sha256 is tracks.{track}.therock.lock_sha256 in versions.json.",
+             "# Install: ci/docker/install_therock.sh (pip --isolated --require-hashes --no-deps, that index alone)",
+             f"# Left out (the image builds Triton from source): {', '.join(THEROCK_BUILT_HERE)}.",
+             *(f"# input {line}" for line in wanted),
+             body_line(body)]
+    return "\n".join(lines) + "\n" + body
 
 
 def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path) -> int:

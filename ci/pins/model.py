@@ -41,6 +41,8 @@ NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+/:@=~-]*\Z")
 REPOSITORY_RE = re.compile(r"\A(?:(?:https?|git|ssh|file)://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+"
                            r"|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._~/+-]+"
                            r"|/[A-Za-z0-9._~/+-]*)\Z")
+# A release track's name (versions.json tracks keys): major.minor.
+TRACK_RE = re.compile(r"\A[0-9]+\.[0-9]+\Z")
 HTTPS_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+\Z")
 # Keys whose values are git repositories, and https URLs (indexes, downloads).
 REPOSITORY_KEYS = ("repository", "hipkittens_repository")
@@ -56,11 +58,16 @@ SCHEMA = 2
 TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
 # The ROCm stack a track's images build on: a ROCm container image (rocm/dev-ubuntu, upstream up to
 # vLLM 0.33; Dockerfile.rocm_base builds it), or TheRock: ROCm as pip wheels on a plain ubuntu image
-# (upstream's only stack from vLLM 0.34; not built by this repository yet, bake refuses its targets).
+# (upstream's only stack from vLLM 0.34). Dockerfile.rocm_base builds both (ROCM_STACK picks the stages).
 ROCM_IMAGE_STACK = "rocm-image"
 THEROCK_STACK = "therock"
 STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
-BUILT_STACKS = (ROCM_IMAGE_STACK,)
+BUILT_STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
+# The shared sections (TRACK_OVERRIDES) a stack does not use: a therock track takes PyTorch from its
+# TheRock lock, not from a pytorch section.
+UNUSED_SECTIONS = {THEROCK_STACK: ("pytorch",)}
+# Where a therock track's hash lock of TheRock wheels lives (ci/locks/, by track).
+LOCKS_DIR = Path("ci/locks")
 
 
 # TheRock's PyTorch wheels a therock track installs (versions.json tracks.<track>.therock.torch).
@@ -86,6 +93,11 @@ def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: lis
         wanted += [f"rocm[device-{arch}]=={sdk_version}", f"torch[device-{arch}]=={torch['torch']}",
                    f"torchvision[device-{arch}]=={torch['torchvision']}"]
     return wanted
+
+
+def therock_lock_name(track: str) -> str:
+    """The file name of a therock track's hash lock of TheRock wheels, in LOCKS_DIR."""
+    return f"therock-{track}.txt"
 
 
 def track_stack(data: dict, name: str) -> str:
@@ -324,19 +336,38 @@ def _pins(node: dict, *leave_out: str) -> dict:
 def components(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> dict[str, dict]:
     """The pins of each component the build needs, for one track, as versions.json names them:
     AITER_PINS (aiter's shared fields and the track's pin), PYTORCH_PINS (the track's pytorch
-    section: index_url and wheels), VLLM_PINS (vllm's shared repository and triton_kernels, and
+    section: index_url and wheels; empty on therock), THEROCK_PINS (a therock track's TheRock wheels
+    and Triton source; empty on rocm-image), VLLM_PINS (vllm's shared repository and triton_kernels, and
     the track's release: tag, commit, triton_kernels.commit)."""
     name = track_name(data, track_name_)
     own = data["tracks"][name]["vllm"]
-    pytorch = section(data, "pytorch", name)
     return {
         "AITER_PINS": {**_pins(data["aiter"], "pins"), **_pins(aiter_pin(data, aiter_name, name))},
-        "PYTORCH_PINS": {"index_url": pytorch["index_url"],
-                         "wheels": {key: _pins(pytorch["wheels"][key]) for key in WHEEL_KEYS}},
+        "PYTORCH_PINS": pytorch_pins(data, name),
+        "THEROCK_PINS": therock_pins(data, name),
         "VLLM_PINS": {"repository": data["vllm"]["repository"], "tag": own["tag"], "commit": own["commit"],
                       "triton_kernels": {**_pins(data["vllm"]["triton_kernels"]),
                                          "commit": own["triton_kernels_commit"]}},
     }
+
+
+def pytorch_pins(data: dict, name: str) -> dict:
+    """PYTORCH_PINS: the track's pytorch section (index_url, wheels); empty on a stack that takes
+    PyTorch elsewhere (therock: from its TheRock lock)."""
+    if "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ()):
+        return {}
+    pytorch = section(data, "pytorch", name)
+    return {"index_url": pytorch["index_url"], "wheels": {key: _pins(pytorch["wheels"][key]) for key in WHEEL_KEYS}}
+
+
+def therock_pins(data: dict, name: str) -> dict:
+    """THEROCK_PINS: a therock track's TheRock section as its stages read it (the release index, the
+    lock's file name in LOCKS_DIR and its sha256, Triton's source); empty on another stack."""
+    if track_stack(data, name) != THEROCK_STACK:
+        return {}
+    therock = data["tracks"][name]["therock"]
+    return {"index_url": therock["index_url"], "lock": therock_lock_name(name),
+            "lock_sha256": therock["lock_sha256"], "triton": _pins(therock["triton"])}
 
 
 def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
@@ -348,6 +379,7 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
     args = {
         "VLLM_TRACK": name,
         "VLLM_VERSION": render(data["tracks"][name]["vllm"]["version"]),
+        "ROCM_STACK": track_stack(data, name),
         "ROCM_IMAGE": image_ref(section(data, "base_image", name), allow_unresolved),
         "ROCM_VERSION": render(section(data, "rocm", name)["version"]),
         "PYTHON_VERSION": render(data["python"]["version"]),
@@ -379,6 +411,7 @@ def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str 
         aiter_name = track_aiter_pin_name(data, name, aiter_name)
         found = [p for p in found if not p.startswith("tracks.") or p.startswith(f"tracks.{name}.")]
         overridden = [k for k in TRACK_OVERRIDES if k in data["tracks"][name]]
+        overridden += UNUSED_SECTIONS.get(track_stack(data, name), ())
         found = [p for p in found if p.split(".", 1)[0] not in overridden]
     if aiter_name is not None:
         own = f"aiter.pins.{aiter_name}."

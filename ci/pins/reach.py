@@ -36,7 +36,8 @@ def connect_timeout() -> float:
 @dataclass(frozen=True)
 class Source:
     """What an item reads: a git remote ("git"), an image on a registry ("registry"; address is the
-    image reference, registry the host[:port] it is read from) or a wheel index ("index")."""
+    image reference, registry the host[:port] it is read from), a wheel index ("index") or TheRock's
+    wheel index ("therock")."""
     kind: str
     address: str
     registry: str = ""
@@ -48,6 +49,8 @@ class Source:
             return f"the git remote {address} (commits)"
         if self.kind == "registry":
             return f"the container registry {secrets.masked_url(self.registry)} (the digest of {address})"
+        if self.kind == "therock":
+            return f"TheRock's wheel index {address} (the TheRock lock)"
         return f"the PyTorch wheel index {address} (wheel sha256)"
 
 

@@ -1,6 +1,7 @@
 """`verify`: the versions file is well formed and every global Dockerfile ARG default agrees with it."""
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def _check_therock(track: dict, path: str, errors: list[str]) -> None:
     model.therock_requirements), and the sha256 of the hash lock of those wheels (null until a host
     that reaches the index makes it)."""
     therock = track["therock"]
-    if not _require(therock, path, {"index_url": str, "torch": dict, "lock_sha256": str}, errors):
+    if not _require(therock, path, {"index_url": str, "torch": dict, "lock_sha256": str, "triton": dict}, errors):
         return
     _check_unresolved_list(therock, path, errors)
     problem = model.therock_index_problem(therock["index_url"] or "")
@@ -64,6 +65,13 @@ def _check_therock(track: dict, path: str, errors: list[str]) -> None:
     lock = therock["lock_sha256"]
     if lock is not None and not SHA256_RE.match(lock):
         errors.append(f"{path}.lock_sha256 = {lock!r}: 64 lowercase hex digits")
+    triton = therock.get("triton")
+    if _require(triton, f"{path}.triton", {"repository": str, "commit": str, "version": str}, errors):
+        _check_unresolved_list(triton, f"{path}.triton", errors)
+        if triton["commit"] is not None and not COMMIT_RE.match(triton["commit"]):
+            errors.append(f"{path}.triton.commit = {triton['commit']!r}: a full 40-hex commit")
+        if not (triton["repository"] or "").startswith("https://"):
+            errors.append(f"{path}.triton.repository: an https:// git repository")
 
 
 def _require(node, path: str, fields: dict, errors: list[str], optional: dict | None = None) -> bool:
@@ -234,7 +242,6 @@ def _check_pytorch(torch, where: str, errors: list[str]) -> None:
                 _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
 
 
-_TRACK_RE = re.compile(r"^[0-9]+\.[0-9]+$")
 _VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\.[0-9]+$")
 _OVERRIDE_CHECKS = {"rocm": _check_rocm, "base_image": _check_base_image, "pytorch": _check_pytorch}
 
@@ -250,7 +257,7 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
                       f"({', '.join(sorted(tracks))})")
     for name, own in tracks.items():
         path = f"tracks.{name}"
-        if not _TRACK_RE.match(name):
+        if not model.TRACK_RE.match(name):
             errors.append(f"{path}: a track is named after its vLLM release line, like 0.33")
         if not _require(own, path, {"aiter": str, "upstream_base_dockerfile": str, "vllm": dict}, errors,
                         optional={**dict.fromkeys(model.TRACK_OVERRIDES, dict), "stack": str,
@@ -340,6 +347,27 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     return errors
 
 
+def check_therock_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
+    """A therock track whose lock is pinned (lock_sha256) has that lock, ci/locks/therock-<track>.txt,
+    with exactly that sha256: the build refuses any other."""
+    errors = []
+    for name in model.therock_track_names(data):
+        pinned = data["tracks"][name]["therock"].get("lock_sha256")
+        if not pinned:
+            continue
+        path = model.LOCKS_DIR / model.therock_lock_name(name)
+        try:
+            actual = hashlib.sha256((root / path).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            errors.append(f"tracks.{name}.therock.lock_sha256 is set but {path} is missing: run python3 -m ci.pins "
+                          f"resolve therock --track {name} --force --write on a host that reaches TheRock's index")
+            continue
+        if actual != pinned:
+            errors.append(f"{path} has sha256 {actual}, not tracks.{name}.therock.lock_sha256 {pinned}: the lock was "
+                          f"edited; make it again (python3 -m ci.pins resolve therock --track {name} --force --write)")
+    return errors
+
+
 def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
            aiter_name: str | None = None, track: str | None = None) -> tuple[list[str], list[str]]:
     """Returns (errors, unresolved pins). Under strict, unresolved pins are errors too.
@@ -354,6 +382,7 @@ def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
         return [f"track {track!r} is not a key of tracks ({', '.join(model.track_names(data))})"], []
     errors += check_dockerfiles(data, root)
     errors += check_backend_range(data, root)
+    errors += check_therock_locks(data, root)
     if track is None and aiter_name is None:
         unresolved = model.unresolved_pins(data)
         # AITER pins no track builds are kept for AITER_PIN builds; unresolved there is no error.

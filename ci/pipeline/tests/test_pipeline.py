@@ -4,6 +4,7 @@ against what versions.json says they are; publish.sh with a docker that records 
 login, the self-test summary table on a real self-test run."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -79,6 +80,10 @@ def resolved_repo(tmp_path: Path) -> Path:
     for own in data["tracks"].values():
         if own["vllm"].get("commit_prefix"):
             own["vllm"]["commit_prefix"] = own["vllm"]["commit"][:9]
+    for track in model.therock_track_names(data):  # the TheRock lock resolve would write, and its sha256
+        lock = f"# the TheRock lock of track {track}, as resolve therock writes it\n"
+        (root / model.LOCKS_DIR / model.therock_lock_name(track)).write_text(lock)
+        data["tracks"][track]["therock"]["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     (root / "versions.json").write_text(model.canonical(data))
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The torch stage of a therock track: the Triton wheel the image built from the pinned commit
+# (triton-wheel stage) installed beside TheRock's torch, and torch made to require exactly it.
+#
+#   install_therock_triton.sh WHEELS_DIR
+#
+# TheRock's torch names a Triton of its own in its metadata; vLLM's TheRock base builds the one
+# vLLM's ROCm kernels are made for and deletes torch's requirement. Here torch's requirement is
+# rewritten to the Triton installed (pinned_dists.py torch-triton-set), so `pip check` holds and
+# every later step's constraints (pinned_dists.py constraints) keep this Triton. The build
+# scripts' own requirement (packaging) is installed first, hash-pinned.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+die() { echo "therock-triton: ERROR: $*" >&2; exit 1; }
+wheels=${1:?usage: install_therock_triton.sh WHEELS_DIR}
+load_pins THEROCK_PINS
+: "${THEROCK_TRITON_VERSION:?THEROCK_PINS has no triton.version}"
+use_ca_bundle
+python -m pip install --require-hashes --no-deps -r "$here/requirements-scripts.txt"
+found=("$wheels"/triton-*.whl)
+[ "${#found[@]}" = 1 ] && [ -f "${found[0]}" ] || die "$wheels holds no single triton wheel (the triton-wheel stage builds it)"
+python -m pip install --no-deps --no-index "${found[0]}"
+python "$here/pinned_dists.py" torch-triton-set "triton==$THEROCK_TRITON_VERSION"
+python -m pip check || die "dependency conflict after installing Triton $THEROCK_TRITON_VERSION beside TheRock's torch"
+python "$here/pinned_dists.py" torch-triton --expect "triton==$THEROCK_TRITON_VERSION"
+python -c 'import torch, triton; print("therock-triton: torch", torch.__version__, "hip", torch.version.hip, "triton", triton.__version__)'
