@@ -3,7 +3,6 @@ git server on 127.0.0.1 serving a tiny repository with a submodule (standing in 
 its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
 by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import git_daemon
 from ci.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,9 +81,7 @@ def write_fake_kernel_sources(aiter):
 def git_server(tmp_path_factory):
     """git daemon on 127.0.0.1 serving ck.git and aiter.git (tag v1.0, CK submodule)."""
     top = tmp_path_factory.mktemp("gitsrv")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = git_daemon.free_port()
     url = f"git://127.0.0.1:{port}"
     work = top / "work"
     ck = work / "ck"
@@ -120,19 +118,9 @@ def git_server(tmp_path_factory):
     git("commit", "-qm", "aiter 2", cwd=aiter)
     later = git("rev-parse", "HEAD", cwd=aiter)
     git("clone", "-q", "--bare", str(aiter), str(srv / "aiter.git"), cwd=top)
-    daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--listen=127.0.0.1",
-                               f"--port={port}", f"--base-path={srv}", str(srv)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(50):
-        if subprocess.run(["git", "ls-remote", f"{url}/aiter.git"], capture_output=True).returncode == 0:
-            break
-        time.sleep(0.2)
-    else:
-        daemon.kill()
-        pytest.fail("git daemon did not start")
+    daemon = git_daemon.start(srv, port, "aiter.git")
     yield {"url": url, "commit": commit, "later": later, "ck": ck1, "ck_later": ck2}
-    daemon.terminate()
-    daemon.wait(10)
+    git_daemon.stop(daemon)
 
 
 def aiter_pins(server, tag, commit, ck):

@@ -32,12 +32,14 @@ def main():
     if cmd == ["init"]:
         (DEVEL / "lib").mkdir(parents=True, exist_ok=True)
         (DEVEL / "bin").mkdir(parents=True, exist_ok=True)
+        (DEVEL / "lib" / "libamdhip64.so.7").write_text("devel")  # the devel tree's copy of the HIP runtime
         print("rocm-sdk: devel tree at", DEVEL)
     elif cmd == ["path", "--root"]:
         print(DEVEL)
     else:
         sys.exit("usage: rocm-sdk init | path --root")
 '''
+ROCM_SDK_INIT = "def preload_libraries(*names, rtld_global: bool = True):\n    return names\n"
 AMD_SMI_SETUP = "from setuptools import setup\nsetup(name='amdsmi', version='26.0.0', packages=['amdsmi'])\n"
 
 
@@ -76,10 +78,11 @@ def release_wheels() -> list[dict]:
                                                f'rocm-sdk-devel=={SDK} ; extra == "devel"',
                                                *(f'rocm-sdk-device-{a}=={SDK} ; extra == "device-{a}"' for a in ARCHS)],
              extras=["libraries", "devel", *(f"device-{a}" for a in ARCHS)],
-             files={"rocm_sdk/__init__.py": "", "rocm_sdk/cli.py": ROCM_SDK_CLI},
+             files={"rocm_sdk/__init__.py": ROCM_SDK_INIT, "rocm_sdk/cli.py": ROCM_SDK_CLI},
              scripts={"rocm-sdk": "rocm_sdk.cli:main"}),
         dict(name="rocm-sdk-core", version=SDK, files={
-            "_rocm_sdk_core/lib/libamdhip64.so": "", "_rocm_sdk_core/share/amd_smi/setup.py": AMD_SMI_SETUP,
+            "_rocm_sdk_core/lib/libamdhip64.so.7": "core", "_rocm_sdk_core/lib/librocm_smi64.so.1": "smi",
+            "_rocm_sdk_core/share/amd_smi/setup.py": AMD_SMI_SETUP,
             "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": "AMDSMI_STANDIN = True\n"}),
         dict(name="rocm-sdk-libraries", version=SDK),
         dict(name="rocm-sdk-devel", version=SDK),

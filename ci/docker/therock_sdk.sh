@@ -3,7 +3,7 @@
 # hash lock (the SDK, the device wheels of each GPU arch, torch/torchvision/torchaudio +rocm and
 # their dependencies) from TheRock's release index alone, then `rocm-sdk init` (which unpacks the
 # devel tree), then a check that ROCM_PATH, which the stage's ENV sets from the SDK's location, is
-# the SDK the wheels put there.
+# the SDK the wheels put there, and one copy of each runtime library (therock_links.sh).
 #
 #   therock_sdk.sh LOCKS_DIR
 #
@@ -30,4 +30,5 @@ root=$(rocm-sdk path --root) || die "rocm-sdk path --root failed after rocm-sdk 
 [ "$(realpath -m "$root")" = "$(realpath -m "$ROCM_PATH")" ] \
   || die "the SDK's root is $root but the stage sets ROCM_PATH=$ROCM_PATH: fix the therock stage's ENV in Dockerfile.rocm_base"
 [ -d "$ROCM_PATH/lib" ] || die "ROCM_PATH=$ROCM_PATH has no lib/ after rocm-sdk init"
+bash "$here/therock_links.sh"
 python -c 'import torch; print("therock-sdk: torch", torch.__version__, "hip", torch.version.hip)'

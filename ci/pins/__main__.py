@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "range the backend supports")
     p.add_argument("--json", action="store_true", help="print only the track names, as a JSON list (CI matrices)")
     p.add_argument("--built", action="store_true", help="only the tracks whose images this repository builds "
-                                                        "(their ROCm stack is built here; not therock yet)")
+                                                        "(their ROCm stack is built here)")
 
     p = sub.add_parser("therock", help="print what a therock track installs from TheRock's release index, as "
                                        "requirement lines (the input of its hash lock)")

@@ -111,6 +111,9 @@ for version in $releases; do
     lock_status=0
   fi
   [ -f "$lock" ] && git add -- "$lock"
+  # a therock track's TheRock lock, where PINS_RELEASE_WHAT has resolve make it (therock)
+  therock_lock=ci/locks/therock-$track.txt
+  [ -f "$therock_lock" ] && git add -- "$therock_lock"
   bash -c "$tests_cmd" >"$out/tests.log" 2>&1
   tests_status=$?
   set -e
@@ -147,7 +150,7 @@ for version in $releases; do
   git switch --quiet -C "pins/vllm-$version"
   git -c "user.name=$name" -c "user.email=$email" commit --quiet \
     -m "pins: vLLM $version as release track $track (tests exit $tests_status)" -- "${files[@]}" \
-    $([ -f "$lock" ] && echo "$lock")
+    $([ -f "$lock" ] && echo "$lock") $([ -f "$therock_lock" ] && echo "$therock_lock")
   propose "pins/vllm-$version" "pins: vLLM $version as release track $track" "$body"
 done
 git switch --quiet --detach "$start"
