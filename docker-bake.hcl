@@ -183,12 +183,12 @@ function "vllm_pins" {
     nulls("tracks.${TRACK}.vllm", tracks[TRACK].vllm, ["tag", "commit", "triton_kernels_commit"])))
 }
 
-// Build cache key of a target, from what its layers depend on. base: the AITER commit and the GPU
-// archs (not the vLLM version: a vLLM bump keeps the AITER layers' cache). vLLM targets: the
-// track's vLLM version as well.
+// Build cache key of a target, from what its layers depend on. base: the ROCm stack kind, the AITER
+// commit and the GPU archs (not the vLLM version: a vLLM bump keeps the AITER layers' cache). vLLM
+// targets: the track's vLLM version as well (a track has one stack).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.

@@ -169,17 +169,18 @@ def pushed(track=None, **env):
 def test_pushed_images_tags_cache_and_attestations_follow_the_versions_file(track):
     """PUSH=1: the commit tag vllm<version>-aiter<12 hex>-<12 hex of VCS_REF> and the branch tag
     (-vllm<track> outside the default track); one registry cache ref per target, the base's
-    without the vLLM version; SBOM and provenance; pushed."""
+    without the vLLM version but with the track's ROCm stack kind; SBOM and provenance; pushed."""
     data = model.load()
     pin = "v0.1.20.post1"
     commit = data["aiter"]["pins"][pin]["commit"][:12]
     version = data["tracks"][track]["vllm"]["version"]
     archs = "-".join(data["gpu_archs"])
+    stack = model.track_stack(data, track)
     floating = "main" if track == data["default_track"] else f"main-vllm{track}"
     for name, target in pushed(track, AITER_PIN=pin).items():
         image = f"registry.example/team/{name}"
         assert target["tags"] == [f"{image}:vllm{version}-aiter{commit}-{SHA[:12]}", f"{image}:{floating}"]
-        key = f"base-aiter{commit}-{archs}" if name == "base" else f"{name}-vllm{version}-aiter{commit}-{archs}"
+        key = f"base-{stack}-aiter{commit}-{archs}" if name == "base" else f"{name}-vllm{version}-aiter{commit}-{archs}"
         assert target["cache-from"] == [f"type=registry,ref=registry.example/team/buildcache:{key}"]
         assert target["cache-to"] == [f"type=registry,ref=registry.example/team/buildcache:{key},mode=max"]
         assert target["attest"] == ATTESTATIONS
@@ -193,7 +194,8 @@ def test_pushed_settings_are_switches():
                   CACHE_TO="type=local,dest=/c", TAG="")["base"]
     assert not base.get("attest")
     assert base["cache-from"][0] == "type=local,src=/c"
-    assert base["cache-from"][1].startswith("type=registry,ref=cache.example/c:base-aiter")
+    stack = model.track_stack(model.load(), model.load()["default_track"])
+    assert base["cache-from"][1].startswith(f"type=registry,ref=cache.example/c:base-{stack}-aiter")
     assert base["cache-to"][0] == "type=local,dest=/c" and base["cache-to"][1].endswith(",mode=max")
     assert len(base["tags"]) == 1 and base["tags"][0].endswith(f"-{SHA[:12]}")
     base = pushed(CACHE_REPO="")["base"]

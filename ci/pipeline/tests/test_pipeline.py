@@ -108,11 +108,12 @@ def expected_graph(data: dict, track: str, aiter_commit: str, registry: str, sha
     """What the pipeline pushes, from versions.json alone: per target its tags, cache refs, attestations."""
     version = data["tracks"][track]["vllm"]["version"]
     archs = "-".join(data["gpu_archs"])
+    stack = model.track_stack(data, track)
     tag = f"vllm{version}-aiter{aiter_commit[:12]}-{sha[:12]}"
     floating = ref_name if track == data["default_track"] else f"{ref_name}-vllm{track}"
     out = {}
     for name in targets:
-        key = f"base-aiter{aiter_commit[:12]}-{archs}" if name == "base" else \
+        key = f"base-{stack}-aiter{aiter_commit[:12]}-{archs}" if name == "base" else \
             f"{name}-vllm{version}-aiter{aiter_commit[:12]}-{archs}"
         ref = f"{registry}/buildcache:{key}"
         out[name] = {"tags": [f"{registry}/{name}:{tag}"] + ([f"{registry}/{name}:{floating}"] if ref_name else []),
@@ -221,8 +222,16 @@ def test_vllm_bump_keeps_the_base_cache_ref_and_an_aiter_bump_does_not(tmp_path:
     aiter["aiter"]["pins"][KNOWN_PIN]["commit"] = "f" * 40
     (tmp_path / "aiter.json").write_text(json.dumps(aiter))
     changed = _bake_graph(tmp_path / "aiter.json", tmp_path)
+    stack = model.track_stack(data, data["default_track"])
+    archs = "-".join(data["gpu_archs"])
     assert changed["base"]["cache-from"] == [
-        f"type=registry,ref=registry.example/team/buildcache:base-aiter{'f' * 12}-{'-'.join(data['gpu_archs'])}"]
+        f"type=registry,ref=registry.example/team/buildcache:base-{stack}-aiter{'f' * 12}-{archs}"]
+    # the ROCm stack is under the AITER layers: the same AITER commit on another stack, another cache ref
+    other = json.loads(json.dumps(aiter))
+    own_track = other["tracks"][other["default_track"]]
+    own_track["stack"] = "rocm-image" if stack != "rocm-image" else "therock"
+    (tmp_path / "stack.json").write_text(json.dumps(other))
+    assert _bake_graph(tmp_path / "stack.json", tmp_path)["base"]["cache-from"] != changed["base"]["cache-from"]
     # the GPU archs are compiled into the AITER layers: another arch list, another cache ref
     assert _bake_graph(REPO / "versions.json", tmp_path, GPU_ARCHS="gfx942")["base"]["cache-from"] \
         != before["base"]["cache-from"]
