@@ -34,6 +34,7 @@ TIME_BUDGET_ENV = "PYTEST_TIME_BUDGET"
 DEFAULT_TIME_BUDGET_S = 2400
 _STARTED: list[float] = []
 _AREA_SECONDS: Counter[str] = Counter()
+_LANE_SECONDS: Counter[str] = Counter()
 
 
 def time_budget(env=os.environ) -> float:
@@ -105,6 +106,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_runtest_logreport(report) -> None:
     """Counted where reports arrive (the controller, when the run is split into lanes)."""
     _AREA_SECONDS[area_of(report.nodeid)] += report.duration
+    _LANE_SECONDS[lane_of_keywords(report.keywords)] += report.duration
     if report.skipped and not hasattr(report, "wasxfail"):
         allowed = next((m for m in ALLOWED_SKIP_MARKERS if m in report.keywords), None)
         _SKIPS[f"{allowed or 'skip'}: {_skip_reason(report)}"] += 1
@@ -122,6 +124,11 @@ _LANE_FILE = "lanes-docker-{worker}.txt"
 
 def lane_of(item: pytest.Item) -> str:
     return "docker" if item.get_closest_marker("docker") else "python"
+
+
+def lane_of_keywords(keywords) -> str:
+    """The lane of a test report (its keywords hold its markers' names): as lane_of."""
+    return "docker" if "docker" in keywords else "python"
 
 
 def _docker_lane_ids() -> set[str]:
@@ -180,6 +187,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("time per test folder (summed over lanes)")
         for area, seconds in sorted(_AREA_SECONDS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{seconds:8.1f}s  {area}")
+        # the session's wall time is about its longest lane: the one to make faster
+        terminalreporter.section("time per lane (docker: tests marked docker; python: the rest)")
+        for lane, seconds in sorted(_LANE_SECONDS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:8.1f}s  {lane}")
     if _STARTED:
         took, budget = time.monotonic() - _STARTED[0], time_budget()
         terminalreporter.section("time budget")

@@ -1,5 +1,5 @@
-"""The test session's time report and budget (the repository's conftest.py): the slowest tests and
-the time per test folder are printed, and a session over PYTEST_TIME_BUDGET seconds fails with a
+"""The test session's time report and budget (the repository's conftest.py): the slowest tests,
+the time per test folder and per lane are printed, and a session over PYTEST_TIME_BUDGET seconds fails with a
 line naming the setting, even when every test passed. Driven on a small session of its own, with
 the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
@@ -20,6 +20,8 @@ def session(tmp_path: Path, budget: str | None) -> subprocess.CompletedProcess[s
     (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(1.2)\n")
+    (tmp_path / "sub" / "test_lane.py").write_text(
+        "import time\n\nimport pytest\n\n\n@pytest.mark.docker\ndef test_in_the_docker_lane():\n    time.sleep(0.1)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_TIME_BUDGET", "PYTEST_ADDOPTS", "CI")}
     if budget is not None:
         env["PYTEST_TIME_BUDGET"] = budget
@@ -30,7 +32,7 @@ def session(tmp_path: Path, budget: str | None) -> subprocess.CompletedProcess[s
 def test_a_session_over_its_budget_fails_naming_the_setting(tmp_path):
     proc = session(tmp_path, "1")
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout[-2000:]
-    assert "1 passed" in proc.stdout
+    assert "2 passed" in proc.stdout
     assert "over its budget of 1s (PYTEST_TIME_BUDGET)" in proc.stdout, proc.stdout[-2000:]
 
 
@@ -39,6 +41,9 @@ def test_within_the_budget_the_time_is_reported_with_the_slowest_tests_and_folde
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "slowest 30 durations" in proc.stdout and "sub/test_slow.py::test_slow" in proc.stdout
     assert "time per test folder" in proc.stdout and "s  sub\n" in proc.stdout
+    lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
+    seconds = {line.split()[1]: float(line.split()[0].rstrip("s")) for line in lanes}
+    assert set(seconds) == {"docker", "python"} and seconds["python"] >= 1.2 > seconds["docker"] >= 0.1
     assert "of its 2400s budget (PYTEST_TIME_BUDGET)" in proc.stdout
 
 
