@@ -1,7 +1,8 @@
 """The suite's two lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs
-it): every Docker test runs in one worker, in collection order, and every other test in the other
-worker; skips and the tests' summary lines (tests/report_lines.py) reach the controller's
-summary. Driven on a small session of its own, with the repository's conftest.py and pytest.ini."""
+it): every Docker test (marked docker, or docker_lane to even out the lanes) runs in one worker, in
+collection order, and every other test in the other worker, and the time of each lane is reported;
+skips and the tests' summary lines (tests/report_lines.py) reach the controller's summary. Driven on a small
+session of its own, with the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def record(name):
 '''
 
 
-def module(marked: bool, names: list[str]) -> str:
-    body = RECORDING + ("pytestmark = pytest.mark.docker\n" if marked else "")
+def module(marked: bool | str, names: list[str]) -> str:
+    marker = "docker" if marked is True else marked
+    body = RECORDING + (f"pytestmark = pytest.mark.{marker}\n" if marker else "")
     return body + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
 
 
@@ -42,6 +44,8 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(6)]) +
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
+    # no engine needed, but put in the Docker lane to even out the lanes' time
+    (suite / "test_g_balance.py").write_text(module("docker_lane", ["d6"]))
     # a summary line written in a worker, from a folder whose conftest the controller never loads
     (suite / "nested").mkdir()
     shutil.copy(ROOT / "tests/report_lines.py", suite / "nested" / "report_lines.py")
@@ -59,8 +63,10 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     ran = [line.split() for line in record.read_text().splitlines()]
     docker = [(w, n) for w, n in ran if n.startswith("d")]
     plain = [(w, n) for w, n in ran if not n.startswith("d")]
-    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5"], ran  # collection order
+    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5", "d6"], ran  # collection order
     assert len({w for w, _ in docker}) == 1 and len({w for w, _ in plain}) == 1, ran
     assert {w for w, _ in docker} != {w for w, _ in plain}, ran  # two lanes, side by side
+    lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
+    assert sorted(line.split()[1] for line in lanes) == ["docker", "python"], proc.stdout[-2000:]
     assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
     assert " nested section =" in proc.stdout and "\na line from a lane\n" in proc.stdout, proc.stdout[-2000:]

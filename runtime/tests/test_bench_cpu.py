@@ -22,7 +22,8 @@ import pytest
 
 from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pythonpath
 
-pytestmark = pytest.mark.engine
+# docker_lane: evens out the two lanes (pytest.ini); it needs no Docker engine
+pytestmark = [pytest.mark.engine, pytest.mark.docker_lane]
 
 CI_DIR = Path(__file__).resolve().parents[2] / "ci"
 TINY = CI_DIR.parent / "runtime" / "models" / "tiny-mla"
