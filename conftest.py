@@ -35,6 +35,7 @@ DEFAULT_TIME_BUDGET_S = 2400
 _STARTED: list[float] = []
 _AREA_SECONDS: Counter[str] = Counter()
 _LANE_SECONDS: Counter[str] = Counter()
+_LANE_ATTR = "rocm_vllm_lane"
 
 
 def time_budget(env=os.environ) -> float:
@@ -94,6 +95,10 @@ def _skip_reason(report: pytest.TestReport) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
+    # the lane, from the item's markers, where the item is: a plain attribute of the report travels
+    # with it from a lane's worker to the controller, which counts the time per lane (kept out of
+    # user_properties, which JUnit files would carry)
+    setattr(report, _LANE_ATTR, lane_of(item))
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     allowed = next((m for m in ALLOWED_SKIP_MARKERS if item.get_closest_marker(m)), None)
@@ -106,7 +111,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_runtest_logreport(report) -> None:
     """Counted where reports arrive (the controller, when the run is split into lanes)."""
     _AREA_SECONDS[area_of(report.nodeid)] += report.duration
-    _LANE_SECONDS[lane_of_keywords(report.keywords)] += report.duration
+    _LANE_SECONDS[getattr(report, _LANE_ATTR, "python")] += report.duration
     if report.skipped and not hasattr(report, "wasxfail"):
         allowed = next((m for m in ALLOWED_SKIP_MARKERS if m in report.keywords), None)
         _SKIPS[f"{allowed or 'skip'}: {_skip_reason(report)}"] += 1
@@ -129,11 +134,6 @@ DOCKER_LANE_MARKERS = ("docker", "docker_lane")
 
 def lane_of(item: pytest.Item) -> str:
     return "docker" if any(item.get_closest_marker(m) for m in DOCKER_LANE_MARKERS) else "python"
-
-
-def lane_of_keywords(keywords) -> str:
-    """The lane of a test report (its keywords hold its markers' names): as lane_of."""
-    return "docker" if any(m in keywords for m in DOCKER_LANE_MARKERS) else "python"
 
 
 def _docker_lane_ids() -> set[str]:

@@ -194,7 +194,8 @@ def test_pushed_settings_are_switches():
                   CACHE_TO="type=local,dest=/c", TAG="")["base"]
     assert not base.get("attest")
     assert base["cache-from"][0] == "type=local,src=/c"
-    stack = model.track_stack(model.load(), model.load()["default_track"])
+    data = model.load()
+    stack = model.track_stack(data, data["default_track"])
     assert base["cache-from"][1].startswith(f"type=registry,ref=cache.example/c:base-{stack}-aiter")
     assert base["cache-to"][0] == "type=local,dest=/c" and base["cache-to"][1].endswith(",mode=max")
     assert len(base["tags"]) == 1 and base["tags"][0].endswith(f"-{SHA[:12]}")
