@@ -9,7 +9,14 @@ Made once per track in TRACK_ENV_DIR (default .venv-tracks/<track>) and reused w
 backend and runtime are installed editable from the checkout that uses it (again when a kept
 environment was made for another checkout: .ci/run keeps it outside the clone).
 The build tools come from the sdist's own pyproject.toml (its torch pin left out: the tests' CPU
-torch stands in)."""
+torch stands in).
+
+Installed with uv (the test environment's, tests/requirements.lock): on a machine with nothing
+kept, three track environments of about a hundred packages each are made in one test run, and
+uv's parallel downloads and shared cache take a fraction of pip's time. uv reads no PIP_* setting,
+so the sources pip would use are passed to it: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL and
+PIP_FIND_LINKS (torch's CPU build; without it PyTorch's CPU index, as ci/test.sh does), PIP_CERT
+(when SSL_CERT_FILE is unset) and PIP_DEFAULT_TIMEOUT (when UV_HTTP_TIMEOUT is unset)."""
 from __future__ import annotations
 
 import hashlib
@@ -23,10 +30,13 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from ci.pins.locks import uv_command
 from vllm_sdist import sdist_source, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = ("tests/requirements-torch.txt", "tests/requirements-track.txt", "tests/track_env.py")
+# Where torch's CPU build comes from when no wheelhouse is configured (PIP_FIND_LINKS), as in ci/test.sh.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def env_dir(track: str) -> Path:
@@ -46,6 +56,33 @@ def build_requirements(src: Path) -> list[str]:
     return [r for r in requires if Requirement(r).name.lower() != "torch"]
 
 
+def uv_install(python: Path) -> list:
+    """uv pip install into the environment of `python`, quietly."""
+    return [*uv_command(), "pip", "install", "--quiet", "--python", python]
+
+
+def pip_sources(environ: dict[str, str]) -> list[str]:
+    """uv's options for the package sources pip's settings name (uv reads no PIP_* variable)."""
+    out: list[str] = []
+    if environ.get("PIP_INDEX_URL"):
+        out += ["--index-url", environ["PIP_INDEX_URL"]]
+    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
+        out += ["--extra-index-url", url]
+    for place in environ.get("PIP_FIND_LINKS", "").split():
+        out += ["--find-links", place]
+    return out
+
+
+def uv_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment for uv: pip's certificate bundle and network timeout where uv's own are unset."""
+    env = dict(environ)
+    if env.get("PIP_CERT") and not env.get("SSL_CERT_FILE"):
+        env["SSL_CERT_FILE"] = env["PIP_CERT"]
+    if env.get("PIP_DEFAULT_TIMEOUT") and not env.get("UV_HTTP_TIMEOUT"):
+        env["UV_HTTP_TIMEOUT"] = env["PIP_DEFAULT_TIMEOUT"]
+    return env
+
+
 def _run(cmd: list, what: str, **kw) -> None:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-4000:]}"
@@ -61,16 +98,20 @@ def track_python(track: str) -> Path:
         _install_own_packages(path, python)
         return python
     src = sdist_source(track)
-    _run([sys.executable, "-m", "venv", "--clear", path], "venv")
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
-    _run([*pip, "-r", ROOT / "tests/requirements-torch.txt"], "pip install torch", timeout=1800)
-    _run([*pip, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
-         "pip install the test and build requirements", timeout=1800)
+    _run([sys.executable, "-m", "venv", "--clear", "--without-pip", path], "venv")
+    install = uv_install(python)
+    local = pip_sources(os.environ)
+    torch_sources = local if "--find-links" in local else [*local, "--extra-index-url", TORCH_CPU_INDEX]
+    _run([*install, *torch_sources, "-r", ROOT / "tests/requirements-torch.txt"], "uv pip install torch",
+         env=uv_environment(os.environ), timeout=1800)
+    _run([*install, *local, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
+         "uv pip install the test and build requirements", env=uv_environment(os.environ), timeout=1800)
     with tempfile.TemporaryDirectory(prefix="vllm-src-") as tmp:
         # a copy: the build writes into its source tree (vllm/_version.py, build/), the cache stays as unpacked
         copy = Path(shutil.copytree(src, Path(tmp) / src.name))
-        _run([*pip, "--no-build-isolation", copy], f"pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
-             env={**os.environ, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
+        _run([*install, *local, "--no-build-isolation", copy],
+             f"uv pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
+             env={**uv_environment(os.environ), "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
     marker.write_text(key + "\n")
     _install_own_packages(path, python)
     return python
@@ -82,6 +123,6 @@ def _install_own_packages(path: Path, python: Path) -> None:
     owner = path / ".checkout"
     if owner.is_file() and owner.read_text().strip() == str(ROOT):
         return
-    _run([python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-deps",
-          "-e", ROOT / "backend", "-e", ROOT / "runtime"], "pip install the backend")
+    _run([*uv_install(python), "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "runtime"],
+         "uv pip install the backend and the runtime", env=uv_environment(os.environ))
     owner.write_text(f"{ROOT}\n")
