@@ -770,6 +770,21 @@ def test_unknown_names_are_rejected(command, tree):
     assert "nothing changed" not in proc.stdout
 
 
+def _child_commands(pid: int) -> str:
+    """The command lines of a process's children, space-joined (Linux /proc)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return ""
+    out = []
+    for child in children:
+        try:
+            out.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return " ".join(out)
+
+
 def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     import signal
     import time
@@ -782,7 +797,13 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     proc = subprocess.Popen([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
                              "aiter", "--write"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(3)
+    # interrupted while git waits on the silent server (not while Python starts: a loaded machine
+    # can take seconds to get there, so a fixed pause is no measure)
+    deadline = time.monotonic() + 120
+    while "ls-remote" not in _child_commands(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and err.strip().splitlines() == ["error: interrupted; nothing was written"], err
