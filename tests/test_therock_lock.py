@@ -122,9 +122,9 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     lock = tmp_path / model.LOCKS_DIR / model.therock_lock_name(track)
     therock.update(lock_sha256="a" * 64, unresolved=[])
     missing = f"{model.LOCKS_DIR}/therock-{track}.txt is missing"
-    assert any(missing in e for e in verify.check_therock_locks(d, tmp_path))
+    assert any(missing in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
     lock.write_text("x==1\n")
-    assert any("the lock was edited" in e for e in verify.check_therock_locks(d, tmp_path))
+    assert any("the lock was edited" in e for e in verify.check_locks(d, tmp_path))
     therock["lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
-    assert verify.check_therock_locks(d, tmp_path) == []
+    assert verify.check_locks(d, tmp_path) == []

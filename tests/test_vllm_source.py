@@ -165,15 +165,15 @@ def stub_wheel(directory: Path, name: str, version: str, requires=()) -> Path:
 def pinned_env(versions, track, tmp_path_factory):
     """A virtual environment holding the track's base image's pinned distributions as
     metadata-only wheels (torch and its Triton, torchvision, torchaudio, amdsmi, amd-aiter)."""
-    wheels = model.section(versions, "pytorch", track)["wheels"]
-    triton_pkg = wheels["triton"]["package"] or "pytorch-triton-rocm"
-    triton_ver = wheels["triton"]["version"] or STAND_IN["triton"]
-    torch_ver = wheels["torch"]["version"]
+    torch = model.section(versions, "pytorch", track)["torch"]
+    # the Triton torch requires is in the track's PyTorch lock, not in versions.json: a stand-in
+    triton_pkg, triton_ver = "pytorch-triton-rocm", STAND_IN["triton"]
+    torch_ver = torch["torch"]
     pins = {
         "torch": (torch_ver, [f"{triton_pkg}=={triton_ver}"]),
         triton_pkg: (triton_ver, []),
-        "torchvision": (wheels["torchvision"]["version"], [f"torch=={torch_ver}"]),
-        "torchaudio": (wheels["torchaudio"]["version"], [f"torch=={torch_ver}"]),
+        "torchvision": (torch["torchvision"], [f"torch=={torch_ver}"]),
+        "torchaudio": (torch["torchaudio"], [f"torch=={torch_ver}"]),
         "amdsmi": (STAND_IN["amdsmi"], []),
         "amd-aiter": (versions["aiter"]["pins"][versions["tracks"][track]["aiter"]]["tag"].lstrip("v"), []),
     }

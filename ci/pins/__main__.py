@@ -204,7 +204,7 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                 if model.track_stack(data, track) == model.THEROCK_STACK and base.get("digest"):
                     continue  # a therock base is upstream's, by the digest its Dockerfile names (discover)
                 ref = resolve.image_ref(base["name"], base["tag"], ns.registry)
-                items.append(Item(_section_path(data, track, "base_image"),
+                items.append(Item(model.section_path(data, "base_image", track),
                                   reach.Source("registry", ref, reach.registry_host(base["name"], ns.registry)),
                                   lambda track=track: resolve.resolve_base_image(data, ns.registry, ns.force,
                                                                                  track)))
@@ -214,11 +214,10 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                 items.append(Item(f"tracks.{track}.therock", reach.Source("therock", index),
                                   lambda track=track: resolve_therock(ns, data, root, track, tables)))
         elif kind == "wheels":
-            from . import wheels
-            for track in _distinct(data, tracks, "pytorch"):
+            for track in _distinct(data, [t for t in tracks if model.pytorch_pins(data, t)], "pytorch"):
                 index = model.section(data, "pytorch", track)["index_url"]
-                items.append(Item(f"{_section_path(data, track, 'pytorch')}.wheels", reach.Source("index", index),
-                                  lambda track=track: wheels.resolve_wheels(data, ns.force, track)))
+                items.append(Item(model.section_path(data, "pytorch", track), reach.Source("index", index),
+                                  lambda track=track: resolve_pytorch(ns, data, root, track, tables)))
     return items
 
 
@@ -238,18 +237,11 @@ def run_resolve(ns, data: dict, root: Path) -> int:
         ("aiter", any(p.startswith(f"aiter.pins.{n}.") for n in pin_names for p in unresolved)),
         ("vllm", any(data["tracks"][t]["vllm"].get("unresolved") for t in tracks)),
         ("base-image", any(model.section(data, "base_image", t).get("unresolved") for t in tracks)),
-        ("wheels", any(w.get("unresolved") for t in tracks if model.pytorch_pins(data, t)
-                       for w in model.section(data, "pytorch", t)["wheels"].values())),
+        ("wheels", any(model.section(data, "pytorch", t).get("unresolved") for t in tracks
+                       if model.pytorch_pins(data, t))),
         ("therock", any(data["tracks"][t]["therock"].get("unresolved") for t in tracks
                         if model.track_stack(data, t) == model.THEROCK_STACK)),
     ) if todo]
-    if "wheels" in what:
-        try:
-            from . import wheels  # noqa: F401 - needs packaging: say so before any network call
-        except ImportError as exc:
-            raise PinError("resolve wheels needs the Python package "
-                           f"packaging 22 or newer ({exc}): pip install 'packaging>=22' (Debian, Ubuntu: "
-                           "apt-get install python3-packaging)") from None
     tables: dict[Path, str] = {}
     items = resolve_items(ns, data, root, what, tracks, pin_names, tables)
     # Hosts that do not answer are found first, all at once: their items fail without waiting.
@@ -292,24 +284,35 @@ def run_resolve(ns, data: dict, root: Path) -> int:
 def resolve_therock(ns, data: dict, root: Path, track: str, tables: dict[Path, str]) -> list[str]:
     """A therock track's TheRock lock, made by uv against its release index alone
     (locks.therock_lock), into ci/locks/therock-<track>.txt, and its sha256 into
-    tracks.<track>.therock.lock_sha256. A lock already pinned is kept unless --force."""
-    therock = data["tracks"][track]["therock"]
-    path = root / model.LOCKS_DIR / model.therock_lock_name(track)
-    if therock.get("lock_sha256") and not ns.force:
+    tracks.<track>.therock.lock_sha256."""
+    return _resolve_lock(ns, data["tracks"][track]["therock"], f"tracks.{track}.therock",
+                         root / model.LOCKS_DIR / model.therock_lock_name(track),
+                         lambda: locks.therock_lock(data, track), tables)
+
+
+def resolve_pytorch(ns, data: dict, root: Path, track: str, tables: dict[Path, str]) -> list[str]:
+    """The PyTorch lock of the pytorch section the track reads, made by uv against its index alone
+    (locks.pytorch_lock), into ci/locks/ (model.pytorch_lock_name), and its sha256 into that
+    section's lock_sha256."""
+    return _resolve_lock(ns, model.section(data, "pytorch", track), model.section_path(data, "pytorch", track),
+                         root / model.LOCKS_DIR / model.pytorch_lock_name(data, track),
+                         lambda: locks.pytorch_lock(data, track), tables)
+
+
+def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str],
+                  tables: dict[Path, str]) -> list[str]:
+    """The lock `make` returns, to be written at path, and its sha256 into node's lock_sha256 (out of
+    its unresolved list); a lock already pinned is kept unless --force."""
+    if node.get("lock_sha256") and not ns.force:
         return []
-    text = locks.therock_lock(data, track)
+    text = make()
     digest = hashlib.sha256(text.encode()).hexdigest()
-    if digest == therock.get("lock_sha256"):
+    if digest == node.get("lock_sha256"):
         return []
     tables[path] = text
-    therock["lock_sha256"] = digest
-    therock["unresolved"] = [f for f in therock.get("unresolved", []) if f != "lock_sha256"]
-    return [f"tracks.{track}.therock.lock_sha256: {digest} ({model.LOCKS_DIR / path.name}, "
-            f"{locks.requirement_count(text)} wheels)"]
-
-
-def _section_path(data: dict, track: str, key: str) -> str:
-    return f"tracks.{track}.{key}" if key in data["tracks"][track] else key
+    node["lock_sha256"] = digest
+    node["unresolved"] = [f for f in node.get("unresolved", []) if f != "lock_sha256"]
+    return [f"{where}.lock_sha256: {digest} ({model.LOCKS_DIR / path.name}, {locks.requirement_count(text)} wheels)"]
 
 
 def run_therock(ns, data: dict) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -214,15 +215,15 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
 
 
 def base_image_versions(data: dict, track: str | None) -> dict[str, str]:
-    """NAME==VERSION (public part) of the base image's resolved pinned wheels of the track: its
-    PyTorch wheels, or on the therock stack TheRock's PyTorch. (Its Triton, built from source, is not
-    held: PyPI's torch of the same release names another Triton, a requirement the image rewrites;
-    the lock leaves Triton out either way.)"""
+    """NAME==VERSION (public part) of the PyTorch wheels the base image of the track pins: its
+    pytorch section's, or on the therock stack TheRock's PyTorch. (Its Triton is not held: on the
+    therock stack it is built from source, and PyPI's torch of the same release names another
+    Triton, a requirement the image rewrites; the lock leaves Triton out either way.)"""
     if track is not None and model.track_stack(data, track) == model.THEROCK_STACK:
         torch = data["tracks"][track]["therock"]["torch"]
-        return {name: torch[name].split("+")[0] for name in sorted(torch) if torch[name]}
-    wheels = model.section(data, "pytorch", track)["wheels"]
-    return {w["package"]: w["version"].split("+")[0] for w in wheels.values() if w.get("package") and w.get("version")}
+    else:
+        torch = model.section(data, "pytorch", track)["torch"]
+    return {name: torch[name].split("+")[0] for name in sorted(torch) if torch[name]}
 
 
 def _blocks(body: str) -> list[tuple[str, list[str], set[str]]]:
@@ -413,6 +414,38 @@ def _uv_compile(cmd: list[str], cwd: Path | None, what: str, stdin: str | None =
     return proc.stdout
 
 
+def index_lock(data: dict, requirements: list[str], index_url: str, what: str, no_emit: tuple[str, ...] = (),
+               uv: list[str] | None = None) -> str:
+    """The body of a hash lock of `requirements` and everything they require, as uv resolves them
+    against `index_url` alone (first index, wheels only, every page revalidated; never PyPI, never
+    a second index: no UV_* setting of the environment, UV_EXTRA_INDEX_URL or UV_FIND_LINKS among
+    them, and no uv.toml is read) for the images' platform and Python; no_emit: distributions
+    left out of it. Each of uv's reads is bounded by PINS_TIMEOUT (UV_HTTP_TIMEOUT), as resolve's
+    own requests are. The one way resolve locks a wheel set of one index (TheRock's, PyTorch's)."""
+    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    limit = math.ceil(resolve.timeout())
+    cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
+           "--refresh", "--python-version", data["python"]["version"], "--python-platform", platform,
+           "--index-url", index_url, "--index-strategy", "first-index", "--only-binary", ":all:",
+           "--no-python-downloads", *(a for name in no_emit for a in ("--no-emit-package", name)), "-"]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("UV_")}, "UV_HTTP_TIMEOUT": str(limit)}
+    return _uv_compile(cmd, None, f"{what} (each read within PINS_TIMEOUT={limit}s)",
+                       stdin="".join(f"{line}\n" for line in requirements), env=env)
+
+
+def _index_lock_text(data: dict, requirements: list[str], body: str, command: str, index_url: str, pin: str,
+                     install: str, notes: tuple[str, ...] = ()) -> str:
+    """A lock made by index_lock: its header (how it was made, for which platform, where its sha256
+    is pinned, how it installs, its inputs, its body's digest) and body."""
+    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    lines = [f"# Locked by `{command}` (uv pip compile --generate-hashes against "
+             f"{resolve.secrets.masked_url(index_url)} alone): do not edit; resolve again.",
+             f"# For {platform}, Python {data['python']['version']}. Its sha256 is {pin} in versions.json.",
+             f"# Install: {install} (pip --isolated --require-hashes --no-deps, that index alone)",
+             *notes, *(f"# input {line}" for line in requirements), body_line(body)]
+    return "\n".join(lines) + "\n" + body
+
+
 # Left out of a TheRock lock: the Triton distributions TheRock's torch may name; the image builds its
 # Triton from the pinned commit (tracks.<track>.therock.triton) and makes torch require that one.
 THEROCK_BUILT_HERE = ("triton", "pytorch-triton-rocm", "triton-rocm")
@@ -420,30 +453,31 @@ THEROCK_BUILT_HERE = ("triton", "pytorch-triton-rocm", "triton-rocm")
 
 def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
     """The hash lock of a therock track's TheRock wheels (model.therock_requirements: the SDK, the
-    device wheels of gpu_archs, the PyTorch wheels) and everything they require, as uv resolves them
-    against the track's release index alone (never PyPI, never a second index), for the images'
-    platform and Python. index_url: another copy of that index (a mirror; tests)."""
+    device wheels of gpu_archs, the PyTorch wheels) and everything they require (index_lock),
+    against the track's release index alone. index_url: another copy of that index (a mirror; tests)."""
     therock = data["tracks"][track]["therock"]
-    index = index_url or therock["index_url"]
-    platform, _ = platform_tag(data["platform"], "versions.json platform")
-    python = data["python"]["version"]
     wanted = model.therock_requirements(data["tracks"][track]["rocm"]["version"], therock["torch"], data["gpu_archs"])
-    cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
-           "--refresh", "--python-version", python, "--python-platform", platform, "--index-url", index,
-           "--index-strategy", "first-index", "--only-binary", ":all:", "--no-python-downloads",
-           *(a for name in THEROCK_BUILT_HERE for a in ("--no-emit-package", name)), "-"]
-    # no UV_* setting of the environment (UV_EXTRA_INDEX_URL, UV_FIND_LINKS, ...) may add an index
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-    body = _uv_compile(cmd, None, f"therock lock of track {track}", stdin="".join(f"{line}\n" for line in wanted),
-                       env=env)
-    lines = [f"# Locked by `python3 -m ci.pins resolve therock --track {track}` (uv pip compile --generate-hashes "
-             f"against {resolve.secrets.masked_url(therock['index_url'])} alone): do not edit; resolve again.",
-             f"# For {platform}, Python {python}. Its sha256 is tracks.{track}.therock.lock_sha256 in versions.json.",
-             "# Install: ci/docker/install_therock.sh (pip --isolated --require-hashes --no-deps, that index alone)",
-             f"# Left out (the image builds Triton from source): {', '.join(THEROCK_BUILT_HERE)}.",
-             *(f"# input {line}" for line in wanted),
-             body_line(body)]
-    return "\n".join(lines) + "\n" + body
+    body = index_lock(data, wanted, index_url or therock["index_url"], f"therock lock of track {track}",
+                      THEROCK_BUILT_HERE, uv)
+    return _index_lock_text(data, wanted, body, f"python3 -m ci.pins resolve therock --track {track}",
+                            therock["index_url"], f"tracks.{track}.therock.lock_sha256",
+                            "ci/docker/therock_sdk.sh through ci/docker/install_lock.sh",
+                            (f"# Left out (the image builds Triton from source): {', '.join(THEROCK_BUILT_HERE)}.",))
+
+
+def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
+    """The hash lock of the PyTorch wheels a rocm-image track installs (its pytorch section's torch,
+    torchvision, torchaudio versions), the Triton torch requires and everything else they require
+    (index_lock), against the section's index alone. Named after the section (model.pytorch_lock_name):
+    tracks sharing the section share the lock, made the same from any of them. index_url: another
+    copy of that index (a mirror; tests)."""
+    pytorch = model.section(data, "pytorch", track)
+    where = model.section_path(data, "pytorch", track)
+    wanted = model.torch_requirements(pytorch["torch"])
+    body = index_lock(data, wanted, index_url or pytorch["index_url"], f"PyTorch lock of {where}", uv=uv)
+    command = "python3 -m ci.pins resolve wheels" + (f" --track {track}" if where != "pytorch" else "")
+    return _index_lock_text(data, wanted, body, command, pytorch["index_url"], f"{where}.lock_sha256",
+                            "ci/docker/install_torch.sh through ci/docker/install_lock.sh")
 
 
 def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path) -> int:

@@ -49,7 +49,6 @@ REPOSITORY_KEYS = ("repository", "hipkittens_repository")
 URL_KEYS = ("index_url", "url")
 # GPU architectures AITER ships kernels for and this project builds for (CDNA3 and newer).
 ALLOWED_GPU_ARCHS = ("gfx942", "gfx950")
-WHEEL_KEYS = ("torch", "triton", "torchvision", "torchaudio")
 # Machines the images are built for (platform.machine).
 MACHINES = ("x86_64",)
 # Ray (multi-node serving) and the requirements of Ray that vLLM does not bring, by build-arg prefix.
@@ -66,12 +65,14 @@ BUILT_STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
 # The shared sections (TRACK_OVERRIDES) a stack does not use: a therock track takes PyTorch from its
 # TheRock lock, not from a pytorch section.
 UNUSED_SECTIONS = {THEROCK_STACK: ("pytorch",)}
-# Where a therock track's hash lock of TheRock wheels lives (ci/locks/, by track).
+# Where the hash locks resolve makes live: a therock track's TheRock wheels (therock_lock_name), the
+# PyTorch wheels of a pytorch section (pytorch_lock_name).
 LOCKS_DIR = Path("ci/locks")
 
 
-# TheRock's PyTorch wheels a therock track installs (versions.json tracks.<track>.therock.torch).
-THEROCK_TORCH = ("torch", "torchvision", "torchaudio")
+# The PyTorch wheels a track installs, by version (versions.json pytorch.torch, and a therock track's
+# tracks.<track>.therock.torch); their Triton is the one torch requires (its lock holds it).
+TORCH_WHEELS = ("torch", "torchvision", "torchaudio")
 
 
 def therock_index_problem(url: str) -> str | None:
@@ -88,16 +89,34 @@ def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: lis
     """What a therock track installs from TheRock's release index, as upstream's base installs it but
     for this project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch
     the device wheels (GPU code objects) of the SDK, torch and torchvision."""
-    wanted = [f"rocm[libraries,devel]=={sdk_version}", *(f"{name}=={torch[name]}" for name in THEROCK_TORCH)]
+    wanted = [f"rocm[libraries,devel]=={sdk_version}", *torch_requirements(torch)]
     for arch in gpu_archs:
         wanted += [f"rocm[device-{arch}]=={sdk_version}", f"torch[device-{arch}]=={torch['torch']}",
                    f"torchvision[device-{arch}]=={torch['torchvision']}"]
     return wanted
 
 
+def torch_requirements(torch: dict[str, str]) -> list[str]:
+    """NAME==VERSION of each PyTorch wheel (TORCH_WHEELS) of a {name: version} pin."""
+    return [f"{name}=={torch[name]}" for name in TORCH_WHEELS]
+
+
 def therock_lock_name(track: str) -> str:
     """The file name of a therock track's hash lock of TheRock wheels, in LOCKS_DIR."""
     return f"therock-{track}.txt"
+
+
+def section_path(data: dict, key: str, name: str) -> str:
+    """Where versions.json holds the shared section `key` the track sees: tracks.<name>.<key> (its
+    own), else <key>."""
+    return f"tracks.{name}.{key}" if key in TRACK_OVERRIDES and key in data["tracks"][name] else key
+
+
+def pytorch_lock_name(data: dict, name: str) -> str:
+    """The file name, in LOCKS_DIR, of the hash lock of the PyTorch wheels the track installs: named
+    after the section it is made from (pytorch.txt for the shared one, pytorch-<track>.txt for a
+    track's own)."""
+    return f"pytorch-{name}.txt" if "pytorch" in data["tracks"][name] else "pytorch.txt"
 
 
 def track_stack(data: dict, name: str) -> str:
@@ -336,8 +355,9 @@ def _pins(node: dict, *leave_out: str) -> dict:
 def components(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> dict[str, dict]:
     """The pins of each component the build needs, for one track, as versions.json names them:
     AITER_PINS (aiter's shared fields and the track's pin), PYTORCH_PINS (the track's pytorch
-    section: index_url and wheels; empty on therock), THEROCK_PINS (a therock track's TheRock wheels
-    and Triton source; empty on rocm-image), VLLM_PINS (vllm's shared repository and triton_kernels, and
+    section: index_url, the torch versions, its lock's file name and sha256; empty on therock),
+    THEROCK_PINS (a therock track's TheRock wheels and Triton source; empty on rocm-image),
+    VLLM_PINS (vllm's shared repository and triton_kernels, and
     the track's release: tag, commit, triton_kernels.commit)."""
     name = track_name(data, track_name_)
     own = data["tracks"][name]["vllm"]
@@ -352,12 +372,14 @@ def components(data: dict, aiter_name: str | None = None, track_name_: str | Non
 
 
 def pytorch_pins(data: dict, name: str) -> dict:
-    """PYTORCH_PINS: the track's pytorch section (index_url, wheels); empty on a stack that takes
+    """PYTORCH_PINS: the track's pytorch section as its stage reads it (the index, the versions of
+    TORCH_WHEELS, the lock's file name in LOCKS_DIR and its sha256); empty on a stack that takes
     PyTorch elsewhere (therock: from its TheRock lock)."""
     if "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ()):
         return {}
     pytorch = section(data, "pytorch", name)
-    return {"index_url": pytorch["index_url"], "wheels": {key: _pins(pytorch["wheels"][key]) for key in WHEEL_KEYS}}
+    return {"index_url": pytorch["index_url"], "lock": pytorch_lock_name(data, name),
+            "lock_sha256": pytorch["lock_sha256"], "torch": dict(pytorch["torch"])}
 
 
 def therock_pins(data: dict, name: str) -> dict:

@@ -51,7 +51,7 @@ class Source:
             return f"the container registry {secrets.masked_url(self.registry)} (the digest of {address})"
         if self.kind == "therock":
             return f"TheRock's wheel index {address} (the TheRock lock)"
-        return f"the PyTorch wheel index {address} (wheel sha256)"
+        return f"the PyTorch wheel index {address} (the PyTorch lock)"
 
 
 @dataclass(frozen=True)

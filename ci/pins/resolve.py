@@ -1,5 +1,5 @@
 """`resolve`: turn tags into commits, the CK submodule commit, the HipKittens commit AITER
-names and the base image digest (the wheels: ci.pins.wheels). Needs the network (git remotes,
+names and the base image digest (the wheel sets: hash locks, ci.pins.locks). Needs the network (git remotes,
 a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
 connected machine and commit the result. Standard library only.
 

@@ -59,12 +59,7 @@ def _check_therock(track: dict, path: str, errors: list[str]) -> None:
     problem = model.therock_index_problem(therock["index_url"] or "")
     if problem:
         errors.append(f"{path}.index_url: {problem}: TheRock's release index over https (never a nightly index)")
-    torch = therock["torch"]
-    if set(torch) != set(model.THEROCK_TORCH) or not all(isinstance(v, str) and v for v in torch.values()):
-        errors.append(f"{path}.torch: the versions of {', '.join(model.THEROCK_TORCH)}, nothing else")
-    lock = therock["lock_sha256"]
-    if lock is not None and not SHA256_RE.match(lock):
-        errors.append(f"{path}.lock_sha256 = {lock!r}: 64 lowercase hex digits")
+    _check_torch_lock(therock, path, errors)
     triton = therock.get("triton")
     if _require(triton, f"{path}.triton", {"repository": str, "commit": str, "version": str}, errors):
         _check_unresolved_list(triton, f"{path}.triton", errors)
@@ -72,6 +67,18 @@ def _check_therock(track: dict, path: str, errors: list[str]) -> None:
             errors.append(f"{path}.triton.commit = {triton['commit']!r}: a full 40-hex commit")
         if not (triton["repository"] or "").startswith("https://"):
             errors.append(f"{path}.triton.repository: an https:// git repository")
+
+
+def _check_torch_lock(node: dict, path: str, errors: list[str]) -> None:
+    """The versions of the PyTorch wheels (torch: each of model.TORCH_WHEELS, nothing else) and the
+    sha256 of the hash lock made from them (lock_sha256: null until a host that reaches the index
+    makes it) of a therock or pytorch section."""
+    torch = node["torch"]
+    if set(torch) != set(model.TORCH_WHEELS) or not all(isinstance(v, str) and v for v in torch.values()):
+        errors.append(f"{path}.torch: the versions of {', '.join(model.TORCH_WHEELS)}, nothing else")
+    lock = node["lock_sha256"]
+    if lock is not None and not SHA256_RE.match(lock):
+        errors.append(f"{path}.lock_sha256 = {lock!r}: 64 lowercase hex digits")
 
 
 def _require(node, path: str, fields: dict, errors: list[str], optional: dict | None = None) -> bool:
@@ -230,16 +237,15 @@ def _check_base_image(base, path: str, errors: list[str]) -> None:
 
 
 def _check_pytorch(torch, where: str, errors: list[str]) -> None:
-    if _require(torch, where, {"index_url": str, "wheels": dict}, errors):
+    """A pytorch section: the https index, the versions of the PyTorch wheels (their Triton is the
+    one torch requires: the lock holds it) and the sha256 of the hash lock of those wheels and
+    everything they require, resolved against that index alone (null until a host that reaches the
+    index makes it)."""
+    if _require(torch, where, {"index_url": str, "torch": dict, "lock_sha256": str}, errors):
+        _check_unresolved_list(torch, where, errors)
         if not str(torch["index_url"]).startswith("https://"):
             errors.append(f"{where}.index_url: must be an https:// URL")
-        for key, path, wheel in _wheel_set(torch["wheels"], model.WHEEL_KEYS, f"{where}.wheels", errors):
-            if key == "triton" and isinstance(wheel, dict) and wheel.get("package") not in (None, "triton") \
-                    and "triton" not in str(wheel.get("package")):
-                errors.append(f"{path}.package = {wheel.get('package')!r}: not a Triton distribution")
-            if _require(wheel, path, {"package": str, "version": str, "sha256": str}, errors):
-                _check_unresolved_list(wheel, path, errors)
-                _check_format(wheel, path, "sha256", SHA256_RE, "64 lowercase hex digits", errors)
+        _check_torch_lock(torch, where, errors)
 
 
 _VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\.[0-9]+$")
@@ -305,18 +311,6 @@ def _check_tracks(data: dict, errors: list[str]) -> None:
                           "wrong commit")
 
 
-def _wheel_set(wheels: dict, known, where: str, errors: list[str]):
-    """(key, path, entry) of each known wheel present in `wheels`; unknown and missing ones are errors."""
-    for key in wheels:
-        if key not in known:
-            errors.append(f"{where}.{key}: unknown wheel (known: {', '.join(known)})")
-    for key in known:
-        if wheels.get(key) is None:
-            errors.append(f"{where}.{key}: missing")
-        else:
-            yield key, f"{where}.{key}", wheels[key]
-
-
 def check_backend_range(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     """The backend's SUPPORTED_VLLM runs from the oldest track up to one of the tracks (the plugin
     refuses other vLLMs; a track past its range is one the plugin was not yet compared with)."""
@@ -347,24 +341,43 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     return errors
 
 
-def check_therock_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """A therock track whose lock is pinned (lock_sha256) has that lock, ci/locks/therock-<track>.txt,
+def pinned_locks(data: dict) -> list[tuple[str, dict, Path, str]]:
+    """(where in versions.json, that section, its lock's path, the command that makes it) of every
+    hash lock the built tracks install: each therock track's TheRock lock, the PyTorch lock of each
+    pytorch section a rocm-image track reads (a shared one once). The section pins the lock's
+    sha256 (lock_sha256)."""
+    out: dict[Path, tuple[str, dict, Path, str]] = {}
+    for name in model.built_track_names(data):
+        if model.track_stack(data, name) == model.THEROCK_STACK:
+            path = model.LOCKS_DIR / model.therock_lock_name(name)
+            out.setdefault(path, (f"tracks.{name}.therock", data["tracks"][name]["therock"], path,
+                                  f"python3 -m ci.pins resolve therock --track {name} --force --write"))
+        elif model.pytorch_pins(data, name):
+            where = model.section_path(data, "pytorch", name)
+            path = model.LOCKS_DIR / model.pytorch_lock_name(data, name)
+            track = f" --track {name}" if where != "pytorch" else ""
+            out.setdefault(path, (where, model.section(data, "pytorch", name), path,
+                                  f"python3 -m ci.pins resolve wheels{track} --force --write"))
+    return list(out.values())
+
+
+def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
+    """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256) is in ci/locks/
     with exactly that sha256: the build refuses any other."""
     errors = []
-    for name in model.therock_track_names(data):
-        pinned = data["tracks"][name]["therock"].get("lock_sha256")
+    for where, node, path, command in pinned_locks(data):
+        pinned = node.get("lock_sha256")
         if not pinned:
             continue
-        path = model.LOCKS_DIR / model.therock_lock_name(name)
         try:
             actual = hashlib.sha256((root / path).read_bytes()).hexdigest()
         except FileNotFoundError:
-            errors.append(f"tracks.{name}.therock.lock_sha256 is set but {path} is missing: run python3 -m ci.pins "
-                          f"resolve therock --track {name} --force --write on a host that reaches TheRock's index")
+            errors.append(f"{where}.lock_sha256 is set but {path} is missing: run {command} on a host that reaches "
+                          "its index")
             continue
         if actual != pinned:
-            errors.append(f"{path} has sha256 {actual}, not tracks.{name}.therock.lock_sha256 {pinned}: the lock was "
-                          f"edited; make it again (python3 -m ci.pins resolve therock --track {name} --force --write)")
+            errors.append(f"{path} has sha256 {actual}, not {where}.lock_sha256 {pinned}: the lock was edited; "
+                          f"make it again ({command})")
     return errors
 
 
@@ -382,7 +395,7 @@ def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
         return [f"track {track!r} is not a key of tracks ({', '.join(model.track_names(data))})"], []
     errors += check_dockerfiles(data, root)
     errors += check_backend_range(data, root)
-    errors += check_therock_locks(data, root)
+    errors += check_locks(data, root)
     if track is None and aiter_name is None:
         unresolved = model.unresolved_pins(data)
         # AITER pins no track builds are kept for AITER_PIN builds; unresolved there is no error.
