@@ -146,7 +146,7 @@ function "aiter_source_pins" {
 }
 
 // The pins the base image builds from: the AITER source's, the HipKittens commit, and the stack's
-// PyTorch: the PyTorch wheels (rocm-image) or the TheRock lock and the Triton source (therock).
+// PyTorch: the PyTorch lock (rocm-image) or the TheRock lock and the Triton source (therock).
 // An unresolved TheRock lock stops even with ALLOW_UNRESOLVED=1 (its wheels are never installed
 // without hashes): the build step names it then.
 function "base_pins" {
@@ -160,10 +160,14 @@ function "base_pins" {
 
 function "pytorch_pins" {
   params = []
-  result = concat(
-    nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url"]),
-    flatten([for key, wheel in track_section("pytorch", pytorch).wheels : nulls(
-      "${section_path("pytorch")}.wheels.${key}", wheel, ["package", "version", "sha256"])]))
+  result = nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url", "lock_sha256"])
+}
+
+// The file name, in ci/locks/, of the PyTorch lock the track installs: named after its pytorch
+// section (ci/pins/model.py pytorch_lock_name).
+function "pytorch_lock" {
+  params = []
+  result = contains(keys(tracks[TRACK]), "pytorch") ? "pytorch-${TRACK}.txt" : "pytorch.txt"
 }
 
 function "therock_pins" {
@@ -243,10 +247,14 @@ target "_versions" {
     PYTHON_VERSION = python.version
     // aiter's shared fields and the track's pin (AITER_PIN)
     AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], [])))
-    // the track's pytorch section: index_url and the wheels ({} on therock: PyTorch is in its TheRock lock)
+    // the track's pytorch section: the index, its lock (ci/locks/pytorch.txt, or pytorch-<track>.txt for
+    // a track's own section) and the lock's sha256, the torch versions ({} on therock: PyTorch is in its
+    // TheRock lock)
     PYTORCH_PINS = stack() == "therock" ? "{}" : pins_json({
-      index_url = track_section("pytorch", pytorch).index_url
-      wheels    = { for key, wheel in track_section("pytorch", pytorch).wheels : key => without_notes(wheel, []) }
+      index_url   = track_section("pytorch", pytorch).index_url
+      lock        = pytorch_lock()
+      lock_sha256 = track_section("pytorch", pytorch).lock_sha256
+      torch       = track_section("pytorch", pytorch).torch
     })
     // a therock track's TheRock section: the index, its lock (ci/locks/therock-<track>.txt) and the
     // lock's sha256, the Triton source ({} on rocm-image)

@@ -49,8 +49,8 @@ def resolved(data, tmp_path, keep=()):
             for name in list(node.get("unresolved") or []):
                 if f"{path}{name}" in keep:
                     continue
-                node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64, "lock_sha256": "e" * 64,
-                              "package": "pytorch-triton-rocm", "version": "3.8.0"}.get(name, "c" * 40)
+                node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64,
+                              "lock_sha256": "e" * 64}.get(name, "c" * 40)
                 node["unresolved"].remove(name)
             for key, value in node.items():
                 fill(value, f"{path}{key}.")
@@ -247,7 +247,7 @@ def named_pins(line: str) -> set[str]:
 
 def unresolved(data, tmp_path):
     """The versions file with every pin `ci.pins resolve` finds (commits, the image digest, the
-    wheel sha256) unresolved again: null, and named in its object's unresolved list."""
+    locks' sha256) unresolved again: null, and named in its object's unresolved list."""
     data = json.loads(json.dumps(data))
 
     def unset(node, *names):
@@ -259,8 +259,8 @@ def unresolved(data, tmp_path):
     for own in [data, *data["tracks"].values()]:
         if "base_image" in own:
             unset(own["base_image"], "digest")
-        for wheel in own.get("pytorch", {}).get("wheels", {}).values():
-            unset(wheel, "sha256")
+        if "pytorch" in own:
+            unset(own["pytorch"], "lock_sha256")
     for pin in data["aiter"]["pins"].values():
         unset(pin, "commit", "ck_commit", "hipkittens_commit")
     for own in data["tracks"].values():

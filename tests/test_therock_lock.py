@@ -3,7 +3,7 @@ against a local stand-in of TheRock's release index: every wheel of the track (t
 libraries and devel parts, the device wheels of gpu_archs and no other arch, the PyTorch wheels
 and what they require) by the sha256 of the release index's file, never from a second index
 offered through the environment, never TheRock's own Triton; and the lock installs with
-ci/docker/install_therock.sh, offline."""
+ci/docker/install_lock.sh, offline."""
 from __future__ import annotations
 
 import copy
@@ -79,7 +79,7 @@ def test_the_lock_installs_offline_by_hash(indexes, data, tmp_path):
     lock.write_text(text)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    proc = subprocess.run(["bash", ROOT / "ci/docker/install_therock.sh", lock, indexes["release"].as_uri(),
+    proc = subprocess.run(["bash", ROOT / "ci/docker/install_lock.sh", lock, indexes["release"].as_uri(),
                            hashlib.sha256(text.encode()).hexdigest()],
                           env={**os.environ, "PYTHON": str(venv / "bin/python"),
                                "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri()},

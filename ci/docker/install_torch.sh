@@ -1,62 +1,64 @@
 #!/usr/bin/env bash
-# The pinned ROCm wheels of PyTorch, Triton, torchvision and torchaudio, hash-checked.
-# Settings (build args): PYTORCH_PINS (JSON: index_url and wheels.<name>.package/version/sha256
-# for torch, triton, torchvision, torchaudio: the track's pytorch section; read by lib.sh
-# load_pins as PYTORCH_INDEX_URL and PYTORCH_WHEELS_<NAME>_PACKAGE/_VERSION/_SHA256);
-# ALLOW_UNRESOLVED=1 installs unresolved pins without hash checks (development images only).
-# Triton's distribution name and version are the ones versions.json records (read from torch's
-# own metadata by `python3 -m ci.pins resolve wheels`); the installed torch must require exactly
-# them. When they are unresolved (development images), the Triton torch requires is installed.
-# Then, when that distribution is not named `triton`, an alias distribution `triton` of the same
-# version is recorded (pinned_dists.py triton-alias) so that nothing pulls PyPI's CUDA triton.
+# The ROCm PyTorch wheels of a rocm-image track: torch, torchvision, torchaudio, the Triton torch
+# requires and everything else they require, from the track's PyTorch hash lock, every wheel by its
+# sha256, from the PyTorch index alone (install_lock.sh, as therock_sdk.sh installs TheRock's lock).
+#
+#   install_torch.sh LOCKS_DIR [INDEX_URL]
+#
+# Settings (build args): PYTORCH_PINS (JSON: index_url, lock (a file name in LOCKS_DIR), lock_sha256
+# and torch.<torch|torchvision|torchaudio> versions: the track's pytorch section; read by lib.sh
+# load_pins as PYTORCH_INDEX_URL, PYTORCH_LOCK, PYTORCH_LOCK_SHA256, PYTORCH_TORCH_TORCH, ...);
+# ALLOW_UNRESOLVED. INDEX_URL: a copy of that index (a local mirror, https:// or file://; default
+# index_url).
+# A pinned lock: its sha256 checked and the lock installed exactly (install_lock.sh); it must hold
+# the pinned versions, and torch must require the Triton it holds (pinned_dists.py torch-triton).
+# An unresolved lock (lock_sha256 null) stops the step in one line naming the command that makes it,
+# unless ALLOW_UNRESOLVED=1 (development images only): then torch, torchvision and torchaudio of the
+# pinned versions and what they require come from the index alone (pip --isolated) without hash checks.
+# Then, when torch's Triton is not the distribution `triton`, an alias distribution `triton` of the
+# same version is recorded (pinned_dists.py triton-alias) so that nothing pulls PyPI's CUDA triton,
+# and pip check must hold.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$here/lib.sh"
+die() { echo "install_torch: ERROR: $*" >&2; exit 1; }
+locks=${1:?usage: install_torch.sh LOCKS_DIR [INDEX_URL]}
 load_pins PYTORCH_PINS
-: "${PYTORCH_INDEX_URL:?PYTORCH_PINS has no index_url}"
-req=$(mktemp --suffix=.txt)
-hashes=1
-triton_from_torch=0
-for name in TORCH TRITON TORCHVISION TORCHAUDIO; do
-  pkg_var=PYTORCH_WHEELS_${name}_PACKAGE ver_var=PYTORCH_WHEELS_${name}_VERSION sha_var=PYTORCH_WHEELS_${name}_SHA256
-  # Each must be in PYTORCH_PINS (an unresolved pin is UNRESOLVED, a value).
-  pkg=${!pkg_var:?PYTORCH_PINS has no wheels.${name,,}.package} ver=${!ver_var:?PYTORCH_PINS has no wheels.${name,,}.version}
-  sha=${!sha_var:?PYTORCH_PINS has no wheels.${name,,}.sha256}
-  if [ "$pkg" = UNRESOLVED ] || [ "$ver" = UNRESOLVED ] || [ "$sha" = UNRESOLVED ]; then
-    if [ "${ALLOW_UNRESOLVED:-0}" != 1 ]; then
-      echo "install_torch: ERROR: pytorch.wheels.${name,,} unresolved in versions.json: run 'python3 -m ci.pins resolve wheels --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)" >&2
-      exit 1
-    fi
-    echo "install_torch: WARNING: $name pin unresolved; installing without a hash check (ALLOW_UNRESOLVED=1, not a release build)" >&2
-    hashes=0
-    if [ "$name" = TRITON ] && { [ "$pkg" = UNRESOLVED ] || [ "$ver" = UNRESOLVED ]; }; then
-      triton_from_torch=1
-    elif [ "$ver" = UNRESOLVED ]; then echo "$pkg"; else echo "$pkg==$ver"; fi >>"$req"
-  else
-    echo "$pkg==$ver --hash=sha256:$sha" >>"$req"
-  fi
+: "${PYTORCH_INDEX_URL:?PYTORCH_PINS has no index_url: this track is not on the rocm-image stack (ROCM_STACK)}"
+: "${PYTORCH_LOCK:?PYTORCH_PINS has no lock}" "${PYTORCH_LOCK_SHA256:?PYTORCH_PINS has no lock_sha256}"
+wanted=()
+for name in torch torchvision torchaudio; do
+  var=PYTORCH_TORCH_${name^^}
+  [ -n "${!var:-}" ] && [ "${!var}" != UNRESOLVED ] || die "PYTORCH_PINS has no torch.$name version"
+  wanted+=("$name==${!var}")
 done
+index=${2:-$PYTORCH_INDEX_URL}
 use_ca_bundle
 # What pinned_dists.py (below and in every later build step) imports: packaging, hash-pinned.
 python -m pip install --require-hashes --no-deps -r "$here/requirements-scripts.txt"
-flags=(--no-deps)
-[ "$hashes" = 1 ] && flags+=(--require-hashes)
-# Step 1: exactly the pinned wheels, hash-checked, from the ROCm wheel index.
-python -m pip install "${flags[@]}" --index-url "$PYTORCH_INDEX_URL" -r "$req"
-if [ "$triton_from_torch" = 1 ]; then
-  triton_req=$(python "$here/pinned_dists.py" torch-triton)
-  echo "install_torch: WARNING: Triton pin unresolved; installing $triton_req, the one torch requires" >&2
-  python -m pip install --no-deps --index-url "$PYTORCH_INDEX_URL" "$triton_req"
-  echo "$triton_req" >>"$req"
+if [ "$PYTORCH_LOCK_SHA256" != UNRESOLVED ]; then
+  lock=$locks/$PYTORCH_LOCK
+  PYTHON=python bash "$here/install_lock.sh" "$lock" "$index" "$PYTORCH_LOCK_SHA256"
+  for req in "${wanted[@]}"; do
+    grep -qxF -e "$req \\" -e "$req" "$lock" \
+      || die "$PYTORCH_LOCK holds no $req: the lock was made from other versions; make it again (python3 -m ci.pins resolve wheels --force --write)"
+  done
+  # The Triton the lock holds (uv resolved torch's own requirement): torch must require exactly it.
+  mapfile -t tritons < <(grep -oE '^[A-Za-z0-9._-]*triton[A-Za-z0-9._-]*==[^ ;\\]+' "$lock")
+  [ "${#tritons[@]}" = 1 ] \
+    || die "$PYTORCH_LOCK holds ${#tritons[@]} Triton distributions (${tritons[*]:-none}), not the one torch requires: make it again (python3 -m ci.pins resolve wheels --force --write)"
+  python "$here/pinned_dists.py" torch-triton --expect "${tritons[0]}"
 else
-  python "$here/pinned_dists.py" torch-triton --expect "$PYTORCH_WHEELS_TRITON_PACKAGE==$PYTORCH_WHEELS_TRITON_VERSION"
+  [ "${ALLOW_UNRESOLVED:-0}" = 1 ] \
+    || die "the PyTorch lock ($PYTORCH_LOCK) is unresolved in versions.json (lock_sha256): run 'python3 -m ci.pins resolve wheels --write' on a host that reaches $PYTORCH_INDEX_URL, or build with ALLOW_UNRESOLVED=1 (development image)"
+  echo "install_torch: WARNING: PyTorch lock unresolved; installing ${wanted[*]} and their requirements from $index without hash checks (ALLOW_UNRESOLVED=1, not a release build)" >&2
+  cert=()
+  [ -n "${PIP_CERT:-}" ] && cert=(--cert "$PIP_CERT")
+  python -m pip install --isolated --disable-pip-version-check --no-cache-dir "${cert[@]}" --index-url "$index" \
+    "${wanted[@]}"
+  python "$here/pinned_dists.py" torch-triton
 fi
-# Step 2: their pure-Python dependencies (numpy, sympy, ...) from PyPI; the pinned wheels
-# are already installed, so pip cannot replace them (not hash-pinned yet: docs/building.md).
-sed 's/ --hash=.*//' "$req" >"$req.deps"
-python -m pip install -r "$req.deps"
-python -m pip check || { echo "install_torch: ERROR: dependency conflict after installing the pinned wheels" >&2; exit 1; }
 python "$here/pinned_dists.py" triton-alias
-rm -f "$req" "$req.deps"
+python -m pip check || die "dependency conflict after installing the PyTorch wheels"
 python -c 'import torch; print("torch", torch.__version__, "hip", torch.version.hip)'

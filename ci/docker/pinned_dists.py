@@ -28,8 +28,9 @@ Run with the Python of the environment to protect:
                                         requiring `triton` (xgrammar) are then satisfied by the
                                         ROCm Triton instead of pulling PyPI's CUDA triton
 
-Triton's distribution name is read from torch's own metadata (Requires-Dist); the one the build
-arg PYTORCH_PINS records (wheels.triton.package), when set, must agree. Requirement lines and
+Triton's distribution name and version are read from torch's own metadata (Requires-Dist):
+versions.json pins no Triton of its own for ROCm torch (the PyTorch lock holds the one torch
+requires; install_torch.sh checks them equal with torch-triton --expect). Requirement lines and
 distribution names are read with `packaging`
 (ci/docker/requirements-scripts.txt). Errors: one line each, exit status 1.
 """
@@ -38,7 +39,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
-import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -107,7 +107,7 @@ def torch_requirements() -> list[Requirement]:
             req = Requirement(line)
         except InvalidRequirement as exc:
             raise Problem(f"{shown('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
-                          "check pytorch.wheels.torch in versions.json") from None
+                          "check pytorch.torch in versions.json and the PyTorch lock") from None
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             out.append(req)
     return out
@@ -118,32 +118,13 @@ def torch_triton_requirement() -> Requirement:
     found = next((r for r in torch_requirements() if "triton" in canonicalize_name(r.name)), None)
     if found is None:
         raise Problem(f"{shown('torch')} names no Triton distribution in its metadata: "
-                      "this is not a ROCm torch with Triton; check pytorch.wheels.torch in versions.json")
+                      "this is not a ROCm torch with Triton; check pytorch.torch in versions.json")
     return found
-
-
-def triton_recorded() -> str:
-    """pytorch.wheels.triton.package of the build arg PYTORCH_PINS (a JSON object), "" when the
-    step has no PYTORCH_PINS or the pin is unresolved."""
-    text = os.environ.get("PYTORCH_PINS", "")
-    if not text or text.strip() == "{}":  # no pytorch section (a therock track: PyTorch from its TheRock lock)
-        return ""
-    try:
-        package = json.loads(text)["wheels"]["triton"]["package"]
-    except (ValueError, KeyError, TypeError):
-        raise Problem("the build arg PYTORCH_PINS is not the pins python3 -m ci.pins args prints "
-                      "(no wheels.triton.package): pass those") from None
-    return package if isinstance(package, str) else ""
 
 
 def triton_dist() -> str:
     """The Triton distribution torch requires (canonical name)."""
-    found = canonicalize_name(torch_triton_requirement().name)
-    recorded = triton_recorded()
-    if recorded not in ("", "UNRESOLVED") and canonicalize_name(recorded) != found:
-        raise Problem(f"{shown('torch')} requires Triton as {found} but versions.json records "
-                      f"pytorch.wheels.triton.package={recorded}: run python3 -m ci.pins resolve wheels --write")
-    return found
+    return canonicalize_name(torch_triton_requirement().name)
 
 
 def exact_version(req: Requirement) -> str | None:
@@ -157,8 +138,8 @@ def torch_triton() -> str:
     pinned = exact_version(torch_triton_requirement())
     if pinned is not None:
         return f"{name}=={pinned}"
-    raise Problem(f"{shown('torch')} requires {name} without an exact version: pin "
-                  "pytorch.wheels.triton.version in versions.json by hand")
+    raise Problem(f"{shown('torch')} requires {name} without an exact version: its Triton cannot be pinned; "
+                  "check pytorch.torch in versions.json")
 
 
 def pinned_names() -> list[str]:
@@ -209,7 +190,7 @@ def compare(before: dict, step: str, allow=()) -> list[str]:
             what = (f"installed {name} {new}" if old is None else f"removed {name} {old}" if new is None
                     else f"replaced {name} {old} by {new}")
             problems.append(f"{step}: {what}: a requirement conflicts with the base image's pins; "
-                            "fix the pin in versions.json (pytorch.wheels, aiter) or the requirement")
+                            "fix the pin in versions.json (pytorch, aiter) or the requirement")
     return problems
 
 
@@ -280,7 +261,7 @@ def expected(spec: str) -> str:
     try:
         req = Requirement(spec)
     except InvalidRequirement:
-        raise Problem(f"--expect {spec!r} is not NAME==VERSION: check pytorch.wheels.triton in versions.json") from None
+        raise Problem(f"--expect {spec!r} is not NAME==VERSION: check the Triton line of the PyTorch lock") from None
     return f"{canonicalize_name(req.name)}=={exact_version(req)}"
 
 
@@ -308,8 +289,8 @@ def main(argv=None) -> int:
         elif ns.cmd == "torch-triton":
             found = torch_triton()
             if ns.expect and expected(ns.expect) != found:
-                raise Problem(f"{shown('torch')} requires {found} but versions.json records {ns.expect} "
-                              "(pytorch.wheels.triton): run python3 -m ci.pins resolve wheels --write")
+                raise Problem(f"{shown('torch')} requires {found}, not {ns.expect}, the Triton installed beside it: "
+                              "make the PyTorch lock again (python3 -m ci.pins resolve wheels --force --write)")
             print(found)
         elif ns.cmd == "torch-triton-set":
             print(set_torch_triton(ns.spec))

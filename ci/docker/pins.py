@@ -34,7 +34,6 @@ PATTERNS = {
                              r"|/[A-Za-z0-9._~/+-]*)\Z"),
     "url": re.compile(r"\Ahttps://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+\Z"),
 }
-WHEEL = {"package": "name", "sha256": "sha256", "version": "name"}
 # Each arg's keys (python3 -m ci.pins args / bake write them from versions.json: ci.pins.model
 # components()) and the kind of each value: a pattern above, "names" (a list of names), or
 # "commit|none". Every value may be null (an unresolved pin).
@@ -42,8 +41,8 @@ SCHEMA = {
     "AITER_PINS": {"ck_commit": "commit", "ck_submodule_path": "name", "commit": "commit",
                    "hipkittens_commit": "commit|none", "hipkittens_repository": "repository",
                    "repository": "repository", "required_modules": "names", "tag": "name"},
-    "PYTORCH_PINS": {"index_url": "url",
-                     "wheels": {w: WHEEL for w in ("torch", "torchaudio", "torchvision", "triton")}},
+    "PYTORCH_PINS": {"index_url": "url", "lock": "name", "lock_sha256": "sha256",
+                     "torch": {"torch": "name", "torchaudio": "name", "torchvision": "name"}},
     "THEROCK_PINS": {"index_url": "url", "lock": "name", "lock_sha256": "sha256",
                      "triton": {"commit": "commit", "repository": "repository", "version": "name"}},
     "VLLM_PINS": {"commit": "commit", "repository": "repository", "tag": "name",

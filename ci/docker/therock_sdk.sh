@@ -9,7 +9,7 @@
 #
 # Settings (build args): THEROCK_PINS (JSON: index_url, lock (a file name in LOCKS_DIR), lock_sha256;
 # read by lib.sh load_pins as THEROCK_INDEX_URL, THEROCK_LOCK, THEROCK_LOCK_SHA256). An unresolved
-# lock stops the step (install_therock.sh names the pin), whatever ALLOW_UNRESOLVED says: TheRock's
+# lock stops the step (install_lock.sh names the pin), whatever ALLOW_UNRESOLVED says: TheRock's
 # wheels are never installed without their hashes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +23,7 @@ load_pins THEROCK_PINS
 : "${ROCM_PATH:?the therock stage sets ROCM_PATH}"
 [ "$THEROCK_LOCK" != UNRESOLVED ] || die "THEROCK_PINS names no lock"
 use_ca_bundle
-PYTHON=python bash "$here/install_therock.sh" "$locks/$THEROCK_LOCK" "$THEROCK_INDEX_URL" "$THEROCK_LOCK_SHA256"
+PYTHON=python bash "$here/install_lock.sh" "$locks/$THEROCK_LOCK" "$THEROCK_INDEX_URL" "$THEROCK_LOCK_SHA256"
 command -v rocm-sdk >/dev/null || die "the lock $THEROCK_LOCK installed no rocm-sdk command: it lacks TheRock's rocm wheel"
 rocm-sdk init
 root=$(rocm-sdk path --root) || die "rocm-sdk path --root failed after rocm-sdk init"

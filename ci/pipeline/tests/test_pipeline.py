@@ -58,12 +58,8 @@ def fill_unresolved(node: object) -> None:
                 node[name] = "c" * 40
             elif name == "digest":
                 node[name] = "sha256:" + "d" * 64
-            elif name == "sha256" or name.endswith("_sha256"):  # a wheel's, TheRock lock's
+            elif name == "sha256" or name.endswith("_sha256"):  # an sdist's, a lock's
                 node[name] = "e" * 64
-            elif name == "version":
-                node[name] = "3.8.0"
-            elif name == "package":  # the only package left open is the ROCm Triton wheel's
-                node[name] = "pytorch-triton-rocm"
             else:
                 node[name] = f"resolved-{name}"
         if "unresolved" in node:
@@ -84,6 +80,11 @@ def resolved_repo(tmp_path: Path) -> Path:
         lock = f"# the TheRock lock of track {track}, as resolve therock writes it\n"
         (root / model.LOCKS_DIR / model.therock_lock_name(track)).write_text(lock)
         data["tracks"][track]["therock"]["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
+    for track in model.built_track_names(data):  # the PyTorch lock resolve wheels would write, and its sha256
+        if model.pytorch_pins(data, track):
+            lock = "# the PyTorch lock, as resolve wheels writes it\n"
+            (root / model.LOCKS_DIR / model.pytorch_lock_name(data, track)).write_text(lock)
+            model.section(data, "pytorch", track)["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     (root / "versions.json").write_text(model.canonical(data))
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)

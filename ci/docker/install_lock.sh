@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# TheRock ROCm as Python wheels (the stack vLLM 0.34 builds on: the SDK, a device wheel per GPU arch,
-# torch/torchvision/torchaudio +rocm), every wheel hash-checked, from TheRock's release index alone.
+# A hash lock of wheels from one index, installed exactly: every wheel by its sha256, from that index
+# alone. The one way the base image installs a wheel set resolve locked (TheRock's ROCm SDK, device
+# wheels and PyTorch: therock_sdk.sh; the ROCm PyTorch wheels of a rocm-image track: install_torch.sh).
 #
-#   install_therock.sh LOCK INDEX_URL LOCK_SHA256
+#   install_lock.sh LOCK INDEX_URL LOCK_SHA256
 #
 # LOCK: a hash-locked requirements file (each wheel as name==version --hash=sha256:..., made by a
-#   resolver against INDEX_URL alone on a connected host); the whole set, installed --no-deps.
-# LOCK_SHA256: the lock's own sha256 as versions.json pins it (tracks.<track>.therock.lock_sha256): a
-#   lock that is not the pinned one is refused before anything is installed.
-# INDEX_URL: TheRock's release index (never PyPI, never a nightly index: PyPI holds same-named
-#   placeholder projects, rocm, rocm-sdk-core, rocm-sdk-device-gfx942, ..., so a second index could
+#   resolver against INDEX_URL alone on a connected host: python3 -m ci.pins resolve); the whole set,
+#   installed --no-deps.
+# LOCK_SHA256: the lock's own sha256 as versions.json pins it (a therock or pytorch section's
+#   lock_sha256): a lock that is not the pinned one is refused before anything is installed.
+# INDEX_URL: the index the lock was made against (never PyPI beside it, never a nightly index: PyPI
+#   holds same-named placeholder projects, rocm, rocm-sdk-core, ..., so a second index could
 #   substitute one). https://, or file:// for a local mirror.
 # pip runs --isolated: no PIP_* variable (PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS) and no pip.conf can add
 # an index or a wheel directory; PIP_CERT, where set, is passed on explicitly. Wheels only.
 set -euo pipefail
 lock=${1:-} index=${2:-} pinned=${3:-}
-die() { echo "install_therock: ERROR: $*" >&2; exit 1; }
-[ -n "$lock" ] && [ -n "$index" ] && [ -n "$pinned" ] || die "usage: install_therock.sh LOCK INDEX_URL LOCK_SHA256"
-[ -f "$lock" ] || die "no lock at $lock: make it with uv pip compile --generate-hashes against $index alone on a connected host"
+die() { echo "install_lock: ERROR: $*" >&2; exit 1; }
+[ -n "$lock" ] && [ -n "$index" ] && [ -n "$pinned" ] || die "usage: install_lock.sh LOCK INDEX_URL LOCK_SHA256"
+[ -f "$lock" ] || die "no lock at $lock: make it with python3 -m ci.pins resolve --write (uv pip compile --generate-hashes against $index alone) on a connected host"
 [[ "$pinned" =~ ^[0-9a-f]{64}$ ]] || die "LOCK_SHA256 '$pinned' is not a sha256 (unresolved? the lock's hash is pinned by python3 -m ci.pins resolve --write)"
 actual=$(sha256sum "$lock" | cut -d' ' -f1)
 [ "$actual" = "$pinned" ] || die "$lock has sha256 $actual, not the pinned $pinned: it is not the lock versions.json names"
