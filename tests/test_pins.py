@@ -751,7 +751,7 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     env = {**os.environ, "PINS_TIMEOUT": "60", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
     proc = subprocess.Popen([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
                              "aiter", "--write"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, start_new_session=True)
     # interrupted while git waits on the silent server (not while Python starts: a loaded machine
     # can take seconds to get there, so a fixed pause is no measure)
     deadline = time.monotonic() + 120
@@ -759,7 +759,8 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    # as a terminal's Ctrl-C: to the whole process group (git and its helpers too)
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and err.strip().splitlines() == ["error: interrupted; nothing was written"], err
     assert (tree / "versions.json").read_text() == before
