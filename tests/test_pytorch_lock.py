@@ -12,7 +12,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,23 +76,13 @@ def careless(monkeypatch, indexes):
     monkeypatch.setenv("UV_INDEX_STRATEGY", "unsafe-best-match")
 
 
-def requirements(text: str) -> dict[str, tuple[str, list[str]]]:
-    """name -> (version, sha256s) of a lock's requirements."""
-    out = {}
-    for block in re.split(r"\n(?=[a-z0-9])", locks.split_lock(text)[1]):
-        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
-        if m:
-            out[m.group(1)] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
-    return out
-
-
 def make_lock(data, track, indexes) -> str:
     return locks.pytorch_lock(data, track, index_url=indexes["pytorch"].as_uri())
 
 
 def test_the_lock_holds_the_wheels_and_their_triton_by_the_index_hash(data, track, indexes, careless):
     text = make_lock(data, track, indexes)
-    reqs = requirements(text)
+    reqs = standin.lock_requirements(text)
     torch = model.section(data, "pytorch", track)["torch"]
     assert set(reqs) == {"torch", "torchvision", "torchaudio", TRITON[0], "filelock", "numpy"}, text
     for name, (version, hashes) in reqs.items():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,23 +33,13 @@ def data():
     return model.load(ROOT / "versions.json")
 
 
-def requirements(text: str) -> dict[str, tuple[str, list[str]]]:
-    """name -> (version, sha256s) of a lock's requirements."""
-    out = {}
-    for block in re.split(r"\n(?=[a-z0-9])", locks.split_lock(text)[1]):
-        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
-        if m:
-            out[m.group(1)] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
-    return out
-
-
 def test_the_lock_holds_every_wheel_of_the_track_by_the_release_index_hash(indexes, data, monkeypatch):
     # a careless environment: PyPI stand-ins offered as uv's extra index and find-links
     monkeypatch.setenv("UV_EXTRA_INDEX_URL", indexes["pypi"].as_uri())
     monkeypatch.setenv("UV_FIND_LINKS", str(indexes["pypi"] / "rocm-sdk-core"))
     track = model.therock_track_names(data)[0]
     text = locks.therock_lock(data, track, index_url=indexes["release"].as_uri())
-    reqs = requirements(text)
+    reqs = standin.lock_requirements(text)
     archs = data["gpu_archs"]
     wanted = {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "torch", "torchvision", "torchaudio",
               "filelock", *(f"rocm-sdk-device-{a}" for a in archs), *(f"torch-device-{a}" for a in archs)}
@@ -87,7 +76,7 @@ def test_the_lock_installs_offline_by_hash(indexes, data, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     site = next((venv / "lib").glob("python*/site-packages"))
     origins = {p.name.removesuffix("_origin.txt"): p.read_text() for p in site.glob("*_origin.txt")}
-    assert set(origins.values()) == {"release"} and len(origins) == len(requirements(text))
+    assert set(origins.values()) == {"release"} and len(origins) == len(standin.lock_requirements(text))
     assert (venv / "bin/rocm-sdk").exists()
 
 

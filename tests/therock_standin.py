@@ -124,3 +124,15 @@ def pypi_wheels() -> list[dict]:
 def sha256_of(simple: Path, name: str, version: str) -> str:
     path = simple / name / f"{dist_name(name)}-{version}-py3-none-any.whl"
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def lock_requirements(text: str) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, sha256s) of the requirements of a lock ci.pins.locks made."""
+    from ci.pins import locks
+
+    out = {}
+    for block in re.split(r"\n(?=[a-z0-9])", locks.split_lock(text)[1]):
+        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
+        if m:
+            out[m.group(1)] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    return out
