@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +102,57 @@ def test_a_changed_input_makes_check_fail_naming_the_command(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "packaging==25.0 \\" in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+
+
+def _scripts_lock_copy(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A copy of what `lock scripts` reads and writes: (versions.json, its input, its lock)."""
+    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
+                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    return (tmp_path / "versions.json", tmp_path / "ci/docker/requirements-scripts.in",
+            tmp_path / "ci/docker/requirements-scripts.txt")
+
+
+def _pins_lock(versions: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", versions, "lock", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_lock_keeps_its_versions_until_upgraded(tmp_path):
+    """A release the index offers later (even one uploaded before exclude_newer: PyPI mirrors fill in
+    late) changes no lock: lock and lock --check keep each version the inputs still allow; only
+    lock --upgrade takes the newest."""
+    uv_or_skip()
+    versions, scripts, out = _scripts_lock_copy(tmp_path)
+    pinned = re.search(r"^packaging==(\S+) ", out.read_text(), re.M).group(1)
+    assert pinned != "25.0"
+    scripts.write_text(scripts.read_text().replace(f"packaging=={pinned}", "packaging==25.0"))
+    assert _pins_lock(versions, "scripts").returncode == 0
+    scripts.write_text(scripts.read_text().replace("packaging==25.0", "packaging>=25.0"))
+    proc = _pins_lock(versions, "scripts")
+    assert proc.returncode == 0, proc.stderr
+    assert "packaging==25.0 \\" in out.read_text()
+    proc = _pins_lock(versions, "--check", "scripts")
+    assert proc.returncode == 0 and "up to date" in proc.stdout, proc.stdout + proc.stderr
+    proc = _pins_lock(versions, "--upgrade", "scripts")
+    assert proc.returncode == 0, proc.stderr
+    upgraded = re.search(r"^packaging==(\S+) ", out.read_text(), re.M).group(1)
+    assert Version(upgraded) >= Version(pinned), (upgraded, pinned)
+
+
+def test_check_takes_no_hash_from_the_lock_it_checks(tmp_path):
+    """A hash replaced in a lock, with its header's body digest made to match, is still told from the
+    index's: the resolver keeps a lock's versions, never its hashes."""
+    uv_or_skip()
+    versions, _, out = _scripts_lock_copy(tmp_path)
+    head, body = locks.split_lock(out.read_text())
+    digest = re.search(r"--hash=sha256:([0-9a-f]{64})", body).group(1)
+    forged = body.replace(digest, "0" * 64)
+    out.write_text(locks.BODY_RE.sub(lambda _: locks.body_line(forged), head) + forged)
+    assert locks.body_problem(out.name, out.read_text()) == ""
+    proc = _pins_lock(versions, "--check", "scripts")
+    assert proc.returncode == 1 and "run python3 -m ci.pins lock scripts" in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_unknown_lock_names_the_known_ones():

@@ -1,5 +1,5 @@
 """python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | format |
-discover [--write] | lock [NAME...] [--check]
+discover [--write] | lock [NAME...] [--check] [--upgrade]
 
 --track NAME (verify, resolve, args): one release track of versions.json; default: every track
 (verify, resolve) or default_track (args)."""
@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "(needs PyPI)")
     p.add_argument("names", nargs="*", metavar="NAME", help="locks to remake (default: every one)")
     p.add_argument("--check", action="store_true", help="write nothing; fail when a lock differs from what its "
-                                                        "inputs lock to now")
+                                                        "inputs lock to now (keeping its versions where they allow)")
+    p.add_argument("--upgrade", action="store_true", help="take the newest releases before locks.json exclude_newer, "
+                                                          "not the versions each lock holds now")
     p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
                    help="where vLLM sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
 
@@ -143,7 +145,7 @@ def run(ns, parser, root: Path) -> int:
     if ns.command == "discover":
         return run_discover(ns, data, root)
     if ns.command == "lock":
-        return locks.run(root, data, ns.names, ns.check, ns.sdist_cache)
+        return locks.run(root, data, ns.names, ns.check, ns.sdist_cache, ns.upgrade)
     if ns.command == "verify":
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         if ns.file.read_bytes() != model.canonical(data).encode():

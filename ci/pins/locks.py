@@ -352,9 +352,19 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> 
     return "\n".join(lines) + "\n"
 
 
+def preferences(text: str) -> str:
+    """The requirement lines of a lock (name==version and any marker), without hashes: what the
+    resolver is offered to keep. uv would carry a preferred line's hashes over unchecked; without
+    them it takes every hash from the index again."""
+    return "".join(lines[0].removesuffix("\\").rstrip() + "\n" for _, lines, _ in _blocks(split_lock(text)[1]))
+
+
 def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path,
-                 uv: list[str] | None = None) -> str:
-    """The lock's text as the resolver makes it now (data: the versions file)."""
+                 uv: list[str] | None = None, prefer: str | None = None) -> str:
+    """The lock's text as the resolver makes it now (data: the versions file). prefer: the lock's
+    current text, whose versions the resolver keeps wherever the inputs still allow them (as pip-compile
+    does with its output file), so a release the index gains later, even one uploaded before
+    exclude_newer, changes nothing until the lock is upgraded; None: the newest versions allowed."""
     uv = uv or uv_command()
     with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
         tmp_path = Path(tmp)
@@ -393,6 +403,10 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
             local = [p for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
             cmd += [a for p in local for a in ("--find-links", p)] if local else \
                 ["--extra-index-url", lock.find_links, "--index-strategy", "unsafe-best-match"]
+        if prefer is not None:
+            kept = tmp_path / "preferences.txt"
+            kept.write_text(preferences(prefer))
+            cmd += ["--output-file", str(kept)]
         cmd += inputs
         body = _uv_compile(cmd, cwd, f"lock {lock.name}")
         if lock.remove:
@@ -480,7 +494,7 @@ def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
                             "ci/docker/install_torch.sh through ci/docker/install_lock.sh")
 
 
-def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path) -> int:
+def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path, upgrade: bool = False) -> int:
     spec = load(root)
     known = locks(root, data, spec)
     chosen = [lk for lk in known if not names or lk.name in names or lk.family in names]
@@ -491,9 +505,9 @@ def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path
     stale, texts = [], {}
     for lk in chosen:
         print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
-        text = compile_lock(lk, root, data, spec, sdist_cache, uv)
         path = root / lk.output
         current = path.read_text() if path.is_file() else None
+        text = compile_lock(lk, root, data, spec, sdist_cache, uv, prefer=None if upgrade else current)
         if current != text:
             stale.append(lk)
             texts[path] = text
