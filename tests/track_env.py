@@ -13,10 +13,9 @@ torch stands in).
 
 Installed with uv (the test environment's, tests/requirements.lock): on a machine with nothing
 kept, three track environments of about a hundred packages each are made in one test run, and
-uv's parallel downloads and shared cache take a fraction of pip's time. uv reads no PIP_* setting,
-so the sources pip would use are passed to it: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL and
-PIP_FIND_LINKS (torch's CPU build; without it PyTorch's CPU index, as ci/test.sh does), PIP_CERT
-(when SSL_CERT_FILE is unset) and PIP_DEFAULT_TIMEOUT (when UV_HTTP_TIMEOUT is unset)."""
+uv's parallel downloads and shared cache take a fraction of pip's time. uv reads no PIP_* setting:
+the sources and network settings pip would use are passed to it by ci/uv_pip.py, as for the test
+environment (ci/test.sh)."""
 from __future__ import annotations
 
 import hashlib
@@ -31,12 +30,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from ci.pins.locks import uv_command
+from ci.uv_pip import pip_sources, torch_sources, uv_environment
 from vllm_sdist import sdist_source, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = ("tests/requirements-torch.txt", "tests/requirements-track.txt", "tests/track_env.py")
-# Where torch's CPU build comes from when no wheelhouse is configured (PIP_FIND_LINKS), as in ci/test.sh.
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def env_dir(track: str) -> Path:
@@ -61,28 +59,6 @@ def uv_install(python: Path) -> list:
     return [*uv_command(), "pip", "install", "--quiet", "--python", python]
 
 
-def pip_sources(environ: dict[str, str]) -> list[str]:
-    """uv's options for the package sources pip's settings name (uv reads no PIP_* variable)."""
-    out: list[str] = []
-    if environ.get("PIP_INDEX_URL"):
-        out += ["--index-url", environ["PIP_INDEX_URL"]]
-    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
-        out += ["--extra-index-url", url]
-    for place in environ.get("PIP_FIND_LINKS", "").split():
-        out += ["--find-links", place]
-    return out
-
-
-def uv_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The environment for uv: pip's certificate bundle and network timeout where uv's own are unset."""
-    env = dict(environ)
-    if env.get("PIP_CERT") and not env.get("SSL_CERT_FILE"):
-        env["SSL_CERT_FILE"] = env["PIP_CERT"]
-    if env.get("PIP_DEFAULT_TIMEOUT") and not env.get("UV_HTTP_TIMEOUT"):
-        env["UV_HTTP_TIMEOUT"] = env["PIP_DEFAULT_TIMEOUT"]
-    return env
-
-
 def _run(cmd: list, what: str, **kw) -> None:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-4000:]}"
@@ -101,8 +77,7 @@ def track_python(track: str) -> Path:
     _run([sys.executable, "-m", "venv", "--clear", "--without-pip", path], "venv")
     install = uv_install(python)
     local = pip_sources(os.environ)
-    torch_sources = local if "--find-links" in local else [*local, "--extra-index-url", TORCH_CPU_INDEX]
-    _run([*install, *torch_sources, "-r", ROOT / "tests/requirements-torch.txt"], "uv pip install torch",
+    _run([*install, *torch_sources(os.environ), "-r", ROOT / "tests/requirements-torch.txt"], "uv pip install torch",
          env=uv_environment(os.environ), timeout=1800)
     _run([*install, *local, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
          "uv pip install the test and build requirements", env=uv_environment(os.environ), timeout=1800)
