@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -494,6 +495,9 @@ def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
                             "ci/docker/install_torch.sh through ci/docker/install_lock.sh")
 
 
+LOCK_JOBS = 4  # locks resolved at once
+
+
 def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path, upgrade: bool = False) -> int:
     spec = load(root)
     known = locks(root, data, spec)
@@ -503,15 +507,26 @@ def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path
         raise PinError(f"lock: unknown lock(s) {', '.join(unknown)}; known: {', '.join(lk.name for lk in known)}")
     uv = uv_command()
     stale, texts = [], {}
-    for lk in chosen:
-        print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
+
+    def current(lk: Lock) -> str | None:
         path = root / lk.output
-        current = path.read_text() if path.is_file() else None
-        text = compile_lock(lk, root, data, spec, sdist_cache, uv, prefer=None if upgrade else current)
-        if current != text:
+        return path.read_text() if path.is_file() else None
+
+    def made(lk: Lock) -> str:
+        print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
+        return compile_lock(lk, root, data, spec, sdist_cache, uv, prefer=None if upgrade else current(lk))
+
+    # The resolver mostly waits on the index: LOCK_JOBS locks resolved at once, reported in order.
+    with ThreadPoolExecutor(max_workers=LOCK_JOBS) as pool:
+        results = [(lk, pool.submit(made, lk)) for lk in chosen]
+        outcomes = [(lk, future.result()) for lk, future in results]
+    for lk, text in outcomes:
+        path = root / lk.output
+        current_text = current(lk)
+        if current_text != text:
             stale.append(lk)
             texts[path] = text
-        print(f"lock {lk.name}: {lk.output} {'differs' if current != text else 'up to date'} "
+        print(f"lock {lk.name}: {lk.output} {'differs' if current_text != text else 'up to date'} "
               f"({len(_blocks(text))} distributions)")
     if check:
         for lk in stale:
