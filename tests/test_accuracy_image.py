@@ -12,8 +12,9 @@ hub, no PyPI). Checks:
 1. the gate passes: suite passed, its four checks passed in selftest.json and JUnit, both
    backends answer the same 30 of 40 questions with identical responses;
 2. with the engine tests' decode fault in this backend's server processes
-   (ROCM_VLLM_TEST_FAULT=last-slot-off-by-one, backend/tests/engine mounted), the suite fails and
-   names the questions this backend lost, in JUnit, selftest.json and the output;
+   (ROCM_VLLM_TEST_FAULT=last-slot-off-by-one, backend/tests/engine mounted), and vLLM's CPU_MLA
+   taken from run 1's results (ACCURACY_REFERENCE, not served again), the suite fails and names the
+   questions this backend lost, in JUnit, selftest.json and the output;
 3. without the dataset (nothing mounted at /data/accuracy, the default gsm8k tasks): one error
    line saying what to mount, the failed-suite exit status (1), no server started.
 
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.docker
 ENGINE_LOG_SUFFIX = "accuracy"
 CI_TAG = f"{IMAGE_PREFIX}/ci:cpu-accuracy"
 MODEL = "/models/tiny-mla-seeded"
+REFERENCE = "/data/accuracy-reference"  # where an earlier run's results are mounted, as amd-runner/selftest.sh does
 QUESTIONS, RIGHT = 40, 30  # what runtime/models/tiny_mla_accuracy.py wrote
 CHECKS = ("test_backend_served_and_evaluated[cpu-plugin]", "test_backend_served_and_evaluated[cpu-vllm]",
           "test_not_significantly_fewer_right[cpu-vllm]", "test_loglikelihoods_agree[cpu-vllm]")
@@ -117,9 +119,15 @@ def gen_comparison(doc: dict) -> dict:
     return doc["comparisons"]["cpu-vllm"]["tasks"]["tiny_mla_gen"]["strip"]
 
 
-def test_accuracy_gate_passes_in_the_ci_image(h, ci_image, model, tmp_path):
-    results = tmp_path / "results"
-    proc = gate(h, ci_image, results, model, "selftest accuracy (ci image)")
+@pytest.fixture(scope="module")
+def passing(h, ci_image, model, tmp_path_factory):
+    """The gate without a fault, both backends served: (the run, its results folder)."""
+    results = tmp_path_factory.mktemp("accuracy-passing") / "results"
+    return gate(h, ci_image, results, model, "selftest accuracy (ci image)"), results
+
+
+def test_accuracy_gate_passes_in_the_ci_image(h, passing):
+    proc, results = passing
     report = json.loads((results / "selftest.json").read_text()) if (results / "selftest.json").is_file() else {}
     doc = report.get("accuracy") or {}
     runs = doc.get("runs", {})
@@ -151,11 +159,17 @@ def test_accuracy_gate_passes_in_the_ci_image(h, ci_image, model, tmp_path):
            f"log-likelihoods max |diff| {loglik['max_abs_diff']:.3g}")
 
 
-def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci_image, model, tmp_path):
+def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci_image, model, passing, tmp_path):
+    """This backend served with the fault; vLLM's CPU_MLA taken from the passing run's results
+    (ACCURACY_REFERENCE), as an AMD host re-checks an image against an earlier reference run."""
+    earlier, reference = passing
+    if earlier.returncode != 0:
+        pytest.fail("the passing run failed (see test_accuracy_gate_passes_in_the_ci_image): no reference to take")
     results = tmp_path / "results"
     proc = gate(h, ci_image, results, model, "selftest accuracy with the decode fault (ci image)",
-                {"/opt/engine_tests": ROOT / "backend/tests/engine"},
-                PYTHONPATH="/opt/fake_amx:/opt/engine_tests", ROCM_VLLM_TEST_FAULT="last-slot-off-by-one")
+                {"/opt/engine_tests": ROOT / "backend/tests/engine", REFERENCE: reference},
+                PYTHONPATH="/opt/fake_amx:/opt/engine_tests", ROCM_VLLM_TEST_FAULT="last-slot-off-by-one",
+                ACCURACY_REFERENCE=REFERENCE)
     report = json.loads((results / "selftest.json").read_text()) if (results / "selftest.json").is_file() else {}
     doc = report.get("accuracy") or {}
     gen = gen_comparison(doc) if doc.get("comparisons") else {}
@@ -165,6 +179,10 @@ def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci
     assert proc.returncode == 1, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert [(s["name"], s["status"]) for s in report["suites"]] == [("accuracy", "failed")]
     assert not doc["ok"] and all(run["ok"] for run in doc["runs"].values())
+    # only this backend was served: the reference came from the passing run
+    assert doc["runs"]["cpu-vllm"]["reference"] == REFERENCE and "reference" not in doc["runs"]["cpu-plugin"]
+    assert f"== accuracy cpu-vllm: taken from {REFERENCE} (an earlier run), not served" in proc.stdout
+    assert not (results / "server-accuracy-cpu-vllm.log").exists()
     server_log = (results / Path(doc["runs"]["cpu-plugin"]["server_log"]).name).read_text()
     assert "ROCM_VLLM_TEST_FAULT: last-slot-off-by-one installed" in server_log
     assert gen["significant"] and gen["p_value"] < doc["settings"]["alpha"] and gen["lost"] > gen["won"]

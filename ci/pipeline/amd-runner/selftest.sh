@@ -19,6 +19,9 @@
 #   HF_CACHE        host directory mounted as the Hugging Face cache (optional)
 #   ACCURACY_DATA_DIR  host directory with the accuracy suite's task data (e.g. gsm8k/test.jsonl,
 #                   gsm8k/train.jsonl), mounted read-only at /data/accuracy (ACCURACY_DATA's default)
+#   ACCURACY_REFERENCE_DIR  host directory with an earlier accuracy run's results (its accuracy.json
+#                   and lm-eval samples, e.g. an earlier RESULTS_DIR), mounted read-only at
+#                   /data/accuracy-reference as ACCURACY_REFERENCE: its reference backends are not served again
 #   HIP_VISIBLE_DEVICES, PYTEST_ADDOPTS, BENCH_*, ACCURACY_*  passed into the container when set
 #                   (PYTEST_ADDOPTS reaches every suite's pytest, e.g. -o junit_logging=system-out)
 #   DOCKER          docker command (default docker)
@@ -64,7 +67,14 @@ fi
 if [ -n "${ACCURACY_DATA_DIR:-}" ]; then
   args+=(-v "$ACCURACY_DATA_DIR:/data/accuracy:ro")
 fi
-for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep -E '^(BENCH|ACCURACY)_' | grep -v '^ACCURACY_DATA_DIR$' || true); do
+if [ -n "${ACCURACY_REFERENCE_DIR:-}" ]; then
+  if [ ! -f "$ACCURACY_REFERENCE_DIR/accuracy.json" ]; then
+    echo "error: ACCURACY_REFERENCE_DIR=$ACCURACY_REFERENCE_DIR holds no accuracy.json: name the results directory of an earlier accuracy run" >&2
+    exit 2
+  fi
+  args+=(-v "$(cd "$ACCURACY_REFERENCE_DIR" && pwd):/data/accuracy-reference:ro" -e ACCURACY_REFERENCE=/data/accuracy-reference)
+fi
+for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep -E '^(BENCH|ACCURACY)_' | grep -vE '^ACCURACY_(DATA|REFERENCE)_DIR$' || true); do
   if [ -n "${!name:-}" ]; then
     args+=(-e "$name=${!name}")
   fi

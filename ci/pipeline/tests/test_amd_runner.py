@@ -83,6 +83,30 @@ def test_selftest_runs_image_with_device_flags(host, ci_dir: Path) -> None:
     assert "result: PASSED" in (host.root / "sum.md").read_text()
 
 
+def test_selftest_mounts_an_earlier_accuracy_run_as_the_reference(host, ci_dir: Path) -> None:
+    earlier = host.root / "earlier"
+    earlier.mkdir()
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", "accuracy", RENDER_GID="109",
+                    ACCURACY_REFERENCE_DIR=str(earlier))
+    assert proc.returncode == 2 and "holds no accuracy.json" in proc.stderr and host.calls() == []
+    (earlier / "accuracy.json").write_text("{}")
+    proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", "accuracy", RENDER_GID="109",
+                    ACCURACY_REFERENCE_DIR=str(earlier), ACCURACY_LIMIT="50")
+    assert proc.returncode == 0, proc.stderr
+    (argv,) = host.calls()
+    results = str(host.root / "results")
+    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
+                    "--group-add", "video", "--group-add", "109",
+                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
+                    "--shm-size", "16g", "-v", f"{results}:/results",
+                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+                    "-v", f"{earlier}:/data/accuracy-reference:ro", "-e", "ACCURACY_REFERENCE=/data/accuracy-reference",
+                    "-e", "ACCURACY_LIMIT=50",
+                    "localhost/rocm-vllm/ci:dev", "selftest", "accuracy", "--json", "/results/selftest.json",
+                    "--junit", "/results/selftest.xml"]
+    real_docker_accepts(argv)
+
+
 def test_selftest_passes_the_exit_status_on(host, ci_dir: Path) -> None:
     proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", FAKE_DOCKER_RC="2", RENDER_GID="109")
     assert proc.returncode == 2

@@ -58,6 +58,7 @@ ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
     "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
     "ACCURACY_PORT": "8012",
     "ACCURACY_START_TIMEOUT": "1800",
+    "ACCURACY_REFERENCE": "",
 }
 # (least, most) of each count setting
 COUNT_RANGES = {"ACCURACY_LIMIT": (0, 1_000_000), "ACCURACY_NUM_FEWSHOT": (0, 100),
@@ -85,6 +86,7 @@ class Settings:
     data: str = "/data/accuracy"
     tasks_dir: str = ""
     ll_tolerance: tuple[float, float] | None = None  # None: by the servers' dtype
+    reference: str = ""  # a folder of an earlier run whose reference backends are taken, not served
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -112,7 +114,7 @@ class Settings:
             raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
         return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT"), limit or None,
                    number("ACCURACY_CONCURRENCY"), alpha, get("ACCURACY_DATA"),
-                   env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance)
+                   env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance, get("ACCURACY_REFERENCE"))
 
 
 def default_tasks_dir(env: Mapping[str, str]) -> str:
@@ -310,6 +312,10 @@ def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
     problems, beyond, max_diff, max_rel = [], [], 0.0, 0.0
     if set(ours) != set(theirs):
         problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
+    prompts_differ = [d for d in docs if ours[d].get("prompt") != theirs[d].get("prompt")]
+    if prompts_differ:
+        problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
+                        f"(e.g. {prompts_differ[0]}): same settings are needed")
     for d in docs:
         a, b = ours[d]["loglik"], theirs[d]["loglik"]
         for x, y in zip(a, b):
@@ -341,16 +347,69 @@ def dtype_tolerance(serve_args: Sequence[str], settings: Settings) -> tuple[str,
     return dtype, TOLERANCES["float32" if dtype in ("float32", "float") else "low"]
 
 
+# What a reference run must share with this one: the questions, how they are asked, the model.
+SAME_AS_REFERENCE = ("tasks", "loglik_tasks", "num_fewshot", "limit", "dtype", "serve_args")
+
+
+def reference_runs(folder: str, names: Sequence[str], settings: Settings,
+                   serve_args: Sequence[str], dtype: str) -> dict[str, dict]:
+    """The runs of `names` from an earlier gate's results folder (its accuracy.json and lm-eval
+    samples), with their questions: taken instead of serving those backends again. An
+    AccuracyError naming ACCURACY_REFERENCE when the folder does not hold them, or holds them from
+    other settings."""
+    where = f"ACCURACY_REFERENCE={folder}"
+    path = Path(folder) / "accuracy.json"
+    try:
+        doc = json.loads(path.read_text())
+        recorded, runs = doc["settings"], doc["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else f"not an accuracy gate's JSON ({exc.__class__.__name__})"
+        raise AccuracyError(f"{where}: cannot read {path}: {why}; it must be a folder an earlier gate wrote "
+                            "accuracy.json and its lm-eval samples to") from None
+    ours = {**asdict(settings), "dtype": dtype, "serve_args": list(serve_args)}
+    for key in SAME_AS_REFERENCE:
+        theirs = recorded.get(key) if isinstance(recorded, dict) else None
+        mine = list(ours[key]) if isinstance(ours[key], tuple) else ours[key]
+        if theirs != mine:
+            raise AccuracyError(f"{where}: that run had {key} {theirs!r}, this one {mine!r}: a reference must be "
+                                "run with the same tasks, shots, limit, dtype and serve arguments")
+    out = {}
+    for name in names:
+        run = runs.get(name) if isinstance(runs, dict) else None
+        if not isinstance(run, dict):
+            held = ", ".join(runs) if isinstance(runs, dict) else "none"
+            raise AccuracyError(f"{where}: no run of {name} there (it holds {held})")
+        if not run.get("ok") or not run.get("samples_file"):
+            raise AccuracyError(f"{where}: its run of {name} failed ({'; '.join(run.get('problems') or [])}): "
+                                "not a reference")
+        try:
+            samples_path = files.inside(folder, Path(str(run["samples_file"])).name, "a reference's samples file")
+            samples = json.loads(samples_path.read_text())
+        except files.RefusedError as exc:
+            raise AccuracyError(f"{where}: {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise AccuracyError(f"{where}: cannot read the lm-eval samples of {name} "
+                                f"({Path(str(run['samples_file'])).name}): {getattr(exc, 'strerror', None) or exc}"
+                                ) from None
+        print(f"== accuracy {name}: taken from {folder} (an earlier run), not served", flush=True)
+        out[name] = {**run, "questions": per_question(samples, settings.loglik_tasks), "reference": folder}
+    return out
+
+
 def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings: Settings, port: int,
             out_dir: Path, start_timeout_s: float) -> dict[str, object]:
     configs = task_configs(settings)  # DataMissing before any server starts
+    dtype, tolerance = dtype_tolerance(serve_args, settings)
+    taken = (reference_runs(settings.reference, [b.name for b in chosen[1:]], settings, serve_args, dtype)
+             if settings.reference else {})  # refused before any server starts
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {b.name: run_backend(b, serve_args, configs, settings, port, out_dir, start_timeout_s) for b in chosen}
-    return document(runs, settings, *dtype_tolerance(serve_args, settings))
+    runs = {b.name: taken.get(b.name) or run_backend(b, serve_args, configs, settings, port, out_dir,
+                                                     start_timeout_s) for b in chosen}
+    return document(runs, settings, dtype, tolerance, serve_args)
 
 
 def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
-             tolerance: tuple[float, float]) -> dict[str, object]:
+             tolerance: tuple[float, float], serve_args: Sequence[str] = ()) -> dict[str, object]:
     names = list(runs)
     ours_name = names[0]
     comparisons: dict[str, dict] = {}
@@ -371,7 +430,8 @@ def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
             r["ok"] for r in entry["loglik"].values())  # type: ignore[union-attr]
         comparisons[other] = entry
     slim = {n: {k: v for k, v in r.items() if k != "questions"} for n, r in runs.items()}
-    return {"settings": {**asdict(settings), "dtype": dtype, "ll_tolerance": list(tolerance)},
+    return {"settings": {**asdict(settings), "dtype": dtype, "ll_tolerance": list(tolerance),
+                         "serve_args": list(serve_args)},
             "ours": ours_name, "runs": slim, "comparisons": comparisons,
             "ok": all(r.get("ok") for r in runs.values()) and all(c["ok"] for c in comparisons.values())}
 
@@ -424,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                ("--start-timeout", "ACCURACY_START_TIMEOUT"))
     for option, name in options:
         parser.add_argument(option, dest=name, default=None, help=f"default ${name} or {ENV_DEFAULTS[name]!r}")
+    parser.add_argument("--reference", dest="ACCURACY_REFERENCE", default=None, metavar="DIR",
+                        help="an earlier run's results folder (its accuracy.json and lm-eval samples): the "
+                        "backends after the first are taken from it, not served (ACCURACY_REFERENCE, default none)")
     parser.add_argument("--tasks-dir", dest="ACCURACY_TASKS_DIR", default=None,
                         help="further lm-eval task definitions "
                         "(ACCURACY_TASKS_DIR, default $SELFTEST_SUITES/accuracy_tasks)")
