@@ -222,7 +222,9 @@ FROM_VERSIONS = {("ci/docker/install_ray.sh", '--requirement "$work/requirements
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.
 LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
                   "TheRock's wheels and the ROCm PyTorch wheels, each locked against its one index on a host "
-                  "that reaches it (python3 -m ci.pins resolve therock / wheels)"}
+                  "that reaches it (python3 -m ci.pins resolve therock / wheels)",
+                  ("ci/test.sh", '-r <(printf \'%s\\n\' "$uv_entry")'):
+                  "uv's own entry of tests/requirements.lock (cut out of it by awk), before uv installs the rest"}
 
 
 def pip_installs() -> list[tuple[str, str]]:
