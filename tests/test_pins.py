@@ -749,8 +749,14 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     model.dump(d, tree / "versions.json")
     before = (tree / "versions.json").read_text()
     env = {**os.environ, "PINS_TIMEOUT": "60", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
-                             "aiter", "--write"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # Started as from a terminal, SIGINT at its default: a test run started in the background (a
+    # non-interactive shell's `cmd &`, nohup) inherits SIGINT ignored, and an ignored signal stays
+    # ignored across exec, so the tool (rightly) would not hear Ctrl-C. The wrapper resets it, then
+    # becomes the tool (exec: same process, same group).
+    tool = [sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve", "aiter", "--write"]
+    as_from_a_terminal = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                          "os.execv(sys.argv[1], sys.argv[1:])", *tool]
+    proc = subprocess.Popen(as_from_a_terminal, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     # interrupted while git waits on the silent server (not while Python starts: a loaded machine
     # can take seconds to get there, so a fixed pause is no measure)
