@@ -145,7 +145,8 @@ function "aiter_source_pins" {
     nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["tag", "commit", "ck_commit"]))
 }
 
-// The pins the base image builds from: the AITER source's, the HipKittens commit, and the stack's
+// The pins the base image builds from: the AITER source's, the HipKittens commit, the lock of AITER's
+// requirements (ALLOW_UNRESOLVED=1: installed unhashed, with a warning, by the build step), and the stack's
 // PyTorch: the PyTorch lock (rocm-image) or the TheRock lock and the Triton source (therock).
 // An unresolved TheRock lock stops even with ALLOW_UNRESOLVED=1 (its wheels are never installed
 // without hashes): the build step names it then.
@@ -154,7 +155,7 @@ function "base_pins" {
   result = concat(
     aiter_source_pins(),
     nulls("aiter", aiter, ["hipkittens_repository", "required_modules"]),
-    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["hipkittens_commit"]),
+    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["hipkittens_commit", "requirements_lock_sha256"]),
     stack() == "therock" ? therock_pins() : pytorch_pins())
 }
 
@@ -246,7 +247,9 @@ target "_versions" {
     ROCM_VERSION   = track_section("rocm", rocm).version
     PYTHON_VERSION = python.version
     // aiter's shared fields and the track's pin (AITER_PIN)
-    AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], [])))
+    // and the file name of the hash lock of its requirements (ci/locks/aiter-<tag>.txt: ci/pins/model.py aiter_lock_name)
+    AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], []),
+      { requirements_lock = "aiter-${aiter.pins[AITER_PIN].tag}.txt" }))
     // the track's pytorch section: the index, its lock (ci/locks/pytorch.txt, or pytorch-<track>.txt for
     // a track's own section) and the lock's sha256, the torch versions ({} on therock: PyTorch is in its
     // TheRock lock)

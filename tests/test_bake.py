@@ -50,7 +50,7 @@ def resolved(data, tmp_path, keep=()):
                 if f"{path}{name}" in keep:
                     continue
                 node[name] = {"digest": "sha256:" + "d" * 64, "sha256": "e" * 64,
-                              "lock_sha256": "e" * 64}.get(name, "c" * 40)
+                              "lock_sha256": "e" * 64, "requirements_lock_sha256": "e" * 64}.get(name, "c" * 40)
                 node["unresolved"].remove(name)
             for key, value in node.items():
                 fill(value, f"{path}{key}.")
@@ -262,7 +262,7 @@ def unresolved(data, tmp_path):
         if "pytorch" in own:
             unset(own["pytorch"], "lock_sha256")
     for pin in data["aiter"]["pins"].values():
-        unset(pin, "commit", "ck_commit", "hipkittens_commit")
+        unset(pin, "commit", "ck_commit", "hipkittens_commit", "requirements_lock_sha256")
     for own in data["tracks"].values():
         unset(own["vllm"], "commit")
         if "therock" in own:

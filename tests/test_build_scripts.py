@@ -339,9 +339,15 @@ def test_a_components_pins_become_shell_variables():
     assert proc.returncode == 0, proc.stderr
     assert set(proc.stdout.splitlines()) == {"VLLM_TAG=v1", "VLLM_COMMIT=UNRESOLVED",
                                              "VLLM_TRITON_KERNELS_PATH=python/triton_kernels"}
-    proc = load_pins("AITER_PINS", json.dumps({"required_modules": ["a", "b"], "hipkittens_commit": "none"}))
+    proc = load_pins("AITER_PINS", json.dumps({"required_modules": ["a", "b"], "hipkittens_commit": "none",
+                                               "requirements_lock_sha256": "none"}))
     assert proc.returncode == 0, proc.stderr
-    assert set(proc.stdout.splitlines()) == {"AITER_REQUIRED_MODULES='a b'", "AITER_HIPKITTENS_COMMIT=none"}
+    assert set(proc.stdout.splitlines()) == {"AITER_REQUIRED_MODULES='a b'", "AITER_HIPKITTENS_COMMIT=none",
+                                             "AITER_REQUIREMENTS_LOCK_SHA256=none"}
+    # "none" stands for nothing but itself: no other word, and no commit where a sha256 belongs
+    for bad in ("None", "a" * 40):
+        proc = load_pins("AITER_PINS", json.dumps({"requirements_lock_sha256": bad}))
+        assert proc.returncode == 1 and "AITER_REQUIREMENTS_LOCK_SHA256" in proc.stderr, proc.stderr
 
 
 def _pins_module():

@@ -331,9 +331,11 @@ def test_args_render_unresolved_and_allow(data):
 
 
 def test_strict_for_the_known_aiter_pin_ignores_other_aiter_pins(data, tree):
+    """Only the known pin's own unresolved field counts: the lock of its requirements, which needs
+    GitHub (its commit's requirements.txt) to be made."""
     errors, unresolved = verify.verify(data, strict=True, root=tree, aiter_name="v0.1.20.post1")
-    assert not any(p.startswith("aiter.") for p in unresolved)
-    assert not any("aiter.pins" in e for e in errors)
+    assert [p for p in unresolved if p.startswith("aiter.")] == ["aiter.pins.v0.1.20.post1.requirements_lock_sha256"]
+    assert not any("aiter.pins" in e and "v0.1.20.post1.requirements_lock_sha256" not in e for e in errors)
 
 
 # ---- resolve, against local git repositories -------------------------------------------------
@@ -373,8 +375,9 @@ def _aiter_data(data, upstream, commit=None, ck=None):
     d = copy.deepcopy(data)
     d["aiter"]["repository"] = upstream["url"]
     d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": commit, "ck_commit": ck, "hipkittens_commit": None,
+                                  "requirements_lock_sha256": None,
                                   "unresolved": [k for k, v in (("commit", commit), ("ck_commit", ck)) if v is None]
-                                  + ["hipkittens_commit"]}
+                                  + ["hipkittens_commit", "requirements_lock_sha256"]}
     return d
 
 
@@ -385,7 +388,8 @@ def test_resolve_aiter_tag_and_ck_submodule(data, upstream):
     assert pin["commit"] == upstream["commit"]  # the annotated tag is peeled to its commit
     assert pin["ck_commit"] == upstream["ck"]
     assert pin["hipkittens_commit"] == HIPKITTENS  # read from the AITER commit's aiter/jit/core.py
-    assert pin["unresolved"] == [] and len(changes) == 3
+    # the lock of its requirements is made after the commit (__main__.resolve_aiter_lock)
+    assert pin["unresolved"] == ["requirements_lock_sha256"] and len(changes) == 3
     assert not verify.check_schema(d)
 
 
@@ -438,7 +442,9 @@ def _with_test_pin(tree, upstream):
     d = model.load(tree / "versions.json")
     d["aiter"]["repository"] = upstream["url"]
     d["aiter"]["pins"]["test"] = {"tag": "v1.0", "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+                                  "requirements_lock_sha256": None,
+                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit",
+                                                 "requirements_lock_sha256"]}
     for own in d["tracks"].values():
         own["aiter"] = "test"
     model.dump(d, tree / "versions.json")
@@ -1135,7 +1141,9 @@ def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monke
     git("commit", "-qam", "dispatch changed", cwd=repo)
     git("tag", "-a", "v1.2", "-m", "release", cwd=repo)
     d["aiter"]["pins"]["next"] = {"tag": "v1.2", "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+                                  "requirements_lock_sha256": None,
+                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit",
+                                                 "requirements_lock_sha256"]}
     model.dump(d, tree / "versions.json")
     import contextlib
     import io

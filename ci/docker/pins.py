@@ -36,11 +36,12 @@ PATTERNS = {
 }
 # Each arg's keys (python3 -m ci.pins args / bake write them from versions.json: ci.pins.model
 # components()) and the kind of each value: a pattern above, "names" (a list of names), or
-# "commit|none". Every value may be null (an unresolved pin).
+# "<pattern>|none" (that, or the word none). Every value may be null (an unresolved pin).
 SCHEMA = {
     "AITER_PINS": {"ck_commit": "commit", "ck_submodule_path": "name", "commit": "commit",
                    "hipkittens_commit": "commit|none", "hipkittens_repository": "repository",
-                   "repository": "repository", "required_modules": "names", "tag": "name"},
+                   "repository": "repository", "required_modules": "names", "requirements_lock": "name",
+                   "requirements_lock_sha256": "sha256|none", "tag": "name"},
     "PYTORCH_PINS": {"index_url": "url", "lock": "name", "lock_sha256": "sha256",
                      "torch": {"torch": "name", "torchaudio": "name", "torchvision": "name"}},
     "THEROCK_PINS": {"index_url": "url", "lock": "name", "lock_sha256": "sha256",
@@ -83,9 +84,9 @@ def _value(item, kind: str, name: str) -> str:
         return " ".join(item)
     if not isinstance(item, str):
         raise PinsError(f"{name}: a string or null is expected, not {type(item).__name__}")
-    if kind == "commit|none":
-        if item != "none" and not PATTERNS["commit"].match(item):
-            raise PinsError(f"{name}: a full 40-hex commit or \"none\" is expected, not {item!r}")
+    if kind.endswith("|none"):
+        if item != "none" and not PATTERNS[kind[:-len("|none")]].match(item):
+            raise PinsError(f"{name}: a {kind[:-len('|none')]} or \"none\" is expected, not {item!r}")
     elif not PATTERNS[kind].match(item):
         raise PinsError(f"{name}: not a {kind} ({item!r}): no spaces, quotes or line breaks, no leading '-'")
     return item

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -194,7 +195,8 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                     tables.update(texts)
                     if note:
                         print(note)
-                    return changes + ([change] if change else [])
+                    # the hash lock of its own requirements, from the commit's requirements.txt
+                    return changes + ([change] if change else []) + resolve_aiter_lock(ns, data, root, name, tables)
                 items.append(Item(f"aiter.pins.{name}", reach.Source("git", data["aiter"]["repository"]), run_aiter))
         elif kind == "vllm":
             for track in tracks:
@@ -301,20 +303,47 @@ def resolve_pytorch(ns, data: dict, root: Path, track: str, tables: dict[Path, s
                          lambda: locks.pytorch_lock(data, track), tables)
 
 
+def resolve_aiter_lock(ns, data: dict, root: Path, name: str, tables: dict[Path, str]) -> list[str]:
+    """The hash lock of AITER pin `name`'s own requirements (locks.aiter_lock), made from the
+    requirements.txt of its commit (read from the repository: kernel_table.fetch_files), into
+    ci/locks/aiter-<tag>.txt, and its sha256 into aiter.pins.<name>.requirements_lock_sha256; a commit
+    without requirements.txt pins model.NO_REQUIREMENTS ("none") and has no lock. A pin without a
+    commit is left unresolved."""
+    pin = data["aiter"]["pins"][name]
+    if not pin.get("commit"):
+        return []
+    if pin.get("requirements_lock_sha256") and not ns.force:
+        return []
+    where = f"aiter.pins.{name}"
+    path = root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
+    with tempfile.TemporaryDirectory(prefix="pins-aiter-reqs-") as tmp:
+        source = Path(tmp)
+        kernel_table.fetch_files(data["aiter"]["repository"], pin["commit"], [locks.AITER_REQUIREMENTS], source)
+        if not (source / locks.AITER_REQUIREMENTS).is_file():
+            if pin.get("requirements_lock_sha256") == model.NO_REQUIREMENTS:
+                return []
+            pin["requirements_lock_sha256"] = model.NO_REQUIREMENTS
+            pin["unresolved"] = [f for f in pin.get("unresolved", []) if f != "requirements_lock_sha256"]
+            return [f"{where}.requirements_lock_sha256: {model.NO_REQUIREMENTS} ({pin['commit'][:12]} has no "
+                    f"{locks.AITER_REQUIREMENTS})"]
+        return _resolve_lock(ns, pin, where, path, lambda: locks.aiter_lock(data, name, source, root), tables,
+                             "requirements_lock_sha256")
+
+
 def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str],
-                  tables: dict[Path, str]) -> list[str]:
-    """The lock `make` returns, to be written at path, and its sha256 into node's lock_sha256 (out of
-    its unresolved list); a lock already pinned is kept unless --force."""
-    if node.get("lock_sha256") and not ns.force:
+                  tables: dict[Path, str], key: str = "lock_sha256") -> list[str]:
+    """The lock `make` returns, to be written at path, and its sha256 into node's key (lock_sha256;
+    out of its unresolved list); a lock already pinned is kept unless --force."""
+    if node.get(key) and not ns.force:
         return []
     text = make()
     digest = hashlib.sha256(text.encode()).hexdigest()
-    if digest == node.get("lock_sha256"):
+    if digest == node.get(key):
         return []
     tables[path] = text
-    node["lock_sha256"] = digest
-    node["unresolved"] = [f for f in node.get("unresolved", []) if f != "lock_sha256"]
-    return [f"{where}.lock_sha256: {digest} ({model.LOCKS_DIR / path.name}, {locks.requirement_count(text)} wheels)"]
+    node[key] = digest
+    node["unresolved"] = [f for f in node.get("unresolved", []) if f != key]
+    return [f"{where}.{key}: {digest} ({model.LOCKS_DIR / path.name}, {locks.requirement_count(text)} wheels)"]
 
 
 def run_therock(ns, data: dict) -> int:

@@ -320,7 +320,9 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
     }
     if tag not in data["aiter"]["pins"]:
         data["aiter"]["pins"][tag] = {"tag": tag, "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                      "unresolved": ["commit", "ck_commit", "hipkittens_commit"]}
+                                      "requirements_lock_sha256": None,
+                                      "unresolved": ["commit", "ck_commit", "hipkittens_commit",
+                                                     "requirements_lock_sha256"]}
     if stack.get("stack", model.ROCM_IMAGE_STACK) in model.BUILT_STACKS:
         data["default_track"] = name
     else:

@@ -48,6 +48,8 @@ class Lock:
     overrides: tuple[str, ...] = ()  # uv --override lines: requirement lines of upstream that cannot be met
     track: str | None = None
     family: str = ""  # the locks.json entry (a per_track entry makes one lock per track)
+    command: str = ""  # what makes it, when not `python3 -m ci.pins lock NAME`
+    only_binary: bool = False  # wheels only (uv --only-binary :all:): installed by install_lock.sh
 
 
 # locks.json's keys and the kind of each value (check_spec): nothing else is read.
@@ -338,8 +340,9 @@ def body_problem(name: str, text: str) -> str:
 
 def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> str:
     where = f"{lock.platform}, Python {lock.python}" if lock.platform else f"every platform, Python {lock.python}+"
-    lines = [f"# Locked by `python3 -m ci.pins lock {lock.name}` (uv pip compile --generate-hashes"
-             f"{' --no-deps' if lock.no_deps else ''}): do not edit; change the input and lock again.",
+    options = f"{' --no-deps' if lock.no_deps else ''}{' --only-binary :all:' if lock.only_binary else ''}"
+    lines = [f"# Locked by `{lock.command or f'python3 -m ci.pins lock {lock.name}'}` (uv pip compile "
+             f"--generate-hashes{options}): do not edit; change the input and lock again.",
              f"# For {where}; PyPI releases uploaded before {spec['exclude_newer']}.",
              "# Install: pip install --require-hashes --no-deps -r <this file>"]
     if lock.remove:
@@ -360,16 +363,19 @@ def preferences(text: str) -> str:
     return "".join(lines[0].removesuffix("\\").rstrip() + "\n" for _, lines, _ in _blocks(split_lock(text)[1]))
 
 
-def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path,
-                 uv: list[str] | None = None, prefer: str | None = None) -> str:
+def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path | None,
+                 uv: list[str] | None = None, prefer: str | None = None, source: Path | None = None) -> str:
     """The lock's text as the resolver makes it now (data: the versions file). prefer: the lock's
     current text, whose versions the resolver keeps wherever the inputs still allow them (as pip-compile
     does with its output file), so a release the index gains later, even one uploaded before
-    exclude_newer, changes nothing until the lock is upgraded; None: the newest versions allowed."""
+    exclude_newer, changes nothing until the lock is upgraded; None: the newest versions allowed.
+    source: the folder its inputs are read from (default: the track's sdist for a per-track lock, else root)."""
     uv = uv or uv_command()
     with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
         tmp_path = Path(tmp)
-        if lock.track:
+        if source is not None:
+            cwd, inputs = source, list(lock.inputs)
+        elif lock.track:
             archive = discover.fetch(discover.track_sdist(data, lock.track), sdist_cache)
             cwd = _sdist_tree(archive, tmp_path / "src")
             inputs = [i.removeprefix(SDIST) for i in lock.inputs]
@@ -388,6 +394,8 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
         cmd += ["--python-platform", lock.platform] if lock.platform else ["--universal"]
         if lock.no_deps:
             cmd.append("--no-deps")
+        if lock.only_binary:
+            cmd += ["--only-binary", ":all:"]
         for name in lock.no_emit:
             cmd += ["--no-emit-package", name]
         if lock.remove:
@@ -493,6 +501,35 @@ def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
     command = "python3 -m ci.pins resolve wheels" + (f" --track {track}" if where != "pytorch" else "")
     return _index_lock_text(data, wanted, body, command, pytorch["index_url"], f"{where}.lock_sha256",
                             "ci/docker/install_torch.sh through ci/docker/install_lock.sh")
+
+
+AITER_REQUIREMENTS = "requirements.txt"  # AITER's own requirements, at the root of its source
+
+
+def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT, uv: list[str] | None = None,
+               index_url: str | None = None) -> str:
+    """The hash lock of AITER pin `name`'s own requirements (source/requirements.txt: that file of the
+    pinned commit, fetched by resolve), made as every PyPI lock of locks.json is (compile_lock: the
+    images' platform and Python, PyPI releases uploaded before exclude_newer, wheels only): the
+    base image's distributions (pinned_dists.py FIXED) bound the resolution with the versions of the
+    newest track that builds this pin, then leave the lock with what only they require, so the
+    install never replaces them. Its header records requirements.txt's sha256 (# input), which the
+    build holds the source's file to. index_url: another copy of PyPI's simple index (a mirror; tests)."""
+    pin = data["aiter"]["pins"][name]
+    if any(True for line in (source / AITER_REQUIREMENTS).read_text().splitlines()
+           if re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)):
+        raise PinError(f"AITER {pin['tag']}: its {AITER_REQUIREMENTS} includes other files (-r/-c): lock them too "
+                       "(ci/pins/locks.py aiter_lock fetches requirements.txt alone)")
+    tracks = [t for t in model.built_track_names(data) if data["tracks"][t]["aiter"] == name]
+    spec = load(root)
+    if index_url:
+        spec = {**spec, "index_url": index_url}
+    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    lock = Lock(f"aiter-{pin['tag']}", (AITER_REQUIREMENTS,), str(model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])),
+                data["python"]["version"], platform, remove=base_image_dists(root),
+                track=tracks[0] if tracks else None, family="aiter", only_binary=True,
+                command=f"python3 -m ci.pins resolve aiter --aiter-pin {name} --write")
+    return compile_lock(lock, root, data, spec, None, uv, source=source)
 
 
 LOCK_JOBS = 4  # locks resolved at once

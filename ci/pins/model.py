@@ -106,6 +106,22 @@ def therock_lock_name(track: str) -> str:
     return f"therock-{track}.txt"
 
 
+# aiter.pins.<name>.requirements_lock_sha256 of an AITER commit that has no requirements.txt: nothing to
+# lock or install (null stays "unresolved").
+NO_REQUIREMENTS = "none"
+_LOCK_FILE_PART_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
+
+
+def aiter_lock_name(tag: str) -> str:
+    """The file name, in LOCKS_DIR, of the hash lock of AITER `tag`'s own requirements (its
+    requirements.txt at the pinned commit): aiter-<tag>.txt; a PinError for a tag that cannot name a
+    file there."""
+    if not _LOCK_FILE_PART_RE.match(tag):
+        raise PinError(f"aiter tag {tag!r} cannot name a lock file in {LOCKS_DIR} (letters, digits and . _ + -): "
+                       "fix the tag in versions.json")
+    return f"aiter-{tag}.txt"
+
+
 def section_path(data: dict, key: str, name: str) -> str:
     """Where versions.json holds the shared section `key` the track sees: tracks.<name>.<key> (its
     own), else <key>."""
@@ -362,13 +378,21 @@ def components(data: dict, aiter_name: str | None = None, track_name_: str | Non
     name = track_name(data, track_name_)
     own = data["tracks"][name]["vllm"]
     return {
-        "AITER_PINS": {**_pins(data["aiter"], "pins"), **_pins(aiter_pin(data, aiter_name, name))},
+        "AITER_PINS": aiter_pins(data, aiter_name, name),
         "PYTORCH_PINS": pytorch_pins(data, name),
         "THEROCK_PINS": therock_pins(data, name),
         "VLLM_PINS": {"repository": data["vllm"]["repository"], "tag": own["tag"], "commit": own["commit"],
                       "triton_kernels": {**_pins(data["vllm"]["triton_kernels"]),
                                          "commit": own["triton_kernels_commit"]}},
     }
+
+
+def aiter_pins(data: dict, aiter_name: str | None, name: str) -> dict:
+    """AITER_PINS: aiter's shared fields and the track's pin (or aiter_name), with the file name in
+    LOCKS_DIR of the hash lock of its requirements (requirements_lock; its sha256 is the pin's
+    requirements_lock_sha256)."""
+    pin = aiter_pin(data, aiter_name, name)
+    return {**_pins(data["aiter"], "pins"), **_pins(pin), "requirements_lock": aiter_lock_name(pin["tag"])}
 
 
 def pytorch_pins(data: dict, name: str) -> dict:

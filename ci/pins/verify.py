@@ -167,13 +167,26 @@ def check_schema(data: dict) -> list[str]:
             errors.append("aiter.required_modules: empty; list the prebuilt modules the image must hold")
         for name, pin in aiter["pins"].items():
             path = f"aiter.pins.{name}"
-            if _require(pin, path, {"tag": str, "commit": str, "ck_commit": str, "hipkittens_commit": str}, errors):
+            if _require(pin, path, {"tag": str, "commit": str, "ck_commit": str, "hipkittens_commit": str,
+                                    "requirements_lock_sha256": str}, errors):
                 _check_unresolved_list(pin, path, errors)
                 _check_format(pin, path, "commit", COMMIT_RE, "a full 40-hex commit", errors)
                 _check_format(pin, path, "ck_commit", COMMIT_RE, "a full 40-hex commit", errors)
                 if pin["hipkittens_commit"] != "none":
                     _check_format(pin, path, "hipkittens_commit", COMMIT_RE,
                                   'a full 40-hex commit, or "none" (this AITER clones no HipKittens)', errors)
+                if pin["requirements_lock_sha256"] != model.NO_REQUIREMENTS:
+                    _check_format(pin, path, "requirements_lock_sha256", SHA256_RE,
+                                  f'the sha256 of ci/locks/aiter-<tag>.txt, or "{model.NO_REQUIREMENTS}" (the commit '
+                                  'has no requirements.txt)', errors)
+                if pin["commit"] is None and pin["requirements_lock_sha256"] is not None:
+                    errors.append(f"{path}.requirements_lock_sha256 is set but commit is not: the lock is made from "
+                                  "the commit's requirements.txt")
+                if isinstance(pin["tag"], str):
+                    try:
+                        model.aiter_lock_name(pin["tag"])
+                    except model.PinError as exc:
+                        errors.append(f"{path}.tag: {exc}")
                 if pin["commit"] is None and pin["ck_commit"] is not None:
                     errors.append(f"{path}.ck_commit is set but commit is not: "
                                   "the CK commit comes from the AITER commit")
@@ -341,42 +354,47 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     return errors
 
 
-def pinned_locks(data: dict) -> list[tuple[str, dict, Path, str]]:
-    """(where in versions.json, that section, its lock's path, the command that makes it) of every
-    hash lock the built tracks install: each therock track's TheRock lock, the PyTorch lock of each
-    pytorch section a rocm-image track reads (a shared one once). The section pins the lock's
-    sha256 (lock_sha256)."""
-    out: dict[Path, tuple[str, dict, Path, str]] = {}
+def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
+    """(where in versions.json, that section, the key that pins the lock's sha256, its lock's path,
+    the command that makes it) of every hash lock the images install: each therock track's TheRock
+    lock, the PyTorch lock of each pytorch section a rocm-image track reads (a shared one once)
+    (lock_sha256), and the lock of each AITER pin's own requirements (requirements_lock_sha256;
+    every pin, AITER_PIN builds any)."""
+    out: dict[Path, tuple[str, dict, str, Path, str]] = {}
+    for name, pin in sorted(data["aiter"]["pins"].items()):
+        path = model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
+        out.setdefault(path, (f"aiter.pins.{name}", pin, "requirements_lock_sha256", path,
+                              f"python3 -m ci.pins resolve aiter --aiter-pin {name} --force --write"))
     for name in model.built_track_names(data):
         if model.track_stack(data, name) == model.THEROCK_STACK:
             path = model.LOCKS_DIR / model.therock_lock_name(name)
-            out.setdefault(path, (f"tracks.{name}.therock", data["tracks"][name]["therock"], path,
+            out.setdefault(path, (f"tracks.{name}.therock", data["tracks"][name]["therock"], "lock_sha256", path,
                                   f"python3 -m ci.pins resolve therock --track {name} --force --write"))
         elif model.pytorch_pins(data, name):
             where = model.section_path(data, "pytorch", name)
             path = model.LOCKS_DIR / model.pytorch_lock_name(data, name)
             track = f" --track {name}" if where != "pytorch" else ""
-            out.setdefault(path, (where, model.section(data, "pytorch", name), path,
+            out.setdefault(path, (where, model.section(data, "pytorch", name), "lock_sha256", path,
                                   f"python3 -m ci.pins resolve wheels{track} --force --write"))
     return list(out.values())
 
 
 def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256) is in ci/locks/
-    with exactly that sha256: the build refuses any other."""
+    """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256, an AITER pin's
+    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other."""
     errors = []
-    for where, node, path, command in pinned_locks(data):
-        pinned = node.get("lock_sha256")
-        if not pinned:
+    for where, node, key, path, command in pinned_locks(data):
+        pinned = node.get(key)
+        if not pinned or pinned == model.NO_REQUIREMENTS:
             continue
         try:
             actual = hashlib.sha256((root / path).read_bytes()).hexdigest()
         except FileNotFoundError:
-            errors.append(f"{where}.lock_sha256 is set but {path} is missing: run {command} on a host that reaches "
+            errors.append(f"{where}.{key} is set but {path} is missing: run {command} on a host that reaches "
                           "its index")
             continue
         if actual != pinned:
-            errors.append(f"{path} has sha256 {actual}, not {where}.lock_sha256 {pinned}: the lock was edited; "
+            errors.append(f"{path} has sha256 {actual}, not {where}.{key} {pinned}: the lock was edited; "
                           f"make it again ({command})")
     return errors
 
