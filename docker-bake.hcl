@@ -29,6 +29,8 @@ variable "ALLOW_UNRESOLVED" { default = "0" }
 // Empty: derived from the builder's CPUs and memory at build time.
 variable "MAX_JOBS" { default = "" }
 variable "AITER_MEM_PER_JOB_GIB" { default = "4" }
+// The index AITER's own requirements are installed from (their hash lock): PyPI's, or a mirror of it.
+variable "PYPI_INDEX_URL" { default = "https://pypi.org/simple" }
 // Revision of this repository, recorded as an OCI label (CI sets it: VCS_REF=$(git rev-parse HEAD)).
 variable "VCS_REF" { default = "" }
 // "1": images for a registry. Each image is pushed (output push=true) and tagged
@@ -296,6 +298,7 @@ target "base" {
   args = {
     MAX_JOBS              = MAX_JOBS
     AITER_MEM_PER_JOB_GIB = AITER_MEM_PER_JOB_GIB
+    PYPI_INDEX_URL        = PYPI_INDEX_URL
   }
   tags       = image_tags("base")
   cache-from = cache_from("base")

@@ -32,7 +32,8 @@ def printed(*targets, env=None):
 
 
 # Build args that are settings of a build, not pins (bake variables of their own).
-SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", "VLLM_IMAGE", "AITER_CALLS_CHECK"}
+SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", "VLLM_IMAGE", "AITER_CALLS_CHECK",
+            "PYPI_INDEX_URL"}
 # versions.json leaves pins unresolved until `python3 -m ci.pins resolve --write` runs on a connected
 # machine, and bake stops a ROCm target that builds from one: tests of other settings print the
 # ROCm targets as a development build does.

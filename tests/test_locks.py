@@ -208,10 +208,11 @@ def test_vllm_lock_leaves_the_base_image_to_the_base_image():
 NOT_YET_LOCKED = {
     ("ci/docker/install_torch.sh", '"${wanted[@]}"'):
         "ALLOW_UNRESOLVED=1 development images only (the PyTorch lock unresolved)",
-    ("ci/docker/build_aiter.sh", '-r "$src/requirements.txt"'):
-        "AITER's own requirements.txt at the AITER pin (a lock per AITER pin, made from its source)",
+    ("ci/docker/aiter_requirements.sh", '-r "$src/requirements.txt"'):
+        "ALLOW_UNRESOLVED=1 development images only (the lock of AITER's requirements unresolved)",
     ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
-        "the AITER wheel's dependencies (the same lock per AITER pin)",
+        "the AITER wheel's dependencies in the installed stage (its requirements.txt is locked for the "
+        "wheel stage: ci/locks/aiter-<tag>.txt)",
     ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
@@ -221,8 +222,8 @@ LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci
 FROM_VERSIONS = {("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.
 LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
-                  "TheRock's wheels and the ROCm PyTorch wheels, each locked against its one index on a host "
-                  "that reaches it (python3 -m ci.pins resolve therock / wheels)",
+                  "TheRock's wheels, the ROCm PyTorch wheels and AITER's own requirements, each locked against "
+                  "its one index on a host that reaches it (python3 -m ci.pins resolve therock / wheels / aiter)",
                   ("ci/test.sh", '-r <(printf \'%s\\n\' "$uv_entry")'):
                   "uv's own entry of tests/requirements.lock (cut out of it by awk), before uv installs the rest"}
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR
+# Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR [LOCKS_DIR]
+# (LOCKS_DIR: where the stage mounts ci/locks; aiter_requirements.sh stops without it)
 # Settings (build args): GPU_ARCHS (;-separated, required: the default "native" needs a GPU),
 # MAX_JOBS (empty: derived from the CPUs and memory the build may use), AITER_MEM_PER_JOB_GIB
 # (memory budget of one compile job, default 4), AITER_PINS (its tag: the wheel version; read by
-# lib.sh load_pins), HIP_KITTENS_DIR
+# lib.sh load_pins; and the hash lock of its requirements: aiter_requirements.sh), PYPI_INDEX_URL,
+# ALLOW_UNRESOLVED (aiter_requirements.sh), HIP_KITTENS_DIR
 # (the pinned HipKittens checkout, fetched by the source stages; empty directory: this AITER
 # does not use HipKittens).
 # MAX_JOBS bounds the compile jobs and AITER's FlyDSL AOT worker processes
@@ -12,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-src=${1:?source directory} out=${2:?wheel directory}
+src=${1:?source directory} out=${2:?wheel directory} locks=${3:-}
 load_pins AITER_PINS
 : "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?AITER_PINS has no tag}"
 
@@ -32,12 +34,10 @@ use_ca_bundle
 work=$(mktemp -d)
 python "$here/pinned_dists.py" constraints "$work/constraints.txt"
 python "$here/pinned_dists.py" snapshot "$work/before.json"
-# Build tools, hash-pinned; then AITER's own requirements (its pinned list at the pinned commit),
-# read where they are, under the constraints: torch, Triton and amdsmi stay the base image's.
+# Build tools, hash-pinned; then AITER's own requirements (requirements.txt of the pinned commit) from
+# their hash lock in LOCKS_DIR (aiter_requirements.sh): torch, Triton and amdsmi stay the base image's.
 python -m pip install --require-hashes --no-deps -r "$here/requirements-build.txt"
-if [ -f "$src/requirements.txt" ]; then
-  python -m pip install -c "$work/constraints.txt" -r "$src/requirements.txt"
-fi
+bash "$here/aiter_requirements.sh" "$src" "$locks" "$work/constraints.txt"
 python "$here/pinned_dists.py" compare "$work/before.json" --step "aiter-wheel (build requirements)"
 start=$(date +%s)
 (cd "$src" && SETUPTOOLS_SCM_PRETEND_VERSION=${AITER_TAG#v} python setup.py bdist_wheel --dist-dir "$out")
