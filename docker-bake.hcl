@@ -115,7 +115,7 @@ target "_pins_resolved" {}
 
 function "pins_check" {
   params = [name, pins]
-  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
+  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, PyPI, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
 }
 
 // The track's ROCm stack (tracks.<track>.stack): rocm-image (a ROCm container image) or therock
