@@ -50,6 +50,19 @@ def base(**dists) -> mf.Manifest:
 
 # ------------------------------------------------------------------------------------ base part
 
+def test_base_part_records_the_lock_of_aiters_requirements():
+    for value in ("a" * 64, "none"):
+        pins = json.dumps({"tag": "v0.1.24.post1", "commit": None, "requirements_lock_sha256": value})
+        m = mf.base_part({**BUILD_ARGS, "AITER_PINS": pins}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+                         torch_requires=lambda name: TORCH_REQUIRES)
+        assert m.aiter.requirements_lock_sha256 == value
+        assert mf.parse_manifest(json.loads(mf.dumps(m))).aiter.requirements_lock_sha256 == value
+    pins = json.dumps({"tag": "v0.1.24.post1", "commit": None, "requirements_lock_sha256": None})
+    m = mf.base_part({**BUILD_ARGS, "AITER_PINS": pins}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+                     torch_requires=lambda name: TORCH_REQUIRES)
+    assert "AITER_PINS.requirements_lock_sha256" in m.unresolved
+
+
 def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
     m = base()
     assert m.schema == 1 and m.origin == "base-image" and not m.declared
@@ -62,6 +75,7 @@ def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
     assert m.pytorch.index_url == "https://download.pytorch.org/whl/rocm7.2" and m.pytorch.lock_sha256 is None
     assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", repository="https://github.com/vllm-project/vllm.git")
     assert m.unresolved == ("AITER_PINS.commit", "PYTORCH_PINS.lock_sha256", "ROCM_IMAGE", "VLLM_PINS.commit")
+    assert m.aiter.requirements_lock_sha256 is None  # AITER_PINS names none
     assert m.source_date_epoch == 1787222487 and m.rocm.version == "7.2.3" and m.python.version == "3.12"
 
 

@@ -20,7 +20,10 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
                         none: the lock holds the one torch requires), "installed"}}}
                        (images written before the lock also hold wheels.<name>.sha256; it is not read)
     aiter              {"version", "distribution", "tag", "repository", "commit", "ck_commit",
-                        "pinned"}, or null: the image carries no AITER (e.g. a CPU image)
+                        "pinned", "requirements_lock_sha256": the sha256 of the hash lock AITER's own
+                        requirements were installed from ("none": its commit has no requirements.txt;
+                        null: unresolved, a development image)}, or null: the image carries no AITER
+                        (e.g. a CPU image)
     prebuilt_modules   the AITER modules compiled ahead of time
     vllm               {"track": the release track (versions.json tracks, e.g. "0.33");
                         "version", "tag", "repository", "commit": the pins;
@@ -119,6 +122,7 @@ class Aiter:
     commit: str | None = None
     ck_commit: str | None = None
     pinned: bool = False
+    requirements_lock_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -422,7 +426,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         aiter=Aiter(version=aiter.version if aiter else (_field(pins["AITER_PINS"], "tag") or "").lstrip("v") or None,
                     distribution=aiter.distribution if aiter else None,
                     tag=verified("tag"), repository=verified("repository"), commit=verified("commit"),
-                    ck_commit=verified("ck_commit"), pinned=bool(aiter_pins.get("pinned"))),
+                    ck_commit=verified("ck_commit"), pinned=bool(aiter_pins.get("pinned")),
+                    requirements_lock_sha256=_field(pins["AITER_PINS"], "requirements_lock_sha256")),
         prebuilt_modules=tuple(sorted(modules)),
         vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_field(vllm, "tag"),
                   repository=_field(vllm, "repository"), commit=_field(vllm, "commit")),
