@@ -14,7 +14,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,15 +65,6 @@ def source(tmp_path: Path, text: str = REQUIREMENTS) -> Path:
     return src
 
 
-def requirements(text: str) -> dict[str, tuple[str, list[str]]]:
-    out = {}
-    for block in re.split(r"\n(?=[a-z0-9])", locks.split_lock(text)[1]):
-        m = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
-        if m:
-            out[m.group(1)] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
-    return out
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -86,7 +76,7 @@ def lock_text(data, pin, pypi, tmp_path_factory):
 
 def test_the_lock_holds_the_requirements_by_hash_and_leaves_the_base_images_out(data, pin, pypi, lock_text,
                                                                                 tmp_path):
-    reqs = requirements(lock_text)
+    reqs = therock_standin.lock_requirements(lock_text)
     # torch and triton are the base image's (and filelock only torch needs): never in the lock
     assert set(reqs) == {"flydsl", "einops", "numpy"}, lock_text
     assert reqs["numpy"][0] == "2.3.5"  # uploaded after exclude_newer: not taken

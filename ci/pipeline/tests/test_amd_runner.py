@@ -64,17 +64,22 @@ def real_docker_accepts(argv: list[str]) -> None:
     assert "No such image" in proc.stderr, proc.stderr
 
 
+def run_prefix(host, gid: str) -> list[str]:
+    """selftest.sh's docker argv up to its settings: devices, groups, shared memory, results, JIT cache."""
+    return ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
+            "--group-add", "video", "--group-add", gid,
+            "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
+            "--shm-size", "16g", "-v", f"{host.root / 'results'}:/results",
+            "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results"]
+
+
 def test_selftest_runs_image_with_device_flags(host, ci_dir: Path) -> None:
     proc = host.run(ci_dir / "pipeline/amd-runner/selftest.sh", "smoke", "--", "-x",
                     BENCH_NUM_PROMPTS="10", TAG="t1", GITHUB_STEP_SUMMARY=str(host.root / "sum.md"))
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()
     gid = str(os.stat(host.dri / "renderD128").st_gid)
-    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
-                    "--group-add", "video", "--group-add", gid,
-                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
-                    "--shm-size", "16g", "-v", f"{host.root / 'results'}:/results",
-                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+    assert argv == [*run_prefix(host, gid),
                     "-e", "BENCH_NUM_PROMPTS=10",
                     "localhost/rocm-vllm/ci:t1", "selftest", "smoke", "--json", "/results/selftest.json",
                     "--junit", "/results/selftest.xml", "--", "-x"]
@@ -94,12 +99,7 @@ def test_selftest_mounts_an_earlier_accuracy_run_as_the_reference(host, ci_dir: 
                     ACCURACY_REFERENCE_DIR=str(earlier), ACCURACY_LIMIT="50")
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()
-    results = str(host.root / "results")
-    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
-                    "--group-add", "video", "--group-add", "109",
-                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
-                    "--shm-size", "16g", "-v", f"{results}:/results",
-                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+    assert argv == [*run_prefix(host, "109"),
                     "-v", f"{earlier}:/data/accuracy-reference:ro", "-e", "ACCURACY_REFERENCE=/data/accuracy-reference",
                     "-e", "ACCURACY_LIMIT=50",
                     "localhost/rocm-vllm/ci:dev", "selftest", "accuracy", "--json", "/results/selftest.json",
@@ -202,12 +202,7 @@ def test_selftest_forwards_pytest_addopts(host, ci_dir: Path) -> None:
                     PYTEST_ADDOPTS="-o junit_logging=system-out")
     assert proc.returncode == 0, proc.stderr
     (argv,) = host.calls()
-    results = str(host.root / "results")
-    assert argv == ["run", "--rm", "--device", f"{host.kfd}:/dev/kfd", "--device", f"{host.dri}:/dev/dri",
-                    "--group-add", "video", "--group-add", "109",
-                    "--ipc=host", "--security-opt", "seccomp=unconfined", "--cap-add", "SYS_PTRACE",
-                    "--shm-size", "16g", "-v", f"{results}:/results",
-                    "-v", "rocm-vllm-aiter-jit:/var/cache/aiter-jit", "-e", "SELFTEST_RESULTS_DIR=/results",
+    assert argv == [*run_prefix(host, "109"),
                     "-e", "PYTEST_ADDOPTS=-o junit_logging=system-out",
                     "localhost/rocm-vllm/ci:dev", "selftest", "all", "--json", "/results/selftest.json",
                     "--junit", "/results/selftest.xml"]
