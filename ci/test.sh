@@ -22,7 +22,7 @@ echo "== installing test requirements (tests/requirements.lock, locked from test
 uv_entry=$(awk '/^uv==/ {keep = 1; print; next} keep && /^ / {print; next} {keep = 0}' tests/requirements.lock)
 [ -n "$uv_entry" ] || { echo "error: tests/requirements.lock has no entry for uv" >&2; exit 1; }
 "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "$uv_entry")
-"$PYTHON" ci/uv_pip.py --torch "$VENV/bin/uv" pip install --python "$VENV/bin/python" --require-hashes --no-deps \
+"$PYTHON" ci/uv_pip.py --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --require-hashes --no-deps \
   --index-strategy unsafe-best-match -r tests/requirements.lock
 # this repository's own packages, from their source folders
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime

@@ -11,7 +11,8 @@ from test_engine_cpu import MAX_TOKENS, compare
 
 from engine_report import REPORT
 
-pytestmark = pytest.mark.engine
+# docker_lane: evens out the two lanes (pytest.ini); it needs no Docker engine
+pytestmark = [pytest.mark.engine, pytest.mark.docker_lane]
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,10 @@ def resolved_repo(tmp_path: Path) -> Path:
             lock = "# the PyTorch lock, as resolve wheels writes it\n"
             (root / model.LOCKS_DIR / model.pytorch_lock_name(data, track)).write_text(lock)
             model.section(data, "pytorch", track)["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
+    for pin in data["aiter"]["pins"].values():  # the lock of AITER's requirements resolve aiter would write
+        lock = f"# the lock of AITER {pin['tag']}'s requirements, as resolve aiter writes it\n"
+        (root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])).write_text(lock)
+        pin["requirements_lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     (root / "versions.json").write_text(model.canonical(data))
     # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)
