@@ -22,6 +22,7 @@ import pytest
 
 import pypi_standin
 import therock_standin
+from git_repo import commit_all, git, new_repo
 from ci.pins import locks, model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,12 +99,6 @@ def test_a_requirements_file_that_includes_another_is_refused(data, pin, tmp_pat
         locks.aiter_lock(data, pin, source(tmp_path, "-r other.txt\n"), ROOT, index_url="https://pypi.org/simple")
 
 
-def git(*args, cwd):
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
-
-
 def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monkeypatch, tmp_path):
     """resolve aiter's lock step: requirements.txt read at the pin's commit (git), the lock into
     ci/locks/aiter-<tag>.txt and its sha256 into requirements_lock_sha256 (out of unresolved); a
@@ -111,16 +106,11 @@ def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monk
     a commit stays unresolved."""
     from ci.pins import __main__ as cli
 
-    repo = tmp_path / "aiter"
-    repo.mkdir()
-    git("init", "-q", "-b", "main", cwd=repo)
+    repo = new_repo(tmp_path / "aiter")
     (repo / "setup.py").write_text("\n")
-    git("add", ".", cwd=repo)
-    git("commit", "-qm", "no requirements", cwd=repo)
-    bare = git("rev-parse", "HEAD", cwd=repo)
+    bare = commit_all(repo, "no requirements")
     (repo / "requirements.txt").write_text(REQUIREMENTS)
-    git("add", ".", cwd=repo)
-    git("commit", "-qm", "requirements", cwd=repo)
+    commit_all(repo, "requirements")
     real = locks.aiter_lock
     monkeypatch.setattr(locks, "aiter_lock", lambda d, n, s, r: real(d, n, s, ROOT, index_url=pypi["url"]))
     d = copy.deepcopy(data)

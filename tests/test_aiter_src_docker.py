@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import git_daemon
+from git_repo import commit_all, git, new_repo
 from ci.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,11 +48,6 @@ def base_image(engine):
     return proc.stdout.strip()
 
 
-def git(*args, cwd):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.allow=always",
-                           *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 # A small MLA kernel list per arch and stand-ins for the dispatch functions the kernel-table
 # rules are read from (their fingerprints are taken from these files: FAKE_RULES).
 FAKE_CSV = {
@@ -84,24 +80,17 @@ def git_server(tmp_path_factory):
     port = git_daemon.free_port()
     url = f"git://127.0.0.1:{port}"
     work = top / "work"
-    ck = work / "ck"
-    ck.mkdir(parents=True)
-    git("init", "-q", "-b", "main", cwd=ck)
+    ck = new_repo(work / "ck")
     (ck / "ck.h").write_text("// ck 1\n")
-    git("add", ".", cwd=ck)
-    git("commit", "-qm", "ck 1", cwd=ck)
-    ck1 = git("rev-parse", "HEAD", cwd=ck)
+    ck1 = commit_all(ck, "ck 1")
     (ck / "ck.h").write_text("// ck 2\n")
-    git("commit", "-qam", "ck 2 (a later CK commit AITER does not record)", cwd=ck)
-    ck2 = git("rev-parse", "HEAD", cwd=ck)
+    ck2 = commit_all(ck, "ck 2 (a later CK commit AITER does not record)")
     git("checkout", "-q", ck1, cwd=ck)
     srv = top / "srv"
     srv.mkdir()
     git("clone", "-q", "--bare", str(ck), str(srv / "ck.git"), cwd=top)
     git("--git-dir", str(srv / "ck.git"), "branch", "-f", "main", ck2, cwd=top)
-    aiter = work / "aiter"
-    aiter.mkdir()
-    git("init", "-q", "-b", "main", cwd=aiter)
+    aiter = new_repo(work / "aiter")
     (aiter / "setup.py").write_text("# stand-in for AITER\n")
     write_fake_kernel_sources(aiter)
     git("add", ".", cwd=aiter)
@@ -109,14 +98,10 @@ def git_server(tmp_path_factory):
         "3rdparty/composable_kernel", cwd=aiter)
     git("-C", "3rdparty/composable_kernel", "checkout", "-q", ck1, cwd=aiter)
     git("config", "-f", ".gitmodules", "submodule.3rdparty/composable_kernel.url", f"{url}/ck.git", cwd=aiter)
-    git("add", ".", cwd=aiter)
-    git("commit", "-qm", "aiter 1", cwd=aiter)
+    commit = commit_all(aiter, "aiter 1")
     git("tag", "-a", "v1.0", "-m", "v1.0", cwd=aiter)
-    commit = git("rev-parse", "HEAD", cwd=aiter)
     (aiter / "README").write_text("later\n")
-    git("add", ".", cwd=aiter)
-    git("commit", "-qm", "aiter 2", cwd=aiter)
-    later = git("rev-parse", "HEAD", cwd=aiter)
+    later = commit_all(aiter, "aiter 2")
     git("clone", "-q", "--bare", str(aiter), str(srv / "aiter.git"), cwd=top)
     daemon = git_daemon.start(srv, port, "aiter.git")
     yield {"url": url, "commit": commit, "later": later, "ck": ck1, "ck_later": ck2}

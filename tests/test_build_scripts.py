@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from build_script_env import install_script_requirements, wheelhouse
+from git_repo import commit_all, git, new_repo
 from test_vllm_source import stub_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,21 +250,13 @@ def test_amdsmi_installed_in_the_torch_stage_and_checked():
 
 # ------------------------------------------------------------------ source stages
 
-def git(*args, cwd):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always",
-                           *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def repo_with(path: Path, files: dict) -> str:
-    path.mkdir(parents=True)
-    git("init", "-q", "-b", "main", cwd=path)
+    new_repo(path)
     git("config", "uploadpack.allowAnySHA1InWant", "true", cwd=path)
     for name, text in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
-    git("add", ".", cwd=path)
-    git("commit", "-qm", "c", cwd=path)
-    return git("rev-parse", "HEAD", cwd=path)
+    return commit_all(path, "c")
 
 
 def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):

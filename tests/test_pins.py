@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ci.pins import model, resolve, verify
+from git_repo import commit_all, git, new_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_AITER = "de07f3885ee5f2030ba72b6cc5940d674fd457cf"
@@ -340,24 +341,13 @@ def test_strict_for_the_known_aiter_pin_ignores_other_aiter_pins(data, tree):
 
 # ---- resolve, against local git repositories -------------------------------------------------
 
-def git(*args, cwd):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always",
-                           *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture()
 def upstream(tmp_path):
     """A repository with a CK submodule and tags, like AITER."""
-    ck = tmp_path / "ck"
-    ck.mkdir()
-    git("init", "-q", "-b", "main", cwd=ck)
+    ck = new_repo(tmp_path / "ck")
     (ck / "ck.h").write_text("1\n")
-    git("add", ".", cwd=ck)
-    git("commit", "-qm", "ck", cwd=ck)
-    ck_commit = git("rev-parse", "HEAD", cwd=ck)
-    repo = tmp_path / "aiter"
-    repo.mkdir()
-    git("init", "-q", "-b", "main", cwd=repo)
+    ck_commit = commit_all(ck, "ck")
+    repo = new_repo(tmp_path / "aiter")
     (repo / "setup.py").write_text("\n")
     # AITER names the HipKittens commit its prebuild clones in aiter/jit/core.py
     (repo / "aiter" / "jit").mkdir(parents=True)
@@ -1119,8 +1109,7 @@ def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monke
         (repo / "hsa" / arch / "mla").mkdir(parents=True)
         shutil.copy(csv, repo / "hsa" / arch / "mla/mla_asm.csv")
     _stand_in_dispatch(repo, rules)
-    git("add", ".", cwd=repo)
-    git("commit", "-qm", "kernel lists", cwd=repo)
+    commit_all(repo, "kernel lists")
     git("tag", "-a", "v1.1", "-m", "release", cwd=repo)
     monkeypatch.setattr(rules, "RULES_READ_FROM", rules.fingerprints(repo))
     d = _aiter_data(data, upstream)
@@ -1138,7 +1127,7 @@ def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monke
 
     # a commit whose dispatch code differs: the pins resolve, the table is not derived
     _stand_in_dispatch(repo, rules, changed=next(iter(next(iter(rules.RULES_READ_FROM.values())))))
-    git("commit", "-qam", "dispatch changed", cwd=repo)
+    commit_all(repo, "dispatch changed")
     git("tag", "-a", "v1.2", "-m", "release", cwd=repo)
     d["aiter"]["pins"]["next"] = {"tag": "v1.2", "commit": None, "ck_commit": None, "hipkittens_commit": None,
                                   "requirements_lock_sha256": None,

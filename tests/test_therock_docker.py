@@ -25,6 +25,7 @@ import pytest
 
 import git_daemon
 import therock_standin as standin
+from git_repo import commit_all, git, new_repo
 from ci.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,11 +75,6 @@ def certificate(folder: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def git(*args, cwd):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def upstream(base_image, tmp_path_factory):
     """The stand-in TheRock index over https on 127.0.0.1, a git daemon serving a stand-in Triton
@@ -99,17 +95,13 @@ def upstream(base_image, tmp_path_factory):
 
     work, srv = top / "triton", top / "srv"
     (work / "python/triton").mkdir(parents=True)
-    git("init", "-q", "-b", "main", cwd=work)
+    new_repo(work)
     (work / "python/triton/__init__.py").write_text("__version__ = 'stand-in'\n")
-    git("add", ".", cwd=work)
-    git("commit", "-qm", "triton 1", cwd=work)
-    commit = git("rev-parse", "HEAD", cwd=work)
+    commit = commit_all(work, "triton 1")
     version = f"{TRITON_VERSION_PREFIX}{commit[:8]}"
     (work / "python/setup.py").write_text(
         f"from setuptools import setup\nsetup(name='triton', version={version!r}, packages=['triton'])\n")
-    git("add", ".", cwd=work)
-    git("commit", "-qm", "triton 2: the pinned commit", cwd=work)
-    commit = git("rev-parse", "HEAD", cwd=work)
+    commit = commit_all(work, "triton 2: the pinned commit")
     srv.mkdir()
     git("clone", "-q", "--bare", str(work), str(srv / "triton.git"), cwd=top)
     port = git_daemon.free_port()
