@@ -17,13 +17,14 @@ echo "== installing test requirements (tests/requirements.lock, locked from test
 # Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m ci.pins lock
 # tests remakes the lock). First uv, by pip from its own entry in the lock; then uv installs the
 # lock (parallel downloads: a fraction of pip's time on a machine with nothing kept), from the
-# sources pip's settings name (ci/uv_pip.py); torch's CPU build from PIP_FIND_LINKS, else
-# PyTorch's CPU index. Every index is consulted for every name, as pip does: the hashes decide.
+# sources pip's settings name, read by the venv's pip (ci/uv_pip.py); torch's CPU build from pip's
+# find-links, else PyTorch's CPU index. Every index is consulted for every name, as pip does: the
+# hashes decide.
 uv_entry=$(awk '/^uv==/ {keep = 1; print; next} keep && /^ / {print; next} {keep = 0}' tests/requirements.lock)
 [ -n "$uv_entry" ] || { echo "error: tests/requirements.lock has no entry for uv" >&2; exit 1; }
 "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "$uv_entry")
-"$PYTHON" ci/uv_pip.py --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --require-hashes --no-deps \
-  --index-strategy unsafe-best-match -r tests/requirements.lock
+"$VENV/bin/python" ci/uv_pip.py --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
+  --require-hashes --no-deps -r tests/requirements.lock
 # this repository's own packages, from their source folders
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime
 

@@ -1,16 +1,25 @@
 """uv pip, given the package sources and network settings pip would use.
 
-uv reads no PIP_* variable. The test environment (ci/test.sh) and the track environments
-(tests/track_env.py) are installed with uv, on machines configured for pip: this module is the one
-place that turns pip's settings into uv's.
+uv reads no pip setting: neither PIP_* variables nor pip's configuration files. The test
+environment (ci/test.sh) and the track environments (tests/track_env.py) are installed with uv, on
+machines configured for pip: this module is the one place that turns pip's settings into uv's.
 
-* PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS: uv's --index-url, --extra-index-url and
-  --find-links (a wheelhouse of torch's CPU build, say).
-* Without PIP_FIND_LINKS, torch's CPU build comes from PyTorch's CPU index (TORCH_CPU_INDEX), when
-  the caller asks for torch's sources.
-* PIP_CERT (when SSL_CERT_FILE is unset) and PIP_DEFAULT_TIMEOUT (when UV_HTTP_TIMEOUT is unset).
+pip's settings are read by pip itself (`python -m pip config list`, this Python's pip): its
+configuration files (global, user, site, PIP_CONFIG_FILE) and its PIP_* variables, each overriding
+the one before as pip applies them to `pip install` (section global, then install, then the
+environment).
 
-Standard library only: ci/test.sh runs it before the test environment exists.
+* index-url, extra-index-url, find-links, no-index, trusted-host: uv's --index-url,
+  --extra-index-url, --find-links, --no-index and --allow-insecure-host. Where there is more than
+  one source, --index-strategy unsafe-best-match: pip takes the best version from all of them, uv by
+  default only from the first index that has the name.
+* Without find-links, torch's CPU build comes from PyTorch's CPU index (TORCH_CPU_INDEX), when the
+  caller asks for torch's sources.
+* cert, timeout (a whole number of seconds for uv, rounded up) and proxy: SSL_CERT_FILE,
+  UV_HTTP_TIMEOUT and HTTPS_PROXY/HTTP_PROXY, each where uv's own is unset.
+
+Standard library only, and the runtime's numbers and children modules from this checkout: ci/test.sh runs
+it before the test environment has the repository's packages.
 
     python3 ci/uv_pip.py [--torch] UV pip install ARGS...
 
@@ -19,43 +28,128 @@ CPU sources too).
 """
 from __future__ import annotations
 
+import ast
+import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-# Where torch's CPU build comes from when no wheelhouse is configured (PIP_FIND_LINKS).
+if __package__ in (None, ""):  # run as a script: ci/ is on sys.path, the repository root is not
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ci import runtime_modules  # noqa: E402
+
+children = runtime_modules.module("children")
+numbers = runtime_modules.module("numbers")
+
+# Where torch's CPU build comes from when no wheelhouse is configured (find-links).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# pip's sections for `pip install`, each overriding the ones before it.
+SECTIONS = ("global", "install", ":env:")
+# pip's options this module carries over, by pip's long name; another spelling pip takes for each.
+OPTIONS = {"index-url": "index-url", "extra-index-url": "extra-index-url", "find-links": "find-links",
+           "no-index": "no-index", "trusted-host": "trusted-host", "cert": "cert", "timeout": "timeout",
+           "default-timeout": "timeout", "proxy": "proxy"}
+LISTS = ("extra-index-url", "find-links", "trusted-host")  # pip splits these on white space
+TRUE = ("1", "true", "yes", "on", "y", "t")  # pip's reading of a flag given as text
+PIP_TIMEOUT_S = 60.0  # pip config list reads files only
 
 
-def pip_sources(environ: Mapping[str, str]) -> list[str]:
-    """uv's options for the package sources pip's settings name."""
-    out: list[str] = []
-    if environ.get("PIP_INDEX_URL"):
-        out += ["--index-url", environ["PIP_INDEX_URL"]]
-    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
-        out += ["--extra-index-url", url]
-    for place in environ.get("PIP_FIND_LINKS", "").split():
-        out += ["--find-links", place]
+class PipSettings(dict):
+    """pip's effective value per option (OPTIONS' names), and where each was set (`where`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: dict[str, str] = {}
+
+
+def _shown_key(section: str, key: str) -> str:
+    return f"PIP_{key.upper().replace('-', '_')}" if section == ":env:" else f"pip config {section}.{key}"
+
+
+def parse_config_list(lines: Iterable[str]) -> PipSettings:
+    """pip's settings for `pip install` from the lines `pip config list` prints (section.key='value')."""
+    found: dict[tuple[str, str], str] = {}
+    for line in lines:
+        name, sep, raw = line.partition("=")
+        section, dot, key = name.rpartition(".")
+        if not (sep and dot) or section not in SECTIONS:
+            continue
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        found[(section, key.strip().lower().replace("_", "-"))] = str(value)
+    out = PipSettings()
+    for section in SECTIONS:
+        for (where, key), value in found.items():
+            if where == section and key in OPTIONS:
+                out[OPTIONS[key]] = value
+                out.where[OPTIONS[key]] = _shown_key(section, key)
     return out
 
 
-def torch_sources(environ: Mapping[str, str]) -> list[str]:
-    """pip_sources, and PyTorch's CPU index where no wheelhouse (PIP_FIND_LINKS) is configured."""
-    local = pip_sources(environ)
-    return local if "--find-links" in local else [*local, "--extra-index-url", TORCH_CPU_INDEX]
+def pip_settings(python: str = sys.executable) -> PipSettings:
+    """pip's settings as that Python's pip reads them in this process's environment."""
+    out = children.output([python, "-m", "pip", "config", "list"], PIP_TIMEOUT_S)
+    if out.error or out.timed_out or out.returncode != 0:
+        said = (out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}").splitlines()[-1]
+        why = out.error or (f"no answer within {PIP_TIMEOUT_S:g} s" if out.timed_out else said)
+        raise SystemExit(f"error: cannot read pip's settings with {python} -m pip config list: {why}")
+    return parse_config_list(out.stdout.splitlines())
 
 
-def uv_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment for uv: pip's certificate bundle and network timeout where uv's own are unset."""
+def pip_sources(settings: Mapping[str, str]) -> list[str]:
+    """uv's options for the package sources pip's settings name."""
+    out: list[str] = []
+    if settings.get("no-index", "").strip().lower() in TRUE:
+        out.append("--no-index")
+    elif settings.get("index-url"):
+        out += ["--index-url", settings["index-url"]]
+    if "--no-index" not in out:
+        for url in settings.get("extra-index-url", "").split():
+            out += ["--extra-index-url", url]
+    for place in settings.get("find-links", "").split():
+        out += ["--find-links", place]
+    for host in settings.get("trusted-host", "").split():
+        out += ["--allow-insecure-host", host]
+    return _as_pip_chooses(out)
+
+
+def _as_pip_chooses(sources: list[str]) -> list[str]:
+    """sources, and the index strategy that makes uv choose among them as pip does (the best
+    version of every index and link), where there is more than one place to look."""
+    places = sum(1 for s in sources if s in ("--extra-index-url", "--find-links"))
+    places += 0 if "--no-index" in sources else 1  # the index (PyPI unless index-url)
+    return [*sources, "--index-strategy", "unsafe-best-match"] if places > 1 else sources
+
+
+def torch_sources(settings: Mapping[str, str]) -> list[str]:
+    """pip_sources, and PyTorch's CPU index where no wheelhouse (find-links) is configured."""
+    if settings.get("find-links", "").split():
+        return pip_sources(settings)
+    return pip_sources({**settings, "extra-index-url": f"{settings.get('extra-index-url', '')} {TORCH_CPU_INDEX}"})
+
+
+def uv_environment(environ: Mapping[str, str], settings: PipSettings) -> dict[str, str]:
+    """The environment for uv: pip's certificate bundle, network timeout and proxy where uv's own
+    are unset. A timeout uv cannot take stops in one line naming pip's setting."""
     env = dict(environ)
-    if env.get("PIP_CERT") and not env.get("SSL_CERT_FILE"):
-        env["SSL_CERT_FILE"] = env["PIP_CERT"]
-    if env.get("PIP_DEFAULT_TIMEOUT") and not env.get("UV_HTTP_TIMEOUT"):
-        env["UV_HTTP_TIMEOUT"] = env["PIP_DEFAULT_TIMEOUT"]
+    if settings.get("cert") and not env.get("SSL_CERT_FILE"):
+        env["SSL_CERT_FILE"] = settings["cert"]
+    if settings.get("timeout") and not env.get("UV_HTTP_TIMEOUT"):
+        name = settings.where.get("timeout", "pip's timeout")
+        try:
+            seconds = numbers.duration(name, settings["timeout"])
+        except numbers.SettingError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        env["UV_HTTP_TIMEOUT"] = str(math.ceil(seconds))  # uv takes whole seconds; pip 15.5 as well
+    if settings.get("proxy") and not any(env.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                                                               "http_proxy", "ALL_PROXY", "all_proxy")):
+        env["HTTPS_PROXY"] = env["HTTP_PROXY"] = settings["proxy"]
     return env
 
 
-def command(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+def command(argv: Sequence[str], settings: Mapping[str, str]) -> list[str]:
     """The uv command line for `[--torch] UV ARGS...`: ARGS, then the sources."""
     args = list(argv)
     with_torch = bool(args) and args[0] == "--torch"
@@ -63,13 +157,24 @@ def command(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
         args = args[1:]
     if len(args) < 3 or args[1:3] != ["pip", "install"]:
         raise SystemExit("usage: python3 ci/uv_pip.py [--torch] UV pip install ARGS...")
-    return [*args, *(torch_sources(environ) if with_torch else pip_sources(environ))]
+    sources = torch_sources(settings) if with_torch else pip_sources(settings)
+    if any(a == "--index-strategy" or a.startswith("--index-strategy=") for a in args):
+        sources = _without_strategy(sources)  # the caller's own choice
+    return [*args, *sources]
+
+
+def _without_strategy(sources: list[str]) -> list[str]:
+    i = sources.index("--index-strategy") if "--index-strategy" in sources else -1
+    return sources if i < 0 else sources[:i] + sources[i + 2:]
 
 
 def main(argv: Sequence[str]) -> None:
-    cmd = command(argv, os.environ)
+    command(argv, {})  # usage first
+    settings = pip_settings()
+    cmd = command(argv, settings)
+    env = uv_environment(os.environ, settings)
     try:
-        os.execvpe(cmd[0], cmd, uv_environment(os.environ))
+        os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
         raise SystemExit(f"error: cannot run {cmd[0]}: {exc.strerror}") from None
 

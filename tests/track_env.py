@@ -13,7 +13,7 @@ torch stands in).
 
 Installed with uv (the test environment's, tests/requirements.lock): on a machine with nothing
 kept, three track environments of about a hundred packages each are made in one test run, and
-uv's parallel downloads and shared cache take a fraction of pip's time. uv reads no PIP_* setting:
+uv's parallel downloads and shared cache take a fraction of pip's time. uv reads none of pip's settings:
 the sources and network settings pip would use are passed to it by ci/uv_pip.py, as for the test
 environment (ci/test.sh)."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from ci.pins.locks import uv_command
-from ci.uv_pip import pip_sources, torch_sources, uv_environment
+from ci.uv_pip import pip_settings, pip_sources, torch_sources, uv_environment
 from vllm_sdist import sdist_source, versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,17 +76,18 @@ def track_python(track: str) -> Path:
     src = sdist_source(track)
     _run([sys.executable, "-m", "venv", "--clear", "--without-pip", path], "venv")
     install = uv_install(python)
-    local = pip_sources(os.environ)
-    _run([*install, *torch_sources(os.environ), "-r", ROOT / "tests/requirements-torch.txt"], "uv pip install torch",
-         env=uv_environment(os.environ), timeout=1800)
+    pip = pip_settings()
+    local, env = pip_sources(pip), uv_environment(os.environ, pip)
+    _run([*install, *torch_sources(pip), "-r", ROOT / "tests/requirements-torch.txt"], "uv pip install torch",
+         env=env, timeout=1800)
     _run([*install, *local, "-r", ROOT / "tests/requirements-track.txt", *build_requirements(src)],
-         "uv pip install the test and build requirements", env=uv_environment(os.environ), timeout=1800)
+         "uv pip install the test and build requirements", env=env, timeout=1800)
     with tempfile.TemporaryDirectory(prefix="vllm-src-") as tmp:
         # a copy: the build writes into its source tree (vllm/_version.py, build/), the cache stays as unpacked
         copy = Path(shutil.copytree(src, Path(tmp) / src.name))
         _run([*install, *local, "--no-build-isolation", copy],
              f"uv pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
-             env={**uv_environment(os.environ), "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
+             env={**env, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
     marker.write_text(key + "\n")
     _install_own_packages(path, python)
     return python
@@ -99,5 +100,5 @@ def _install_own_packages(path: Path, python: Path) -> None:
     if owner.is_file() and owner.read_text().strip() == str(ROOT):
         return
     _run([*uv_install(python), "--no-deps", "-e", ROOT / "backend", "-e", ROOT / "runtime"],
-         "uv pip install the backend and the runtime", env=uv_environment(os.environ))
+         "uv pip install the backend and the runtime", env=uv_environment(os.environ, pip_settings()))
     owner.write_text(f"{ROOT}\n")
