@@ -49,7 +49,6 @@ SECTIONS = ("global", "install", ":env:")
 OPTIONS = {"index-url": "index-url", "extra-index-url": "extra-index-url", "find-links": "find-links",
            "no-index": "no-index", "trusted-host": "trusted-host", "cert": "cert", "timeout": "timeout",
            "default-timeout": "timeout", "proxy": "proxy"}
-LISTS = ("extra-index-url", "find-links", "trusted-host")  # pip splits these on white space
 TRUE = ("1", "true", "yes", "on", "y", "t")  # pip's reading of a flag given as text
 PIP_TIMEOUT_S = 60.0  # pip config list reads files only
 
@@ -80,11 +79,10 @@ def parse_config_list(lines: Iterable[str]) -> PipSettings:
             value = raw
         found[(section, key.strip().lower().replace("_", "-"))] = str(value)
     out = PipSettings()
-    for section in SECTIONS:
-        for (where, key), value in found.items():
-            if where == section and key in OPTIONS:
-                out[OPTIONS[key]] = value
-                out.where[OPTIONS[key]] = _shown_key(section, key)
+    for (section, key), value in sorted(found.items(), key=lambda item: SECTIONS.index(item[0][0])):
+        if key in OPTIONS:  # a later section overrides
+            out[OPTIONS[key]] = value
+            out.where[OPTIONS[key]] = _shown_key(section, key)
     return out
 
 
@@ -102,10 +100,9 @@ def pip_sources(settings: Mapping[str, str]) -> list[str]:
     """uv's options for the package sources pip's settings name."""
     out: list[str] = []
     if settings.get("no-index", "").strip().lower() in TRUE:
-        out.append("--no-index")
-    elif settings.get("index-url"):
-        out += ["--index-url", settings["index-url"]]
-    if "--no-index" not in out:
+        out.append("--no-index")  # no index at all, extra ones included
+    else:
+        out += ["--index-url", settings["index-url"]] if settings.get("index-url") else []
         for url in settings.get("extra-index-url", "").split():
             out += ["--extra-index-url", url]
     for place in settings.get("find-links", "").split():

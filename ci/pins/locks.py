@@ -516,8 +516,8 @@ def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT
     install never replaces them. Its header records requirements.txt's sha256 (# input), which the
     build holds the source's file to. index_url: another copy of PyPI's simple index (a mirror; tests)."""
     pin = data["aiter"]["pins"][name]
-    if any(True for line in (source / AITER_REQUIREMENTS).read_text().splitlines()
-           if re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)):
+    if any(re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)
+           for line in (source / AITER_REQUIREMENTS).read_text().splitlines()):
         raise PinError(f"AITER {pin['tag']}: its {AITER_REQUIREMENTS} includes other files (-r/-c): lock them too "
                        "(ci/pins/locks.py aiter_lock fetches requirements.txt alone)")
     tracks = [t for t in model.built_track_names(data) if data["tracks"][t]["aiter"] == name]
@@ -544,26 +544,21 @@ def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path
         raise PinError(f"lock: unknown lock(s) {', '.join(unknown)}; known: {', '.join(lk.name for lk in known)}")
     uv = uv_command()
     stale, texts = [], {}
-
-    def current(lk: Lock) -> str | None:
-        path = root / lk.output
-        return path.read_text() if path.is_file() else None
+    now = {lk.name: (root / lk.output).read_text() if (root / lk.output).is_file() else None for lk in chosen}
 
     def made(lk: Lock) -> str:
         print(f"lock {lk.name}: resolving {', '.join(lk.inputs)} ...", file=sys.stderr, flush=True)
-        return compile_lock(lk, root, data, spec, sdist_cache, uv, prefer=None if upgrade else current(lk))
+        return compile_lock(lk, root, data, spec, sdist_cache, uv, prefer=None if upgrade else now[lk.name])
 
     # The resolver mostly waits on the index: LOCK_JOBS locks resolved at once, reported in order.
     with ThreadPoolExecutor(max_workers=LOCK_JOBS) as pool:
         results = [(lk, pool.submit(made, lk)) for lk in chosen]
         outcomes = [(lk, future.result()) for lk, future in results]
     for lk, text in outcomes:
-        path = root / lk.output
-        current_text = current(lk)
-        if current_text != text:
+        if now[lk.name] != text:
             stale.append(lk)
-            texts[path] = text
-        print(f"lock {lk.name}: {lk.output} {'differs' if current_text != text else 'up to date'} "
+            texts[root / lk.output] = text
+        print(f"lock {lk.name}: {lk.output} {'differs' if now[lk.name] != text else 'up to date'} "
               f"({len(_blocks(text))} distributions)")
     if check:
         for lk in stale:
