@@ -10,6 +10,7 @@ servers, taking its reference from the passing run in the ci image: tests/test_a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -112,6 +113,16 @@ def _edit_doc(folder: Path, edit) -> None:
     (folder / "accuracy.json").write_text(json.dumps(doc))
 
 
+def _replace_by_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _replace_by_link(path: Path, target: str) -> None:
+    path.unlink()
+    path.symlink_to(target)
+
+
 REFUSALS = {
     "no accuracy.json": (lambda f: (f / "accuracy.json").unlink(), "cannot read"),
     "not JSON": (lambda f: (f / "accuracy.json").write_text("{"), "not an accuracy gate's JSON"),
@@ -129,6 +140,12 @@ REFUSALS = {
     "samples gone": (lambda f: (f / "lm-eval-samples-cpu-vllm.json").unlink(), "cannot read the lm-eval samples"),
     "samples not JSON": (lambda f: (f / "lm-eval-samples-cpu-vllm.json").write_text("]"),
                          "cannot read the lm-eval samples"),
+    # opening a FIFO would wait for a writer: refused before it is opened
+    "accuracy.json a FIFO": (lambda f: _replace_by_fifo(f / "accuracy.json"), "is not a regular file (it is a FIFO)"),
+    "samples a FIFO": (lambda f: _replace_by_fifo(f / "lm-eval-samples-cpu-vllm.json"),
+                       "is not a regular file (it is a FIFO)"),
+    "accuracy.json a device": (lambda f: _replace_by_link(f / "accuracy.json", "/dev/zero"),
+                               "is not a regular file (it is a device)"),
     "samples file named ..": (lambda f: _edit_doc(f, lambda d: d["runs"]["cpu-vllm"].update(samples_file="/x/..")),
                               "is not a plain name"),
 }

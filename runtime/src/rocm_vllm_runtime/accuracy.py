@@ -360,7 +360,7 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
     where = f"ACCURACY_REFERENCE={folder}"
     path = Path(folder) / "accuracy.json"
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(_reference_text(where, path))
         recorded, runs = doc["settings"], doc["runs"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else f"not an accuracy gate's JSON ({exc.__class__.__name__})"
@@ -384,7 +384,7 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
                                 "not a reference")
         try:
             samples_path = files.inside(folder, Path(str(run["samples_file"])).name, "a reference's samples file")
-            samples = json.loads(samples_path.read_text())
+            samples = json.loads(_reference_text(where, samples_path))
         except files.RefusedError as exc:
             raise AccuracyError(f"{where}: {exc}") from None
         except (OSError, ValueError) as exc:
@@ -394,6 +394,15 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
         print(f"== accuracy {name}: taken from {folder} (an earlier run), not served", flush=True)
         out[name] = {**run, "questions": per_question(samples, settings.loglik_tasks), "reference": folder}
     return out
+
+
+def _reference_text(where: str, path: Path) -> str:
+    """A reference file's text; a FIFO, socket or device stops in one line before it is opened
+    (opening a FIFO would wait for a writer)."""
+    problem = files.not_regular_problem("", path)
+    if problem:
+        raise AccuracyError(f"{where}: {problem}")
+    return path.read_text()
 
 
 def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings: Settings, port: int,
