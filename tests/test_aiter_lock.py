@@ -119,9 +119,9 @@ def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monk
     assert cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, {}) == []  # no commit yet
     node["commit"] = git("rev-parse", "HEAD", cwd=repo)
     node["unresolved"].remove("commit")
-    tables: dict = {}
-    changes = cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, tables)
-    (path, text), = tables.items()
+    lock_texts: dict = {}
+    changes = cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, lock_texts)
+    (path, text), = lock_texts.items()
     digest = hashlib.sha256(text.encode()).hexdigest()
     assert path == tmp_path / model.LOCKS_DIR / f"aiter-{node['tag']}.txt"
     assert node["requirements_lock_sha256"] == digest and "requirements_lock_sha256" not in node["unresolved"]
@@ -132,9 +132,9 @@ def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monk
     # a commit without requirements.txt: "none", no lock
     node.update(commit=bare, requirements_lock_sha256=None,
                 unresolved=["ck_commit", "hipkittens_commit", "requirements_lock_sha256"])
-    tables = {}
-    changes = cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, tables)
-    assert tables == {} and node["requirements_lock_sha256"] == "none"
+    lock_texts = {}
+    changes = cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, lock_texts)
+    assert lock_texts == {} and node["requirements_lock_sha256"] == "none"
     assert node["unresolved"] == ["ck_commit", "hipkittens_commit"]
     assert changes == [f"aiter.pins.{pin}.requirements_lock_sha256: none ({bare[:12]} has no requirements.txt)"]
     assert verify.check_schema(d) == [] and verify.check_locks(d, tmp_path) == []

@@ -73,7 +73,7 @@ KNOWN = {
     ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
     ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
-    ("ci/pins/kernel_table.py", "write"): (1, "a fetched source file in its scratch tree"),
+    ("ci/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
     ("ci/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
                                        "preference files"),
     ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),

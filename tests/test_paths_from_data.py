@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import discover, kernel_table, model
+from ci.pins import discover, model
 
 
-@pytest.mark.parametrize("tag", ["../../../outside", "v1/../../x", "/etc/x"])
-def test_a_versions_json_tag_cannot_name_a_kernel_table_outside_its_folder(tmp_path, tag):
+@pytest.mark.parametrize("tag", ["../../../outside", "v1/../../x", "/etc/x", ""])
+def test_a_versions_json_tag_cannot_name_a_lock_file_outside_its_folder(tag):
     with pytest.raises(model.PinError) as err:
-        kernel_table.table_path(tag, tmp_path)
+        model.aiter_lock_name(tag)
     assert "tag" in str(err.value) and "versions.json" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_plain_tag_names_its_table(tmp_path):
-    assert kernel_table.table_path("v0.1.10.post2", tmp_path) == tmp_path / kernel_table.TABLES / "v0.1.10.post2.json"
+def test_a_plain_tag_names_its_lock_file():
+    assert model.aiter_lock_name("v0.1.10.post2") == "aiter-v0.1.10.post2.txt"
 
 
 @pytest.mark.parametrize("filename", ["../escaped.tar.gz", "a/b.tar.gz", "..", ""])

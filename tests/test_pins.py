@@ -1081,69 +1081,33 @@ def test_image_ref_on_another_registry():
     assert resolve.image_ref("ghcr.io/org/img", "t", "mirror.local") == "mirror.local/org/img:t"
 
 
-# ---- the backend's kernel table of an AITER pin ------------------------------------------------
+# ---- nothing else is derived from an AITER pin's code ---------------------------------------------
 
-def _stand_in_dispatch(root: Path, rules, changed: str = "") -> None:
-    """Every dispatch function the rules were read from, as a stand-in body (changed: one differs)."""
-    for rel, names in rules.RULES_READ_FROM.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".py"):
-            text = "".join(f"def {n}(x):\n    return x + {1 + (n == changed)}\n\n\n" for n in names)
-        else:
-            text = "".join(f"int {n}(int x)\n{{\n    return x + {1 + (n == changed)};\n}}\n" for n in names)
-        path.write_text(text)
-
-
-def test_resolve_aiter_derives_the_pins_kernel_table(data, tree, upstream, monkeypatch):
-    """resolve aiter --write writes backend/.../kernel_tables/<tag>.json, derived from the pinned
-    commit's kernel lists (here AITER v0.1.20.post1's real CSVs), when that commit's dispatch code is
-    the code the rules encode; when it is not, no table is written and one line says so."""
+def test_resolve_aiter_writes_only_the_pins_whatever_the_dispatch_code(data, tree, upstream):
+    """resolve aiter --write on a commit whose MLA kernel lists and dispatch code are like no AITER
+    release's: the pin resolves, and the versions file and the Dockerfiles' defaults are all it
+    writes (no file derived from AITER's code, nothing under backend/)."""
     from ci.pins import __main__ as cli
-    from ci.pins import kernel_table
 
-    rules = kernel_table.rules_module()
     repo = upstream["path"]
-    for arch in rules.ARCHS:
-        csv = ROOT / "backend/tests/data/aiter-v0.1.20.post1/hsa" / arch / "mla/mla_asm.csv"
-        (repo / "hsa" / arch / "mla").mkdir(parents=True)
-        shutil.copy(csv, repo / "hsa" / arch / "mla/mla_asm.csv")
-    _stand_in_dispatch(repo, rules)
-    commit_all(repo, "kernel lists")
+    (repo / "hsa" / "gfx942" / "mla").mkdir(parents=True)
+    (repo / "hsa" / "gfx942" / "mla" / "mla_asm.csv").write_text("qType,co_name\nbf16,mla_new.co\n")
+    (repo / "aiter" / "mla.py").write_text("def mla_decode_fwd(q):\n    return 'a dispatch no release has'\n")
+    commit_all(repo, "new kernel lists and dispatch code")
     git("tag", "-a", "v1.1", "-m", "release", cwd=repo)
-    monkeypatch.setattr(rules, "RULES_READ_FROM", rules.fingerprints(repo))
     d = _aiter_data(data, upstream)
     d["aiter"]["pins"]["test"]["tag"] = "v1.1"
     model.dump(d, tree / "versions.json")
-    (tree / kernel_table.TABLES).mkdir(parents=True)
+    before = {p.relative_to(tree).as_posix(): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
     assert cli.main(["--file", str(tree / "versions.json"), "resolve", "aiter", "--aiter-pin", "test",
                      "--write"]) == 0
-    written = (tree / kernel_table.TABLES / "v1.1.json").read_text()
-    commit = git("rev-parse", "HEAD", cwd=repo)
-    assert written == rules.dump_table(rules.derive_table(repo, "v1.1", commit))
-    # the rows of the real lists: what the committed v0.1.20.post1 table holds
-    committed = json.loads((ROOT / kernel_table.TABLES / "v0.1.20.post1.json").read_text())
-    assert json.loads(written)["rows"] == committed["rows"]
-
-    # a commit whose dispatch code differs: the pins resolve, the table is not derived
-    _stand_in_dispatch(repo, rules, changed=next(iter(next(iter(rules.RULES_READ_FROM.values())))))
-    commit_all(repo, "dispatch changed")
-    git("tag", "-a", "v1.2", "-m", "release", cwd=repo)
-    d["aiter"]["pins"]["next"] = {"tag": "v1.2", "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                  "requirements_lock_sha256": None,
-                                  "unresolved": ["commit", "ck_commit", "hipkittens_commit",
-                                                 "requirements_lock_sha256"]}
-    model.dump(d, tree / "versions.json")
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert cli.main(["--file", str(tree / "versions.json"), "resolve", "aiter", "--aiter-pin", "next",
-                         "--write"]) == 0
-    assert "warning: AITER v1.2" in out.getvalue() and "dispatch code differs" in out.getvalue()
-    assert not (tree / kernel_table.TABLES / "v1.2.json").exists()
-    assert model.load(tree / "versions.json")["aiter"]["pins"]["next"]["commit"] == git("rev-parse", "HEAD", cwd=repo)
+    after = {p.relative_to(tree).as_posix(): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    assert set(after) == set(before)
+    changed = {name for name in after if after[name] != before[name]}
+    assert "versions.json" in changed and changed <= {"versions.json", *model.DOCKERFILES}
+    pin = model.load(tree / "versions.json")["aiter"]["pins"]["test"]
+    assert pin["commit"] == git("rev-parse", "HEAD", cwd=repo)
+    assert pin["requirements_lock_sha256"] == model.NO_REQUIREMENTS  # the commit has no requirements.txt
 
 
 def test_resolve_write_goes_through_a_symlinked_versions_file(tree, upstream):

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import discover, kernel_table, locks, model, reach, resolve, verify
+from . import discover, locks, model, reach, resolve, verify
 from .model import PinError
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "therock")
@@ -183,20 +183,17 @@ class Item:
 
 
 def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str], pin_names: list[str],
-                  tables: dict[Path, str]) -> list[Item]:
+                  lock_texts: dict[Path, str]) -> list[Item]:
+    """The items to resolve; each lock one makes is added to lock_texts ({path: text}), written
+    with versions.json under --write."""
     items: list[Item] = []
     for kind in what:
         if kind == "aiter":
             for name in pin_names:
                 def run_aiter(name=name) -> list[str]:
                     changes = resolve.resolve_aiter(data, name, ns.force)
-                    # the backend's kernel table of the pin, derived from its commit
-                    texts, change, note = kernel_table.resolve_table(data, name, root)
-                    tables.update(texts)
-                    if note:
-                        print(note)
                     # the hash lock of its own requirements, from the commit's requirements.txt
-                    return changes + ([change] if change else []) + resolve_aiter_lock(ns, data, root, name, tables)
+                    return changes + resolve_aiter_lock(ns, data, root, name, lock_texts)
                 items.append(Item(f"aiter.pins.{name}", reach.Source("git", data["aiter"]["repository"]), run_aiter))
         elif kind == "vllm":
             for track in tracks:
@@ -216,12 +213,12 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
             for track in [t for t in tracks if model.track_stack(data, t) == model.THEROCK_STACK]:
                 index = data["tracks"][track]["therock"]["index_url"]
                 items.append(Item(f"tracks.{track}.therock", reach.Source("therock", index),
-                                  lambda track=track: resolve_therock(ns, data, root, track, tables)))
+                                  lambda track=track: resolve_therock(ns, data, root, track, lock_texts)))
         elif kind == "wheels":
             for track in _distinct(data, [t for t in tracks if model.pytorch_pins(data, t)], "pytorch"):
                 index = model.section(data, "pytorch", track)["index_url"]
                 items.append(Item(model.section_path(data, "pytorch", track), reach.Source("index", index),
-                                  lambda track=track: resolve_pytorch(ns, data, root, track, tables)))
+                                  lambda track=track: resolve_pytorch(ns, data, root, track, lock_texts)))
     return items
 
 
@@ -246,8 +243,8 @@ def run_resolve(ns, data: dict, root: Path) -> int:
         ("therock", any(data["tracks"][t]["therock"].get("unresolved") for t in tracks
                         if model.track_stack(data, t) == model.THEROCK_STACK)),
     ) if todo]
-    tables: dict[Path, str] = {}
-    items = resolve_items(ns, data, root, what, tracks, pin_names, tables)
+    lock_texts: dict[Path, str] = {}
+    items = resolve_items(ns, data, root, what, tracks, pin_names, lock_texts)
     # Hosts that do not answer are found first, all at once: their items fail without waiting.
     cannot = reach.unreachable([item.source for item in items])
     changes: list[str] = []
@@ -270,7 +267,7 @@ def run_resolve(ns, data: dict, root: Path) -> int:
     if ns.write and changes:
         # versions file and Dockerfiles together: all written, or none
         docker_changes, texts = model.recorded_files(data, ns.file, root)
-        texts.update(tables)
+        texts.update(lock_texts)
         model.write_files(texts)
         for line in docker_changes:
             print(line)
@@ -285,27 +282,27 @@ def run_resolve(ns, data: dict, root: Path) -> int:
     return 0
 
 
-def resolve_therock(ns, data: dict, root: Path, track: str, tables: dict[Path, str]) -> list[str]:
+def resolve_therock(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
     """A therock track's TheRock lock, made by uv against its release index alone
     (locks.therock_lock), into ci/locks/therock-<track>.txt, and its sha256 into
     tracks.<track>.therock.lock_sha256."""
     return _resolve_lock(ns, data["tracks"][track]["therock"], f"tracks.{track}.therock",
                          root / model.LOCKS_DIR / model.therock_lock_name(track),
-                         lambda: locks.therock_lock(data, track), tables)
+                         lambda: locks.therock_lock(data, track), lock_texts)
 
 
-def resolve_pytorch(ns, data: dict, root: Path, track: str, tables: dict[Path, str]) -> list[str]:
+def resolve_pytorch(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
     """The PyTorch lock of the pytorch section the track reads, made by uv against its index alone
     (locks.pytorch_lock), into ci/locks/ (model.pytorch_lock_name), and its sha256 into that
     section's lock_sha256."""
     return _resolve_lock(ns, model.section(data, "pytorch", track), model.section_path(data, "pytorch", track),
                          root / model.LOCKS_DIR / model.pytorch_lock_name(data, track),
-                         lambda: locks.pytorch_lock(data, track), tables)
+                         lambda: locks.pytorch_lock(data, track), lock_texts)
 
 
-def resolve_aiter_lock(ns, data: dict, root: Path, name: str, tables: dict[Path, str]) -> list[str]:
+def resolve_aiter_lock(ns, data: dict, root: Path, name: str, lock_texts: dict[Path, str]) -> list[str]:
     """The hash lock of AITER pin `name`'s own requirements (locks.aiter_lock), made from the
-    requirements.txt of its commit (read from the repository: kernel_table.fetch_files), into
+    requirements.txt of its commit (read from the repository: resolve.fetch_files), into
     ci/locks/aiter-<tag>.txt, and its sha256 into aiter.pins.<name>.requirements_lock_sha256; a commit
     without requirements.txt pins model.NO_REQUIREMENTS ("none") and has no lock. A pin without a
     commit is left unresolved."""
@@ -318,7 +315,7 @@ def resolve_aiter_lock(ns, data: dict, root: Path, name: str, tables: dict[Path,
     path = root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
     with tempfile.TemporaryDirectory(prefix="pins-aiter-reqs-") as tmp:
         source = Path(tmp)
-        kernel_table.fetch_files(data["aiter"]["repository"], pin["commit"], [locks.AITER_REQUIREMENTS], source)
+        resolve.fetch_files(data["aiter"]["repository"], pin["commit"], [locks.AITER_REQUIREMENTS], source)
         if not (source / locks.AITER_REQUIREMENTS).is_file():
             if pin.get("requirements_lock_sha256") == model.NO_REQUIREMENTS:
                 return []
@@ -326,12 +323,12 @@ def resolve_aiter_lock(ns, data: dict, root: Path, name: str, tables: dict[Path,
             pin["unresolved"] = [f for f in pin.get("unresolved", []) if f != "requirements_lock_sha256"]
             return [f"{where}.requirements_lock_sha256: {model.NO_REQUIREMENTS} ({pin['commit'][:12]} has no "
                     f"{locks.AITER_REQUIREMENTS})"]
-        return _resolve_lock(ns, pin, where, path, lambda: locks.aiter_lock(data, name, source, root), tables,
+        return _resolve_lock(ns, pin, where, path, lambda: locks.aiter_lock(data, name, source, root), lock_texts,
                              "requirements_lock_sha256")
 
 
 def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str],
-                  tables: dict[Path, str], key: str = "lock_sha256") -> list[str]:
+                  lock_texts: dict[Path, str], key: str = "lock_sha256") -> list[str]:
     """The lock `make` returns, to be written at path, and its sha256 into node's key (lock_sha256;
     out of its unresolved list); a lock already pinned is kept unless --force."""
     if node.get(key) and not ns.force:
@@ -340,7 +337,7 @@ def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str
     digest = hashlib.sha256(text.encode()).hexdigest()
     if digest == node.get(key):
         return []
-    tables[path] = text
+    lock_texts[path] = text
     node[key] = digest
     node["unresolved"] = [f for f in node.get("unresolved", []) if f != key]
     return [f"{where}.{key}: {digest} ({model.LOCKS_DIR / path.name}, {locks.requirement_count(text)} wheels)"]

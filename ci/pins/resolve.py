@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from .. import runtime_modules
 from . import model
@@ -88,6 +89,21 @@ def fetch_commit(repository: str, commit: str, repo: str) -> None:
     except PinError:  # servers that do not allow fetching a bare commit or filters
         _git("fetch", "--quiet", "origin", "+refs/tags/*:refs/tags/*", "+refs/heads/*:refs/heads/*",
              cwd=repo, url=repository)
+
+
+def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> None:
+    """The files at paths of one commit (absent ones left out) under dest, fetched without a
+    checkout (fetch_commit into dest/.git-scratch)."""
+    repo = str(dest / ".git-scratch")
+    fetch_commit(repository, commit, repo)
+    for rel in paths:
+        listed = _git("ls-tree", "--name-only", commit, "--", rel, cwd=repo).strip()
+        if not listed:
+            continue
+        text = _git("show", f"{commit}:{rel}", cwd=repo, url=repository)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
 
 
 def aiter_commit_facts(repository: str, commit: str, ck_path: str) -> tuple[str, str]:
