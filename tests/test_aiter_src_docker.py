@@ -48,8 +48,9 @@ def base_image(engine):
     return proc.stdout.strip()
 
 
-# A small MLA kernel list per arch and stand-ins for the dispatch functions the kernel-table
-# rules are read from (their fingerprints are taken from these files: FAKE_RULES).
+# A small MLA kernel list per arch, the code objects it names, and stand-ins for AITER's MLA
+# dispatch code that no AITER release has: the aiter-check's kernel-list check reads only the lists
+# and their code objects, never the dispatch code.
 FAKE_CSV = {
     "gfx942": ["bf16,bf16,16,1,4,0,1,0,_ZN5aiter2psE,mla_fake_qh16_ps.co",
                "bf16,bf16,16,0,1,0,1,0,_ZN5aiter2q1E,mla_fake_qh16_q1.co",
@@ -57,10 +58,9 @@ FAKE_CSV = {
     "gfx950": ["fp8,fp8,32,1,4,0,1,0,_ZN5aiter3h32E,mla_fake_qh32_q4_ps.co"],
 }
 FAKE_DISPATCH = {
-    "aiter/mla.py": "def mla_decode_fwd(q):\n    return q\n",
+    "aiter/mla.py": "def mla_decode_fwd(q):\n    return q  # stand-in: no AITER release dispatches so\n",
     "csrc/py_itfs_cu/asm_mla.cu": "void mla_decode_stage1_asm_fwd(int q)\n{\n}\n",
 }
-FAKE_RULES = {"aiter/mla.py": {"mla_decode_fwd": ""}, "csrc/py_itfs_cu/asm_mla.cu": {"mla_decode_stage1_asm_fwd": ""}}
 
 
 def write_fake_kernel_sources(aiter):
@@ -68,6 +68,8 @@ def write_fake_kernel_sources(aiter):
         path = aiter / "hsa" / arch / "mla" / "mla_asm.csv"
         path.parent.mkdir(parents=True)
         path.write_text("qType,kvType,Gqa,ps,qSeqLen,prefill,causal,lse,knl_name,co_name\n" + "\n".join(rows) + "\n")
+        for row in rows:
+            (path.parent / row.split(",")[-1]).write_bytes(b"\x7fELF stand-in code object\n")
     for rel, text in FAKE_DISPATCH.items():
         (aiter / rel).parent.mkdir(parents=True, exist_ok=True)
         (aiter / rel).write_text(text)
@@ -206,54 +208,37 @@ def test_source_stages_are_byte_identical_across_cold_builds(base_image, git_ser
     assert found[("aiter-verified", 1)] == found[("aiter-verified", 2)]
 
 
-def run_kernel_check(source, table, rules):
-    return subprocess.run([sys.executable, str(ROOT / "ci/docker/aiter_kernel_table.py"), "check", str(source),
-                           "--table", str(table), "--rules-read-from", str(rules)], capture_output=True, text=True)
+def run_kernel_list_check(source, archs="gfx942;gfx950"):
+    """The aiter-check stage's kernel-list step, as Dockerfile.rocm_base runs it."""
+    return subprocess.run([sys.executable, "-B", str(ROOT / "ci/docker/check_aiter.py"), "kernel-lists", str(source),
+                           "--archs", archs], capture_output=True, text=True)
 
 
-def test_kernel_table_check_on_the_verified_source(base_image, git_server, tmp_path):
-    """The aiter-check stage's kernel check (ci/docker/aiter_kernel_table.py check, which
-    check_aiter.py kernels runs) on the source the aiter-verified stage produced: the right table
-    passes, a wrong row stops it in one line naming the row. The real stage runs on the ROCm image
-    (not available here), so the script runs on the exported stage."""
+def test_kernel_list_check_on_the_verified_source(base_image, git_server, tmp_path):
+    """The aiter-check stage's kernel-list check (check_aiter.py kernel-lists) on the source the
+    aiter-verified stage produced, whose dispatch code is like no AITER release's: it passes for
+    the build's GPU archs; with one arch's kernel list removed it stops in one line naming the arch
+    and the setting to change. The real stage runs on the ROCm image (not available here), so the
+    script runs on the exported stage."""
     out = tmp_path / "verified"
     proc = build(base_image, git_server, commit=git_server["commit"], ck=git_server["ck"],
                  output=("--output", f"type=local,dest={out}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     source = out / "opt" / "aiter" / "src"
-    sys.path.insert(0, str(ROOT / "ci" / "docker"))
-    import aiter_kernel_table as akt  # noqa: PLC0415
-
-    rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps({rel: akt.fingerprints(source, FAKE_RULES)[rel] for rel in FAKE_RULES}))
-    table = akt.derive_table(source, "v1.0", git_server["commit"])
-    # the derivation from the fake lists, by hand: gfx942 persistent 16 heads (and 32..128 folded) qlen 1-4,
-    # non-persistent 16 heads qlen 1 and 128 heads any qlen; gfx950 persistent fp8 on the 32-head qSeqLen-4 kernel
-    keys = {tuple(r[:6]) for r in table["rows"]}
-    assert {("gfx942", "persistent", h, "bf16", "bf16", q) for h in range(16, 129, 16) for q in range(1, 5)} <= keys
-    assert ("gfx942", "non-persistent", 16, "bf16", "bf16", 1) in keys
-    assert ("gfx942", "non-persistent", 16, "bf16", "bf16", 2) not in keys
-    assert {("gfx942", "non-persistent", 128, "bf16", "bf16", q) for q in range(1, 9)} <= keys
-    assert {("gfx950", "persistent", 16, "fp8", "fp8", q) for q in range(5, 9)} <= keys
-    right = tmp_path / "v1.0.json"
-    right.write_text(akt.dump_table(table))
-    proc = run_kernel_check(source, right, rules)
+    for rel, text in FAKE_DISPATCH.items():
+        assert (source / rel).read_text() == text  # the stand-in dispatch code went through the stage
+    for arch, rows in FAKE_CSV.items():
+        assert sorted(p.name for p in (source / "hsa" / arch / "mla").glob("*.co")) == sorted(
+            row.split(",")[-1] for row in rows)
+    proc = run_kernel_list_check(source)
     print(proc.stdout, proc.stderr)
-    assert proc.returncode == 0 and "aiter-check: OK kernel table v1.0.json" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "aiter-check: OK (kernel-lists)" in proc.stdout, proc.stderr
 
-    wrong = dict(table, rows=[list(r) for r in table["rows"]])
-    i = next(i for i, r in enumerate(wrong["rows"]) if r[:6] == ["gfx942", "non-persistent", 16, "bf16", "bf16", 1])
-    wrong["rows"][i][6] = ["mla_fake_qh16_ps"]
-    wrong["rows"].append(["gfx942", "non-persistent", 16, "bf16", "bf16", 2, ["mla_fake_qh16_q1"], 1])
-    bad = tmp_path / "bad" / "v1.0.json"
-    bad.parent.mkdir()
-    bad.write_text(json.dumps(wrong))
-    proc = run_kernel_check(source, bad, rules)
+    (source / "hsa" / "gfx950" / "mla" / "mla_asm.csv").unlink()
+    proc = run_kernel_list_check(source)
     print(proc.stderr)
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
-    assert "disagrees with this AITER's kernel lists in 2 row(s)" in line
-    assert ("gfx942 non-persistent 16 heads q bf16 kv bf16 qlen 1: AITER runs ['mla_fake_qh16_q1'] (fold 1), "
-            "table says ['mla_fake_qh16_ps']") in line
-    assert ("gfx942 non-persistent 16 heads q bf16 kv bf16 qlen 2: table says ['mla_fake_qh16_q1'], "
-            "AITER has no kernel") in line
+    assert line.startswith("aiter-check: ERROR: ") and "no MLA kernel list (*.csv) for gfx950" in line, line
+    assert "remove gfx950 from gpu_archs in versions.json" in line
+    assert run_kernel_list_check(source, "gfx942").returncode == 0  # a build for gfx942 alone still passes

@@ -68,8 +68,6 @@ KNOWN = {
     ("ci/runtime_modules.py", "join"): (1, "the runtime module the tool itself names (numbers, secrets), found in "
                                            "this checkout's runtime/src: a name from the code, not from data"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
-    ("ci/docker/check_aiter.py", "join"): (1, "the kernel table of AITER_TAG, in a build stage without the "
-                                              "runtime; the tag is checked where versions.json is read"),
     ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
     ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),

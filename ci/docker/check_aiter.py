@@ -8,17 +8,18 @@
         every prebuilt .so of the installed package resolves its libraries and symbol
         versions (GLIBCXX included) with ldd in this image
     check_aiter.py modules WHEEL    print the prebuilt module names, one per line
-    check_aiter.py kernels SOURCE --tag TAG --tables DIR
-        the backend's MLA kernel table for this AITER pin (DIR/TAG.json) is what SOURCE (the
-        AITER source the wheel was built from) dispatches: derived from its kernel lists with
-        the rules of aiter_kernel_table.py; no table, changed dispatch code or a differing row
-        stops the build
+    check_aiter.py kernel-lists ROOT --archs "gfx942;gfx950"
+        ROOT (an AITER source tree, or an installed package's aiter_meta folder) holds for every
+        GPU arch the MLA decode kernel lists hsa/<arch>/mla/*.csv, each a CSV with a header and
+        at least one row, and the code objects (.co) their rows name, beside them. Nothing in it
+        is particular to an AITER release: a new AITER pin needs no change here.
 
 Exit status 1 with one line per problem naming what is missing and the setting to change.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import subprocess
@@ -65,11 +66,88 @@ def check_libs(site: Path, lib_paths: list[str]) -> list[str]:
     return problems
 
 
-def check_kernels(source: Path, tag: str, tables: Path) -> list[str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import aiter_kernel_table  # noqa: PLC0415  (a sibling script, stdlib only)
+CO_COLUMN = "co_name"  # the column of AITER's kernel lists that names each row's code object
 
-    return aiter_kernel_table.check(source, tables / f"{tag}.json")
+
+def _fix(arch: str) -> str:
+    """The settings to change when this AITER has no usable MLA decode kernels for arch."""
+    return (f"remove {arch} from gpu_archs in versions.json (GPU_ARCHS for one build), or build an AITER pin "
+            f"that has them (tracks.<track>.aiter in versions.json, AITER_PIN for one build)")
+
+
+def _plain_relative(name: str) -> bool:
+    """A path that stays inside the folder it is read in (no root, no '..')."""
+    parts = Path(name).parts
+    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+
+
+def _code_object_columns(header: list[str], rows: list[list[str]]) -> list[int]:
+    """The columns of a kernel list that name its rows' code objects: co_name, else every column
+    whose values all end in .co ([]: none does)."""
+    if CO_COLUMN in header:
+        return [header.index(CO_COLUMN)]
+    return [i for i in range(len(header)) if all(i < len(row) and row[i].strip().endswith(".co") for row in rows)]
+
+
+def check_kernel_list(path: Path, arch: str) -> list[str]:
+    """One kernel list: a CSV with a header and at least one row whose code objects are beside it."""
+    where = f"{path} ({arch})"
+    try:
+        with path.open(newline="") as f:
+            table = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        return [f"{where}: cannot read this MLA kernel list ({exc}); {_fix(arch)}"]
+    if len(table) < 2:
+        return [f"{where}: MLA kernel list without {'rows' if table else 'a header and rows'}: this AITER "
+                f"has no MLA decode kernels for {arch}; {_fix(arch)}"]
+    header, rows = [cell.strip() for cell in table[0]], table[1:]
+    columns = _code_object_columns(header, rows)
+    folder = path.parent
+    if not columns:  # a list whose columns name no .co: the folder holds code objects at least
+        if any(folder.glob("*.co")):
+            return []
+        return [f"{where}: no code objects (*.co) beside this MLA kernel list: this AITER has no MLA decode "
+                f"kernels for {arch}; {_fix(arch)}"]
+    cells = [row[i].strip() if i < len(row) else "" for row in rows for i in columns]
+    names = [c for c in cells if c]
+    problems = []
+    if len(names) < len(cells):
+        problems.append(f"{where}: {len(cells) - len(names)} row(s) name no code object ({header[columns[0]]} "
+                        f"empty); {_fix(arch)}")
+    unsafe = sorted({n for n in names if not _plain_relative(n)})
+    if unsafe:
+        problems.append(f"{where}: names code objects outside its folder ({', '.join(unsafe)}): not an AITER "
+                        f"kernel list; {_fix(arch)}")
+    missing = sorted({n for n in names if _plain_relative(n) and not (folder / n).is_file()})
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        problems.append(f"{where}: {len(missing)} code object(s) it lists are missing beside it ({shown}): "
+                        f"this AITER is incomplete for {arch} (an --build-context aiter-src checkout without "
+                        f"its hsa/ files?); {_fix(arch)}")
+    return problems
+
+
+def check_kernel_lists(root: Path, archs: list[str]) -> list[str]:
+    """For every arch: ROOT/hsa/<arch>/mla holds MLA kernel lists (*.csv) that check_kernel_list
+    accepts."""
+    problems = []
+    for arch in archs:
+        if not _plain_relative(arch) or len(Path(arch).parts) != 1:
+            problems.append(f"GPU arch {arch!r} is not a plain name: fix gpu_archs in versions.json (GPU_ARCHS "
+                            f"for one build)")
+            continue
+        folder = root / "hsa" / arch / "mla"
+        if not folder.is_dir():
+            problems.append(f"{folder}: no MLA kernel folder for {arch}: this AITER has no MLA decode kernels "
+                            f"for {arch}; {_fix(arch)}")
+            continue
+        lists = sorted(folder.glob("*.csv"))
+        if not lists:
+            problems.append(f"{folder}: no MLA kernel list (*.csv) for {arch}: this AITER has no MLA decode "
+                            f"kernels for {arch}; {_fix(arch)}")
+        for path in lists:
+            problems += check_kernel_list(path, arch)
+    return problems
 
 
 def main(argv=None) -> int:
@@ -84,10 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--lib-path", action="append", default=[])
     p = sub.add_parser("modules")
     p.add_argument("wheel", type=Path)
-    p = sub.add_parser("kernels")
-    p.add_argument("source", type=Path)
-    p.add_argument("--tag", required=True)
-    p.add_argument("--tables", type=Path, required=True)
+    p = sub.add_parser("kernel-lists")
+    p.add_argument("root", type=Path, help="an AITER source tree or an installed package's aiter_meta folder")
+    p.add_argument("--archs", required=True, help="';'-separated GPU archs")
     ns = parser.parse_args(argv)
 
     if ns.cmd == "modules":
@@ -96,8 +173,10 @@ def main(argv=None) -> int:
         return 0
     if ns.cmd == "wheel":
         problems = check_wheel(ns.wheel, ns.modules.split(), [a for a in ns.archs.split(";") if a])
-    elif ns.cmd == "kernels":
-        problems = check_kernels(ns.source, ns.tag, ns.tables)
+    elif ns.cmd == "kernel-lists":
+        archs = [a for a in ns.archs.split(";") if a]
+        problems = check_kernel_lists(ns.root, archs) if archs else [
+            "no GPU archs given (--archs): set GPU_ARCHS (gpu_archs in versions.json)"]
     else:
         problems = check_libs(ns.site, ns.lib_path)
     for line in problems:
