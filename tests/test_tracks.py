@@ -6,8 +6,8 @@ of its own with its vLLM's Python source (tests/track_env.py) and runs there wha
 Python code but no vLLM kernels: of the selector suite (ci/suites/test_selector.py: vLLM's real ROCm
 selection, the plugin's registration) and the backend's tests, those whose files reach vLLM's code
 (found from their imports) and start no engine (builder, adapters, routing, feature table, plugin).
-The others (planning, reference kernels, the kernel contract) give the same result on every track
-and run once, in this environment."""
+The others (planning, reference kernels) give the same result on every track and run once, in this
+environment."""
 from __future__ import annotations
 
 import ast
@@ -83,7 +83,7 @@ def imports_vllm(path: Path, _seen: frozenset = frozenset()) -> bool:
 def vllm_dependent_tests() -> list[str]:
     """The track suites' test files whose outcome depends on the vLLM release (they reach vLLM's
     code): only these run again in each track's environment; the others (planning, reference
-    kernels, the kernel contract) give the same result on every track and run once, here."""
+    kernels) give the same result on every track and run once, here."""
     files = []
     for suite in TRACK_SUITES:
         path = ROOT / suite
@@ -101,8 +101,7 @@ def test_only_the_tests_that_reach_vllm_run_again_per_track():
         assert dependent in files
     assert not [f for f in files if "/engine/" in f]  # the CPU track's
     assert imports_vllm(ROOT / "backend/tests/engine/test_cpu_selection.py")  # through the child Python it runs
-    for independent in ("backend/tests/test_contract.py", "backend/tests/test_planning.py",
-                        "backend/tests/test_reference.py"):
+    for independent in ("backend/tests/test_planning.py", "backend/tests/test_reference.py"):
         assert independent not in files
     assert len(files) < len(list((ROOT / "backend/tests").rglob("test_*.py"))) + 1
 
