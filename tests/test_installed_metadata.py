@@ -1,7 +1,7 @@
 """One owner per kind of risky operation: reading installed metadata (versions, Requires-Dist,
 entry points of installed distributions).
 
-Owners: vllm_aiter_mla.distributions (the plugin, the kernel contract, the image's runtime: its
+Owners: vllm_aiter_mla.distributions (the plugin, the image's runtime: its
 self-test report, bench and manifest steps) and, for the build scripts that run in the base
 image's Python without it, ci/docker/pinned_dists.py (`version`, `requires`). No other shipped
 code imports importlib.metadata (or pkg_resources); ci/docker/install_ray.sh's inline scripts

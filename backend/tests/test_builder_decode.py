@@ -14,7 +14,7 @@ import torch
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from mla_cases import KV_LORA_RANK, DecodeCase, dense_mla, make
-from vllm_aiter_mla import contract
+from vllm_aiter_mla.reference import NON_PERSISTENT, PERSISTENT
 from vllm_aiter_mla.backend import AiterMLAMetadataBuilder, DecodeKernelsMixin
 from vllm_aiter_mla.kernels import load_kernels
 from vllm_aiter_mla.persistent import allocate_work
@@ -31,7 +31,7 @@ def builder(mode: str, block_size: int, max_blocks: int, max_qlen: int, heads: i
     b._plan_triton = None
     b._kernels = REFERENCE
     b._work = (allocate_work(REFERENCE, MAX_REQS, max_qlen, heads, torch.float32, torch.float32, "cpu")
-               if mode == contract.PERSISTENT else None)
+               if mode == PERSISTENT else None)
     b.model_config = types.SimpleNamespace(dtype=torch.float32)
     return b
 
@@ -88,7 +88,7 @@ def run_step(mode: str, query_lens, seq_lens, padded_tokens, threshold, heads=16
     return case, meta, out
 
 
-@pytest.mark.parametrize("mode", contract.DECODE_MODES)
+@pytest.mark.parametrize("mode", (PERSISTENT, NON_PERSISTENT))
 @pytest.mark.parametrize("batch_id,query_lens,seq_lens,padded,threshold", BATCHES, ids=[b[0] for b in BATCHES])
 def test_decode_rows_match_dense(batch_id, query_lens, seq_lens, padded, threshold, mode):
     case, meta, out = run_step(mode, query_lens, seq_lens, padded, threshold)
@@ -99,19 +99,19 @@ def test_decode_rows_match_dense(batch_id, query_lens, seq_lens, padded, thresho
 
 def test_max_seqlen_q_is_the_decode_rows_own_length():
     """vLLM's max_query_len here is 4 (min(9, threshold 4)); the decode row has 1 token."""
-    _, meta, _ = run_step(contract.PERSISTENT, [1, 4, 4, 9], [57, 40, 70, 9], None, 4)
+    _, meta, _ = run_step(PERSISTENT, [1, 4, 4, 9], [57, 40, 70, 9], None, 4)
     assert meta.max_query_len == 1
     assert meta.plan.qo_indptr.tolist() == [0, 1]
 
 
 def test_padding_rows_become_uniform_rows():
-    _, meta, _ = run_step(contract.NON_PERSISTENT, [4, 4, 0, 0], [40, 70, 0, 0], 16, 4)
+    _, meta, _ = run_step(NON_PERSISTENT, [4, 4, 0, 0], [40, 70, 0, 0], 16, 4)
     assert meta.plan.qo_indptr.tolist() == [0, 4, 8, 12, 16]
     assert meta.plan.kv_indptr.tolist() == [0, 40, 110, 114, 118]
 
 
 def test_persistent_work_is_planned_for_each_step():
-    b = builder(contract.PERSISTENT, 16, 8, 4, 16)
+    b = builder(PERSISTENT, 16, 8, 4, 16)
     seq = torch.tensor([40, 70], dtype=torch.int32)
     table = torch.arange(16, dtype=torch.int32).view(2, 8)
     qsl = torch.tensor([0, 4, 8], dtype=torch.int32)
@@ -132,7 +132,7 @@ def test_non_persistent_multi_token_output_is_zero_filled(monkeypatch):
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", dirty_empty)
-    case, _, out = run_step(contract.NON_PERSISTENT, [4, 4, 0, 0], [40, 70, 0, 0], 16, 4)
+    case, _, out = run_step(NON_PERSISTENT, [4, 4, 0, 0], [40, 70, 0, 0], 16, 4)
     torch.testing.assert_close(case.project_out(out[:8]), dense_mla(case), atol=1e-5, rtol=1e-5)
 
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from mla_cases import KV_LORA_RANK, MATRIX, TOLERANCE, DecodeCase, dense_mla, make
-from vllm_aiter_mla import contract
-from vllm_aiter_mla.config import DecodeShape, decode_head_count
+from vllm_aiter_mla.reference import NON_PERSISTENT, PERSISTENT
 from vllm_aiter_mla.decode import mla_decode, pad_heads
 from vllm_aiter_mla.kernels import load_kernels
 from vllm_aiter_mla.persistent import allocate_work, plan_work
@@ -18,7 +17,7 @@ REFERENCE = load_kernels("reference")
 
 
 def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | None = None, split_q: bool = False,
-                       mode: str = contract.PERSISTENT):
+                       mode: str = PERSISTENT):
     if persistent:
         buffers = DecodePlanBuffers.allocate(80, case.block_table.shape[1] + 2, case.block_size, "cpu")
         plan = plan_decode_into(buffers, case.block_table, case.seq_lens_t, case.query_start_loc)
@@ -27,7 +26,7 @@ def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | N
     qlen = max(case.q_lens)
     heads = decode_heads or case.num_heads
     work = None
-    if mode == contract.PERSISTENT:
+    if mode == PERSISTENT:
         work = allocate_work(REFERENCE, 80, qlen, heads, case.dtype, case.dtype, "cpu")
         plan_work(REFERENCE, work, plan, qlen)
     q = case.absorbed_q()
@@ -47,11 +46,9 @@ def run_backend_decode(case: DecodeCase, persistent: bool, decode_heads: int | N
     )
 
 
-# alloc-plan + non-persistent decode, plan buffers + persistent decode. Query length 3 is
-# refused on the non-persistent path (ROCm/aiter#2720).
-PLAN_MATRIX = [(persistent, mode, *m) for persistent, mode in ((False, contract.NON_PERSISTENT),
-                                                                 (True, contract.PERSISTENT))
-               for m in MATRIX if not (mode == contract.NON_PERSISTENT and max(m[1]) == 3)]
+# alloc-plan + non-persistent decode, plan buffers + persistent decode.
+PLAN_MATRIX = [(persistent, mode, *m) for persistent, mode in ((False, NON_PERSISTENT), (True, PERSISTENT))
+               for m in MATRIX]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -64,14 +61,12 @@ def test_backend_decode_matches_dense(case_id, q_lens, seq_lens, block_size, hea
     torch.testing.assert_close(case.project_out(out), dense_mla(case), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("heads,mode,expected", [
-    (8, contract.PERSISTENT, 16), (8, contract.NON_PERSISTENT, 16), (12, contract.NON_PERSISTENT, 16),
-    (24, contract.NON_PERSISTENT, 32), (48, contract.NON_PERSISTENT, 128), (24, contract.PERSISTENT, 48),
-    (112, contract.NON_PERSISTENT, 128),
+# the head counts vLLM's built-in pads to: the next multiple of 16, or 24 natively
+@pytest.mark.parametrize("heads,mode,decode_heads", [
+    (8, PERSISTENT, 16), (8, NON_PERSISTENT, 16), (12, NON_PERSISTENT, 16), (24, NON_PERSISTENT, 32),
+    (24, PERSISTENT, 24), (100, PERSISTENT, 112), (36, NON_PERSISTENT, 48),
 ])
-def test_padded_head_counts_give_the_unpadded_result(heads, mode, expected):
-    decode_heads = decode_head_count(heads, shape=DecodeShape(max_qlen=2, mode=mode))
-    assert decode_heads == expected
+def test_padded_head_counts_give_the_unpadded_result(heads, mode, decode_heads):
     case = make(DecodeCase([2, 2, 2], [9, 70, 33], 16, heads, torch.float32), seed=3)
     out = run_backend_decode(case, persistent=True, decode_heads=decode_heads, split_q=True, mode=mode)
     assert out.shape == (6, heads, KV_LORA_RANK)

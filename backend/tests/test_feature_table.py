@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_aiter_mla import contract
-from routing_cases import FP8, TABLE, facts
-from vllm_aiter_mla.routing import choose_route
+from routing_cases import FP8, facts
+from vllm_aiter_mla import measure
+from vllm_aiter_mla.routing import choose_route, with_measurements
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -46,7 +46,7 @@ def release_column() -> str:
 
 
 def routed(**change) -> str:
-    return "own" if choose_route(facts(**change), TABLE).own else "delegated"
+    return "own" if choose_route(facts(**change)).own else "delegated"
 
 
 def _source(obj) -> str:
@@ -59,12 +59,6 @@ def _refuses(call: Callable[[], object]) -> bool:
     except ValueError:
         return True
     return False
-
-
-def _no_decode_mode_setting() -> bool:
-    import vllm.envs as envs
-
-    return not any("PERSISTENT" in name for name in envs.environment_variables)
 
 
 def _own_refusals() -> str:
@@ -94,20 +88,42 @@ def _own_workspace() -> str:
     return "own" if AiterMLAImpl.reserve_workspace is DecodeKernelsMixin.reserve_workspace else "refused"
 
 
-def _own_decode_modes() -> str:
-    from vllm_aiter_mla.config import DECODE_MODE_ENV, decode_mode
-
-    return "own" if decode_mode({DECODE_MODE_ENV: "non-persistent"}) == contract.NON_PERSISTENT else "refused"
-
-
 def _own_v_scale_fix() -> str:
-    from vllm_aiter_mla import fp8_probe
     from vllm_aiter_mla.decode import mla_decode
-    from vllm_aiter_mla.routing import with_measurements
 
-    route = choose_route(facts(max_qlen=4, **FP8), TABLE)
-    kept = with_measurements(route, {2: fp8_probe.Outcome.DROPS_V_SCALE}).own
+    route = choose_route(facts(max_qlen=4, **FP8))
+    found = {2: measure.Measured(measure.Outcome.DROPS_V_SCALE, 0.001, 0.03)}
+    kept = with_measurements(route, found).own
     return "own" if kept and "v_scale_dropped" in inspect.signature(mla_decode).parameters else "refused"
+
+
+def _own_measured() -> str:
+    """Every decode call of an own layer measured: one wrong, not finite or raising call hands the
+    layer to the built-in."""
+    from vllm_aiter_mla import backend
+
+    route = choose_route(facts(max_qlen=3))
+    right = measure.Measured(measure.Outcome.CORRECT, 0.001, 0.03)
+    handed = all(not with_measurements(route, {1: right, 2: right, 3: measure.Measured(o, 1.0, 0.03)}).own
+                 for o in measure.Outcome if not o.served)
+    every = "layer_measurement(layer_calls(" in _source(backend.layer_route)
+    return "own" if handed and every else "delegated"
+
+
+def _own_head_count() -> str:
+    from vllm_aiter_mla import backend
+
+    helper = builtin().AiterMLAHelper
+    same = all(backend.decode_heads(n) == helper.get_actual_mla_num_heads(n) for n in range(1, 129))
+    return "own" if same and all(choose_route(facts(num_heads=n, decode_heads=backend.decode_heads(n))).decode_heads
+                                 == backend.decode_heads(n) for n in (8, 16, 24, 100, 128)) else "delegated"
+
+
+def _builtin_start_up_probes(b) -> int:
+    """Functions of the built-in's module (outside its classes) that call AITER's MLA decode: its
+    start-up measurements (0.34: the fp8 verify V scale, ROCm/aiter#6732)."""
+    return sum(1 for f in vars(b).values()
+               if inspect.isfunction(f) and f.__module__ == b.__name__ and "mla_decode_fwd(" in _source(f))
 
 
 def _own_largest_work() -> str:
@@ -185,7 +201,7 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda: routed(builtin_varlen_verify=True, max_qlen=3)),
     "gfx950 fp8 prefill (`mla_prefill_ps_asm_fwd`)": (
         lambda b: "mla_prefill_ps_asm_fwd" in _source(b._fp8_mla_prefill_supported),
-        lambda: routed(archs=("gfx950",), builtin_fp8_prefill=True, **FP8)),
+        lambda: routed(builtin_fp8_prefill=True, **FP8)),
     "gfx950 fused chunked-context gather for prefill (`gather_kv_b_proj`)": (
         lambda b: hasattr(b.AiterMLAImpl, "_can_fuse_context_gather"), _inherited_context_gather),
     "fused k_nope/k_pe concat for prefill (`fused_kimi_k3_mla_kv_concat`)": (
@@ -193,28 +209,32 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda: _inherited("_concat_k_nope_k_pe")),
     "gfx950 fewer than 16 heads unpadded (Gluon)": (
         lambda b: hasattr(b.AiterMLAHelper, "use_gluon_decode") and hasattr(b.AiterMLAHelper, "use_gluon_verify"),
-        lambda: routed(num_heads=8, archs=("gfx950",), builtin_unpadded_small_heads=True)),
+        lambda: routed(num_heads=8, builtin_unpadded_small_heads=True)),
     "24 heads unpadded where AITER has native H24 kernels": (
         lambda b: hasattr(b, "_aiter_mla_native_h24_supported"),
-        lambda: routed(num_heads=24, builtin_native_heads=True)),
+        lambda: routed(num_heads=24, decode_heads=24)),
+    "decode head count: the built-in's (`get_actual_mla_num_heads`)": (
+        lambda b: hasattr(b.AiterMLAHelper, "get_actual_mla_num_heads"), _own_head_count),
     "gfx942 fewer than 16 heads, padded to 16": (
         lambda b: b.AiterMLAHelper.get_actual_mla_num_heads(8) == 16,
         lambda: routed(num_heads=8)),
     "MTP verification, query length 2-4": (
         lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
         lambda: routed(max_qlen=4)),
-    "gfx942 bf16 MTP, query length 5-8": (
+    "MTP verification, query length 5-8, by AITER's asm decode": (
         lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
-        lambda: "delegated" if all(routed(max_qlen=q) == "delegated" for q in range(5, 9)) else "own"),
-    "gfx942 fp8 MTP, query length 5-8 (own: 128-head kernels; AITER has no 16-head ones)": (
-        lambda b: b.AiterMLAMetadataBuilder.query_len_support.name in ("UNIFORM", "VARLEN"),
-        lambda: "own" if all(choose_route(facts(max_qlen=q, **FP8), TABLE).decode_heads == 128
-                             for q in range(5, 9)) else "delegated"),
-    "gfx942 fp8 MTP past query length 4 by a Triton verify kernel": (
+        lambda: "own" if all(routed(max_qlen=q) == routed(max_qlen=q, **FP8) == "own" for q in range(5, 9))
+        else "delegated"),
+    "fewer than 16 heads, bf16, past query length 4: no persistent work buffers": (
+        lambda b: hasattr(b.AiterMLAHelper, "_ASM_PADDED_MAX_PS_QLEN"),
+        lambda: routed(num_heads=8, max_qlen=5, builtin_non_persistent=True)),
+    "gfx942 MTP past query length 4 by a Triton verify kernel": (
         lambda b: hasattr(b, "_asm_causal_verify_unsupported"),
         lambda: routed(max_qlen=5, builtin_triton_verify=True, **FP8)),
     "fp8 MTP output corrected where AITER leaves V unscaled (ROCm/aiter#6732, measured at start-up)": (
         lambda b: hasattr(b, "_aiter_fp8_mla_decode_drops_v_scale"), _own_v_scale_fix),
+    "every decode call measured on the GPU at start-up (a wrong one: the built-in runs the layer)": (
+        lambda b: _builtin_start_up_probes(b) > 1, _own_measured),
     "FlyDSL fp8 prefill (opt-in `mla_prefill_backend`)": (
         lambda b: hasattr(b, "AiterFlyDSLFP8PrefillBackend"), lambda: routed(builtin_flydsl_prefill=True, **FP8)),
     "more than 128 heads per GPU": (
@@ -231,8 +251,6 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda b: hasattr(b, "_max_mla_metadata_info"), _own_largest_work),
     "persistent work buffers counted in the memory profile (`reserve_workspace`)": (
         lambda b: "reserve_workspace" in vars(b.AiterMLAImpl), _own_workspace),
-    "non-persistent decode mode (`AITER_MLA_DECODE_MODE`)": (
-        lambda b: not _no_decode_mode_setting(), _own_decode_modes),
     "ALiBi, sliding window, logit soft-cap": (
         lambda b: "does not support one of the following" not in _source(b.AiterMLAImpl.__init__), _own_refusals),
 }

@@ -134,17 +134,18 @@ def test_the_gather_indices_are_the_context_slots_in_the_interpreter(monkeypatch
     assert run.stdout.count("ok: ") == 4 and "DIFFERENT" not in run.stdout
 
 
-@pytest.mark.parametrize("archs", [("gfx942",), ("gfx950",)])
-def test_the_builtins_constructor_accepts_every_head_count_the_own_path_serves(archs):
+def test_the_builtins_constructor_accepts_every_head_count_the_own_path_serves(monkeypatch):
     """The own impl runs the built-in's constructor, which refuses head counts it cannot pad: every
     count routing gives the own path is one it accepts (else the own path would stop at start-up
-    where the built-in runs)."""
-    from routing_cases import FP8, TABLE, facts  # noqa: PLC0415
+    where the built-in runs), with and without AITER's native H24 kernels."""
+    from routing_cases import FP8, facts  # noqa: PLC0415
 
     from vllm_aiter_mla.routing import choose_route  # noqa: PLC0415
 
-    own = [n for n in range(1, 300) for kv in ({}, FP8)
-           if choose_route(facts(num_heads=n, archs=archs, **kv), TABLE).own]
-    assert own and 16 in own and 128 in own
-    refused = sorted({n for n in own if not builtin.AiterMLAHelper.is_valid_num_heads(n)})
-    assert refused == [], f"the built-in's constructor refuses {refused} heads, which the own path would take"
+    for native_h24 in (False, True):
+        monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda native_h24=native_h24: native_h24)
+        own = [n for n in range(1, 300) for kv in ({}, FP8)
+               if choose_route(facts(num_heads=n, decode_heads=backend.decode_heads(n), **kv)).own]
+        assert own and 16 in own and 128 in own and 24 in own
+        refused = sorted({n for n in own if not builtin.AiterMLAHelper.is_valid_num_heads(n)})
+        assert refused == [], f"the built-in's constructor refuses {refused} heads, which the own path would take"

@@ -50,8 +50,7 @@ def loop_indices(case: DecodeCase, page_size: int) -> tuple[torch.Tensor, torch.
     return as_t(indptr), as_t(indices), as_t(last)
 
 
-# Query length 3 is refused on the non-persistent path (ROCm/aiter#2720; see the refusal tests).
-MODE_MATRIX = [(mode, *m) for mode in MODES for m in MATRIX if not (mode == "non-persistent" and max(m[1]) == 3)]
+MODE_MATRIX = [(mode, *m) for mode in MODES for m in MATRIX]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -200,15 +199,10 @@ REFUSALS = {
     "non-uniform-query-lengths": (dict(q_lens=(1, 3), seq_lens=(9, 30)), lambda a: a.update(max_seqlen_q=2),
                                   "not uniform"),
     "rows-not-requests-x-max-seqlen-q": (dict(q_lens=(1, 4), seq_lens=(9, 30)), None, "rows per request"),
-    "max-seqlen-q-3-non-persistent-aiter-2720": (dict(q_lens=(3, 3), seq_lens=(9, 30)), None, "ROCm/aiter#2720"),
-    "fp8-qlen-8-non-persistent-no-kernel": (dict(q_lens=(8, 8), seq_lens=(9, 30), dtype=torch.float32), _fp8,
-                                            "has no non-persistent MLA decode kernel"),
     "fp16-queries": (dict(dtype=torch.float16), None, "float16"),
-    "8-heads": (dict(heads=8), None, "8 heads"),
-    "24-heads-non-persistent": (dict(heads=24), None, "24 heads"),
-    "32-heads-persistent-bf16-gfx942-aiter-test-skip": (
-        dict(heads=32, q_lens=(1, 1), seq_lens=(9, 30), mode="persistent"), None, "test_mla_persistent.py"),
-    "qlen-5-persistent-bf16": (dict(q_lens=(5, 5), seq_lens=(9, 30), mode="persistent"), None, "persistent"),
+    "fp8-q-with-bf16-cache": ({}, lambda a: a.update(q=a["q"].to(torch.float8_e4m3fn)), "both q and kv_buffer"),
+    "8-heads-unpadded": (dict(heads=8), None, "8 query heads"),
+    "20-heads-unpadded": (dict(heads=20), None, "20 query heads"),
     "int64-kv-indices": ({}, lambda a: _int64(a, "kv_indices"), "int32"),
     "int64-qo-indptr": ({}, lambda a: _int64(a, "qo_indptr"), "int32"),
     "non-contiguous-q": ({}, lambda a: a.update(q=a["q"].transpose(0, 1).contiguous().transpose(0, 1)), "contiguous"),
@@ -225,7 +219,7 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("name", list(REFUSALS))
-def test_reference_refuses_what_aiter_gets_wrong(name):
+def test_reference_refuses_what_aiters_host_side_contract_refuses(name):
     overrides, mutate, message = REFUSALS[name]
     args = _valid_call(**overrides)
     if mutate is not None:
@@ -236,6 +230,13 @@ def test_reference_refuses_what_aiter_gets_wrong(name):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_valid_call_is_accepted(mode):
-    """The refusal tests start from a call the reference accepts."""
+    """The refusal tests start from a call the reference accepts; the head counts vLLM's built-in
+    pads to (multiples of 16, 24 natively), any query length and both dtypes pass."""
     reference.mla_decode_fwd(**_valid_call(mode=mode))
+    for heads in (24, 32, 48, 144):
+        reference.mla_decode_fwd(**_valid_call(heads=heads, mode=mode))
+    reference.mla_decode_fwd(**_valid_call(q_lens=(9, 9), seq_lens=(9, 30), mode=mode))
+    fp8 = _valid_call(dtype=torch.float32, mode=mode)
+    _fp8(fp8)
+    reference.mla_decode_fwd(**fp8)
 

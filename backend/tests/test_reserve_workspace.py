@@ -11,7 +11,6 @@ import torch
 
 from vllm_aiter_mla import persistent
 from vllm_aiter_mla.backend import DecodeKernelsMixin
-from vllm_aiter_mla.config import DECODE_MODE_ENV
 from vllm_aiter_mla.kernels import load_kernels
 from vllm_aiter_mla.persistent import allocate_work, largest_specs
 
@@ -46,7 +45,6 @@ def no_reservations():
 
 
 def test_reserved_buffers_are_the_ones_the_builder_takes(monkeypatch):
-    monkeypatch.delenv(DECODE_MODE_ENV, raising=False)  # persistent, the default
     cfg = config(max_num_seqs=8, num_speculative_tokens=3)
     Impl(cfg).reserve_workspace()
     (reserved,) = persistent._RESERVED.values()
@@ -61,17 +59,10 @@ def test_reserved_buffers_are_the_ones_the_builder_takes(monkeypatch):
 
 
 def test_another_shape_is_not_handed_the_reserved_buffers(monkeypatch):
-    monkeypatch.delenv(DECODE_MODE_ENV, raising=False)
     Impl(config(max_num_seqs=8)).reserve_workspace()
     (reserved,) = persistent._RESERVED.values()
     other = persistent.take_work(REFERENCE, 16, 1, 16, torch.float32, torch.float32, "cpu")
     assert other is not reserved and len(persistent._RESERVED) == 1
-
-
-def test_non_persistent_mode_reserves_nothing(monkeypatch):
-    monkeypatch.setenv(DECODE_MODE_ENV, "non-persistent")
-    Impl(config()).reserve_workspace()
-    assert persistent._RESERVED == {}
 
 
 def test_the_hook_is_the_one_vllm_calls():

@@ -6,22 +6,23 @@ import types
 
 import pytest
 
-from routing_cases import FP8, TABLE, facts
-from vllm_aiter_mla.routing import choose_route
+from routing_cases import FP8, facts
+from vllm_aiter_mla import measure
+from vllm_aiter_mla.routing import Route, choose_route, with_measurements
 
-
-
-
-
-
-# each row: the layer's facts -> the own path (with its decode head count) or a word of the reason
+# each row: the layer's facts -> the own path (with its decode head count: the built-in's) or a word
+# of the reason
 ROWS = [
     ("bf16 16 heads", {}, 16),
     ("bf16 128 heads", {"num_heads": 128}, 128),
     ("fp8 KV", FP8, 16),
-    ("8 heads gfx942: padded to 16, as the built-in pads", {"num_heads": 8}, 16),
-    ("gfx942 fp8 query length 5: the built-in's 16-head call has no kernel, own pads to 128",
-     {**FP8, "max_qlen": 5}, 128),
+    ("8 heads: padded to 16, as the built-in pads", {"num_heads": 8}, 16),
+    ("24 heads: the built-in's count, 24 where AITER has native H24 kernels", {"num_heads": 24, "decode_heads": 24},
+     24),
+    ("24 heads: padded to 32 where it has none", {"num_heads": 24}, 32),
+    ("fp8 query length 5: the built-in's call", {**FP8, "max_qlen": 5}, 16),
+    ("256 heads: the built-in's count", {"num_heads": 256}, 256),
+    ("query length 9: measured like any other", {"max_qlen": 9}, 16),
     ("DCP", {"dcp_size": 2}, "decode context parallelism"),
     ("fp16 model", {"model_dtype": "float16"}, "model dtype float16"),
     ("fp16 KV", {"model_dtype": "float16", "kv_cache_dtype": "float16"}, "--kv-cache-dtype float16"),
@@ -29,23 +30,20 @@ ROWS = [
     ("latent 512", {"latent_size": 512}, "latent size 512"),
     ("non-causal drafts", {"non_causal": True}, "non-causal"),
     ("adaptive verification", {"builtin_varlen_verify": True}, "adaptive"),
-    ("gfx950 fp8 prefill", {**FP8, "archs": ("gfx950",), "builtin_fp8_prefill": True}, "fp8 prefill"),
-    ("8 heads gfx950 (Gluon)", {"num_heads": 8, "archs": ("gfx950",), "builtin_unpadded_small_heads": True},
-     "unpadded"),
-    ("256 heads", {"num_heads": 256}, "256 heads"),
-    ("query length 9", {"max_qlen": 9}, "query length 9"),
-    ("gfx942 bf16 query length 5", {"max_qlen": 5}, "no correct AITER v0.1.20.post1 kernel"),
+    ("gfx950 fp8 prefill", {**FP8, "builtin_fp8_prefill": True}, "fp8 prefill"),
+    ("8 heads gfx950 (Gluon)", {"num_heads": 8, "builtin_unpadded_small_heads": True}, "unpadded"),
+    ("8 heads bf16 query length 5: the built-in decodes without work buffers",
+     {"num_heads": 8, "max_qlen": 5, "builtin_non_persistent": True}, "without persistent work buffers"),
     ("gfx942 fp8 query length 5, where the built-in verifies with Triton (vLLM 0.34)",
      {**FP8, "max_qlen": 5, "builtin_triton_verify": True}, "Triton kernel"),
     ("FlyDSL fp8 prefill configured (vLLM 0.34)", {**FP8, "builtin_flydsl_prefill": True}, "FlyDSL"),
-    ("24 heads where AITER has native H24 kernels", {"num_heads": 24, "builtin_native_heads": True}, "natively"),
-    ("24 heads padded where it has none (gfx942: 32 is a listed defect)", {"num_heads": 24}, 48),
+    ("no head count from the built-in", {"decode_heads": None}, "names no decode head count"),
 ]
 
 
 @pytest.mark.parametrize("name,change,expected", ROWS, ids=[r[0] for r in ROWS])
 def test_route(name, change, expected):
-    route = choose_route(facts(**change), TABLE)
+    route = choose_route(facts(**change))
     if isinstance(expected, int):
         assert route.own and route.decode_heads == expected, route.describe()
         assert route.reasons == ()
@@ -55,24 +53,28 @@ def test_route(name, change, expected):
 
 
 def test_every_reason_is_named_at_once():
-    route = choose_route(facts(dcp_size=4, model_dtype="float16", latent_size=512), TABLE)
+    route = choose_route(facts(dcp_size=4, model_dtype="float16", latent_size=512))
     assert len(route.reasons) == 3
     assert route.describe().startswith("vLLM's built-in: decode context parallelism (-dcp 4); model dtype float16")
 
 
-def test_the_own_head_count_is_the_contracts():
-    """Own routes run the head count config.decode_head_count would start with."""
-    from vllm_aiter_mla.config import decode_head_count
+def _measured(*outcomes: str) -> dict[int, measure.Measured]:
+    return {q: measure.Measured(measure.Outcome[o], 0.001 if o == "CORRECT" else 0.5, 0.03)
+            for q, o in enumerate(outcomes, start=1)}
 
-    for heads in (1, 8, 16, 24, 32, 48, 64, 100, 128):
-        for qlen in (1, 2, 4):
-            f = facts(num_heads=heads, max_qlen=qlen)
-            route = choose_route(f, TABLE)
-            if route.own:
-                assert route.decode_heads == decode_head_count(heads, 128, f.shape)
-            else:
-                with pytest.raises(ValueError):
-                    decode_head_count(heads, 128, f.shape)
+
+def test_measurements_decide_an_own_route():
+    own = choose_route(facts(max_qlen=4, **FP8))
+    assert with_measurements(own, _measured("CORRECT", "DROPS_V_SCALE", "CORRECT", "DROPS_V_SCALE")) == own
+    for bad in ("WRONG", "NOT_FINITE", "RAISED"):
+        route = with_measurements(own, _measured("CORRECT", "CORRECT", bad, "DROPS_V_SCALE"))
+        assert not route.own and "query length 3" in route.reasons[0], route.reasons
+        assert "query length 1" not in route.reasons[0]  # only what failed is named
+    # another rank's measurement: every rank takes the built-in
+    other = with_measurements(own, _measured("CORRECT"), agreed=False)
+    assert not other.own and "another tensor-parallel rank" in other.reasons[0]
+    delegated = Route(False, ("decode context parallelism (-dcp 2)",))
+    assert with_measurements(delegated, _measured("WRONG")) == delegated
 
 
 # ---- the classes vLLM instantiates ----
@@ -88,10 +90,14 @@ def _impl_kwargs(num_heads: int, kv_cache_dtype: str = "auto") -> dict:
 
 @pytest.fixture
 def constructors(monkeypatch):
-    """Both implementations' constructors recorded instead of run (the built-in's imports AITER)."""
+    """Both implementations' constructors recorded instead of run (the built-in's imports AITER);
+    the decode calls measured with the reference kernels (right)."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
     from vllm_aiter_mla import backend
+    from vllm_aiter_mla.kernels import load_kernels
+
+    monkeypatch.setattr(backend, "load_kernels", lambda: load_kernels("reference"))
 
     seen = []
 
@@ -230,13 +236,19 @@ def test_fp8_prefill_head_counts_follow_the_built_ins_own_predicate(monkeypatch)
     assert not backend._builtin_fp8_prefill("auto", 16)
 
 
-def test_native_24_heads_follow_the_built_ins_probe(monkeypatch):
+@pytest.mark.parametrize("native_h24", [False, True])
+def test_the_own_decode_head_count_is_the_built_ins(monkeypatch, native_h24):
+    """For every head count per GPU, the own path calls AITER with the head count the running
+    release's built-in calls it with (AiterMLAHelper.get_actual_mla_num_heads), native H24 or not;
+    none where the built-in refuses the count itself."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
     from vllm_aiter_mla import backend
 
-    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
-    monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: True)
-    assert backend._builtin_native_heads(24) and not backend._builtin_native_heads(16)
-    monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: False)
-    assert not backend._builtin_native_heads(24)
+    monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: native_h24)
+    helper = builtin.AiterMLAHelper
+    for heads in range(1, 300):
+        expected = helper.get_actual_mla_num_heads(heads) if helper.is_valid_num_heads(heads) else None
+        assert backend.decode_heads(heads) == expected, heads
+    assert backend.decode_heads(24) == (24 if native_h24 else 32)
+    assert backend.decode_heads(8) == 16 and backend.decode_heads(128) == 128

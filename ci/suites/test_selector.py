@@ -8,6 +8,7 @@ repository's CI on CPU and inside the image (`selftest selector`).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -286,11 +287,21 @@ def _make_vllm_config(dtype: str, tp: int, dcp: int, spec_tokens: int, kv: str, 
     return config
 
 
+def _measuring_kernels() -> contextlib.AbstractContextManager:
+    """The kernels routing measures each decode call with: AITER's where it is installed (an AMD
+    host), else the pure-PyTorch reference standing in for a right AITER."""
+    from vllm_aiter_mla.kernels import KERNELS_ENV
+
+    if importlib.util.find_spec("aiter") is not None:
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, {KERNELS_ENV: "reference"})
+
+
 def _route(arch: str, config, kv: str = "auto"):
     from vllm_aiter_mla.backend import layer_route
 
     heads = config.model_config.get_num_attention_heads(config.parallel_config)
-    with rocm_platform(arch, ON, True):
+    with rocm_platform(arch, ON, True), _measuring_kernels():
         return layer_route(config, heads, 576, kv)
 
 
@@ -313,14 +324,14 @@ ROUTE_ROWS = [
     ("fp16-kv", "gfx950", {"dtype": "float16", "kv": "float16"}, {}, "float16"),
     ("fp8-e5m2", "gfx942", {"kv": "fp8_e5m2"}, {}, "fp8_e5m2"),
     ("non-causal", "gfx950", {"non_causal": True}, {}, "non-causal"),
-    # MTP with 4+ speculative tokens, bf16 on gfx942: no correct own kernel past query length 4
-    # (0.34's built-in verifies these with its Triton kernel: delegated for that reason there)
-    ("mtp-5-bf16-gfx942", "gfx942", {"spec_tokens": 4}, {}, "no correct AITER"),
-    ("mtp-8-bf16-gfx942", "gfx942", {"spec_tokens": 7}, {}, "no correct AITER"),
-    # fp8 on gfx942: the own path's 128-head kernels, where 0.34's built-in has its Triton verify
-    # (routing measures AITER's fp8 verify decode at start-up: the reference kernel stands in)
-    ("mtp-5-fp8-gfx942", "gfx942", {"spec_tokens": 4, "kv": "fp8"}, {"kernels": "reference"}, "own"),
-    ("mtp-8-fp8-gfx942", "gfx942", {"spec_tokens": 7, "kv": "fp8"}, {"kernels": "reference"}, "own"),
+    # MTP with 4+ speculative tokens on gfx942: the built-in's own calls, measured at start-up (0.34's
+    # built-in verifies these with its Triton kernel: delegated for that reason there)
+    ("mtp-5-bf16-gfx942", "gfx942", {"spec_tokens": 4}, {}, "own"),
+    ("mtp-8-bf16-gfx942", "gfx942", {"spec_tokens": 7}, {}, "own"),
+    ("mtp-5-fp8-gfx942", "gfx942", {"spec_tokens": 4, "kv": "fp8"}, {}, "own"),
+    ("mtp-8-fp8-gfx942", "gfx942", {"spec_tokens": 7, "kv": "fp8"}, {}, "own"),
+    # 8 heads bf16 past query length 4: the built-in decodes those without work buffers
+    ("8-heads-mtp-5-gfx942", "gfx942", {"tp": 2, "spec_tokens": 4}, {}, "without persistent work buffers"),
     # the built-in's own predicates, as they answer on a gfx950 host with AITER's kernels
     ("fp8-prefill-gfx950", "gfx950", {"kv": "fp8"}, {"_fp8_mla_prefill_supported": True}, "fp8 prefill"),
     ("8-heads-gfx950", "gfx950", {"tp": 2}, {}, "unpadded"),
@@ -333,20 +344,19 @@ def test_each_layer_runs_the_own_path_or_vllms_built_in(row):
     name, arch, settings, patches, expected = row
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla.kernels import KERNELS_ENV
-
     config = _vllm_config(arch, **settings)
     if settings.get("spec_tokens", 0) >= 4 and hasattr(builtin, "_asm_causal_verify_unsupported"):
         expected = "Triton kernel"  # the release's built-in verifies past query length 4 itself
     with contextlib.ExitStack() as stack:
         for attr, value in patches.items():
-            if attr == "kernels":
-                stack.enter_context(mock.patch.dict(os.environ, {KERNELS_ENV: value}))
-            else:
-                stack.enter_context(mock.patch.object(builtin, attr, lambda value=value: value))
+            stack.enter_context(mock.patch.object(builtin, attr, lambda value=value: value))
         route = _route(arch, config, settings.get("kv", "auto"))
     if expected == "own":
         assert route.own, f"{name}: {route.describe()}"
+        # the own path calls AITER with the built-in's head count, read from the running release
+        heads = config.model_config.get_num_attention_heads(config.parallel_config)
+        with rocm_platform(arch, ON, True):
+            assert route.decode_heads == builtin.AiterMLAHelper.get_actual_mla_num_heads(heads), name
     else:
         assert not route.own and expected in "; ".join(route.reasons), f"{name}: {route.describe()}"
 

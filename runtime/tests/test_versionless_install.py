@@ -1,7 +1,7 @@
 """An installed distribution whose package metadata has no version (a broken or hand-made
 install) is named as such by every reader of installed versions, never reported as "not
-installed" and never a traceback: the plugin's build check and its registration, the kernel
-contract's table choice, the self-test report, the image manifest's vLLM step and the build
+installed" and never a traceback: the plugin's build check and its registration,
+the self-test report, the image manifest's vLLM step and the build
 scripts' pinned distributions. Metadata that is not UTF-8 is one line naming the distribution
 (the self-test report is still written); the plugin's registration never raises.
 
@@ -71,16 +71,6 @@ def test_registration_logs_one_line_naming_the_missing_version(versionless, capl
         plugin.register()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "no version" in errors[0] and "not installed" not in errors[0], errors
-
-
-def test_the_kernel_contract_names_the_missing_aiter_version(versionless, monkeypatch):
-    from vllm_aiter_mla import contract
-
-    monkeypatch.delenv(contract.TABLE_ENV, raising=False)
-    contract.installed_aiter_version.cache_clear()
-    monkeypatch.setattr(contract, "installed_aiter_version", contract.installed_aiter_version.__wrapped__)
-    with pytest.raises(ValueError, match="AITER is installed, but its package metadata .* has no version"):
-        contract.active_table({})
 
 
 def test_the_report_shows_installed_without_a_version(versionless):

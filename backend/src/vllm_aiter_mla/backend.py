@@ -7,7 +7,9 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 ``routing.choose_route`` when vLLM constructs the layer's impl and builder:
 
 * this package's own path (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``): thin classes
-  over vLLM's MLA common classes; the work is done by plain functions,
+  over vLLM's MLA common classes, making the decode calls the built-in makes for the layer (its
+  head count, query lengths, dtypes, persistent work buffers), each measured on the GPU at
+  start-up (``measure``); the work is done by plain functions,
   ``planning.plan_decode_step`` / ``planning_triton`` (block table -> AITER's index tensors,
   on persistent buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's
   MLA prefill-backend mechanism (on ROCm with AITER: ``aiter.flash_attn_varlen_func``);
@@ -17,7 +19,6 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 
 from __future__ import annotations
 
-import functools
 import time
 
 from dataclasses import dataclass
@@ -39,16 +40,8 @@ from vllm.v1.attention.backend import (
     max_decode_query_len,
 )
 
-from . import __version__, contract, fp8_probe
-from .config import (
-    DecodeShape,
-    check_kv_cache_dtype,
-    check_unsupported_features,
-    compile_threads_setting,
-    decode_head_count,
-    decode_mode,
-    kernel_family,
-)
+from . import __version__, measure
+from .config import check_kv_cache_dtype, check_unsupported_features, compile_threads_setting
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
@@ -88,28 +81,49 @@ def _is_fp8_cache(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype.startswith("fp8")
 
 
-def _gpu_archs() -> tuple[str, ...]:
-    """The ROCm GPU's arch (e.g. gfx942), as vLLM's ROCm platform reads it; every supported arch
-    where there is none (CPU development mode checks the rules of all of them)."""
-    if not _on_rocm():
-        return contract.ARCHS
-    from vllm.platforms import rocm  # noqa: PLC0415
+def decode_heads(num_heads: int) -> int | None:
+    """The head count vLLM's built-in of the running release calls AITER's decode with for a layer
+    of ``num_heads`` heads per GPU (``AiterMLAHelper.get_actual_mla_num_heads``: the next multiple
+    of 16, or 24 natively where AITER has H24 kernels); None where it has no answer."""
+    helper = getattr(builtin, "AiterMLAHelper", None)
+    actual = getattr(helper, "get_actual_mla_num_heads", None)
+    valid = getattr(helper, "is_valid_num_heads", lambda n: True)
+    if actual is None:
+        return None
+    try:
+        if not valid(num_heads):  # the built-in refuses the layer itself, in its own words
+            return None
+        heads = int(actual(num_heads))
+    except Exception:  # noqa: BLE001  (the built-in's own probe failed: it has no answer)
+        return None
+    return heads if heads >= num_heads else None
 
-    for arch in contract.ARCHS:
-        if getattr(rocm, f"on_{arch}")():
-            return (arch,)
-    return (torch.cuda.get_device_properties(0).gcnArchName.split(":")[0],)
+
+def own_decode_heads(num_heads: int) -> int:
+    """``decode_heads`` for a layer the own path runs; ValueError where the built-in names none
+    (routing gives such layers to the built-in)."""
+    heads = decode_heads(num_heads)
+    if heads is None:
+        raise ValueError(f"{BACKEND_NAME}: vLLM's built-in names no decode head count for {num_heads} heads per GPU; "
+                         "change --tensor-parallel-size")
+    return heads
 
 
-def decode_shape(vllm_config, kv_cache_dtype: str) -> DecodeShape:
-    dtype = contract.FP8 if _is_fp8_cache(kv_cache_dtype) else contract.BF16
-    return DecodeShape(max_qlen=max_decode_query_len(vllm_config), q_dtype=dtype, kv_dtype=dtype,
-                       mode=decode_mode(), archs=_gpu_archs())
+def max_qlen(vllm_config) -> int:
+    """The longest decode query of a step: 1 + speculative tokens."""
+    return max_decode_query_len(vllm_config)
 
 
 def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
-    """The q/KV dtype of the persistent-mode work buffers."""
+    """The q/KV dtype of the decode calls and their persistent-mode work buffers: the platform's fp8
+    with an fp8 cache (vLLM hands decode fp8 queries there, as to the built-in), else the model's."""
     return _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else vllm_config.model_config.dtype
+
+
+def layer_calls(vllm_config, heads: int, kv_cache_dtype: str) -> tuple[measure.DecodeCall, ...]:
+    """The decode calls the own path makes for a layer run with ``heads`` heads (the built-in's)."""
+    dtype = work_dtype(vllm_config, kv_cache_dtype)
+    return measure.layer_calls(heads, max_qlen(vllm_config), dtype, dtype, vllm_config.model_config.dtype)
 
 
 def _probe_device() -> torch.device:
@@ -118,31 +132,63 @@ def _probe_device() -> torch.device:
     return torch.device("cpu")
 
 
-@functools.cache
-def _measure_fp8_decode(kernels: MLAKernels, heads: int, qlens: tuple[int, ...], persistent: bool,
-                        fp8_dtype: torch.dtype, device: torch.device) -> dict[int, fp8_probe.Outcome]:
-    outcomes = fp8_probe.measure_all(kernels, heads=heads, qlens=qlens, persistent=persistent, fp8_dtype=fp8_dtype,
-                                     device=device)
-    fixed = sorted(fp8_probe.v_scale_fix_qlens(outcomes))
+def _tensor_parallel_group():
+    """vLLM's tensor-parallel CPU group where it has more than one rank, else None."""
+    try:
+        from vllm.distributed import parallel_state  # noqa: PLC0415
+
+        if not parallel_state.model_parallel_is_initialized():
+            return None
+        group = parallel_state.get_tp_group()
+    except Exception:  # noqa: BLE001  (no distributed state: this process alone)
+        return None
+    return group.cpu_group if group.world_size > 1 else None
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    measured: dict[int, measure.Measured]  # per query length
+    seconds: float
+    agreed: bool  # every tensor-parallel rank measured its calls served
+
+    @property
+    def served(self) -> bool:
+        return self.agreed and not measure.unserved(self.measured)
+
+
+_MEASURED: dict[tuple, LayerMeasurement] = {}
+
+
+def layer_measurement(calls: tuple[measure.DecodeCall, ...]) -> LayerMeasurement:
+    """The layer's decode calls measured on this process's GPU, once per process and set of calls
+    (a failure is remembered too), and agreed across the tensor-parallel group: every rank reaches
+    the group's one exchange for each new set of calls, whatever its own measurement did."""
+    try:
+        kernels, failed = load_kernels(), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
+        kernels, failed = None, measure._one_line(exc)
+    device = _probe_device()
+    key = (kernels, failed, calls, device)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    if kernels is None:
+        raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
+        measured, seconds = {call.qlen: raised for call in calls}, 0.0
+    else:
+        measured, seconds = measure.measure_all(kernels, calls, device)
+    agreed = measure.agree(not measure.unserved(measured), _tensor_parallel_group())
+    result = _MEASURED[key] = LayerMeasurement(measured, seconds, agreed)
+    first = calls[0]
+    logger.info("%s: AITER MLA decode (%s kernels) with %d heads, q %s / KV %s, persistent, measured on %s in "
+                "%.2f s: %s%s", BACKEND_NAME, kernels.name if kernels else "no", first.heads,
+                measure._name(first.q_dtype), measure._name(first.kv_dtype), device, seconds,
+                measure.summary(measured), "" if agreed else "; another tensor-parallel rank measured it wrong")
+    fixed = sorted(measure.v_scale_fix_qlens(measured))
     if fixed:
         logger.info("%s: AITER's fp8 MLA decode with %d heads leaves V unscaled at query length %s "
                     "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
-                    BACKEND_NAME, heads, ", ".join(map(str, fixed)), device)
-    return outcomes
-
-
-def fp8_decode_outcomes(kernels: MLAKernels, shape: DecodeShape, heads: int) -> dict[int, fp8_probe.Outcome]:
-    """AITER's fp8 decode measured at every verify length this layer serves (ROCm/aiter#6732),
-    once per process and shape; empty where nothing is measured (bf16, or query length 1)."""
-    if shape.kv_dtype != contract.FP8 or shape.max_qlen < 2:
-        return {}
-    return _measure_fp8_decode(kernels, heads, tuple(fp8_probe.verify_lengths(shape.max_qlen)),
-                               shape.mode == contract.PERSISTENT, _platform_fp8_dtype(), _probe_device())
-
-
-def _total_heads(vllm_config) -> int | None:
-    model_config = vllm_config.model_config
-    return model_config.model_arch_config.total_num_attention_heads if model_config is not None else None
+                    BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
+    return result
 
 
 def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
@@ -169,26 +215,25 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 "remove --decode-context-parallel-size."
             )
         kv_cache_dtype = vllm_config.cache_config.cache_dtype
-        shape = decode_shape(vllm_config, kv_cache_dtype)
-        self._decode_heads = decode_head_count(self.num_heads, _total_heads(vllm_config), shape)
+        longest = max_qlen(vllm_config)
+        self._decode_heads = own_decode_heads(self.num_heads)
         self._kernels = load_kernels()
         # The own impl's prefill is the built-in's (see AiterMLAImpl): where the built-in's builder
         # flattens chunked-prefill context for its fused gather, this builder does the same, with
         # the built-in's own method, so the built-in prefill code finds what it reads.
         self._fused_context_gather = builtin_fused_context_gather(kv_cache_dtype, self.dcp_world_size)
         self.kernel_block_size = kv_cache_spec.block_size  # read by that method, as in the built-in's builder
-        self._work: PersistentWork | None = None
-        if shape.mode == contract.PERSISTENT:
-            dtype = work_dtype(vllm_config, kv_cache_dtype)
-            self._work = take_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen,
-                                   self._decode_heads, dtype, dtype, device)
+        # Persistent mode, as the built-in decodes every layer the own path takes.
+        dtype = work_dtype(vllm_config, kv_cache_dtype)
+        self._work: PersistentWork | None = take_work(self._kernels, vllm_config.scheduler_config.max_num_seqs,
+                                                      longest, self._decode_heads, dtype, dtype, device)
         # kv_indices holds max_num_seqs x max_model_len keys (as vLLM's built-in): requests that
         # share prefix blocks reference the same slots, so a step's keys are not bounded by the KV
         # cache's slot count, only by its request count times the longest request (a padding
         # row's qlen keys included). The planners clamp kv_indptr to the capacity regardless.
         self._plan_buffers = DecodePlanBuffers.allocate(
             max_reqs=vllm_config.scheduler_config.max_num_seqs,
-            max_blocks=_cdiv(max(vllm_config.model_config.max_model_len, shape.max_qlen), self.page_size),
+            max_blocks=_cdiv(max(vllm_config.model_config.max_model_len, longest), self.page_size),
             block_size=self.page_size,
             device=device,
         )
@@ -203,24 +248,22 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             # pick is compiled here, before the first request (cached by Triton afterwards).
             started = time.monotonic()
             threads = compile_threads(threads_setting)
-            shapes = warm_up(self._plan_buffers, vllm_config.model_config.max_model_len + shape.max_qlen, threads)
+            shapes = warm_up(self._plan_buffers, vllm_config.model_config.max_model_len + longest, threads)
             logger.info_once("%s: decode planner compiled for its %d launch shapes in %.1f s, %d at a time%s",
                              BACKEND_NAME, shapes, time.monotonic() - started, threads,
                              "" if compile_in_threads() else " (this Triton has no triton.runtime._async_compile)")
         prefill = prefill_backend_name(vllm_config, layer_names)
         logger.info_once(
-            "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd %s, %d heads per GPU run as %d, query length "
-            "<= %d (KV as pages of 1 slot, block size %d), kernels: %s, prefill=%s by vLLM's built-in impl "
-            "(fused context gather: %s)",
+            "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd persistent, %d heads per GPU run as %d (the "
+            "built-in's head count), query length <= %d (KV as pages of 1 slot, block size %d), each call "
+            "measured at start-up; prefill=%s by vLLM's built-in impl (fused context gather: %s)",
             BACKEND_NAME,
             __version__,
             self._kernels.name,
-            shape.mode,
             self.num_heads,
             self._decode_heads,
-            shape.max_qlen,
+            longest,
             self.page_size,
-            kernel_family(self._decode_heads, shape),
             prefill,
             "on" if self._fused_context_gather else "off",
         )
@@ -297,31 +340,31 @@ class DecodeKernelsMixin:
     def _init_decode(self, num_heads: int, kv_cache_dtype: str) -> None:
         check_kv_cache_dtype(kv_cache_dtype)
         vllm_config = get_current_vllm_config()
-        shape = decode_shape(vllm_config, kv_cache_dtype)
-        self._decode_heads = decode_head_count(num_heads, _total_heads(vllm_config), shape)
+        self._decode_heads = own_decode_heads(num_heads)
         self._kernels = load_kernels()
         self._vllm_config = vllm_config
         self._decode_kv_cache_dtype = kv_cache_dtype
-        # ROCm/aiter#6732: verify lengths whose fp8 output comes back short by kv_scale (measured).
-        outcomes = fp8_decode_outcomes(self._kernels, shape, self._decode_heads)
-        wrong = fp8_probe.wrong_qlens(outcomes)
-        if wrong:
-            raise ValueError(f"{BACKEND_NAME}: AITER's fp8 MLA decode with {self._decode_heads} heads measured wrong "
-                             f"at query length {', '.join(map(str, wrong))} (start-up check); use --kv-cache-dtype "
-                             "auto or fewer num_speculative_tokens in --speculative-config")
-        self._v_scale_fix_qlens = fp8_probe.v_scale_fix_qlens(outcomes)
+        # Every decode call measured on this GPU (once per process; routing measured the same calls
+        # where it chose this path). ROCm/aiter#6732: lengths whose fp8 output comes back short by
+        # kv_scale are multiplied back.
+        found = layer_measurement(layer_calls(vllm_config, self._decode_heads, kv_cache_dtype))
+        if not found.served:
+            # only where nothing routed the layer (CPU development mode has no built-in to hand it to)
+            bad = measure.unserved(found.measured)
+            what = measure.summary(bad) if bad else "another tensor-parallel rank measured it wrong"
+            raise ValueError(f"{BACKEND_NAME}: AITER's MLA decode with {self._decode_heads} heads measured at "
+                             f"start-up: {what}; use --kv-cache-dtype auto or fewer num_speculative_tokens in "
+                             "--speculative-config")
+        self._v_scale_fix_qlens = measure.v_scale_fix_qlens(found.measured)
 
     def reserve_workspace(self) -> None:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
         sized: the persistent-mode work buffers are allocated here, so that memory is counted; the
-        metadata builder takes them over. Non-persistent mode needs none."""
+        metadata builder takes them over."""
         vllm_config = self._vllm_config
-        shape = decode_shape(vllm_config, self._decode_kv_cache_dtype)
-        if shape.mode != contract.PERSISTENT:
-            return
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
-        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, shape.max_qlen, self._decode_heads,
-                     dtype, dtype, vllm_config.device_config.device)
+        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, max_qlen(vllm_config),
+                     self._decode_heads, dtype, dtype, vllm_config.device_config.device)
 
     def forward_mqa(
         self,
@@ -463,12 +506,19 @@ def _on_gfx950() -> bool:
     return bool(on_gfx950())
 
 
-def _builtin_native_heads(num_heads: int) -> bool:
-    """Whether vLLM's built-in runs this head count natively where the own path pads it (24 heads
-    on an AITER with native H24 kernels), by the built-in's own predicate. Only on ROCm: it reads
-    AITER."""
-    native = getattr(builtin, "_aiter_mla_native_h24_supported", None)
-    return bool(num_heads == 24 and native is not None and _on_rocm() and native())
+def _builtin_non_persistent(num_heads: int, heads: int | None, max_qlen: int, kv_cache_dtype: str) -> bool:
+    """Whether vLLM's built-in decodes some query length of this layer without persistent work
+    buffers (its builder's gate, 0.32-0.34: a padded bf16 layer of fewer than
+    ``_AITER_MIN_MLA_HEADS`` heads past ``_ASM_PADDED_MAX_PS_QLEN``), read from the built-in's own
+    constants; where a release lacks them, every padded bf16 multi-token layer counts."""
+    if max_qlen == 1 or _is_fp8_cache(kv_cache_dtype):
+        return False
+    helper = builtin.AiterMLAHelper
+    min_heads = getattr(helper, "_AITER_MIN_MLA_HEADS", None)
+    max_ps_qlen = getattr(helper, "_ASM_PADDED_MAX_PS_QLEN", None)
+    if min_heads is None or max_ps_qlen is None:
+        return heads != num_heads
+    return num_heads < min_heads and max_qlen > max_ps_qlen
 
 
 def _builtin_triton_verify(num_heads: int, max_qlen: int, kv_cache_dtype: str, dcp_size: int) -> bool:
@@ -511,39 +561,36 @@ def _builtin_varlen_verify(vllm_config) -> bool:
 
 def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> LayerFacts:
     """What routing needs to know of one MLA layer, read from vLLM's config and built-in."""
-    shape = decode_shape(vllm_config, kv_cache_dtype)
+    longest = max_qlen(vllm_config)
+    heads = decode_heads(num_heads)
+    dcp_size = vllm_config.parallel_config.decode_context_parallel_size
     return LayerFacts(
         num_heads=num_heads,
         latent_size=latent_size,
         model_dtype=str(vllm_config.model_config.dtype).removeprefix("torch."),
         kv_cache_dtype=kv_cache_dtype,
-        shape=shape,
-        total_heads=_total_heads(vllm_config),
-        dcp_size=vllm_config.parallel_config.decode_context_parallel_size,
+        max_qlen=longest,
+        decode_heads=heads,
+        dcp_size=dcp_size,
         non_causal=bool(getattr(vllm_config.attention_config, "use_non_causal", False)),
         builtin_varlen_verify=_builtin_varlen_verify(vllm_config),
         builtin_fp8_prefill=_builtin_fp8_prefill(kv_cache_dtype, num_heads),
-        builtin_unpadded_small_heads=_builtin_unpadded_small_heads(num_heads, shape.max_qlen, kv_cache_dtype),
-        builtin_triton_verify=_builtin_triton_verify(num_heads, shape.max_qlen, kv_cache_dtype,
-                                                     vllm_config.parallel_config.decode_context_parallel_size),
+        builtin_unpadded_small_heads=_builtin_unpadded_small_heads(num_heads, longest, kv_cache_dtype),
+        builtin_triton_verify=_builtin_triton_verify(num_heads, longest, kv_cache_dtype, dcp_size),
         builtin_flydsl_prefill=_builtin_flydsl_prefill(vllm_config),
-        builtin_native_heads=_builtin_native_heads(num_heads),
+        builtin_non_persistent=_builtin_non_persistent(num_heads, heads, longest, kv_cache_dtype),
     )
 
 
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:
+    """The layer's route: its configuration first (``routing.choose_route``), then each decode call
+    it would make measured on this GPU (``layer_measurement``). Never raises for a configuration the
+    built-in serves: whatever stops the own path hands the layer to the built-in."""
     facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
     route = choose_route(facts)
-    if route.own and facts.shape.kv_dtype == contract.FP8 and facts.shape.max_qlen > 1:
-        # AITER's fp8 verify decode measured on this GPU (ROCm/aiter#6732): corrected by the own
-        # path where V comes back unscaled; anything else wrong goes to the built-in.
-        try:
-            outcomes = fp8_decode_outcomes(load_kernels(), facts.shape, route.decode_heads)
-        except Exception as exc:  # noqa: BLE001  (the measurement must not stop vLLM: the built-in serves)
-            route = Route(False, (f"AITER's fp8 decode could not be measured at start-up ({type(exc).__name__}: "
-                                  f"{exc})",))
-        else:
-            route = with_measurements(route, outcomes)
+    if route.own:
+        found = layer_measurement(layer_calls(vllm_config, route.decode_heads, kv_cache_dtype))
+        route = with_measurements(route, found.measured, found.agreed)
     if not route.own:
         logger.info_once("%s (vllm-aiter-mla %s): vLLM's built-in %s runs this attention (%d heads per GPU, "
                          "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, builtin.AiterMLAImpl.__qualname__,

@@ -48,7 +48,7 @@ def mla_decode(
     get_mla_metadata_v1 buffers are passed; without it and for ``max_seqlen_q > 1`` the
     output is zero-filled first (the non-persistent kernel may leave lanes unwritten).
     ``v_scale_dropped``: the kernel leaves V unscaled for this call (ROCm/aiter#6732, measured
-    at start-up by ``fp8_probe``): its output is multiplied by ``kv_scale``.
+    at start-up by ``measure``): its output is multiplied by ``kv_scale``.
     Returns [T, H, kv_lora_rank] in ``out_dtype``.
     """
     if isinstance(q, tuple):

@@ -1,5 +1,5 @@
 """Installed distributions, read from their package metadata (nothing is imported): the one reader
-of installed metadata for the plugin, the kernel contract and the image's runtime
+of installed metadata for the plugin and the image's runtime
 (rocm_vllm_runtime.versions asks through it; the image build runs this file alone, beside the
 runtime's source, so it imports nothing but the standard library).
 

@@ -60,7 +60,7 @@ def allocate_work(
     if kernels.get_mla_metadata_info_v1 is None or kernels.get_mla_metadata_v1 is None:
         raise ValueError(
             "This AITER build has no get_mla_metadata_v1 (persistent MLA decode); "
-            "set AITER_MLA_DECODE_MODE=non-persistent or install the AITER build of this project's image."
+            "install the AITER build of this project's image (vLLM's built-in decodes with them too)."
         )
     # Every step is planned for its own query length (1 .. max_qlen), and AITER's needs are not
     # monotonic in it (gfx950 bf16 tiles fewer than 128 packed rows by 64): each buffer is sized

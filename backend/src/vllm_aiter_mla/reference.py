@@ -1,8 +1,10 @@
 """Pure-PyTorch reference of the two AITER kernel contracts this backend calls.
 
-* :func:`mla_decode_fwd` mirrors ``aiter.mla.mla_decode_fwd`` and refuses every call
-  AITER would refuse or compute wrongly (:mod:`contract`: kernel table, known defects,
-  AITER's host-side checks); :func:`get_mla_metadata_info_v1` /
+* :func:`mla_decode_fwd` mirrors ``aiter.mla.mla_decode_fwd`` and refuses what its host-side
+  contract refuses (shapes, dtypes, index tensors, a uniform query length per request, the head
+  counts vLLM's built-in pads to, a zeroed output for non-persistent multi-token calls, work
+  buffers planned for the batch at hand); which calls AITER computes right on a GPU is measured
+  there at start-up (:mod:`measure`), not modelled here; :func:`get_mla_metadata_info_v1` /
   :func:`get_mla_metadata_v1` stand in for AITER's persistent-mode scheduling
 * :func:`flash_attn_varlen_func` mirrors ``aiter.flash_attn_varlen_func``
 
@@ -22,8 +24,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from . import contract
 
 _FP8_DTYPES = tuple(
     getattr(torch, name)
@@ -86,6 +86,24 @@ def _scatter_rows(dst: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, vali
     dst.copy_(staging[:spare])
 
 
+PERSISTENT, NON_PERSISTENT = "persistent", "non-persistent"
+# e4m3fnuz on gfx942, e4m3fn on gfx950 (per-tensor q_scale / kv_scale).
+_FP8_E4M3 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+# AITER's asm decode runs heads in groups of 16 (and 24 natively in some builds); vLLM's built-in
+# pads every other count up to one of these, and so does the own path.
+HEAD_GROUP = 16
+NATIVE_ODD_HEADS = (24,)
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """bf16 / fp8 for what AITER takes; the dtype's own name otherwise."""
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype in _FP8_E4M3:
+        return "fp8"
+    return str(dtype).removeprefix("torch.")
+
+
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
@@ -104,10 +122,8 @@ def _check_decode_contract(
     nhead_kv: int,
     logit_cap: float,
     work: tuple[torch.Tensor | None, ...],
-    arch: str | None,
 ) -> str:
-    """AITER's host-side checks plus the kernel table and known defects (contract.py).
-    Returns the decode mode. Value checks (which read tensors) are skipped only while a
+    """AITER's host-side checks. Returns the decode mode. Value checks (which read tensors) are skipped only while a
     CUDA graph is being captured; shape and dtype checks always run."""
     if logit_cap > 0:
         _fail(f"logit_cap must be <= 0 (no soft cap), got {logit_cap}")
@@ -139,19 +155,18 @@ def _check_decode_contract(
     if max_seqlen_q < 1 or total_q != n_reqs * max_seqlen_q:
         _fail(f"{total_q} query rows for {n_reqs} requests: AITER needs exactly max_seqlen_q={max_seqlen_q} "
               "rows per request")
-    mode = contract.PERSISTENT if work[0] is not None else contract.NON_PERSISTENT
-    if mode == contract.PERSISTENT and any(w is None for w in work):
+    mode = PERSISTENT if work[0] is not None else NON_PERSISTENT
+    if mode == PERSISTENT and any(w is None for w in work):
         _fail("persistent mode needs all six get_mla_metadata_v1 buffers")
-    q_class, kv_class = contract.dtype_class(q.dtype), contract.dtype_class(kv_buffer.dtype)
-    # float32 is the CPU development stand-in for bf16 (the reference only): it gets bf16's rules.
-    q_rule = contract.BF16 if q_class == "float32" else q_class
-    kv_rule = contract.BF16 if kv_class == "float32" else kv_class
-    if q_class == "float32" and kv_class not in ("float32", contract.FP8):
+    q_class, kv_class = dtype_class(q.dtype), dtype_class(kv_buffer.dtype)
+    # float32 is the CPU development stand-in for bf16 (the reference only).
+    if q_class not in ("bf16", "fp8", "float32") or kv_class not in ("bf16", "fp8", "float32"):
+        _fail(f"MLA decode takes bf16 or fp8 (e4m3) queries and cache, got q {q_class} / KV {kv_class}")
+    if q_class == "float32" and kv_class not in ("float32", "fp8"):
         _fail(f"float32 queries (development stand-in for bf16) need a float32 or fp8 cache, got {kv_class}")
-    archs = contract.ARCHS if arch is None else (arch,)
-    problem = contract.first_problem(archs, mode, num_heads, (max_seqlen_q,), q_rule, kv_rule)
-    if problem is not None:
-        _fail(problem)
+    if num_heads % HEAD_GROUP and num_heads not in NATIVE_ODD_HEADS:
+        _fail(f"{num_heads} query heads: the asm decode takes multiples of {HEAD_GROUP} (or "
+              f"{', '.join(map(str, NATIVE_ODD_HEADS))} natively); pad the heads as vLLM's built-in does")
     if _capturing(q):
         return mode
     q_lens = qo_indptr[1:] - qo_indptr[:-1]
@@ -170,11 +185,11 @@ def _check_decode_contract(
     used = kv_indices[: int(kv_indptr[-1])]
     if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv_buffer.shape[0]):
         _fail(f"kv_indices outside the cache's {kv_buffer.shape[0]} pages")
-    if mode == contract.NON_PERSISTENT and max_seqlen_q > 1 and bool(o.ne(0).any()):
+    if mode == NON_PERSISTENT and max_seqlen_q > 1 and bool(o.ne(0).any()):
         # Non-persistent multi-token decode may leave output lanes unwritten
         # (vLLM 0.32's built-in zero-fills o before the call for this reason).
         _fail("non-persistent decode with max_seqlen_q > 1 needs a zero-filled o")
-    if mode == contract.PERSISTENT:
+    if mode == PERSISTENT:
         _check_work_fingerprint(work[0], qo_indptr, kv_indptr, num_heads, max_seqlen_q)
     return mode
 
@@ -278,24 +293,22 @@ def mla_decode_fwd(
     kv_scale: torch.Tensor | None = None,
     *,
     max_seqlen_k: int | None = None,
-    arch: str | None = None,
     **_unused: object,
 ) -> tuple[None, torch.Tensor]:
-    """Reference of ``aiter.mla.mla_decode_fwd`` that refuses what AITER would refuse or
-    get wrong (see :mod:`contract`).
+    """Reference of ``aiter.mla.mla_decode_fwd`` that refuses what its host-side contract
+    refuses (see the module docstring).
 
     q [B * max_seqlen_q, H, D] (D = kv_lora_rank + rope), kv_buffer [num_pages, page_size,
     1, D], o [B * max_seqlen_q, H, Dv] written in place (V is the first Dv values of each
     KV row). Request b's query rows are b * max_seqlen_q + i, as in AITER. Returns
     ``(None, lse [T, H])``.
 
-    Reference-only extensions: ``max_seqlen_k``, a static bound on keys per request
-    that avoids the one host synchronisation otherwise used to size the key grid, and
-    ``arch`` (check one arch's kernel table; default: every supported arch).
+    Reference-only extension: ``max_seqlen_k``, a static bound on keys per request
+    that avoids the one host synchronisation otherwise used to size the key grid.
     """
     work = (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map)
     _check_decode_contract(q, kv_buffer, o, (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens),
-                           max_seqlen_q, page_size, nhead_kv, logit_cap, work, arch)
+                           max_seqlen_q, page_size, nhead_kv, logit_cap, work)
     if (q.dtype in _FP8_DTYPES) != (kv_buffer.dtype in _FP8_DTYPES):
         _fail("fp8 decode needs both q and kv_buffer in fp8 (bf16 q with an fp8 cache is persistent-only "
               "and not used by this backend)")
