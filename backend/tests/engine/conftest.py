@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,15 +31,25 @@ class EngineRuns:
     def __init__(self, model: Path, workdir: Path):
         self.model, self.workdir, self.cache = model, workdir, {}
 
-    def get(self, backend: str, dtype: str = "float32", fault: str = "none", schedule: str = "waves") -> dict:
-        key = (backend, dtype, fault, schedule)
+    def get(self, backend: str, dtype: str = "float32", fault: str = "none", schedule: str = "waves",
+            aiter: str | None = None) -> dict:
+        """``aiter``: an installed AITER distribution (amd-aiter) of this version is on the engine's
+        path (its package metadata only: the CPU development mode imports no AITER)."""
+        key = (backend, dtype, fault, schedule) + ((f"aiter-{aiter}",) if aiter else ())
         if key not in self.cache:
             name = "-".join(key)
             out, log = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
             cmd = [sys.executable, str(DRIVER), "--model", str(self.model), "--backend", backend,
                    "--dtype", dtype, "--fault", fault, "--schedule", schedule, "--out", str(out)]
+            env = engine_env()
+            if aiter:
+                site = self.workdir / f"site-aiter-{aiter}"
+                dist = site / f"amd_aiter-{aiter}.dist-info"
+                dist.mkdir(parents=True, exist_ok=True)
+                (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {aiter}\n")
+                env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
             with open(log, "w") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=engine_env(), timeout=900)
+                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900)
             if proc.returncode != 0:
                 tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
                 pytest.fail(f"engine run {key} failed (exit {proc.returncode}):\n{tail}")

@@ -111,6 +111,18 @@ def platform_auto_choice(dtype: str) -> str:
     return CpuPlatform.get_attn_backend_cls(None, config)
 
 
+def installed_aiter() -> str | None:
+    """The version of the AITER distribution this process sees installed (None: none)."""
+    from importlib import metadata
+
+    for name in ("amd-aiter", "aiter"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -209,7 +221,7 @@ def main() -> None:
                    "max_step_keys": max(STEP_KEYS, default=0), "kv_cache_slots": (cache.num_gpu_blocks or 0) * 16,
                    "prefix_caching": cache.enable_prefix_caching,
                    "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
-                   "auto_choice": platform_auto_choice(args.dtype)}, f)
+                   "auto_choice": platform_auto_choice(args.dtype), "aiter_version": installed_aiter()}, f)
 
 
 if __name__ == "__main__":
