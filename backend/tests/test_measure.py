@@ -313,3 +313,21 @@ def test_ranks_that_disagree_all_take_the_built_in(served):
 
 def test_one_process_alone_keeps_its_own_answer():
     assert measure.agree(True) and not measure.agree(False)
+
+
+def test_the_start_up_bench_measures_every_deepseek_shape():
+    """backend/bench/measure_calls.py (the timing quoted in backend/README.md) runs without vLLM and
+    finds the reference right for every configuration it times."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "measure_calls.py"
+    env = {**os.environ, "PYTHONPATH": str(bench.parents[1] / "src")}
+    run = subprocess.run([sys.executable, str(bench), "--kernels", "reference"], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("reference ")]
+    assert len(lines) == 16 and all("wrong" not in line and ": correct" in line for line in lines), run.stdout
+    assert "start-up time added, slowest configuration (reference):" in run.stdout
