@@ -166,7 +166,7 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...]) -> LayerMeasurement
     try:
         kernels, failed = load_kernels(), ""
     except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
-        kernels, failed = None, measure._one_line(exc)
+        kernels, failed = None, measure.one_line(exc)
     device = _probe_device()
     key = (kernels, failed, calls, device)
     if key in _MEASURED:
@@ -181,7 +181,7 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...]) -> LayerMeasurement
     first = calls[0]
     logger.info("%s: AITER MLA decode (%s kernels) with %d heads, q %s / KV %s, persistent, measured on %s in "
                 "%.2f s: %s%s", BACKEND_NAME, kernels.name if kernels else "no", first.heads,
-                measure._name(first.q_dtype), measure._name(first.kv_dtype), device, seconds,
+                measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), device, seconds,
                 measure.summary(measured), "" if agreed else "; another tensor-parallel rank measured it wrong")
     fixed = sorted(measure.v_scale_fix_qlens(measured))
     if fixed:

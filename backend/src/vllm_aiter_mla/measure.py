@@ -74,11 +74,6 @@ class DecodeCall:
     def fp8(self) -> bool:
         return self.kv_dtype.itemsize == 1
 
-    def describe(self) -> str:
-        mode = "persistent" if self.persistent else "non-persistent"
-        return (f"{self.heads} heads, query length {self.qlen}, q {_name(self.q_dtype)} / KV {_name(self.kv_dtype)}, "
-                f"{mode}")
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -95,7 +90,7 @@ class Measured:
         return f"{self.outcome.value} ({self.deviation:.2%} off, band {self.band:.2%})"
 
 
-def _name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -208,18 +203,18 @@ def measure(kernels: MLAKernels, call: DecodeCall, device: torch.device | str,
         inputs = probe_inputs(call, device)
         band_ = band(deviation(run_call(reference, call, inputs), inputs.expected), call.out_dtype)
     except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
-        return Measured(Outcome.RAISED, float("nan"), float("nan"), f"making the probe: {_one_line(exc)}")
+        return Measured(Outcome.RAISED, float("nan"), float("nan"), f"making the probe: {one_line(exc)}")
     try:
         out = run_call(kernels, call, inputs)
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
     except Exception as exc:  # noqa: BLE001  (a refusing kernel: the layer goes to the built-in)
-        return Measured(Outcome.RAISED, float("nan"), band_, _one_line(exc))
+        return Measured(Outcome.RAISED, float("nan"), band_, one_line(exc))
     kv_scale = float(inputs.kv_scale.item()) if inputs.kv_scale is not None else None
     return classify(out, inputs.expected, band_, kv_scale)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
