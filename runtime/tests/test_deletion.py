@@ -5,9 +5,12 @@ user keeps where AITER's build directory would go stays as it is."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rocm_vllm_runtime import files, guard, jitcache
 from rocm_vllm_runtime.manifest import parse_manifest
@@ -168,3 +171,144 @@ def test_the_guard_command_keeps_the_folder_and_says_so_in_one_line(tmp_path, mo
     err = [line for line in capsys.readouterr().err.splitlines() if str(mine / "build") in line]
     assert len(err) == 1 and err[0].startswith("[rocm-vllm] warning: AITER's build directory: "), err
     assert untouched(mine / "build") and not (mine / "build").is_symlink()
+
+
+# ------------------------------------------------------------------ a folder trusted by its owner, not its name
+# As OpenSSH trusts a configuration file: the folder and its marker belong to the user that runs this
+# program, only that user can write to the folder, and no other user can replace it (every folder above
+# belongs to root or to that user and takes no new names from others, unless sticky as /tmp is).
+
+OTHER_UID = 65534  # nobody
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
+
+
+def shared_tmp(tmp_path: Path) -> Path:
+    """A temporary directory every user may create in, as /tmp (mode 1777)."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def planted_root(shared: Path, mode: int, uid: int | None) -> Path:
+    """The build root made beforehand with a copied marker: by another user (uid) and/or open to all (mode)."""
+    root = shared / jitcache.BUILD_ROOT_NAME
+    root.mkdir()
+    (root / files.MARKER).write_text("made by rocm-vllm: this folder and all in it may be removed by it\n")
+    user_folder(root / "run-theirs")
+    (root / "run-theirs" / files.MARKER).write_text("copied\n")
+    root.chmod(mode)
+    if uid is not None:
+        for path in (root, root / files.MARKER, root / "run-theirs", root / "run-theirs" / files.MARKER):
+            os.chown(path, uid, uid)
+    return root
+
+
+PLANTED = {
+    "another user's, open to all": (0o777, OTHER_UID, "belongs to uid 65534"),
+    "another user's": (0o755, OTHER_UID, "belongs to uid 65534"),
+    "ours, open to all": (0o777, None, "can be changed by other users (mode 0777)"),
+    "ours, open to the group": (0o775, None, "can be changed by other users (mode 0775)"),
+}
+
+
+@pytest.mark.parametrize("case", PLANTED)
+@pytest.mark.parametrize("level", ["warn", "strict"])
+def test_a_build_root_with_a_copied_marker_is_not_used(tmp_path, monkeypatch, prebuilt, case, level):
+    mode, uid, words = PLANTED[case]
+    if uid is not None and os.geteuid() != 0:
+        pytest.skip("giving a folder to another user takes root")
+    root = planted_root(shared_tmp(tmp_path), mode, uid)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {}, level=level)
+    one_refusal(decision, level, words)
+    one_refusal(decision, level, f"{root} was not made by this program")
+    assert sorted(p.name for p in root.iterdir()) == [files.MARKER, "run-theirs"]  # nothing used, nothing removed
+    assert untouched(root / "run-theirs") and not os.path.lexists(tmp_path / "volume" / "aiter-de07f3885ee5" / "build")
+
+
+def test_a_build_root_another_user_can_replace_is_not_used(tmp_path, monkeypatch, prebuilt):
+    """Our own folder and marker, in a folder others may rename things in (group-writable, not sticky)."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    root = files.make_dir(shared / jitcache.BUILD_ROOT_NAME)
+    shared.chmod(0o775)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {}, level="strict")
+    one_refusal(decision, "strict", f"{shared} can be changed by other users (mode 0775, not sticky)")
+    assert sorted(p.name for p in root.iterdir()) == [files.MARKER]
+
+
+def test_the_build_root_in_a_shared_sticky_tmp_is_used(tmp_path, monkeypatch, prebuilt):
+    """/tmp itself (1777, sticky) is fine: no one else can rename what is ours in it."""
+    shared = shared_tmp(tmp_path)
+    decision = run_guard(tmp_path, monkeypatch, prebuilt, {}, level="strict")
+    assert decision.ok, decision.fatal
+    assert os.readlink(shared / jitcache.BUILD_ROOT_NAME / "current") == "run-k1"
+
+
+@as_root
+def test_remove_made_refuses_a_copied_marker_in_another_users_folder(tmp_path):
+    root = files.make_dir(tmp_path / "root")
+    theirs = user_folder(root / "theirs")
+    (theirs / files.MARKER).write_text("copied\n")
+    for path in (theirs, theirs / files.MARKER):
+        os.chown(path, OTHER_UID, OTHER_UID)
+    with pytest.raises(files.RefusedError) as err:
+        files.remove_made(theirs, root)
+    assert "belongs to uid 65534" in str(err.value) and "\n" not in str(err.value)
+    assert untouched(theirs)
+    opened = files.make_dir(root / "opened")
+    opened.chmod(0o777)
+    with pytest.raises(files.RefusedError, match="can be changed by other users"):
+        files.remove_made(opened, root)
+    assert opened.is_dir()
+
+
+def test_make_dir_makes_a_folder_it_trusts_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        made = files.make_dir(tmp_path / "made")
+    finally:
+        os.umask(old)
+    assert files.made_problem(made) == ""
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.integers(0o700, 0o777), other_owner=st.booleans(), marker=st.sampled_from(["ours", "theirs", "none",
+                                                                                          "folder", "link"]),
+       above=st.sampled_from([0o700, 0o755, 0o775, 0o777, 0o1777, 0o1775]), link=st.booleans())
+def test_is_made_is_owner_mode_marker_and_the_folders_above(tmp_path, mode, other_owner, marker, above, link):
+    """Over folder modes, owners, markers and the mode of the folder above: trusted exactly when the folder and
+    its marker are ours, only we can write to the folder, and the folder above takes no names from others."""
+    if other_owner and os.geteuid() != 0:
+        other_owner = False
+    with tempfile.TemporaryDirectory(dir=tmp_path) as scratch:
+        parent = Path(scratch) / "above"
+        parent.mkdir()
+        folder = parent / "made"
+        folder.mkdir()
+        if marker == "folder":
+            (folder / files.MARKER).mkdir()
+        elif marker == "link":
+            (parent / "elsewhere").write_text("")
+            (folder / files.MARKER).symlink_to(parent / "elsewhere")
+        elif marker != "none":
+            (folder / files.MARKER).write_text("")
+            if marker == "theirs" and os.geteuid() == 0:
+                os.chown(folder / files.MARKER, OTHER_UID, OTHER_UID)
+        if other_owner:
+            os.chown(folder, OTHER_UID, OTHER_UID)
+        folder.chmod(mode)
+        parent.chmod(above)
+        path = folder
+        if link:
+            (parent / "to-made").symlink_to("made")
+            path = parent / "to-made"
+        marker_ours = marker == "ours" or (marker == "theirs" and os.geteuid() != 0)
+        expected = (not link and not other_owner and not mode & 0o022 and marker_ours
+                    and (not above & 0o022 or bool(above & 0o1000)))
+        problem = files.made_problem(path)
+        assert files.is_made(path) == expected == (problem == ""), (oct(mode), other_owner, marker, oct(above), link,
+                                                                    problem)
+        assert "\n" not in problem
+        parent.chmod(0o700)
+        folder.chmod(0o700)

@@ -2,7 +2,9 @@
 fails on any other use). Standard library only.
 
 * Deleting: `remove_made` removes a folder this program made (`make_dir` wrote its marker inside) within
-  a root this program made, never through a symbolic link; anything else is refused in one line
+  a root this program made, never through a symbolic link; a folder is this program's by its owner, not
+  by its name (`made_problem`: folder and marker belong to the user that runs it, only that user can
+  write to it, no other user can replace it); anything else is refused in one line
   (`RefusedError`). `point_link` replaces only a symbolic link, and only one that `replaceable` accepts.
   `_delete` is the one primitive behind them.
 * Joining a path taken from data (a manifest's commit, a cache key, a task's dataset name): `inside`
@@ -49,12 +51,59 @@ def _delete(path: Path) -> None:
         os.unlink(path)
 
 
-def is_made(path: str | Path) -> bool:
-    """Whether `path` is a real folder (not a symbolic link) with this program's marker file inside."""
+def _owner_problem(path: Path, info: os.stat_result, uid: int) -> str:
+    if info.st_uid != uid:
+        return f"{path} belongs to uid {info.st_uid}, not to uid {uid} that runs this program"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} can be changed by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    return ""
+
+
+def _above_problem(folder: Path, uid: int) -> str:
+    """'' when no other user can replace `folder`: every folder above it, by its name and through its
+    links, belongs to root or to `uid` and takes no new names from others (unless sticky, as /tmp)."""
+    above = [*folder.parents, *Path(os.path.realpath(folder.parent), "x").parents]
+    for step in dict.fromkeys(above):
+        try:
+            info = os.lstat(step)
+        except OSError as exc:
+            return f"cannot check {step} ({exc.strerror or exc})"
+        if info.st_uid not in (0, uid):
+            return f"{step} belongs to uid {info.st_uid}, neither root nor uid {uid} that runs this program"
+        if stat.S_ISDIR(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) \
+                and not info.st_mode & stat.S_ISVTX:
+            return f"{step} can be changed by other users (mode {stat.S_IMODE(info.st_mode):04o}, not sticky)"
+    return ""
+
+
+def made_problem(path: str | Path) -> str:
+    """'' when `path` is a folder this program made and no one else can have changed: a real folder
+    (not a symbolic link) with this program's marker file inside, both belonging to the user that runs
+    this program, the folder writable by that user only, and no other user able to replace it
+    (`_above_problem`), as OpenSSH trusts a configuration file. Otherwise why not, in one line: a
+    copied marker in a folder of someone else's, or one others can write to, is not this program's."""
+    folder = Path(os.path.abspath(path))
+    uid = os.geteuid()
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(Path(path) / MARKER).st_mode)
+        info = os.lstat(folder)
+    except OSError as exc:
+        return f"{folder} is not there ({exc.strerror or exc})"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{folder} is not a folder (a symbolic link or a file)"
+    try:
+        mark = os.lstat(folder / MARKER)
     except OSError:
-        return False
+        return f"{folder} has no {MARKER} in it"
+    if not stat.S_ISREG(mark.st_mode):
+        return f"{folder / MARKER} is not a regular file"
+    return (_owner_problem(folder, info, uid) or
+            (f"{folder / MARKER} belongs to uid {mark.st_uid}, not to uid {uid} that runs this program"
+             if mark.st_uid != uid else "") or _above_problem(folder, uid))
+
+
+def is_made(path: str | Path) -> bool:
+    """Whether `path` is a folder this program made that no one else can have changed (made_problem)."""
+    return not made_problem(path)
 
 
 def make_dir(path: str | Path) -> Path:
@@ -63,7 +112,7 @@ def make_dir(path: str | Path) -> Path:
     marked: it stays its owner's. Returns the path."""
     folder = Path(path)
     existed = os.path.lexists(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)  # writable by its user only, whatever the umask
     if not existed:
         with open(folder / MARKER, "x") as f:
             f.write("made by rocm-vllm: this folder and all in it may be removed by it\n")
@@ -89,15 +138,17 @@ def remove_made(path: str | Path, root: str | Path) -> None:
     with no symbolic link on the way; otherwise RefusedError, one line."""
     folder = Path(os.path.abspath(path))
     base = Path(os.path.abspath(root))
-    if not is_made(base):
-        raise RefusedError(f"{base} was not made by this program (no {MARKER} in it): nothing under it is "
+    problem = made_problem(base)
+    if problem:
+        raise RefusedError(f"{base} was not made by this program ({problem}): nothing under it is "
                            "removed; give a folder of its own")
     if not _within(folder, base):
         raise RefusedError(f"{folder} is outside {base}, or reached through a symbolic link: not removed")
     if os.path.islink(folder):
         raise RefusedError(f"{folder} is a symbolic link: not removed, nor what it points at")
-    if not is_made(folder):
-        raise RefusedError(f"{folder} was not made by this program (no {MARKER} in it): not removed")
+    problem = made_problem(folder)
+    if problem:
+        raise RefusedError(f"{folder} was not made by this program ({problem}): not removed")
     _delete(folder)
 
 

@@ -108,16 +108,18 @@ def run_key(proc: Path = Path("/proc")) -> str:
 def run_build_dir(root: str, key: str) -> Path:
     """`<root>/current`, a link to this run's own directory `<root>/run-<key>`.
 
-    The root is this program's (made with its marker; a root it did not make, or a symbolic link
-    there, is refused in one line: RefusedError), so the other `run-*` directories in it belong to
-    runs whose processes are all gone, and any lock file in them is stale: those this program made
-    are removed.
+    The root is this program's (made with its marker, by the user that runs it, writable by that user
+    only, and no other user can replace it: files.made_problem; anything else there, a copied marker in
+    a folder of someone else's included, is refused in one line: RefusedError), so the other `run-*`
+    directories in it belong to runs whose processes are all gone, and any lock file in them is stale:
+    those this program made are removed.
     """
     base = Path(root)
     files.make_dir(base)
-    if not files.is_made(base):
-        raise files.RefusedError(f"{base} was not made by this program (a folder or link of someone else's): "
-                                 "nothing in it is used or removed; set TMPDIR to a folder of this container only")
+    problem = files.made_problem(base)
+    if problem:
+        raise files.RefusedError(f"{base} was not made by this program ({problem}): nothing in it is used or "
+                                 "removed; set TMPDIR to a folder of this container only")
     run = files.make_dir(files.inside(base, f"{RUN_PREFIX}{key}", "the container run's key"))
     current = base / CURRENT_RUN
     files.point_link(current, run.name, _is_run_name)
