@@ -149,9 +149,10 @@ def test_verify_holds_a_pinned_lock_to_its_file_and_the_field_to_its_schema(data
                f"resolve aiter --aiter-pin {pin} --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock = tmp_path / name
     lock.parent.mkdir(parents=True)
-    lock.write_text("x==1\n")
+    body = f"x==1 --hash=sha256:{'0' * 64}\n"
+    lock.write_text(body)
     assert any(f"{name} has sha256" in e and "the lock was edited" in e for e in verify.check_locks(d, tmp_path))
-    node["requirements_lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
+    node["requirements_lock_sha256"] = hashlib.sha256(body.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []
     assert verify.check_schema(d) == []
     for bad in ("bogus", "A" * 64, "None"):

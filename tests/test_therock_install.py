@@ -103,7 +103,7 @@ def test_refusals_come_before_any_install(indexes):
     # an index that is not https:// (or a local file://), a missing lock
     proc = install(indexes, lock_of(indexes), index_url="http://127.0.0.1:9/simple")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "install_lock: ERROR: INDEX_URL http://127.0.0.1:9/simple is not an https:// (or local file://) index"]
+        "install_lock: ERROR: INDEX_URL (http:...) is not an https:// (or local file://) index"]
     proc = subprocess.run(["bash", SCRIPT, indexes["root"] / "none.txt", indexes["release"].as_uri(), "0" * 64],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "no lock at" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -113,7 +113,11 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     missing = f"{model.LOCKS_DIR}/therock-{track}.txt is missing"
     assert any(missing in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
-    lock.write_text("x==1\n")
+    body = f"x==1 --hash=sha256:{'0' * 64}\n"
+    lock.write_text(body)
     assert any("the lock was edited" in e for e in verify.check_locks(d, tmp_path))
-    therock["lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
+    therock["lock_sha256"] = hashlib.sha256(body.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []
+    lock.write_text("x==1\n")  # its pin, but no hash: not a lock
+    therock["lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
+    assert any("therock-" in e and ":1: no --hash=sha256" in e for e in verify.check_locks(d, tmp_path))

@@ -8,6 +8,8 @@
 # LOCK: a hash-locked requirements file (each wheel as name==version --hash=sha256:..., made by a
 #   resolver against INDEX_URL alone on a connected host: python3 -m ci.pins resolve); the whole set,
 #   installed --no-deps.
+#   It holds those pins and their hashes and nothing else (lock_lines.py beside this script, before
+#   pip reads it): no index, link or include option, no URL, no range or marker.
 # LOCK_SHA256: the lock's own sha256 as versions.json pins it (a therock or pytorch section's
 #   lock_sha256): a lock that is not the pinned one is refused before anything is installed.
 # INDEX_URL: the index the lock was made against (never PyPI beside it, never a nightly index: PyPI
@@ -17,6 +19,7 @@
 # an index or a wheel directory; PIP_CERT, where set, is passed on explicitly. Wheels only.
 set -euo pipefail
 lock=${1:-} index=${2:-} pinned=${3:-}
+here=$(cd "$(dirname "$0")" && pwd)
 die() { echo "install_lock: ERROR: $*" >&2; exit 1; }
 [ -n "$lock" ] && [ -n "$index" ] && [ -n "$pinned" ] || die "usage: install_lock.sh LOCK INDEX_URL LOCK_SHA256"
 [ -f "$lock" ] || die "no lock at $lock: make it with python3 -m ci.pins resolve --write (uv pip compile --generate-hashes against $index alone) on a connected host"
@@ -25,9 +28,10 @@ actual=$(sha256sum "$lock" | cut -d' ' -f1)
 [ "$actual" = "$pinned" ] || die "$lock has sha256 $actual, not the pinned $pinned: it is not the lock versions.json names"
 case "$index" in
   https://*|file://*) ;;
-  *) die "INDEX_URL $index is not an https:// (or local file://) index" ;;
+  *) die "INDEX_URL (${index%%:*}:...) is not an https:// (or local file://) index" ;;
 esac
-grep -qE '^[A-Za-z0-9]' "$lock" || die "$lock holds no requirement"
+why=$("${PYTHON:-python3}" "$here/lock_lines.py" "$lock" 2>&1) \
+  || die "${why:-$lock: cannot be read as a lock}; make it again with python3 -m ci.pins resolve --force --write"
 cert=()
 [ -n "${PIP_CERT:-}" ] && cert=(--cert "$PIP_CERT")
 "${PYTHON:-python3}" -m pip install --isolated --disable-pip-version-check --no-cache-dir --no-deps \

@@ -334,6 +334,9 @@ def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str
     if node.get(key) and not ns.force:
         return []
     text = make()
+    problem = verify.lock_lines.problem(str(model.LOCKS_DIR / path.name), text.encode())
+    if problem:  # what the resolver made is no lock install_lock.sh takes: nothing is written
+        raise PinError(f"{where}: {problem}")
     digest = hashlib.sha256(text.encode()).hexdigest()
     if digest == node.get(key):
         return []

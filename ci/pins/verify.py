@@ -5,8 +5,9 @@ import hashlib
 import re
 from pathlib import Path
 
+from ..docker import lock_lines
 from . import model
-from .model import COMMIT_RE, DIGEST_RE, SHA256_RE
+from .model import COMMIT_RE, DIGEST_RE, SHA256_RE, PinError
 
 
 def _check_unresolved_list(node: dict, path: str, errors: list[str]) -> None:
@@ -379,23 +380,48 @@ def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
     return list(out.values())
 
 
+def committed_locks(root: Path, data: dict) -> list[Path]:
+    """The hash locks of ci/locks/locks.json that are in this checkout (paths from root): the build
+    and the test machines install them with pip --require-hashes."""
+    from . import locks  # noqa: PLC0415  (locks imports the modules verify is imported by)
+
+    if not (root / locks.LOCKS_FILE).is_file():
+        return []
+    return sorted({Path(lk.output) for lk in locks.locks(root, data) if (root / lk.output).is_file()})
+
+
 def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256, an AITER pin's
-    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other."""
+    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other.
+    Every lock pip installs, pinned or committed (locks.json), holds name==version pins with their
+    hashes and nothing else (ci/docker/lock_lines.py, which install_lock.sh runs before pip)."""
     errors = []
     for where, node, key, path, command in pinned_locks(data):
         pinned = node.get(key)
         if not pinned or pinned == model.NO_REQUIREMENTS:
             continue
         try:
-            actual = hashlib.sha256((root / path).read_bytes()).hexdigest()
+            body = (root / path).read_bytes()
         except FileNotFoundError:
             errors.append(f"{where}.{key} is set but {path} is missing: run {command} on a host that reaches "
                           "its index")
             continue
+        actual = hashlib.sha256(body).hexdigest()
         if actual != pinned:
             errors.append(f"{path} has sha256 {actual}, not {where}.{key} {pinned}: the lock was edited; "
                           f"make it again ({command})")
+            continue
+        problem = lock_lines.problem(str(path), body)
+        if problem:
+            errors.append(f"{problem}; make it again ({command})")
+    try:
+        committed = committed_locks(root, data)
+    except PinError as exc:
+        return errors + [f"ci/locks/locks.json: {exc}"]
+    for path in committed:
+        problem = lock_lines.problem(str(path), (root / path).read_bytes())
+        if problem:
+            errors.append(f"{problem}; make it again (python3 -m ci.pins lock)")
     return errors
 
 

@@ -1,0 +1,317 @@
+"""A hash lock's contents have one owner, ci/docker/lock_lines.py: a lock is a list of
+`name==version` requirements, each with its `--hash=sha256:` entries (comments, blank lines and
+`\\` continuations around them), and nothing else. An index option (--index-url,
+--extra-index-url, --find-links, --trusted-host, --no-index), an include (-r, -c), a direct URL
+(`name @ URL`), a range, a marker, an environment variable or an encoding declaration would make
+pip read another index or install what the pin does not cover, whatever the lock's sha256.
+
+The installer (ci/docker/install_lock.sh, through which therock_sdk.sh, install_torch.sh and
+aiter_requirements.sh install) and `python3 -m ci.pins verify` both use it and refuse such a lock
+in one line naming the lock and the line; the architecture test at the end holds every reader of a
+lock's body to the owner."""
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ci.docker import lock_lines
+from ci.pins import model, verify
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "ci/docker/install_lock.sh"
+HASH = "--hash=sha256:" + "a" * 64
+GOOD = ("# a header\n"
+        f"rocm==10.0.0 \\\n    {HASH} \\\n    --hash=sha256:{'b' * 64}\n    # via torch\n"
+        "\n"
+        f"torch==2.13.0+rocm10.0.0 {HASH}  # trailing comment\n"
+        f"rocm-sdk-device-gfx942[extra]==10.0.0 \\\n    {HASH}\n")
+
+# Each line a hostile lock may hold beside its good ones, and a word of the one-line refusal.
+HOSTILE = {
+    "--extra-index-url https://pypi.org/simple": "--extra-index-url",
+    "--extra-index-url=https://user:s3cret@pypi.example/simple": "--extra-index-url",
+    "--index-url https://evil.example/simple": "--index-url",
+    "-i https://evil.example/simple": "-i",
+    "--trusted-host evil.example": "--trusted-host",
+    "--find-links https://evil.example/wheels/": "--find-links",
+    "-f /tmp/wheels": "-f",
+    "--no-index": "--no-index",
+    "-r other.txt": "-r",
+    "--requirement=other.txt": "--requirement",
+    "-c constraints.txt": "-c",
+    "-e git+https://evil.example/x.git#egg=x": "-e",
+    "evil @ https://evil.example/evil-1.0-py3-none-any.whl": "a direct URL",
+    f"evil @ https://evil.example/evil-1.0-py3-none-any.whl {HASH}": "a direct URL",
+    "https://evil.example/evil-1.0-py3-none-any.whl": "not name==version",
+    f"evil>=1.0 {HASH}": "not name==version",
+    f"evil==1.* {HASH}": "not name==version",
+    f"evil===1.0 {HASH}": "not name==version",
+    f"evil==1.0 ; python_version >= '3' {HASH}": "marker",
+    "evil==1.0": "no --hash",
+    f"evil==1.0 {HASH} --config-settings=x=y": "--config-settings",
+    f"evil==1.0 {HASH} --extra-index-url https://evil.example/simple": "--extra-index-url",
+    f"evil==1.0 --hash=md5:{'a' * 32}": "no --hash",
+    f"evil==${{VERSION}} {HASH}": "not name==version",
+    f"# via x\x0c--extra-index-url https://evil.example/simple\nok==1.0 {HASH}": "control character",
+    f"ok==1.0 {HASH}\r": "control character",
+    f"# via caf\u00e9\nok==1.0 {HASH}": "not ASCII",
+}
+
+
+def refusal(text: str) -> str | None:
+    return lock_lines.problem("ci/locks/x.txt", text.encode())
+
+
+def test_a_lock_of_pins_and_hashes_is_accepted():
+    assert refusal(GOOD) is None
+    assert lock_lines.requirements(GOOD.encode()) == [
+        ("rocm", "10.0.0"), ("torch", "2.13.0+rocm10.0.0"), ("rocm-sdk-device-gfx942", "10.0.0")]
+
+
+@pytest.mark.parametrize("line", list(HOSTILE))
+def test_anything_but_pins_and_hashes_is_refused_in_one_line_naming_the_lock_and_line(line):
+    text = GOOD + line + "\n"
+    why = refusal(text)
+    assert why is not None, line
+    assert "\n" not in why and why.startswith("ci/locks/x.txt:"), why
+    assert HOSTILE[line] in why, why
+    assert "s3cret" not in why and "evil.example" not in why  # a line's values are never echoed
+
+
+def test_a_continued_comment_does_not_hide_an_option():
+    """pip ends a continuation at a comment line: the option after it is a line of its own."""
+    text = f"ok==1.0 {HASH} \\\n# a comment \\\n--extra-index-url https://evil.example/simple\n"
+    why = refusal(text)
+    assert why and ":3:" in why and "--extra-index-url" in why, why
+
+
+@pytest.mark.parametrize("head", [b"\xef\xbb\xbf", b"# -*- coding: utf-7 -*-\n"])
+def test_an_encoding_pip_would_read_otherwise_is_refused(head):
+    """pip decodes a lock by its BOM or a PEP 263 declaration (UTF-7 turns `+AAo-` into a line
+    break): a lock is plain ASCII, read one way."""
+    body = f"ok==1.0 {HASH}\n# via x +AAo---extra-index-url https://evil.example/simple\n".encode()
+    assert lock_lines.problem("x.txt", head + body) is not None
+
+
+def test_a_lock_without_requirements_is_refused():
+    assert "holds no requirement" in refusal("# only comments\n\n")
+
+
+# ------------------------------------------------------------------ properties
+
+NAMES = st.from_regex(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]{0,10}[A-Za-z0-9])?\Z")
+VERSIONS = st.from_regex(r"\A(?:[0-9]!)?[0-9]{1,3}(?:\.[0-9]{1,3}){0,3}(?:(?:a|b|rc|\.post|\.dev)[0-9])?"
+                         r"(?:\+[a-z0-9]{1,6}(?:\.[a-z0-9]{1,3}){0,2})?\Z")
+HASHES = st.text("0123456789abcdef", min_size=64, max_size=64)
+BOUNDED = settings(derandomize=True, database=None, max_examples=200, deadline=None)
+
+
+@st.composite
+def locks(draw):
+    pins = draw(st.lists(st.tuples(NAMES, VERSIONS, st.lists(HASHES, min_size=1, max_size=3),
+                                   st.booleans()), min_size=1, max_size=5))
+    lines, wanted = [draw(st.sampled_from(["", "# header", "  # indented"]))], []
+    for name, version, hashes, continued in pins:
+        entries = [f"--hash=sha256:{h}" for h in hashes]
+        if continued:
+            lines.append(" \\\n    ".join([f"{name}=={version}", *entries]))
+            lines.append(draw(st.sampled_from(["", "    # via someone"])))
+        else:
+            lines.append(" ".join([f"{name}=={version}", *entries]))
+        wanted.append((name, version))
+    return "\n".join(lines) + "\n", wanted
+
+
+@BOUNDED
+@given(locks())
+def test_every_lock_of_pins_and_hashes_is_read_as_its_pins(lock):
+    text, wanted = lock
+    assert lock_lines.problem("l.txt", text.encode()) is None, text
+    assert lock_lines.requirements(text.encode()) == wanted
+
+
+OPTIONS = st.sampled_from(["--extra-index-url", "--index-url", "-i", "--trusted-host", "--find-links", "-f",
+                           "-r", "-c", "--requirement", "--constraint", "--pre", "--no-index", "-e",
+                           "--prefer-binary", "--only-binary", "--use-feature"])
+
+
+@BOUNDED
+@given(locks(), st.integers(0, 50), OPTIONS, st.sampled_from([" ", "=", ""]),
+       st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=20))
+def test_an_option_anywhere_is_refused_naming_its_line(lock, where, option, sep, value):
+    text, _ = lock
+    lines = text.splitlines()
+    at = where % (len(lines) + 1)
+    # at a line's start, or after a requirement's hashes on the same line
+    if at < len(lines) and re.match(r"[A-Za-z0-9]", lines[at]) and not lines[at].endswith("\\"):
+        lines[at] = f"{lines[at]} {option}{sep}{value}"
+    else:
+        lines.insert(at, f"{option}{sep}{value}")
+    why = lock_lines.problem("l.txt", ("\n".join(lines) + "\n").encode())
+    assert why is not None and "\n" not in why and why.startswith("l.txt:"), why
+
+
+@BOUNDED
+@given(st.text(max_size=200))
+def test_any_text_is_accepted_as_pins_or_refused_in_one_line(text):
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        return
+    why = lock_lines.problem("l.txt", data)
+    if why is None:
+        pins = lock_lines.requirements(data)
+        assert pins and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) and "==" not in v for n, v in pins)
+    else:
+        assert "\n" not in why and why.startswith("l.txt")
+
+
+# ------------------------------------------------------------------ the installer
+
+@pytest.fixture(scope="module")
+def python_without_pip(tmp_path_factory):
+    """A Python whose `-m pip` records that it ran: the lock must be refused before pip runs."""
+    folder = tmp_path_factory.mktemp("py")
+    ran = folder / "ran"
+    fake = folder / "python"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -m ]; then echo \"$@\" >> {ran}; exit 0; fi\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    return fake, ran
+
+
+def install(lock: Path, python: Path) -> subprocess.CompletedProcess:
+    pinned = hashlib.sha256(lock.read_bytes()).hexdigest()
+    return subprocess.run(["bash", SCRIPT, lock, "https://index.example/simple", pinned],
+                          env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("line", ["--extra-index-url https://pypi.org/simple", "--trusted-host evil.example",
+                                  "--find-links https://evil.example/", "-r other.txt", "-c file.txt",
+                                  "evil @ https://evil.example/evil-1.0-py3-none-any.whl",
+                                  "--index-url https://evil.example/simple"])
+def test_the_installer_refuses_a_pinned_lock_that_holds_more_than_pins(tmp_path, python_without_pip, line):
+    python, ran = python_without_pip
+    lock = tmp_path / "therock-0.34.txt"
+    lock.write_text(GOOD + line + "\n")
+    proc = install(lock, python)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("install_lock: ERROR: ") and f"{lock}:" in lines[0], lines
+    assert not ran.exists(), ran.read_text()  # pip never ran
+
+
+def test_the_installer_hands_a_lock_of_pins_to_pip(tmp_path, python_without_pip):
+    python, ran = python_without_pip
+    lock = tmp_path / "lock.txt"
+    lock.write_text(GOOD)
+    proc = install(lock, python)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install" in ran.read_text() and "--require-hashes" in ran.read_text()
+    ran.unlink()
+
+
+# ------------------------------------------------------------------ verify
+
+def test_verify_refuses_a_pinned_lock_that_holds_more_than_pins(tmp_path):
+    data = model.load(ROOT / "versions.json")
+    d = copy.deepcopy(data)
+    where, node, key, path, _ = verify.pinned_locks(d)[0]
+    (tmp_path / path).parent.mkdir(parents=True)
+    text = GOOD + "--extra-index-url https://pypi.org/simple\n"
+    (tmp_path / path).write_text(text)
+    node[key] = hashlib.sha256(text.encode()).hexdigest()
+    errors = verify.check_locks(d, tmp_path)
+    assert len(errors) == 1 and f"{path}:10:" in errors[0] and "--extra-index-url" in errors[0], errors
+    (tmp_path / path).write_text(GOOD)
+    node[key] = hashlib.sha256(GOOD.encode()).hexdigest()
+    assert verify.check_locks(d, tmp_path) == []
+
+
+def test_verify_reads_every_committed_lock_pip_installs():
+    """The locks of locks.json that the build installs with --require-hashes are pins and hashes
+    alone too (verify reads them with the same owner)."""
+    data = model.load(ROOT / "versions.json")
+    assert verify.check_locks(data, ROOT) == []
+    checked = verify.committed_locks(ROOT, data)
+    assert Path("ci/docker/requirements-build.txt") in checked and Path("ci/locks/vllm-0.34-rocm.txt") in checked
+
+
+# ------------------------------------------------------------------ one owner
+
+INSTALLER = "ci/docker/install_lock.sh"
+# What pip is handed with --require-hashes besides install_lock.sh's lock: committed locks of
+# locks.json (verify reads each with the owner: committed_locks) and files made from them.
+MADE_FROM_COMMITTED = {
+    ("ci/docker/install_vllm.sh", '"$wheels/requirements-lock.txt"'):
+        "ci/locks/vllm-<track>-rocm.txt, copied by build_vllm.sh",
+    ("ci/docker/install_ray.sh", '"$work/requirements.txt"'):
+        "the blocks of ci/docker/requirements-ray.txt the image lacks, cut out by install_ray.sh",
+    ("ci/test.sh", "<(printf"): "uv's own entry, cut out of tests/requirements.lock by ci/test.sh"}
+
+
+def _unchecked_lock_installs(installs: list[tuple[str, str]]) -> list[str]:
+    """Each pip install of a hash lock (--require-hashes -r FILE) whose lock the owner does not
+    read: not install_lock.sh's (which runs lock_lines.py first), not a committed lock verify reads,
+    not one made from such a lock."""
+    committed = {p.name for p in verify.committed_locks(ROOT, model.load(ROOT / "versions.json"))}
+    out = []
+    for path, line in installs:
+        command = line[re.search(r"\bpip3? install\b", line).start():]
+        if "--require-hashes" not in command:
+            continue
+        files = re.findall(r"(?:-r|--requirement)[ =]+(\S+)", command)
+        for file in files:
+            name = file.strip("\"'").rsplit("/", 1)[-1]
+            if path == INSTALLER and file == '"$lock"':
+                continue
+            if name in committed or any(path == p and file.startswith(k) for p, k in MADE_FROM_COMMITTED):
+                continue
+            out.append(f"{path}: {command[:120]}")
+    return out
+
+
+def test_every_lock_pip_installs_is_read_by_the_owner():
+    from test_locks import pip_installs
+
+    installs = pip_installs()
+    assert any(p == INSTALLER for p, _ in installs)
+    assert _unchecked_lock_installs(installs) == []
+    planted = [("ci/docker/install_x.sh", 'python -m pip install --require-hashes --no-deps -r "$locks/x.txt"')]
+    assert _unchecked_lock_installs(planted) != []
+
+
+def _checks_before_pip(text: str) -> bool:
+    check = text.find('"$here/lock_lines.py" "$lock"')
+    pip = text.find("-m pip install")
+    return 0 <= check < pip
+
+
+def test_the_installer_checks_the_lock_before_pip_reads_it():
+    text = SCRIPT.read_text()
+    assert _checks_before_pip(text), "install_lock.sh must run lock_lines.py on the lock before pip"
+    without = "\n".join(line for line in text.splitlines() if "lock_lines.py" not in line)
+    assert not _checks_before_pip(without)
+
+
+def test_the_lock_scripts_install_through_the_installer():
+    """therock_sdk.sh, install_torch.sh and aiter_requirements.sh hand their pinned locks to
+    install_lock.sh (each lock verify.pinned_locks names)."""
+    for name in ("therock_sdk.sh", "install_torch.sh", "aiter_requirements.sh"):
+        assert re.search(r'install_lock\.sh" "\$', (ROOT / "ci/docker" / name).read_text()), name
+
+
+def test_verify_takes_lock_contents_from_the_owner():
+    tree = ast.parse((ROOT / "ci/pins/verify.py").read_text())
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "lock_lines.problem" in calls, calls
