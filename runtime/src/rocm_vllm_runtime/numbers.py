@@ -124,11 +124,15 @@ def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) ->
     hostport = parts.netloc.rpartition("@")[2]
     given = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     _, colon, port_text = given.rpartition(":")
+    if len(secrets.userinfo_spans(text)) != (1 if "@" in parts.netloc else 0):
+        # the masking sees credentials where urllib does not: a "#", "?" or "/" in them ends the
+        # authority early, so urllib would take a part of the password for the host or port
+        raise SettingError(f"{name}={shown}: its credentials hold a character a URL must percent-encode "
+                           "(@ # / ? or a space): give the URL without them")
     try:
         number = port(f"{name}'s port", port_text) if colon else None
     except SettingError:
-        raise SettingError(f"{name}={shown}: its port {port_text[:_SHOWN]!r} is not a TCP port "
-                           f"(1-{MAX_PORT})") from None
+        raise SettingError(f"{name}={shown}: its port is not a TCP port (1-{MAX_PORT})") from None
     return Url(parts.scheme, host, number, parts.path, parts.query, parts.fragment, parts.username,
                parts.password)
 

@@ -4,8 +4,13 @@ masking of secrets in everything printed or written (command lines, logs, report
 Secret-bearing: the options --api-key, --hf-token, --token and any --*-token, --*-key,
 --*-secret, --*-password (underscores count as dashes), and the variables *_TOKEN, *_KEY,
 *_SECRET, *_PASSWORD (HF_TOKEN, VLLM_API_KEY, ...), in NAME=VALUE arguments too; and the
-credentials of a URL (scheme://user:PASSWORD@host: the password; scheme://TOKEN@host: the
-name, which may be a token), wherever a URL stands in an argument or a text."""
+credentials of a URL (scheme://USER:PASSWORD@host, scheme://TOKEN@host: the whole userinfo),
+wherever a URL stands in an argument or a text.
+
+A URL's userinfo is read as its authority's parts, not searched for: the authority runs from
+`scheme://` to the first `/`, `?` or line break (or the next `scheme://`), and its userinfo is
+everything up to the authority's last `@`. A password pasted without percent-encoding may hold
+`@`, `#`, `:` or a space; all of it is masked, never a part."""
 from __future__ import annotations
 
 import re
@@ -18,8 +23,9 @@ _SECRET_NAME = re.compile(r"(?:\A|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)\Z")
 # Options that take one or more values (vLLM's --api-key); the others take one.
 _MANY_VALUES = ("--api-key",)
 
-# scheme://NAME[:PASSWORD]@: the user part of a URL's authority (no "/", "@" or space in it).
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s:]*)(?::([^/?#@\s]*))?@")
+# Where a URL starts (its scheme and "://"), and what ends its authority.
+_URL_START = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://")
+_AUTHORITY_END = re.compile(r"[/?\r\n]")
 
 # An HTTP header value the key travels in (Authorization: Bearer KEY) holds visible ASCII only.
 _VISIBLE = {chr(c) for c in range(0x21, 0x7F)}
@@ -59,12 +65,26 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name.upper()))
 
 
+def userinfo_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) in text of the userinfo of every URL in it (empty where a URL has none)."""
+    spans = []
+    starts = [m.end() for m in _URL_START.finditer(text)]
+    for i, begin in enumerate(starts):
+        limit = starts[i + 1] if i + 1 < len(starts) else len(text)
+        end = _AUTHORITY_END.search(text, begin, limit)
+        at = text.rfind("@", begin, end.start() if end else limit)
+        if at >= begin:
+            spans.append((begin, at))
+    return spans
+
+
 def masked_url(text: str) -> str:
-    """``text`` with the credentials of every URL in it masked: scheme://user:***@host, and
-    scheme://***@host where a name stands alone (a token is often given so)."""
-    def hide(m: re.Match) -> str:
-        return f"{m.group(1)}{m.group(2)}:{MASK}@" if m.group(3) is not None else f"{m.group(1)}{MASK}@"
-    return _URL_CREDENTIALS.sub(hide, text)
+    """``text`` with the userinfo of every URL in it masked whole: scheme://***@host."""
+    out, last = [], 0
+    for begin, end in userinfo_spans(text):
+        out += [text[last:begin], MASK]
+        last = end
+    return "".join(out) + text[last:]
 
 
 def masked(args: Sequence[str]) -> list[str]:
@@ -104,8 +124,10 @@ def secret_values(args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     and those of the secret variables of ``env``."""
     values = [a.split("=", 1)[1] if m.endswith("=" + MASK) else a for a, m in zip(args, masked(args))
               if a != m and m != masked_url(a)]
-    values += [m.group(3) if m.group(3) is not None else m.group(2)
-               for a in args for m in _URL_CREDENTIALS.finditer(a)]
+    for a in args:
+        for begin, end in userinfo_spans(a):
+            user, colon, password = a[begin:end].partition(":")
+            values += [a[begin:end], password if colon else user]
     values += [v for k, v in env.items() if is_secret_name(k)]
     return [v for v in values if len(v) >= 4]
 
