@@ -206,3 +206,26 @@ def test_git_is_handed_a_double_dash_before_every_repository(monkeypatch):
     assert len(with_url) >= 2
     for args in with_url:
         assert args[args.index("https://x.invalid/a.git") - 1] == "--" or args[:3] == ("remote", "add", "--"), args
+
+
+def _merged_twice(data: dict) -> str:
+    """versions.json as a hand merge leaves it: the default track's vLLM pinned twice, both sides kept."""
+    text = model.canonical(data)
+    track = data["default_track"]
+    version = data["tracks"][track]["vllm"]["version"]
+    line = f'"version": "{version}"'
+    assert text.count(line) >= 1
+    return text.replace(line, f'{line},\n        "version": "0.0.1"', 1)
+
+
+@pytest.mark.parametrize("command", [["format"], *COMMANDS])
+def test_a_key_given_twice_is_refused_naming_it(command, data, tmp_path):
+    path = tmp_path / "versions.json"
+    merged = _merged_twice(data)
+    path.write_text(merged)
+    proc = run_tool("--file", path, *command)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0] \
+        and "the key 'version' appears twice" in lines[0], lines
+    assert path.read_text() == merged  # format kept both sides for the user to choose

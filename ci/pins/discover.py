@@ -23,7 +23,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import io
-import json
 import re
 import tarfile
 import urllib.parse
@@ -35,6 +34,21 @@ from . import model, resolve
 from .model import PinError
 
 files = runtime_modules.module("files")
+schema = runtime_modules.module("schema")
+# PyPI's JSON API answer (https://docs.pypi.org/api/json/) as pypi_sdists reads it: every file of a
+# release has its type, URL, name, sha256 and yanked flag.
+PYPI_LIMIT = 64 << 20
+PYPI_SCHEMA = {"type": "object", "required": ["releases"], "properties": {"releases": {
+    "type": "object", "maxProperties": 100_000, "additionalProperties": {
+        "type": "array", "maxItems": 10_000, "items": {
+            "type": "object", "required": ["packagetype", "url", "filename", "digests"],
+            "properties": {
+                "packagetype": {"type": "string", "maxLength": 100},
+                "url": {"type": "string", "maxLength": 4096},
+                "filename": {"type": "string", "maxLength": 1000},
+                "yanked": {"type": "boolean"},
+                "digests": {"type": "object", "required": ["sha256"],
+                            "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}}}}}}}}
 
 RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 AITER_TAG_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -72,14 +86,16 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
     """Every X.Y.Z release of vLLM on PyPI that has an sdist that is not yanked."""
     url = f"{index_url.rstrip('/')}/vllm/json"
     try:
-        releases = json.loads(resolve._http(url).body).get("releases", {})
-    except (ValueError, AttributeError):
-        raise PinError(f"{url}: the answer is not PyPI's JSON API: check vllm.index_url") from None
+        shown = resolve.secrets.masked_url(url)
+        body = resolve._http(url, max_bytes=PYPI_LIMIT).body
+        answer = schema.check(files.json_value(body, shown), PYPI_SCHEMA, shown)
+    except files.DataError as exc:
+        raise PinError(f"{exc}: the answer is not PyPI's JSON API: check vllm.index_url") from None
     out: dict[str, Sdist] = {}
-    for version, files in releases.items():
-        if not RELEASE_RE.match(version) or not isinstance(files, list):
+    for version, release in answer["releases"].items():
+        if not RELEASE_RE.match(version):
             continue
-        sdists = [f for f in files if isinstance(f, dict) and f.get("packagetype") == "sdist" and not f.get("yanked")]
+        sdists = [f for f in release if f["packagetype"] == "sdist" and not f.get("yanked")]
         if sdists:
             f = sdists[0]
             out[version] = Sdist(version, urllib.parse.urljoin(url, f["url"]), f["digests"]["sha256"], f["filename"])
@@ -119,7 +135,7 @@ def fetch(sdist: Sdist, cache: Path) -> Path:
         return archive
     partial = archive.with_name(archive.name + ".part")
     with partial.open("wb") as f:
-        resolve._http(sdist.url, sink=f.write)
+        resolve._http(sdist.url, sink=f.write, max_bytes=resolve.DOWNLOAD_LIMIT)
     if _sha256(partial) != sdist.sha256:
         partial.unlink()
         raise PinError(f"{sdist.url}: sha256 differs from the one PyPI lists ({sdist.sha256}): download refused")

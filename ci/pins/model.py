@@ -28,6 +28,8 @@ UNRESOLVED = "UNRESOLVED"
 # source_date_epoch's plausible range (the build's mtimes, `touch -d @N`, and the wheels' zip entries):
 # the one the image manifest reads SOURCE_DATE_EPOCH with.
 EPOCH_RANGE = runtime_modules.module("numbers").EPOCH_RANGE
+# The one reader of JSON (a key given twice refused, naming it).
+files = runtime_modules.module("files")
 # Every string of the versions file has a pattern (verify.check_strings), anchored with \A and
 # \Z (not ^ and $, which let a trailing newline through into a build arg).
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
@@ -168,11 +170,11 @@ def load(path: Path | str = VERSIONS_FILE) -> dict:
     except UnicodeDecodeError as exc:
         raise PinError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PinError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise PinError(f"{path}: nested too deeply to be a versions file") from None
+        data = files.json_value(text, str(path))
+    except files.DataError as exc:
+        if exc.kind == "depth":
+            raise PinError(f"{path}: nested too deeply to be a versions file") from None
+        raise PinError(str(exc)) from None
     if not isinstance(data, dict):
         raise PinError(f"{path}: a versions file is a JSON object, this is a {type(data).__name__}")
     return data

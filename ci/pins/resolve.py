@@ -12,7 +12,6 @@ PINS_CONNECT_TIMEOUT seconds (ci.pins.reach)."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import re
 import socket
@@ -30,6 +29,7 @@ from .model import PinError
 
 numbers = runtime_modules.module("numbers")
 secrets = runtime_modules.module("secrets")
+files = runtime_modules.module("files")  # the one reader of JSON
 
 
 def seconds(name: str, default: str) -> float:
@@ -150,6 +150,11 @@ def resolve_vllm(data: dict, track: str, force: bool = False) -> list[str]:
     return _set(vllm, where, {"commit": commit}, force)
 
 
+# The most bytes of one answer: a JSON answer in memory, or a download fed to a sink (an sdist).
+BODY_LIMIT = 64 << 20
+DOWNLOAD_LIMIT = 2 << 30
+
+
 class _Response:
     def __init__(self, headers, body: bytes):
         self.headers, self.body = headers, body
@@ -222,10 +227,12 @@ def _opener(watch: _Watch) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(HTTP, HTTPS)
 
 
-def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None) -> _Response:
+def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
+          max_bytes: int = BODY_LIMIT) -> _Response:
     """One HTTP request, finished within PINS_TIMEOUT seconds as a whole, from the connection to
     the body's last byte (a server that trickles its headers or its body is cut off at the
-    deadline); the body is read here (or fed to sink in chunks). HTTP errors other than 401 and
+    deadline); the body is read here (or fed to sink in chunks), at most `max_bytes` of it (an
+    answer that never ends is cut off there, not held whole). HTTP errors other than 401 and
     every network failure become one-line PinErrors naming the URL (credentials masked); a 401 is
     raised as HTTPError for the token dance."""
     limit = timeout()
@@ -245,7 +252,7 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None)
     try:
         with _opener(watch).open(req, timeout=limit) as resp:
             sock = _socket_of(resp)
-            chunks = []
+            chunks, size = [], 0
             while True:
                 if sock is not None:
                     sock.settimeout(left())
@@ -253,6 +260,10 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None)
                 left()
                 if not chunk:
                     break
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected "
+                                   "there")
                 if sink is None:
                     chunks.append(chunk)
                 else:
@@ -314,8 +325,8 @@ def image_digest(ref: str) -> str:
         raise PinError(f"{ref}: {why}: check the image name and tag in versions.json base_image, `docker login` "
                        "for a private registry, and the network")
     try:
-        digest = json.loads(proc.stdout).get("digest")
-    except (ValueError, AttributeError):
+        digest = files.json_value(proc.stdout, ref).get("digest")
+    except (files.DataError, AttributeError):
         digest = None
     if not isinstance(digest, str) or not model.DIGEST_RE.match(digest):
         raise PinError(f"{ref}: docker buildx imagetools inspect gave no sha256 digest")

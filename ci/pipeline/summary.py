@@ -9,12 +9,13 @@ read from its log by the image's runtime).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
+
+from .. import runtime_modules
 
 # The line the smoke suite prints ("backends selected: ['X']; ...").
 PRINTED_SELECTED = re.compile(r"backends selected: \[([^\]]*)\]")
@@ -29,18 +30,21 @@ class SummaryError(Exception):
 
 
 def _read_json(path: Path):
+    files = runtime_modules.module("files")  # the one reader of JSON
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return files.read_json(path)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise SummaryError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise SummaryError(f"{path} is not UTF-8 text: not a file the self-test wrote") from None
-    except json.JSONDecodeError as exc:
-        raise SummaryError(f"{path} is not JSON, or truncated ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise SummaryError(f"{path} is nested too deeply to be a self-test file") from None
+    except files.DataError as exc:
+        why = {"utf8": "is not UTF-8 text: not a file the self-test wrote",
+               "depth": "is nested too deeply to be a self-test file"}.get(exc.kind)
+        if why:
+            raise SummaryError(f"{path} {why}") from None
+        if exc.kind == "json":
+            raise SummaryError(f"{path} is not JSON, or truncated ({exc.detail})") from None
+        raise SummaryError(str(exc)) from None
 
 
 def load_report(results: Path) -> dict:

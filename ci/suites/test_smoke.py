@@ -34,7 +34,7 @@ from types import ModuleType
 
 import pytest
 
-from rocm_vllm_runtime import jitcache, numbers
+from rocm_vllm_runtime import files, jitcache, numbers
 from rocm_vllm_runtime.manifest import ManifestError, load_manifest
 from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
@@ -239,7 +239,7 @@ def _post(url: str, body: dict, timeout: float) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+        return files.json_value(files.read_bounded(response, url), url)
 
 
 def test_vllm_serves_tiny_mla_with_rocm_aiter_mla(aiter: ModuleType, tmp_path: Path) -> None:

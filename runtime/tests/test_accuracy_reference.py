@@ -174,3 +174,70 @@ def test_the_command_line_refuses_a_bad_reference_in_one_line(tmp_path):
         "No such file or directory; it must be a folder an earlier gate wrote accuracy.json and its lm-eval samples "
         "to"], proc.stderr
     assert "== accuracy" not in proc.stdout
+
+
+# ------------------------------------------------------------------ data of the wrong shape
+# The folder's files are checked against the schemas accuracy.py declares (accuracy.RESULTS_SCHEMA,
+# accuracy.samples_schema) as they are read: a wrong shape is one line naming the file and the field,
+# never a traceback deep in the comparison or the report.
+
+def _edit_samples(folder: Path, edit) -> None:
+    path = folder / "lm-eval-samples-cpu-vllm.json"
+    doc = json.loads(path.read_text())
+    doc = edit(doc) or doc
+    path.write_text(json.dumps(doc))
+
+
+def _run(edit):
+    return lambda f: _edit_doc(f, lambda d: edit(d["runs"]["cpu-vllm"]))
+
+
+SHAPES = {
+    "problems a number": (_run(lambda r: r.update(ok=False, problems=5)), "accuracy.json: runs.cpu-vllm.problems"),
+    "ok a string": (_run(lambda r: r.update(ok="yes")), "accuracy.json: runs.cpu-vllm.ok"),
+    "selected a list": (_run(lambda r: r.update(selected=["TRITON_MLA"])), "accuracy.json: runs.cpu-vllm.selected"),
+    "scores not numbers": (_run(lambda r: r.update(scores={"tiny_mla_gen": {"exact_match,strip": "high"}})),
+                           "accuracy.json: runs.cpu-vllm.scores.tiny_mla_gen.exact_match,strip"),
+    "a run a list": (lambda f: _edit_doc(f, lambda d: d["runs"].update({"cpu-vllm": []})),
+                     "accuracy.json: runs.cpu-vllm: must be an object, not a list"),
+    "the document a list": (lambda f: (f / "accuracy.json").write_text("[]"),
+                            "accuracy.json: the whole: must be an object, not a list"),
+    "accuracy.json nested deeply": (lambda f: (f / "accuracy.json").write_text("[" * 100000 + "]" * 100000),
+                                    "accuracy.json: nested deeper than"),
+    "a key twice": (lambda f: (f / "accuracy.json").write_text('{"runs": {}, "runs": {}, "settings": {}}'),
+                    "accuracy.json: the key 'runs' appears twice"),
+    "samples a list": (lambda f: _edit_samples(f, lambda d: [d]),
+                       "lm-eval-samples-cpu-vllm.json: the whole: must be an object, not a list"),
+    "rows a number": (lambda f: _edit_samples(f, lambda d: d.update(tiny_mla_gen=5)),
+                      "lm-eval-samples-cpu-vllm.json: tiny_mla_gen: must be a list, not a number"),
+    "a row a number": (lambda f: _edit_samples(f, lambda d: d["tiny_mla_gen"].insert(0, 7)),
+                       "lm-eval-samples-cpu-vllm.json: tiny_mla_gen[0]: must be an object"),
+    "a row without doc_id": (lambda f: _edit_samples(f, lambda d: d["tiny_mla_gen"][1].__delitem__("doc_id")),
+                             "tiny_mla_gen[1].doc_id: is missing"),
+    "filter a list": (lambda f: _edit_samples(f, lambda d: d["tiny_mla_gen"][0].update(filter=["strip"])),
+                      "tiny_mla_gen[0].filter: must be a string"),
+    "log-likelihood a string": (lambda f: _edit_samples(
+        f, lambda d: d["tiny_mla_loglik"][2].update(filtered_resps=[["high", False]])),
+        "tiny_mla_loglik[2].filtered_resps[0][0]: must be a number or true or false, not a string"),
+    "no log-likelihood": (lambda f: _edit_samples(f, lambda d: d["tiny_mla_loglik"][0].update(filtered_resps=[[]])),
+                          "tiny_mla_loglik[0].filtered_resps[0]: holds fewer than 1 entries"),
+    "samples nested deeply": (lambda f: (f / "lm-eval-samples-cpu-vllm.json").write_text("[" * 5000 + "]" * 5000),
+                              "lm-eval-samples-cpu-vllm.json: nested deeper than"),
+}
+
+
+@pytest.mark.parametrize("case", SHAPES)
+def test_a_reference_of_the_wrong_shape_is_refused_naming_file_and_field(case, earlier, serving, tmp_path):
+    spoil, named = SHAPES[case]
+    spoil(earlier)
+    with pytest.raises(accuracy.AccuracyError) as refused:
+        accuracy.compare([OURS, REFERENCE], SERVE, replace(SETTINGS, reference=str(earlier)), 0, tmp_path / "now", 1)
+    message = str(refused.value)
+    assert message.startswith(f"ACCURACY_REFERENCE={earlier}: ") and named in message and "\n" not in message, message
+    assert serving[0] == []
+
+
+def test_a_reference_score_named_without_a_filter_is_shown(earlier, serving, tmp_path):
+    _run(lambda r: r.update(scores={"tiny_mla_gen": {"exact_match": 0.5}}))(earlier)
+    doc = accuracy.compare([OURS, REFERENCE], SERVE, replace(SETTINGS, reference=str(earlier)), 0, tmp_path / "now", 1)
+    assert "tiny_mla_gen  0.500" in accuracy.render(doc)

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, children, files, numbers
+from . import bench, children, files, numbers, schema
 from .selection import selection
 from .secrets import shown
 
@@ -187,9 +187,17 @@ def data_problem(env: Mapping[str, str]) -> str:
 
 # ---------------------------------------------------------------- one backend: server + lm-eval
 
+# The answer of /v1/models: what served_model takes from it.
+MODELS_SCHEMA = {"type": "object", "required": ["data"], "properties": {"data": {
+    "type": "array", "minItems": 1, "items": {"type": "object", "required": ["id"],
+                                              "properties": {"id": {"type": "string", "maxLength": 4096}}}}}}
+
+
 def served_model(base_url: str) -> str:
-    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=30) as resp:
-        return json.load(resp)["data"][0]["id"]
+    url = f"{base_url}/v1/models"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        answer = files.json_value(files.read_bounded(resp, url, 1 << 20), url)
+    return schema.check(answer, MODELS_SCHEMA, url)["data"][0]["id"]  # type: ignore[index]
 
 
 def run_lm_eval(base_url: str, configs: Sequence[dict], settings: Settings) -> dict:
@@ -216,8 +224,7 @@ def per_question(samples: Mapping[str, Sequence[Mapping]], loglik_tasks: Sequenc
         for row in rows:
             doc = str(row["doc_id"])
             if task in loglik_tasks:
-                values = row["filtered_resps"]
-                values = [values] if values and not isinstance(values[0], (list, tuple)) else values
+                values = row["filtered_resps"]  # [[log-likelihood, is greedy], ...] (samples_schema)
                 out.setdefault(task, {}).setdefault("loglik", {})[doc] = {
                     "loglik": [float(v[0]) for v in values], "prompt": row.get("prompt_hash", "")}
                 continue
@@ -350,6 +357,42 @@ def dtype_tolerance(serve_args: Sequence[str], settings: Settings) -> tuple[str,
 # What a reference run must share with this one: the questions, how they are asked, the model.
 SAME_AS_REFERENCE = ("tasks", "loglik_tasks", "num_fewshot", "limit", "dtype", "serve_args")
 
+# A reference folder's files: what reference_runs, document and render take from them (JSON Schema,
+# checked as they are read: rocm_vllm_runtime.schema), and how large they may be.
+RESULTS_LIMIT = 16 << 20
+SAMPLES_LIMIT = 256 << 20
+_TEXT = {"type": "string", "maxLength": 100_000}
+_TEXTS = {"type": "array", "maxItems": 10_000, "items": _TEXT}
+RUN_SCHEMA = {"type": "object", "required": ["ok"], "properties": {
+    "ok": {"type": "boolean"},
+    "problems": _TEXTS,
+    "samples_file": {"type": "string", "maxLength": 4096},
+    "scores": {"type": "object", "additionalProperties": {"type": "object",
+                                                          "additionalProperties": {"type": "number"}}},
+    "selected": {"type": "object", "properties": {"attention_backends": _TEXTS,
+                                                  "implementation": {"type": ["string", "null"], "maxLength": 200}}},
+}}
+RESULTS_SCHEMA = {"type": "object", "required": ["settings", "runs"], "properties": {
+    "settings": {"type": "object"},
+    "runs": {"type": "object", "maxProperties": 100, "additionalProperties": RUN_SCHEMA},
+}}
+_NAME = {"type": "string", "maxLength": 200}
+_ROW = {"doc_id": {"type": ["integer", "string"], "maxLength": 200}, "filter": _NAME,
+        "metrics": {"type": "array", "maxItems": 100, "items": _NAME}, "prompt_hash": _NAME}
+
+
+def samples_schema(loglik_tasks: Sequence[str]) -> dict:
+    """lm-eval's samples as per_question reads them: task -> rows; a generation row's filtered_resps a list
+    (its first entry the answer), a log-likelihood row's a list of [log-likelihood, is greedy] pairs."""
+    def task(filtered: dict) -> dict:
+        return {"type": "array", "maxItems": 1_000_000, "items": {
+            "type": "object", "required": ["doc_id", "filtered_resps"],
+            "properties": {**_ROW, "filtered_resps": filtered}}}
+    pair = {"type": "array", "minItems": 1, "maxItems": 16, "items": {"type": ["number", "boolean"]}}
+    loglik = task({"type": "array", "minItems": 1, "maxItems": 1000, "items": pair})
+    return {"type": "object", "maxProperties": 1000, "properties": {t: loglik for t in loglik_tasks},
+            "additionalProperties": task({"type": "array", "maxItems": 1000})}
+
 
 def reference_runs(folder: str, names: Sequence[str], settings: Settings,
                    serve_args: Sequence[str], dtype: str) -> dict[str, dict]:
@@ -360,12 +403,16 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
     where = f"ACCURACY_REFERENCE={folder}"
     path = Path(folder) / "accuracy.json"
     try:
-        doc = json.loads(_reference_text(where, path))
-        recorded, runs = doc["settings"], doc["runs"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else f"not an accuracy gate's JSON ({exc.__class__.__name__})"
-        raise AccuracyError(f"{where}: cannot read {path}: {why}; it must be a folder an earlier gate wrote "
-                            "accuracy.json and its lm-eval samples to") from None
+        doc = schema.check(files.read_json(path, str(path), RESULTS_LIMIT), RESULTS_SCHEMA, str(path))
+        recorded, runs = doc["settings"], doc["runs"]  # type: ignore[index]
+    except files.DataError as exc:
+        if exc.kind == "json":
+            raise AccuracyError(f"{where}: cannot read {path}: not an accuracy gate's JSON ({exc.detail}); it must be "
+                                "a folder an earlier gate wrote accuracy.json and its lm-eval samples to") from None
+        raise AccuracyError(f"{where}: {exc}") from None
+    except OSError as exc:
+        raise AccuracyError(f"{where}: cannot read {path}: {exc.strerror or exc}; it must be a folder an earlier "
+                            "gate wrote accuracy.json and its lm-eval samples to") from None
     ours = {**asdict(settings), "dtype": dtype, "serve_args": list(serve_args)}
     for key in SAME_AS_REFERENCE:
         theirs = recorded.get(key) if isinstance(recorded, dict) else None
@@ -384,25 +431,22 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
                                 "not a reference")
         try:
             samples_path = files.inside(folder, Path(str(run["samples_file"])).name, "a reference's samples file")
-            samples = json.loads(_reference_text(where, samples_path))
+            samples = schema.check(files.read_json(samples_path, str(samples_path), SAMPLES_LIMIT),
+                                   samples_schema(settings.loglik_tasks), str(samples_path))
         except files.RefusedError as exc:
             raise AccuracyError(f"{where}: {exc}") from None
-        except (OSError, ValueError) as exc:
+        except files.DataError as exc:
+            if exc.kind not in ("json", "utf8"):
+                raise AccuracyError(f"{where}: {exc}") from None
+            raise AccuracyError(f"{where}: cannot read the lm-eval samples of {name} "
+                                f"({samples_path.name}): {exc.detail}") from None
+        except OSError as exc:
             raise AccuracyError(f"{where}: cannot read the lm-eval samples of {name} "
                                 f"({Path(str(run['samples_file'])).name}): {getattr(exc, 'strerror', None) or exc}"
                                 ) from None
         print(f"== accuracy {name}: taken from {folder} (an earlier run), not served", flush=True)
-        out[name] = {**run, "questions": per_question(samples, settings.loglik_tasks), "reference": folder}
+        out[name] = {**run, "questions": per_question(samples, settings.loglik_tasks), "reference": folder}  # type: ignore[arg-type]
     return out
-
-
-def _reference_text(where: str, path: Path) -> str:
-    """A reference file's text; a FIFO, socket or device stops in one line before it is opened
-    (opening a FIFO would wait for a writer)."""
-    problem = files.not_regular_problem("", path)
-    if problem:
-        raise AccuracyError(f"{where}: {problem}")
-    return path.read_text()
 
 
 def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings: Settings, port: int,
@@ -447,7 +491,7 @@ def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
 
 def score_line(doc: Mapping, name: str) -> str:
     scores = (doc["runs"][name].get("scores") or {})
-    return ", ".join(f"{task} {key.split(',')[1]} {value:.3f}" for task, values in scores.items()
+    return ", ".join(f"{task} {key.partition(',')[2]} {value:.3f}" for task, values in scores.items()
                      for key, value in values.items() if not key.split(",")[0].endswith("_stderr")
                      and task not in doc["settings"]["loglik_tasks"])
 

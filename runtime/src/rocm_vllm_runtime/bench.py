@@ -295,7 +295,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
             except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
                 problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
             if result_file.is_file() and _stamp(result_file) != before:
-                metrics, errors = summarize(json.loads(result_file.read_text()))
+                metrics, errors = summarize(files.read_json(result_file))
             elif not problems:
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
     selected = selection(log.read_text(errors="replace"))

@@ -9,9 +9,10 @@ Pure functions: text in, records out. Three formats are understood:
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+
+from . import files
 
 ISA_PREFIX = "amdgcn-amd-amdhsa--"
 _ARCH = re.compile(r"^gfx[0-9a-z]+$")
@@ -104,8 +105,8 @@ def parse_amd_smi(text: str) -> list[Gpu]:
 
 def parse_amd_smi_json(text: str) -> list[Gpu]:
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = files.json_value(text, "amd-smi's JSON")
+    except files.DataError:
         return []
     if isinstance(data, dict):
         data = data.get("gpu_data", data.get("gpus", [data]))

@@ -1,5 +1,5 @@
-"""The one owner of three kinds of risky file operation (an architecture test, tests/test_one_owner.py,
-fails on any other use). Standard library only.
+"""The one owner of four kinds of risky file operation (architecture tests, tests/test_one_owner.py and
+tests/test_one_json_reader.py, fail on any other use). Standard library only.
 
 * Deleting: `remove_made` removes a folder this program made (`make_dir` wrote its marker inside) within
   a root this program made, never through a symbolic link; a folder is this program's by its owner, not
@@ -13,10 +13,17 @@ fails on any other use). Standard library only.
   rename), through a symbolic link to its target, and only to an absent path or a regular file (never a
   device, a FIFO, a socket or a stream such as /dev/stdout); `outputs_problem` checks the same before
   any work, and that no two outputs name one file.
+* Reading JSON (the project's own files and answers from outside): `json_value` parses text, refusing a
+  key given twice in one object (a hand merge), nesting deeper than JSON_DEPTH and text that is not UTF-8;
+  `read_json` reads a file of at most a given size (never a FIFO or a device), `read_bounded` at most a
+  given number of bytes of a stream (an HTTP answer that never ends). Each refusal is one line
+  (`DataError`) that names where the data came from and what is wrong. What shape the data must have is
+  checked after, against a declared schema (`rocm_vllm_runtime.schema`).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
@@ -34,6 +41,15 @@ _FILES_UNDER_DEV = ("/dev/shm/",)
 
 class OutputError(OSError):
     """A result file cannot be written; the message names the option and the path."""
+
+
+class DataError(ValueError):
+    """Data read from a file or an answer is not what it must be; the message is one line, `where: detail`.
+    `kind` says which check refused it: utf8, json, duplicate, depth, size, regular or schema."""
+
+    def __init__(self, where: str, kind: str, detail: str) -> None:
+        super().__init__(f"{where}: {detail}")
+        self.where, self.kind, self.detail = where, kind, detail
 
 
 class RefusedError(OSError):
@@ -345,3 +361,81 @@ def write_result(prog: str, option: str, path: str, text: str) -> bool:
               file=sys.stderr, flush=True)
         return False
     return True
+
+
+# ------------------------------------------------------------------------------------ reading JSON
+
+# Deeper than any file or answer the project reads; past Python's recursion limit json.loads raises.
+JSON_DEPTH = 64
+# The most bytes read of one JSON file or answer unless its reader says otherwise.
+JSON_LIMIT = 64 << 20
+
+
+def _unique_keys(where: str):
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        out: dict = {}
+        for key, value in items:
+            if key in out:
+                shown = key if len(key) <= 80 else key[:77] + "..."
+                raise DataError(where, "duplicate", f"the key {shown!r} appears twice in one object (a merge "
+                                "that kept both sides?): keep one")
+            out[key] = value
+        return out
+    return pairs
+
+
+def _depth(value: object) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= JSON_DEPTH:
+                todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def json_value(text: str | bytes, where: str) -> object:
+    """The one reader of JSON text: its value, or DataError in one line starting with `where` when the
+    text is not UTF-8, not JSON, holds a key twice in one object (naming the key) or nests deeper than
+    JSON_DEPTH."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(where, "utf8", f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_keys(where))
+    except RecursionError:
+        raise DataError(where, "depth", f"nested deeper than {JSON_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(where, "json", f"not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+    if _depth(value) > JSON_DEPTH:
+        raise DataError(where, "depth", f"nested deeper than {JSON_DEPTH} levels")
+    return value
+
+
+def read_bounded(stream, where: str, limit: int = JSON_LIMIT) -> bytes:
+    """At most `limit` bytes of a binary stream (a file, an HTTP answer), read in chunks; DataError in one
+    line naming `where` when there are more (an answer that never ends is cut off, not held whole)."""
+    chunks, size = [], 0
+    while True:
+        chunk = stream.read(min(1 << 20, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise DataError(where, "size", f"more than {limit} bytes: not what is expected there")
+
+
+def read_json(path: str | Path, where: str = "", limit: int = JSON_LIMIT) -> object:
+    """The JSON value of the file `path` (json_value), read only when it is a regular file (a FIFO would
+    wait for a writer) and at most `limit` bytes long. DataError in one line starting with `where`
+    (default: the path); OSError when it cannot be read."""
+    where = where or str(path)
+    problem = not_regular_problem("", path)
+    if problem:
+        raise DataError(where, "regular", problem)
+    with open(path, "rb") as f:
+        return json_value(read_bounded(f, where, limit), where)

@@ -25,10 +25,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime import numbers
+from rocm_vllm_runtime import files, numbers
 from rocm_vllm_runtime.secrets import api_key_problem, masked_url
 
 DEFAULT_TIMEOUT_S = 10.0
+# The most bytes read of one answer (a model list, a one-token completion): an answer that never ends is
+# cut off here, not held whole.
+BODY_LIMIT = 4 << 20
 
 
 def _request(url: str, payload: Mapping | None, api_key: str, timeout: float) -> tuple[int, bytes]:
@@ -39,16 +42,18 @@ def _request(url: str, payload: Mapping | None, api_key: str, timeout: float) ->
     req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
+            return resp.status, files.read_bounded(resp, masked_url(url), BODY_LIMIT)
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        return exc.code, files.read_bounded(exc, masked_url(url), BODY_LIMIT)
 
 
 def _object(body: bytes, where: str, key: str) -> tuple[list, str]:
     """(the list under key in a JSON object answer, '') or ([], why the answer is not one)."""
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = files.json_value(body, where)
+    except files.DataError as exc:
+        if exc.kind == "duplicate":
+            return [], f"{exc}: not an OpenAI-compatible server"
         return [], f"{where} answered no JSON: not an OpenAI-compatible server"
     if not isinstance(doc, dict):
         return [], (f"{where} answered a JSON {type(doc).__name__} where an object with {key!r} belongs: "

@@ -61,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rocm_vllm_runtime import numbers
+from rocm_vllm_runtime import files, numbers
 from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
@@ -265,11 +265,11 @@ def read_json(path: str | Path, what: str, fix: str) -> object:
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{what} {path} is not UTF-8 text (byte {exc.start}): {fix}") from None
     try:
-        return json.loads(text)
-    except RecursionError:
-        raise ManifestError(f"{what} {path} is nested too deeply to be one: {fix}") from None
-    except ValueError as exc:
-        raise ManifestError(f"{what} {path} is not valid JSON: {exc}: {fix}") from None
+        return files.json_value(text, f"{what} {path}")
+    except files.DataError as exc:
+        if exc.kind == "depth":
+            raise ManifestError(f"{what} {path} is nested too deeply to be one: {fix}") from None
+        raise ManifestError(f"{exc}: {fix}") from None
 
 
 def read_manifest(path: str | Path) -> Manifest:
@@ -288,7 +288,7 @@ def load_manifest(env: Mapping[str, str]) -> Manifest:
 def dumps(manifest: Manifest) -> str:
     """The file's text; what the reader would refuse is never written."""
     data = manifest.to_json()
-    parse_manifest(json.loads(json.dumps(data)), where="the manifest being written")
+    parse_manifest(files.json_value(json.dumps(data), "the manifest being written"), where="the manifest being written")
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
@@ -321,8 +321,10 @@ def _pin_arg(env: Mapping[str, str], name: str) -> dict:
     if not text:
         return {}
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = files.json_value(text, f"the build arg {name}")
+    except files.DataError as exc:
+        if exc.kind == "duplicate":
+            raise ManifestError(f"{exc}: pass it as python3 -m ci.pins args prints it") from None
         value = None
     if not isinstance(value, dict):
         raise ManifestError(f"the build arg {name} is not a JSON object: pass it as python3 -m ci.pins args "

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         artifact = _artifact(name)
         if artifact.is_file() and _stamp(artifact) != stamp:
             try:
-                extra[name] = json.loads(artifact.read_text())
+                extra[name] = files.read_json(artifact)
             except (ValueError, OSError) as exc:  # the other results are still written
                 extra[name] = {"error": f"{artifact} is truncated or not JSON ({exc.__class__.__name__})"}
     doc = report.to_json(results, stack_versions(), gpus, source, extra)
