@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -40,6 +41,7 @@ from ci import runtime_modules  # noqa: E402
 
 children = runtime_modules.module("children")
 numbers = runtime_modules.module("numbers")
+secrets = runtime_modules.module("secrets")
 
 # Where torch's CPU build comes from when no wheelhouse is configured (find-links).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -49,7 +51,10 @@ SECTIONS = ("global", "install", ":env:")
 OPTIONS = {"index-url": "index-url", "extra-index-url": "extra-index-url", "find-links": "find-links",
            "no-index": "no-index", "trusted-host": "trusted-host", "cert": "cert", "timeout": "timeout",
            "default-timeout": "timeout", "proxy": "proxy"}
-TRUE = ("1", "true", "yes", "on", "y", "t")  # pip's reading of a flag given as text
+# pip's reading of a flag given as text (pip._internal.utils.misc.strtobool, after lower()); anything
+# else pip refuses, and so does this module. An empty value pip leaves unset.
+TRUE = ("1", "true", "yes", "on", "y", "t")
+FALSE = ("0", "false", "no", "off", "n", "f")
 PIP_TIMEOUT_S = 60.0  # pip config list reads files only
 
 
@@ -90,16 +95,48 @@ def pip_settings(python: str = sys.executable) -> PipSettings:
     """pip's settings as that Python's pip reads them in this process's environment."""
     out = children.output([python, "-m", "pip", "config", "list"], PIP_TIMEOUT_S)
     if out.error or out.timed_out or out.returncode != 0:
-        said = (out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}").splitlines()[-1]
-        why = out.error or (f"no answer within {PIP_TIMEOUT_S:g} s" if out.timed_out else said)
+        why = out.error or (f"no answer within {PIP_TIMEOUT_S:g} s" if out.timed_out else _failure(out))
         raise SystemExit(f"error: cannot read pip's settings with {python} -m pip config list: {why}")
     return parse_config_list(out.stdout.splitlines())
+
+
+def flag(settings: Mapping[str, str], key: str) -> bool:
+    """A boolean option of pip's settings as pip reads it: on, off (also where unset or empty), or
+    refused in one line naming the setting, as pip refuses it."""
+    value = settings.get(key, "")
+    if value == "" or value.lower() in FALSE:
+        return False
+    if value.lower() in TRUE:
+        return True
+    where = getattr(settings, "where", {}).get(key, f"pip's {key}")
+    raise SystemExit(f"error: {where}={value[:40]!r} is not a boolean pip takes: give one of "
+                     f"{'/'.join(TRUE)} or {'/'.join(FALSE)} (pip itself refuses it)")
+
+
+# Where pip names a configuration file it cannot parse (configparser's words, as pip prints them).
+_CONFIG_FILE = re.compile(r"^(?:file: |Source contains parsing errors: |File contains no section headers\.\s*file: )"
+                          r"'([^'\n]+)'(?:, line: (\d+))?", re.M)
+
+
+def _failure(out) -> str:
+    """Why `pip config list` failed, in one line that never shows a line of a configuration file
+    (pip echoes the line it cannot parse, an index's credentials and all): the file and line it
+    names, or pip's last line with every URL's credentials masked where it names none."""
+    text = f"{out.stdout}\n{out.stderr}"
+    if "Configuration file could not be loaded" in text or _CONFIG_FILE.search(text):
+        found = _CONFIG_FILE.search(text)
+        place = f"{found.group(1)}{', line ' + found.group(2) if found.group(2) else ''}" if found else \
+            "one of its configuration files"
+        return (f"pip cannot parse {place} (its lines are not shown: they may hold credentials): fix it, or "
+                "set PIP_CONFIG_FILE=/dev/null to use none")
+    said = (out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}").splitlines()[-1]
+    return secrets.masked_url(said)
 
 
 def pip_sources(settings: Mapping[str, str]) -> list[str]:
     """uv's options for the package sources pip's settings name."""
     out: list[str] = []
-    if settings.get("no-index", "").strip().lower() in TRUE:
+    if flag(settings, "no-index"):
         out.append("--no-index")  # no index at all, extra ones included
     else:
         out += ["--index-url", settings["index-url"]] if settings.get("index-url") else []

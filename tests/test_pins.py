@@ -660,17 +660,16 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_ser
 @pytest.mark.parametrize("port", ["70000", str(443 + 65536), "0", "x"])
 def test_a_url_port_that_is_no_tcp_port_is_one_line_never_showing_a_password(port, tree):
     """A source URL whose port is no TCP port (read by the one reading of URLs): each item that
-    needs it fails in one line; the URL's password is never shown."""
+    needs it fails in one line (a URL with credentials is refused before: tests/test_urls_parsed.py)."""
     d = model.load(tree / "versions.json")
-    d["pytorch"]["index_url"] = f"https://user:PASSWORD@127.0.0.1:{port}/whl"
+    d["pytorch"]["index_url"] = f"https://127.0.0.1:{port}/whl"
     model.dump(d, tree / "versions.json")
     env = {**os.environ, "PINS_TIMEOUT": "5", "PINS_CONNECT_TIMEOUT": "2"}
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
                            "wheels"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     first, summary = proc.stderr.strip().splitlines()
-    assert "not a TCP port" in first and "user:***@" in first, first
-    assert "PASSWORD" not in proc.stderr + proc.stdout
+    assert "not a TCP port" in first and "pytorch" in first, first
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon", "99999999", "1e10", "86401"])

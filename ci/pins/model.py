@@ -77,13 +77,38 @@ LOCKS_DIR = Path("ci/locks")
 TORCH_WHEELS = ("torch", "torchvision", "torchaudio")
 
 
+# Words of a host label or path segment that name one of TheRock's channels other than its releases
+# (its nightly host is rocm.nightlies.amd.com, upstream's nightly.repo.amd.com; pre-releases
+# rocm.prereleases.amd.com).
+THEROCK_NOT_RELEASE = ("nightly", "nightlies", "prerelease", "prereleases")
+
+
 def therock_index_problem(url: str) -> str | None:
-    """What is wrong with a TheRock index URL, or None: it must be a release index over https, never
-    a nightly one (hosts compare without case)."""
-    if not url.startswith("https://"):
-        return "not an https:// index"
-    if "nightly" in url.lower():
-        return "a nightly index (the release index only)"
+    """What is wrong with a TheRock index URL, or None. It is read by its parts (numbers.url), not
+    searched: https, a host, no credentials, no query or fragment; and no host label or path segment,
+    percent-decoded (however often), case-folded and split into words, that names a nightly or
+    pre-release channel: the release index only."""
+    import unicodedata  # noqa: PLC0415
+    import urllib.parse  # noqa: PLC0415
+
+    numbers = runtime_modules.module("numbers")
+    if runtime_modules.module("secrets").userinfo_spans(url):
+        return "an index with credentials (a committed file never holds them)"
+    try:
+        parts = numbers.url("index_url", url, schemes=("https",))
+    except numbers.SettingError:
+        return "not an https:// index with a host (and a TCP port, where it names one)"
+    if parts.query or parts.fragment:
+        return "an index with a query or fragment"
+    where = f"{parts.host}/{parts.path}"
+    for _ in range(8):  # %256E is %6E is n
+        decoded = urllib.parse.unquote(where)
+        if decoded == where:
+            break
+        where = decoded
+    words = re.split(r"[^a-z0-9]+", unicodedata.normalize("NFKC", where).casefold())
+    if any(w in THEROCK_NOT_RELEASE or w.startswith("nightl") for w in words):
+        return "a nightly index (or a pre-release one): the release index only"
     return None
 
 

@@ -5,9 +5,12 @@ import hashlib
 import re
 from pathlib import Path
 
+from .. import runtime_modules
 from ..docker import lock_lines
 from . import model
 from .model import COMMIT_RE, DIGEST_RE, SHA256_RE, PinError
+
+secrets = runtime_modules.module("secrets")
 
 
 def _check_unresolved_list(node: dict, path: str, errors: list[str]) -> None:
@@ -203,8 +206,26 @@ def check_schema(data: dict) -> list[str]:
     return errors
 
 
+def credentials_problem(key: str, value: str) -> str | None:
+    """Why a URL of the versions file holds credentials (None: it holds none). Its userinfo is read
+    as the one masking reads it (secrets.userinfo_spans: up to its authority's last @, whatever the
+    password holds); only an ssh:// or git:// repository may name a user, without a password."""
+    spans = secrets.userinfo_spans(value)
+    if not spans:
+        return None
+    userinfo = value[spans[0][0]:spans[0][1]]
+    if key in model.REPOSITORY_KEYS and value.lower().startswith(("ssh://", "git://")) and ":" not in userinfo:
+        return None
+    return ("holds credentials (user:password@ or token@ before the host): a committed file never holds them; "
+            "give them to pip or git through their own configuration (netrc, a credential helper)")
+
+
 def _string_problem(key: str, value: str) -> str | None:
     """Why a string of the versions file at key cannot be a pin (None: it can)."""
+    if key in model.REPOSITORY_KEYS or key in model.URL_KEYS:
+        problem = credentials_problem(key, value)
+        if problem:
+            return problem
     if key in model.REPOSITORY_KEYS:
         if not model.REPOSITORY_RE.match(value):
             return ("must be a git repository: an https://, http://, git://, ssh:// or file:// URL, user@host:path "
@@ -234,8 +255,11 @@ def check_strings(node, path: str, errors: list[str], key: str = "") -> None:
                 errors.append(f"{path}: must be one line of text (no control characters)")
             return
         problem = _string_problem(key, node)
-        if problem:
-            errors.append(f"{path} = {node!r}: {problem}")
+        if problem and (key in model.REPOSITORY_KEYS or key in model.URL_KEYS) and \
+                credentials_problem(key, node):
+            errors.append(f"{path}: {problem}")  # the value is not shown
+        elif problem:
+            errors.append(f"{path} = {secrets.masked_url(repr(node))}: {problem}")
 
 
 def _check_rocm(node, path: str, errors: list[str]) -> None:
