@@ -68,6 +68,11 @@ def fill_unresolved(node: object) -> None:
             fill_unresolved(value)
 
 
+def fake_lock(what: str) -> str:
+    """A lock of the shape resolve writes (a pinned, hashed requirement): verify reads its body."""
+    return f"# {what}\nexample-dist==1.0 \\\n    --hash=sha256:{'f' * 64}\n"
+
+
 @pytest.fixture
 def resolved_repo(tmp_path: Path) -> Path:
     root = copy_repo(tmp_path / "repo")
@@ -77,16 +82,16 @@ def resolved_repo(tmp_path: Path) -> Path:
         if own["vllm"].get("commit_prefix"):
             own["vllm"]["commit_prefix"] = own["vllm"]["commit"][:9]
     for track in model.therock_track_names(data):  # the TheRock lock resolve would write, and its sha256
-        lock = f"# the TheRock lock of track {track}, as resolve therock writes it\n"
+        lock = fake_lock(f"the TheRock lock of track {track}, as resolve therock writes it")
         (root / model.LOCKS_DIR / model.therock_lock_name(track)).write_text(lock)
         data["tracks"][track]["therock"]["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     for track in model.built_track_names(data):  # the PyTorch lock resolve wheels would write, and its sha256
         if model.pytorch_pins(data, track):
-            lock = "# the PyTorch lock, as resolve wheels writes it\n"
+            lock = fake_lock("the PyTorch lock, as resolve wheels writes it")
             (root / model.LOCKS_DIR / model.pytorch_lock_name(data, track)).write_text(lock)
             model.section(data, "pytorch", track)["lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     for pin in data["aiter"]["pins"].values():  # the lock of AITER's requirements resolve aiter would write
-        lock = f"# the lock of AITER {pin['tag']}'s requirements, as resolve aiter writes it\n"
+        lock = fake_lock(f"the lock of AITER {pin['tag']}'s requirements, as resolve aiter writes it")
         (root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])).write_text(lock)
         pin["requirements_lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     (root / "versions.json").write_text(model.canonical(data))
