@@ -137,3 +137,209 @@ def test_a_signal_to_selftest_stops_what_its_suite_started(tmp_path):
     out, err = proc.communicate(timeout=90)
     assert _gone(server), "the server a suite started outlived SIGTERM to selftest"
     assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out, err)
+
+
+# ------------------------------------------------- what a child detaches; signals during clean-up
+
+# A process in a session of its own (setsid), as a server's helper or a daemon starts one: it writes
+# its pid and sleeps. With "daemon" it forks once more and its parent exits (the classic double fork),
+# so it is nobody's child any more when clean-up starts.
+DETACH = textwrap.dedent("""
+    import os, subprocess, sys, time, pathlib
+    pid_file, how, then = sys.argv[1], sys.argv[2], sys.argv[3]
+    sleeper = {sleeper!r}
+    if how == "daemon":
+        sleeper = ("import os, sys\\nif os.fork(): os._exit(0)\\nos.setsid()\\n" + sleeper)
+    subprocess.Popen([sys.executable, "-c", sleeper, pid_file], start_new_session=True)
+    while not (pathlib.Path(pid_file).is_file() and pathlib.Path(pid_file).read_text()):
+        time.sleep(0.05)
+    print("listing", flush=True)
+    if then == "stay":
+        time.sleep(600)
+""").format(sleeper=SLEEPER)
+
+
+def _detacher(pid_file: Path, how: str = "setsid", then: str = "exit") -> list[str]:
+    return [sys.executable, "-c", DETACH, str(pid_file), how, then]
+
+
+def _kill_left(*pid_files: Path) -> None:
+    """A failing test leaves nothing behind either."""
+    for pid_file in pid_files:
+        if pid_file.is_file() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["setsid", "daemon"])
+def test_run_stops_what_its_child_detached(tmp_path, how):
+    """children.run (selftest's pytest): a process the child moved into a session of its own is not in
+    the child's group, and is stopped all the same when the command ends."""
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    pid_file = tmp_path / "detached.pid"
+    try:
+        assert children.run(_detacher(pid_file, how)) == 0
+        assert _gone(int(pid_file.read_text()), 10.0), f"a {how} process outlived children.run"
+    finally:
+        _kill_left(pid_file)
+
+
+@pytest.mark.parametrize("how", ["setsid", "daemon"])
+def test_started_stops_what_its_server_detached(tmp_path, how):
+    """children.started (bench's and accuracy's servers): the server still running, its helper in a
+    session of its own (or daemonized) is stopped with it."""
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    pid_file = tmp_path / "detached.pid"
+    try:
+        with children.started(_detacher(pid_file, how, "stay"), tmp_path / "log", grace_s=lambda: 5.0):
+            deadline = time.monotonic() + 30
+            while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if how == "daemon":  # an orphan: re-parented to this process (the subreaper), not to init
+                time.sleep(0.2)
+                with open(f"/proc/{pid_file.read_text()}/stat") as f:
+                    assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+        assert _gone(int(pid_file.read_text()), 10.0), f"a {how} process outlived its server"
+        assert not Path(f"/proc/{pid_file.read_text()}").exists(), "an orphan stopped but not reaped"
+    finally:
+        _kill_left(pid_file)
+
+
+def test_selftest_stops_what_its_suite_detached(tmp_path):
+    """Through the real entry point: a suite's process in a session of its own is stopped when the
+    suite ends."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    pid_file = tmp_path / "detached.pid"
+    (suites / "test_selector.py").write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        def test_detaches():
+            subprocess.run({_detacher(pid_file)!r}, check=True)
+    """))
+    env = {**os.environ, "SELFTEST_SUITES": str(suites)}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.selftest", "selector"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert _gone(int(pid_file.read_text()), 10.0), "a suite's setsid process outlived selftest"
+    finally:
+        _kill_left(pid_file)
+
+
+HANGS_ON_STOP = ("import os, signal, sys, time, pathlib; "
+                 "[signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)]; "
+                 "pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(600)")
+STOPPING = {
+    # bench / accuracy: forward_signals, the block ends normally, the server ignores its SIGTERM,
+    # and the user presses Ctrl-C while the supervisor waits out the grace period
+    "started": textwrap.dedent("""
+        import pathlib, sys, time
+        from rocm_vllm_runtime import children
+        children.forward_signals()
+        pid_file, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+        with children.started([sys.executable, "-c", {hang!r}, str(pid_file)], marker.with_suffix(".log"),
+                              grace_s=lambda: 600.0):
+            while not (pid_file.is_file() and pid_file.read_text()):
+                time.sleep(0.05)
+            marker.write_text("stopping")
+    """),
+    # no forwarding installed (Python's own SIGINT handler): a first Ctrl-C starts the clean-up, a
+    # second one arrives during its grace period
+    "run": textwrap.dedent("""
+        import pathlib, sys
+        from rocm_vllm_runtime import children
+        pid_file = pathlib.Path(sys.argv[1])
+        children.run([sys.executable, "-c", {hang!r}, str(pid_file)], grace_s=600.0)
+    """),
+}
+
+
+@pytest.mark.parametrize("entry", list(STOPPING))
+def test_a_signal_during_the_grace_period_does_not_cut_the_clean_up_short(tmp_path, entry):
+    pid_file, marker = tmp_path / "server.pid", tmp_path / "marker"
+    script = STOPPING[entry].format(hang=HANGS_ON_STOP)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(pid_file), str(marker)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        server = _wait_for_pid(proc, pid_file)
+        if entry == "started":
+            while not marker.is_file():
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.05)
+        else:
+            proc.send_signal(signal.SIGINT)  # starts the clean-up
+        time.sleep(0.5)  # inside the grace period now
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert _gone(server, 5.0), f"the server outlived a Ctrl-C during its grace period ({entry})"
+        assert took < 20, f"the clean-up waited {took:.0f}s after a Ctrl-C during its grace period"
+        if entry == "started":
+            assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_left(pid_file)
+
+
+# ------------------------------------------------------------------ children.output's deadline
+
+OUTPUT = textwrap.dedent("""
+    import json, sys, time
+    from rocm_vllm_runtime import children
+    t0 = time.monotonic()
+    out = children.output(json.loads(sys.argv[1]), float(sys.argv[2]))
+    print(json.dumps({"took": time.monotonic() - t0, "stdout": out.stdout, "returncode": out.returncode,
+                      "timed_out": out.timed_out}))
+""")
+
+
+def _output(argv: list[str], timeout_s: float, pid_file: Path) -> dict:
+    """children.output in a process of its own, so that a call that never returns fails the test."""
+    import json  # noqa: PLC0415
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", OUTPUT, json.dumps(argv), str(timeout_s)],
+                              capture_output=True, text=True, timeout=timeout_s + 30)
+    except subprocess.TimeoutExpired:
+        _kill_left(pid_file)
+        pytest.fail(f"children.output({timeout_s}s) had not returned {timeout_s + 30:.0f}s later")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_output_ends_at_its_deadline_when_a_helper_holds_the_pipe(tmp_path):
+    """A tool that hangs, and a helper of its in a session of its own holding its stdout open: the
+    deadline bounds the whole call, reading included, and the helper is stopped."""
+    pid_file = tmp_path / "helper.pid"
+    try:
+        result = _output(_detacher(pid_file, "setsid", "stay"), 2.0, pid_file)
+        assert result["timed_out"] and result["took"] < 2.0 + 5, result
+        assert _gone(int(pid_file.read_text()), 5.0), "the helper outlived children.output"
+    finally:
+        _kill_left(pid_file)
+
+
+def test_output_of_a_tool_that_leaves_a_helper_running(tmp_path):
+    """A tool that printed its answer and exited, its helper still holding the pipe (amd-smi leaving a
+    helper running): the answer comes back soon after the tool ends, not at the deadline, and the
+    helper is stopped."""
+    pid_file = tmp_path / "helper.pid"
+    try:
+        result = _output(_detacher(pid_file, "setsid", "exit"), 60.0, pid_file)
+        assert result["stdout"] == "listing\n" and result["returncode"] == 0 and not result["timed_out"], result
+        assert result["took"] < 10, result
+        assert _gone(int(pid_file.read_text()), 5.0), "the helper outlived children.output"
+    finally:
+        _kill_left(pid_file)
+
+
+def test_output_that_is_not_utf8_is_shown_not_a_traceback():
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    code = "import sys; sys.stdout.buffer.write(b'gfx942 \\xff\\xfe\\n'); sys.stderr.buffer.write(b'\\xc3(\\n')"
+    result = children.output([sys.executable, "-c", code], 10.0)
+    assert result.stdout == "gfx942 \ufffd\ufffd\n" and result.stderr == "\ufffd(\n"
+    assert result.returncode == 0

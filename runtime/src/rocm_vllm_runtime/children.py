@@ -1,12 +1,21 @@
 """The one supervisor of child processes (an architecture test, tests/test_one_owner.py, fails on any
 other spawn in the product). Standard library only.
 
-Every child runs in a process group of its own, so whatever it starts in turn is reached too.
+Every child runs in a process group of its own, so whatever it starts in turn is reached too. What
+leaves the group (a helper in a session of its own, a daemon that forked twice) is found all the
+same: each child carries a mark of its own in its environment (ROCM_VLLM_SUPERVISED, handed down to
+everything it starts), its descendants are followed through /proc, and this process is the
+subreaper of what it starts (Linux's PR_SET_CHILD_SUBREAPER), so an orphan of theirs is re-parented
+to this process, not to init, and is reaped here when it is stopped.
+
 `forward_signals()` (called by each command that starts children: bench, accuracy, selftest, and as
 a pytest plugin by the suites selftest runs) turns SIGTERM, SIGINT and SIGHUP into `Terminated` in
 the main thread; each child's `with` block then sends
 the same signal to the child's group, waits its grace period, kills what is left, and the command
-exits with 128 + the signal's number. Nothing a command started is left running when it ends.
+exits with 128 + the signal's number. A signal that arrives during that clean-up does not cut it
+short: it is passed on to the child, its grace period ends at most 5 s later, and the signal takes
+its course (Terminated, KeyboardInterrupt, ...) once everything is stopped. Nothing a command
+started is left running when it ends.
 
     with children.started(command, log=path) as proc: ...   # a server for the length of a block
     children.run(command)                                   # a command to its end (pytest)
@@ -15,15 +24,27 @@ exits with 128 + the signal's number. Nothing a command started is left running 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import itertools
 import os
+import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# The marks of the children a process descends from, separated by spaces (one per supervisor above it).
+SUPERVISED_ENV = "ROCM_VLLM_SUPERVISED"
+# A signal during a child's grace period: the rest of that period is cut to this.
+SIGNALLED_GRACE_S = 5.0
+# A tool that has exited: how long its output pipes may stay open after it (a helper it left holds them).
+PIPES_AFTER_EXIT_S = 2.0
+KILL_WITHIN_S = 30.0
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 class Terminated(SystemExit):
@@ -64,6 +85,27 @@ def pytest_sessionstart(session) -> None:  # noqa: ARG001
     forward_signals(interrupt=True)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """For the length of a clean-up, FORWARDED signals are noted (in the list yielded) instead of
+    acting; the first is raised again at the end, to the handler that was in place before."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held  # signals are handled in the main thread only
+        return
+    before = {sig: signal.getsignal(sig) for sig in FORWARDED}
+    before = {sig: handler for sig, handler in before.items() if handler is not None}
+    for sig in before:
+        signal.signal(sig, lambda signum, frame: held.append(signum))  # noqa: ARG005
+    try:
+        yield held
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def _signal_group(pgid: int, sig: int) -> bool:
     try:
         os.killpg(pgid, sig)
@@ -72,25 +114,161 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+# ------------------------------------------------------- what a child started, however it detached
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    start: str  # start time in clock ticks since boot: with the pid, one process
+    zombie: bool
+
+
+def _stat(pid: int) -> _Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return _Proc(pid, int(fields[1]), fields[19].decode(), fields[0] == b"Z")
+
+
+def _processes() -> dict[int, _Proc]:
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    found = (_stat(int(name)) for name in names if name.isdigit())
+    return {p.pid: p for p in found if p is not None}
+
+
+def _marked(pid: int, mark: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:  # gone, or another user's
+        return False
+    prefix = f"{SUPERVISED_ENV}=".encode()
+    return any(mark.encode() in entry[len(prefix):].split()
+               for entry in environ.split(b"\0") if entry.startswith(prefix))
+
+
+def _members(root: int, mark: str, known: Mapping[int, str]) -> dict[int, _Proc]:
+    """Processes of the child `root` other than itself: those carrying its mark, those known before
+    (the same process: same start time), and every descendant of these and of the root."""
+    procs = _processes()
+    found = {pid: p for pid, p in procs.items() if (mark and _marked(pid, mark))
+             or (pid in known and p.start == known[pid])}
+    kids: dict[int, list[_Proc]] = {}
+    for p in procs.values():
+        kids.setdefault(p.ppid, []).append(p)
+    todo = [root, *found]
+    while todo:
+        for p in kids.get(todo.pop(), ()):
+            if p.pid not in found:
+                found[p.pid] = p
+                todo.append(p.pid)
+    found.pop(root, None)
+    found.pop(os.getpid(), None)
+    return found
+
+
+def _kill(p: _Proc, sig: int) -> None:
+    """Signal the process `p` stands for, not one that took its pid since (through a pidfd where the
+    kernel has them, 5.3+; before, checked just before the signal)."""
+    try:
+        fd = os.pidfd_open(p.pid)
+    except ProcessLookupError:
+        return
+    except OSError:  # no pidfd_open (ENOSYS)
+        fd = -1
+    try:
+        now = _stat(p.pid)
+        if now is not None and now.start == p.start:
+            if fd < 0:
+                os.kill(p.pid, sig)
+            else:
+                signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _reap(p: _Proc) -> None:
+    """An orphan re-parented to this process (the subreaper) that has ended: gone for good."""
+    if p.ppid == os.getpid():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(p.pid, os.WNOHANG)
+
+
+_marks: dict[int, str] = {}  # pid of a running child -> its mark
+_serial = itertools.count(1)
+_subreaper = False
+
+
+def _become_subreaper() -> None:
+    """Orphans of what this process starts are re-parented to it (Linux 3.4+), not to init."""
+    global _subreaper
+    if _subreaper:
+        return
+    _subreaper = True
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(ctypes.c_int(PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0),
+                   ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
 def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
     """Send the child's process group the signal this process received (SIGTERM when none), SIGKILL
-    to what is left of it after `grace_s`; return once the group is gone (or after 30 s more)."""
-    if proc.poll() is None and _signal_group(proc.pid, _received or signal.SIGTERM):
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    _signal_group(proc.pid, signal.SIGKILL)  # the leader gone, others of its group may remain
-    proc.wait()
-    deadline = time.monotonic() + 30.0
-    while _signal_group(proc.pid, 0) and time.monotonic() < deadline:
-        _signal_group(proc.pid, signal.SIGKILL)
-        time.sleep(0.1)
+    to what is left of it after `grace_s`, and to all the child started outside its group; return
+    once all of it is gone (or after 30 s more). A signal meanwhile is passed on to the group, cuts
+    the grace period to 5 s at most, and takes its course at the end."""
+    mark = _marks.pop(proc.pid, "")
+    with _signals_held() as held:
+        known = {p.pid: p.start for p in _members(proc.pid, mark, {}).values()}
+        if proc.poll() is None and _signal_group(proc.pid, _received or signal.SIGTERM):
+            deadline, passed_on = time.monotonic() + grace_s, 0
+            while proc.poll() is None:
+                if len(held) > passed_on:
+                    passed_on = len(held)
+                    _signal_group(proc.pid, held[-1])
+                    deadline = min(deadline, time.monotonic() + SIGNALLED_GRACE_S)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(min(left, 0.1))
+        # the leader gone, others of its group, and what it started outside the group, may remain
+        deadline = time.monotonic() + KILL_WITHIN_S
+        while True:
+            members = _members(proc.pid, mark, known)
+            known.update((p.pid, p.start) for p in members.values())
+            _signal_group(proc.pid, signal.SIGKILL)
+            for p in members.values():
+                _kill(p, signal.SIGKILL)
+                _reap(p)
+            if proc.returncode is None:
+                proc.wait()
+            left = [p for p in members.values() if (now := _stat(p.pid)) and now.start == p.start
+                    and not now.zombie]
+            if (not left and not _signal_group(proc.pid, 0)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for p in members.values():
+            _reap(p)
 
 
 def _spawn(command: Sequence[str], env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(list(command), env=None if env is None else dict(env), start_new_session=True,
-                            **kwargs)
+    _become_subreaper()
+    me = _stat(os.getpid())
+    mark = f"{os.getpid()}.{me.start if me else 0}.{next(_serial)}"
+    child_env = dict(os.environ if env is None else env)
+    child_env[SUPERVISED_ENV] = " ".join(filter(None, [os.environ.get(SUPERVISED_ENV, ""), mark]))
+    proc = subprocess.Popen(list(command), env=child_env, start_new_session=True, **kwargs)
+    _marks[proc.pid] = mark
+    return proc
 
 
 @contextlib.contextmanager
@@ -108,7 +286,7 @@ def started(command: Sequence[str], log: Path, env: Mapping[str, str] | None = N
 
 def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0) -> int:
     """Run a command to its end with this process's stdout and stderr; its exit status. The rest of
-    its group is stopped when it ends, and all of it on a forwarded signal."""
+    what it started is stopped when it ends, and all of it on a forwarded signal."""
     proc = _spawn(command, env)
     try:
         return proc.wait()
@@ -125,20 +303,51 @@ class Output:
     error: str = ""  # the tool could not be started
 
 
+def _shown(data: bytes) -> str:
+    """Output that is read and shown, never trusted to be UTF-8: a byte that is not becomes U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def output(argv: Sequence[str], timeout_s: float = 60.0) -> Output:
-    """A tool's output, its whole group killed at `timeout_s`."""
+    """A tool's output within `timeout_s`, reading included: at the deadline the tool and all it
+    started are killed. A tool that has exited gets its output back at once; pipes a helper of its
+    still holds open are waited for 2 s at most, and the helper is stopped."""
+    deadline = time.monotonic() + timeout_s
     try:
-        proc = _spawn(argv, None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _spawn(argv, None, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         return Output(error=exc.strerror or exc.__class__.__name__)
+    read: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop(proc, 0.0)
-        out, err = proc.communicate()
-        return Output(out, err, proc.returncode, timed_out=True)
+        with selectors.DefaultSelector() as pipes:
+            for fd in read:
+                pipes.register(fd, selectors.EVENT_READ)
+            ended = None
+            while pipes.get_map():
+                now = time.monotonic()
+                if ended is None and proc.poll() is not None:
+                    ended = now
+                until = deadline if ended is None else min(deadline, ended + PIPES_AFTER_EXIT_S)
+                if now >= until:
+                    break
+                for key, _ in pipes.select(min(until - now, 0.1)):
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        read[key.fd].append(data)
+                    else:
+                        pipes.unregister(key.fd)
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(deadline - time.monotonic(), 0.0))
+        timed_out = proc.returncode is None
     finally:
-        if proc.returncode is None:
-            stop(proc, 0.0)
-    _signal_group(proc.pid, signal.SIGKILL)
-    return Output(out, err, proc.returncode)
+        stop(proc, 0.0)  # its group, and what it left running (a helper holding its pipes)
+        for fd, chunks in read.items():  # what was written before the end, never waiting
+            os.set_blocking(fd, False)
+            with contextlib.suppress(BlockingIOError, OSError):
+                while data := os.read(fd, 65536):
+                    chunks.append(data)
+        proc.stdout.close()
+        proc.stderr.close()
+    out, err = (_shown(b"".join(chunks)) for chunks in read.values())
+    return Output(out, err, proc.returncode, timed_out=timed_out)
