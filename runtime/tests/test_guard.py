@@ -283,3 +283,71 @@ def test_render_nodes_are_opened_under_the_configured_directory(tmp_path: Path) 
     nodes = guard.render_nodes({"ROCM_VLLM_DRI_PATH": str(tmp_path)})
     assert [(Path(n.path).name, bool(n.error)) for n in nodes] == [("renderD128", False), ("renderD129", True)]
     assert guard.render_nodes({"ROCM_VLLM_DRI_PATH": str(tmp_path / "absent")}) == []
+
+
+# ---------------------------------------------- the guard's device tools, run as the image runs them
+
+# amd-smi that answers only `amd-smi static --asic`; %s: what it does then (sh).
+FAKE_SMI = ('#!/bin/sh\nif [ "$*" != "static --asic" ]; then echo "fake amd-smi: unexpected arguments: $*" >&2; '
+            "exit 2; fi\n%s\n")
+HELPER = ("import os, sys, time, pathlib; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); "
+          "time.sleep(600)")
+
+
+def _guard(tmp_path: Path, smi_body: str, timeout_s: float = 30.0):
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "amd-smi").write_text(FAKE_SMI % smi_body)
+    (bin_dir / "rocminfo").write_text('#!/bin/sh\n[ "$#" = 0 ] || exit 2\necho "rocminfo: no driver" >&2\nexit 1\n')
+    for tool in ("amd-smi", "rocminfo"):
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "kfd").write_text("")
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri" / "renderD128").write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "ROCM_VLLM_KFD_PATH": str(tmp_path / "kfd"),
+           "ROCM_VLLM_DRI_PATH": str(tmp_path / "dri"), "ROCM_VLLM_MANIFEST": str(tmp_path / "absent.json"),
+           "ROCM_VLLM_JIT_CACHE": str(tmp_path / "jit"), "TMPDIR": str(tmp_path)}
+    env.pop(guard.REQUIRE_GPU_ENV, None)
+    return subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.guard", "--mode", "serve"], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_device_tool_that_leaves_a_helper_running_does_not_hold_the_start(tmp_path: Path) -> None:
+    """amd-smi prints its listing and exits, a helper of its (in a session of its own) keeps its stdout
+    open: the guard goes on with the listing, the helper stopped, well within the tool limit."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    pid_file = tmp_path / "helper.pid"
+    body = (f"cat '{LISTINGS / 'amdsmi_gfx942.txt'}'\n"
+            f"setsid {sys.executable} -c '{HELPER}' '{pid_file}' &\n"
+            f"while [ ! -s '{pid_file}' ]; do sleep 0.05; done\nexit 0")
+    t0 = time.monotonic()
+    try:
+        proc = _guard(tmp_path, body)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the guard was still waiting for amd-smi's output 30 s later")
+    finally:
+        helper = int(pid_file.read_text()) if pid_file.is_file() and pid_file.read_text() else 0
+        alive = helper and os.path.exists(f"/proc/{helper}") and \
+            open(f"/proc/{helper}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        if alive:
+            os.kill(helper, signal.SIGKILL)
+    assert time.monotonic() - t0 < 15
+    assert "GPUs (amd-smi): " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not alive, "amd-smi's helper outlived the guard"
+
+
+def test_a_device_tool_that_prints_bytes_that_are_not_utf8_is_one_line(tmp_path: Path) -> None:
+    proc = _guard(tmp_path, "printf 'amdsmi: bad \\377\\376 byte\\n' >&2\nprintf 'GPU: \\377\\n'\nexit 1")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1
+    error = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and "amd-smi: exit 1 amdsmi: bad \ufffd\ufffd byte" in error[0], proc.stderr
