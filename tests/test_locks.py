@@ -418,7 +418,7 @@ _SPEC = json.loads((ROOT / "ci/locks/locks.json").read_text())
 _PATHS = sorted(paths(_SPEC), key=str)
 
 
-@settings(derandomize=True, max_examples=150, deadline=2000,
+@settings(derandomize=True, max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(path=st.sampled_from(_PATHS), value=_JSON | st.sampled_from(
     ["{0}", "{}", "{trak}", "}", "{", "{track!r}", "{track:>9}", "{{track}}", "3.x", "", "universal"]),

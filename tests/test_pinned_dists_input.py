@@ -49,7 +49,7 @@ _JSON = st.recursive(
     max_leaves=10)
 
 
-@settings(derandomize=True, max_examples=100, deadline=2000,
+@settings(derandomize=True, max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=_JSON)
 def test_any_snapshot_is_compared_or_refused_in_one_line(value, tmp_path_factory):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rocm_vllm_runtime import numbers, secrets
 
-BOUNDED = settings(derandomize=True, database=None, max_examples=300, deadline=500)
+BOUNDED = settings(derandomize=True, database=None, max_examples=300, deadline=None)
 # text that looks like numbers: digits, signs, points, exponents, words, spaces, other scripts
 NUMBERISH = st.text(st.sampled_from("0123456789+-._eE xnaifINF\u0663\uff11\u00b2"), max_size=30) | st.text(
     max_size=30) | st.integers().map(str) | st.floats().map(repr) | st.just("9" * 5000)

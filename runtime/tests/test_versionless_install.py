@@ -173,7 +173,7 @@ def registry():
     return registry
 
 
-@settings(derandomize=True, max_examples=40, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(derandomize=True, max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(failure=st.sampled_from([ValueError, OSError, RuntimeError, ImportError, KeyError,
                                 AttributeError, TypeError, UnicodeDecodeError, RecursionError]),
        text=st.text(max_size=60), where=st.sampled_from(["version", "registry"]))

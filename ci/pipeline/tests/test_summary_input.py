@@ -74,7 +74,7 @@ def test_a_report_of_the_wrong_shape_is_one_line_naming_the_field(change, named,
 _PATHS = list(paths(REPORT, lists=True))
 
 
-@settings(derandomize=True, max_examples=200, deadline=2000,
+@settings(derandomize=True, max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(path=st.sampled_from(_PATHS), value=JSON, whole=st.booleans())
 def test_any_report_is_a_table_or_one_line(path, value, whole, tmp_path_factory, capsys):
