@@ -14,16 +14,14 @@ that a further one fails as well. The scanner is checked against planted uses of
 from __future__ import annotations
 
 import ast
-from collections import Counter
-from pathlib import Path
+
+from owner_scan import outside_owner
 
 import pytest
 
 from rocm_vllm_runtime import files
 
-ROOT = Path(__file__).resolve().parents[1]
 OWNER = "runtime/src/rocm_vllm_runtime/files.py"
-AREAS = ("runtime/src", "backend/src", "ci", "deploy")
 JSON_READS = {"load", "loads", "JSONDecoder"}
 
 # (file, form) -> (how many, why)
@@ -71,31 +69,10 @@ def uses(source: str) -> list[tuple[str, int, str]]:
     return sorted(found, key=lambda use: use[1])
 
 
-def product_files() -> list[Path]:
-    out = []
-    for area in AREAS:
-        for path in sorted((ROOT / area).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            suite = rel.startswith("ci/suites/")
-            if rel == OWNER or "/tests/" in rel or path.name == "conftest.py" or \
-                    (path.name.startswith("test_") and not suite):
-                continue
-            out.append(path)
-    return out
-
-
 def test_json_and_http_bodies_are_read_only_by_their_owner() -> None:
-    counts: Counter[tuple[str, str]] = Counter()
-    where: dict[tuple[str, str], list[str]] = {}
-    for path in product_files():
-        rel = path.relative_to(ROOT).as_posix()
-        for form, line, code in uses(path.read_text()):
-            counts[rel, form] += 1
-            where.setdefault((rel, form), []).append(f"{rel}:{line}: {code}")
-    wrong = [line for key, n in counts.items() if n != KNOWN.get(key, (0, ""))[0] for line in where[key]]
+    wrong, stale = outside_owner(OWNER, uses, KNOWN)
     assert not wrong, ("read JSON through rocm_vllm_runtime.files (json_value, read_json) and HTTP answers through "
                        "files.read_bounded instead:\n" + "\n".join(wrong))
-    stale = [key for key in KNOWN if counts[key] != KNOWN[key][0]]
     assert not stale, f"KNOWN entries that no longer match the code: {stale}"
 
 

@@ -15,12 +15,10 @@ so that a new one fails as well. The scanner is checked against planted uses of 
 from __future__ import annotations
 
 import ast
-from collections import Counter
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from owner_scan import outside_owner
+
 OWNER = "runtime/src/rocm_vllm_runtime/numbers.py"
-AREAS = ("runtime/src", "backend/src", "ci", "deploy")
 ENV_READS = ("os.environ", "os.getenv", "environ.get(", "environ[", "env.get(", "env[", "ENV.get(", "ENV[")
 URL_SPLITS = ("urlsplit", "urlparse")
 
@@ -66,31 +64,10 @@ def uses(source: str) -> list[tuple[str, int, str]]:
     return sorted(found, key=lambda use: use[1])
 
 
-def product_files() -> list[Path]:
-    out = []
-    for area in AREAS:
-        for path in sorted((ROOT / area).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            suite = rel.startswith("ci/suites/")  # the self-tests in the image read settings too
-            if rel == OWNER or "/tests/" in rel or path.name == "conftest.py" or \
-                    (path.name.startswith("test_") and not suite):
-                continue
-            out.append(path)
-    return out
-
-
 def test_numbers_and_url_ports_are_read_only_by_their_owner() -> None:
-    counts: Counter[tuple[str, str]] = Counter()
-    where: dict[tuple[str, str], list[str]] = {}
-    for path in product_files():
-        rel = path.relative_to(ROOT).as_posix()
-        for form, line, code in uses(path.read_text()):
-            counts[rel, form] += 1
-            where.setdefault((rel, form), []).append(f"{rel}:{line}: {code}")
-    wrong = [line for key, n in counts.items() if n != KNOWN.get(key, (0, ""))[0] for line in where[key]]
+    wrong, stale = outside_owner(OWNER, uses, KNOWN)
     assert not wrong, ("read through rocm_vllm_runtime.numbers (whole, port, duration, real, url) instead:\n"
                        + "\n".join(wrong))
-    stale = [key for key in KNOWN if counts[key] != KNOWN[key][0]]
     assert not stale, f"KNOWN entries that no longer match the code: {stale}"
 
 

@@ -151,17 +151,6 @@ REFUSALS = {
 }
 
 
-@pytest.mark.parametrize("case", REFUSALS)
-def test_a_folder_that_cannot_be_a_reference_is_refused_before_any_server(case, earlier, serving, tmp_path):
-    spoil, named = REFUSALS[case]
-    spoil(earlier)
-    with pytest.raises(accuracy.AccuracyError) as refused:
-        accuracy.compare([OURS, REFERENCE], SERVE, replace(SETTINGS, reference=str(earlier)), 0, tmp_path / "now", 1)
-    message = str(refused.value)
-    assert message.startswith(f"ACCURACY_REFERENCE={earlier}: ") and named in message and "\n" not in message
-    assert serving[0] == []
-
-
 def test_the_command_line_refuses_a_bad_reference_in_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SELFTEST_SUITES": str(REPO / "ci/suites"),
            "ACCURACY_BACKENDS": "cpu-plugin,cpu-vllm", "ACCURACY_TASKS": "tiny_mla_gen",
@@ -226,9 +215,11 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("case", SHAPES)
-def test_a_reference_of_the_wrong_shape_is_refused_naming_file_and_field(case, earlier, serving, tmp_path):
-    spoil, named = SHAPES[case]
+@pytest.mark.parametrize("case", [*REFUSALS, *SHAPES])
+def test_a_folder_that_cannot_be_a_reference_is_refused_before_any_server(case, earlier, serving, tmp_path):
+    """One line naming the folder and what is wrong with it (for data of the wrong shape: the file
+    and the field), before any server starts."""
+    spoil, named = {**REFUSALS, **SHAPES}[case]
     spoil(earlier)
     with pytest.raises(accuracy.AccuracyError) as refused:
         accuracy.compare([OURS, REFERENCE], SERVE, replace(SETTINGS, reference=str(earlier)), 0, tmp_path / "now", 1)

@@ -1,0 +1,43 @@
+"""Shared by the architecture tests that hold one kind of read to its owner module: which product
+files they scan, and the comparison of what a scan found with the counted exceptions."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AREAS = ("runtime/src", "backend/src", "ci", "deploy")
+
+Use = tuple[str, int, str]  # form, line, code
+
+
+def product_files(owner: str, areas: Iterable[str] = AREAS) -> list[Path]:
+    """The Python files of the product in ``areas``: the owner, tests and conftest files left out,
+    the image's self-test suites (ci/suites/test_*.py) kept."""
+    out = []
+    for area in areas:
+        for path in sorted((ROOT / area).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            suite = rel.startswith("ci/suites/")
+            if rel == owner or "/tests/" in rel or path.name == "conftest.py" or \
+                    (path.name.startswith("test_") and not suite):
+                continue
+            out.append(path)
+    return out
+
+
+def outside_owner(owner: str, uses: Callable[[str], list[Use]],
+                  known: dict[tuple[str, str], tuple[int, str]]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(each use beyond what ``known`` counts, one line each; the ``known`` entries that no longer
+    match the code)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    where: dict[tuple[str, str], list[str]] = {}
+    for path in product_files(owner):
+        rel = path.relative_to(ROOT).as_posix()
+        for form, line, code in uses(path.read_text()):
+            counts[rel, form] += 1
+            where.setdefault((rel, form), []).append(f"{rel}:{line}: {code}")
+    wrong = [line for key, n in counts.items() if n != known.get(key, (0, ""))[0] for line in where[key]]
+    stale = [key for key in known if counts[key] != known[key][0]]
+    return wrong, stale
