@@ -141,11 +141,16 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     assert any("pytorch.lock_sha256 is set but ci/locks/pytorch.txt is missing: run python3 -m ci.pins resolve "
                "wheels --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
-    lock.write_text("x==1\n")
+    body = f"x==1 \\\n    --hash=sha256:{'0' * 64}\n"
+    lock.write_text(body)
     assert any("ci/locks/pytorch.txt has sha256" in e and "the lock was edited" in e
                for e in verify.check_locks(d, tmp_path))
-    d["pytorch"]["lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
+    d["pytorch"]["lock_sha256"] = hashlib.sha256(body.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []
+    # its sha256 pinned is not enough: a body that is not a hash lock is refused all the same
+    lock.write_text("x==1\n")
+    d["pytorch"]["lock_sha256"] = hashlib.sha256(b"x==1\n").hexdigest()
+    assert any("no --hash=sha256: entry" in e for e in verify.check_locks(d, tmp_path))
 
 
 # ------------------------------------------------------------------ install_torch.sh

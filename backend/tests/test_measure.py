@@ -331,3 +331,46 @@ def test_the_start_up_bench_measures_every_deepseek_shape():
     lines = [line for line in run.stdout.splitlines() if line.startswith("reference ")]
     assert len(lines) == 16 and all("wrong" not in line and ": correct" in line for line in lines), run.stdout
     assert "start-up time added, slowest configuration (reference):" in run.stdout
+
+
+# ---- first contact: nothing depends on AITER's version ----
+
+def _pinned_aiter_versions() -> list[str]:
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "versions.json").read_text())
+    return sorted({track["aiter"].removeprefix("v") for track in data["tracks"].values()} | {"0.1.99"})
+
+
+@pytest.mark.parametrize("version", _pinned_aiter_versions())
+def test_a_layer_routes_and_measures_alike_with_any_installed_aiter(monkeypatch, fresh, tmp_path, version):
+    """With an installed AITER distribution of every version a track pins, and of one not released
+    yet, a layer is routed and measured as with any other (the engine test runs two of them)."""
+    import importlib
+    from importlib import metadata
+
+    dist = tmp_path / f"amd_aiter-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert metadata.version("amd-aiter") == version
+    monkeypatch.setattr(backend, "load_kernels", lambda: REFERENCE)
+    for kv, qlen in (("auto", 1), ("fp8", 4)):
+        route = backend.layer_route(_route_config(qlen, kv), 16, 576, kv)
+        assert route.own and route.decode_heads == 16, route.describe()
+
+
+def test_the_backend_reads_no_aiter_version():
+    """No module of the backend asks for AITER's installed version (its decode calls are the
+    built-in's and measured): a new AITER release needs no change to it."""
+    import ast
+    from pathlib import Path
+
+    src = Path(backend.__file__).parent
+    found = [f"{path.name}: {node.value!r}" for path in sorted(src.glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and node.value.strip().lower() in ("amd-aiter", "amd_aiter")]  # its distribution names
+    assert found == [], found
