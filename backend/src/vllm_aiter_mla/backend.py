@@ -109,11 +109,6 @@ def own_decode_heads(num_heads: int) -> int:
     return heads
 
 
-def max_qlen(vllm_config) -> int:
-    """The longest decode query of a step: 1 + speculative tokens."""
-    return max_decode_query_len(vllm_config)
-
-
 def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
     """The q/KV dtype of the decode calls and their persistent-mode work buffers: the platform's fp8
     with an fp8 cache (vLLM hands decode fp8 queries there, as to the built-in), else the model's."""
@@ -123,7 +118,7 @@ def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
 def layer_calls(vllm_config, heads: int, kv_cache_dtype: str) -> tuple[measure.DecodeCall, ...]:
     """The decode calls the own path makes for a layer run with ``heads`` heads (the built-in's)."""
     dtype = work_dtype(vllm_config, kv_cache_dtype)
-    return measure.layer_calls(heads, max_qlen(vllm_config), dtype, dtype, vllm_config.model_config.dtype)
+    return measure.layer_calls(heads, max_decode_query_len(vllm_config), dtype, dtype, vllm_config.model_config.dtype)
 
 
 def _probe_device() -> torch.device:
@@ -215,7 +210,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 "remove --decode-context-parallel-size."
             )
         kv_cache_dtype = vllm_config.cache_config.cache_dtype
-        longest = max_qlen(vllm_config)
+        longest = max_decode_query_len(vllm_config)
         self._decode_heads = own_decode_heads(self.num_heads)
         self._kernels = load_kernels()
         # The own impl's prefill is the built-in's (see AiterMLAImpl): where the built-in's builder
@@ -363,7 +358,7 @@ class DecodeKernelsMixin:
         metadata builder takes them over."""
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
-        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, max_qlen(vllm_config),
+        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, max_decode_query_len(vllm_config),
                      self._decode_heads, dtype, dtype, vllm_config.device_config.device)
 
     def forward_mqa(
@@ -561,7 +556,7 @@ def _builtin_varlen_verify(vllm_config) -> bool:
 
 def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> LayerFacts:
     """What routing needs to know of one MLA layer, read from vLLM's config and built-in."""
-    longest = max_qlen(vllm_config)
+    longest = max_decode_query_len(vllm_config)
     heads = decode_heads(num_heads)
     dcp_size = vllm_config.parallel_config.decode_context_parallel_size
     return LayerFacts(
