@@ -3,6 +3,7 @@
 #
 #   bash ci/test-machine/docker-engine.sh start   install the engine if absent, start it, wait until it answers
 #   bash ci/test-machine/docker-engine.sh env     print `export ...` lines for clients:  eval "$(bash ci/test-machine/docker-engine.sh env)"
+#   bash ci/test-machine/docker-engine.sh host    print the engine's address (unix://.../docker.sock)
 #   bash ci/test-machine/docker-engine.sh status  exit 0 when the engine answers
 #   bash ci/test-machine/docker-engine.sh prune   drop what no later run reuses: stopped containers,
 #                                                 untagged images, build cache beyond DOCKER_ENGINE_KEEP_CACHE
@@ -27,6 +28,11 @@
 #   DOCKER_ENGINE_ROOT     state directory (data root, exec root, socket, log)
 #                          default /var/lib/rocm-vllm-engine
 #   DOCKER_STORAGE_DRIVER  storage driver for dockerd (default: dockerd's choice)
+#   DOCKER_ENGINE_CONTAINERD_STORE=1  the containerd image store (daemon feature containerd-snapshotter):
+#                          the engine's own builder then pushes provenance attestations and exports
+#                          registry build cache, which the classic store refuses. A second engine with
+#                          its own DOCKER_ENGINE_ROOT publishes images for the registry tests (.ci/run);
+#                          images of one store are not seen by the other.
 #   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer (default 60)
 #   DOCKER_ENGINE_KEEP_CACHE  build cache `prune` keeps, most recently used first (default 4GB;
 #                          tagged images are always kept: the tests reuse them by name)
@@ -96,6 +102,10 @@ start() {
   if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then rm -f "$PIDFILE"; fi
   local extra=()
   [ -n "${DOCKER_STORAGE_DRIVER:-}" ] && extra+=(--storage-driver "$DOCKER_STORAGE_DRIVER")
+  if [ "${DOCKER_ENGINE_CONTAINERD_STORE:-0}" = 1 ]; then
+    echo '{"features": {"containerd-snapshotter": true}}' >"$ROOT/daemon.json"
+    extra+=(--config-file "$ROOT/daemon.json")
+  fi
   log "starting dockerd (data root $ROOT/data, socket $SOCK, log $LOG)"
   # setsid: the daemon outlives this script and does not get the caller's signals.
   local sudo=()
@@ -153,6 +163,7 @@ case "${1:-}" in
   stop) stop ;;
   prune) prune ;;
   env) env_lines ;;
+  host) echo "unix://$SOCK" ;;
   status) answers ;;
-  *) echo "usage: $0 start|stop|prune|env|status" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|prune|env|host|status" >&2; exit 2 ;;
 esac

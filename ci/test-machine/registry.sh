@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# A private image registry for the publishing tests: the reference registry server (Debian's
+# docker-registry, the CNCF distribution server) on 127.0.0.1, plain HTTP, basic authentication,
+# its storage in a temporary folder removed by `stop`; and cosign, which signs what is pushed there.
+#
+#   bash ci/test-machine/registry.sh start    install docker-registry, cosign and htpasswd if absent,
+#                                              start the registry on a free port, wait until it answers
+#   bash ci/test-machine/registry.sh env      print `export ...` lines: eval "$(bash ci/test-machine/registry.sh env)"
+#                                              TEST_REGISTRY=127.0.0.1:<port>
+#                                              TEST_REGISTRY_AUTH=<file: user name, then password, one a line>
+#   bash ci/test-machine/registry.sh status   exit 0 when the registry answers
+#   bash ci/test-machine/registry.sh stop     stop it and remove its storage
+#
+# The password is random, made at `start`, kept only in the 0600 file TEST_REGISTRY_AUTH names
+# (and bcrypt-hashed in the registry's htpasswd file); nothing here prints it. Docker and BuildKit
+# reach a registry on 127.0.0.0/8 over plain HTTP without settings; cosign needs
+# --allow-http-registry.
+#
+# Settings (environment):
+#   REGISTRY_STATE       state folder (pid, port, configuration, credentials; default /var/lib/rocm-vllm-registry)
+#   REGISTRY_TIMEOUT     seconds to wait for the registry to answer (default 30)
+#   REGISTRY_NO_INSTALL=1  never install packages; fail if a program is absent
+#   DEBIAN_MIRROR        Debian archive for the trixie source (default: the one apt already uses)
+set -euo pipefail
+
+STATE=${REGISTRY_STATE:-/var/lib/rocm-vllm-registry}
+PIDFILE="$STATE/registry.pid"
+TIMEOUT=${REGISTRY_TIMEOUT:-30}
+
+log() { echo "registry: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+installed() {
+  command -v docker-registry >/dev/null 2>&1 && command -v cosign >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1
+}
+
+install_tools() {
+  if installed; then return 0; fi
+  [ "${REGISTRY_NO_INSTALL:-0}" = 1 ] && die "docker-registry, cosign or htpasswd is missing and REGISTRY_NO_INSTALL=1"
+  command -v apt-get >/dev/null 2>&1 || die "apt-get is absent: install docker-registry, cosign and htpasswd (apache2-utils) yourself"
+  # cosign is packaged from Debian 13 on; docker-registry and apache2-utils by Debian 12 as well.
+  log "installing docker-registry and cosign from Debian trixie (pinned low), apache2-utils (htpasswd)"
+  bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign apache2-utils
+  hash -r
+  installed || die "installation finished but docker-registry, cosign or htpasswd is still not on PATH"
+}
+
+port() { cat "$STATE/port" 2>/dev/null; }
+
+answers() {  # the registry's API root answers (401 without credentials)
+  local p; p=$(port) || return 1
+  [ -n "$p" ] || return 1
+  python3 - "$p" <<'PY'
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v2/", timeout=3)
+except urllib.error.HTTPError as exc:
+    sys.exit(0 if exc.code == 401 else 1)
+except OSError:
+    sys.exit(1)
+PY
+}
+
+running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start() {
+  install_tools
+  if running && answers; then log "registry already running at 127.0.0.1:$(port)"; return 0; fi
+  if running; then stop; fi
+  mkdir -p "$STATE"
+  chmod 700 "$STATE"
+  local storage; storage=$(mktemp -d "${TMPDIR:-/tmp}/rocm-vllm-registry.XXXXXX")
+  echo "$storage" >"$STATE/storage"
+  local p; p=$(free_port)
+  echo "$p" >"$STATE/port"
+  local user=ci password
+  password=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  (umask 077; printf '%s\n%s\n' "$user" "$password" >"$STATE/auth")
+  printf '%s' "$password" | htpasswd -niB "$user" >"$STATE/htpasswd" 2>/dev/null \
+    || die "htpasswd could not hash the registry password"
+  password=
+  cat >"$STATE/config.yml" <<CONFIG
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $storage
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$p
+auth:
+  htpasswd:
+    realm: rocm-vllm-test
+    path: $STATE/htpasswd
+CONFIG
+  log "starting docker-registry on 127.0.0.1:$p (storage $storage, log $STATE/registry.log)"
+  setsid docker-registry serve "$STATE/config.yml" >>"$STATE/registry.log" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  local waited=0
+  until answers; do
+    if ! running || [ "$waited" -ge "$TIMEOUT" ]; then
+      tail -n 20 "$STATE/registry.log" >&2 || true
+      die "docker-registry did not answer on 127.0.0.1:$p within ${TIMEOUT}s (read $STATE/registry.log)"
+    fi
+    sleep 1; waited=$((waited + 1))
+  done
+  log "registry answers on 127.0.0.1:$p after ${waited}s ($(docker-registry --version 2>/dev/null | head -n 1); $(cosign version 2>/dev/null | sed -n 's/^GitVersion: *//p'))"
+}
+
+stop() {
+  if [ -f "$PIDFILE" ]; then
+    local pid; pid=$(cat "$PIDFILE")
+    if kill -0 "$pid" 2>/dev/null; then
+      log "stopping docker-registry (pid $pid)"
+      kill -TERM "$pid"
+      local waited=0
+      while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
+      kill -0 "$pid" 2>/dev/null && die "docker-registry (pid $pid) still running after 15s"
+    fi
+    rm -f "$PIDFILE"
+  else
+    log "no registry started here ($PIDFILE absent)"
+  fi
+  local storage; storage=$(cat "$STATE/storage" 2>/dev/null || true)
+  case "$storage" in
+    */rocm-vllm-registry.*) rm -rf "$storage" ;;
+  esac
+  rm -f "$STATE/storage" "$STATE/port" "$STATE/auth" "$STATE/htpasswd"
+}
+
+env_lines() {
+  local p; p=$(port) || die "no registry started (run: bash ci/test-machine/registry.sh start)"
+  echo "export TEST_REGISTRY=127.0.0.1:$p"
+  echo "export TEST_REGISTRY_AUTH=$STATE/auth"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env) env_lines ;;
+  status) answers ;;
+  *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+esac
