@@ -364,11 +364,32 @@ target "ci" {
 // digest or built locally: VLLM_CPU_IMAGE=<image>.
 variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[TRACK].vllm.version}" }
 
-// Tags of a CPU image: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs),
-// on every track: there is one CPU path at a time on a machine.
+// Tags of a CPU image. Local (PUSH=0): <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml
+// runs), on every track: there is one CPU path at a time on a machine. Pushed (PUSH=1):
+// <name>:vllm<vLLM version>-cpu-<12 hex of VCS_REF> (VCS_REF must be the full commit id), and the
+// floating TAG as for the ROCm images (<name>:<TAG> on the default track, <name>:<TAG>-vllm<track>).
 function "cpu_tags" {
   params = [name]
-  result = ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}", "${REGISTRY}/${name}:${TAG}"]
+  result = PUSH == "1" ? distinct(concat(
+    ["${REGISTRY}/${name}:${cpu_commit_tag(VCS_REF)}"],
+    TAG == "" ? [] : [TRACK == default_track ? "${REGISTRY}/${name}:${TAG}" : "${REGISTRY}/${name}:${TAG}-vllm${TRACK}"]
+  )) : ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}", "${REGISTRY}/${name}:${TAG}"]
+}
+
+function "cpu_commit_tag" {
+  params = [revision]
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[TRACK].vllm.version}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+}
+
+// Registry build cache of a CPU image: <CACHE_REPO>:<name>-vllm<vLLM version> (no AITER, no GPU archs).
+function "cpu_cache_from" {
+  params = [name]
+  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[TRACK].vllm.version}"])
+}
+
+function "cpu_cache_to" {
+  params = [name]
+  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[TRACK].vllm.version},mode=max"])
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image. The named context `base` (the ROCm
@@ -376,28 +397,33 @@ function "cpu_tags" {
 // ROCm base target is never built for a CPU image. The CPU targets take Dockerfile.rocm's settings
 // (_rocm) and its serve and ci stages, not the serve and ci targets: they build from no ROCm pin,
 // so the ROCm targets' pins check is not theirs.
+// Local images (PUSH=0): no registry cache, no attestations (a CPU image is no release). PUSH=1:
+// pushed like the ROCm images, with registry build cache and, ATTEST=1, SBOM and provenance
+// attestations: what the registry tests publish and a user's CI without an AMD GPU can. The output
+// has no rewrite-timestamp: the engine's own builder with the containerd image store (the one that
+// pushes attestations without a builder image) refuses it; the CPU images' own layers are
+// reproducible without it (the engine tests' cold builds).
 target "_cpu" {
   contexts = { base = "docker-image://${VLLM_CPU_IMAGE}" }
   args     = { VLLM_IMAGE = VLLM_CPU_IMAGE }
-  // Local images only, whatever PUSH, CACHE_REPO or ATTEST say: never pushed, no registry cache
-  // export, no attestations (a CPU image is no release).
-  output   = ["type=image,rewrite-timestamp=true"]
-  attest   = ["type=sbom,disabled=true", "type=provenance,disabled=true"]
-  cache-to = CACHE_TO == "" ? [] : [CACHE_TO]
+  output   = [PUSH == "1" ? "type=image,push=true" : "type=image,rewrite-timestamp=true"]
+  attest   = PUSH == "1" && ATTEST == "1" ? ["type=sbom", "type=provenance,mode=max"] : ["type=sbom,disabled=true", "type=provenance,disabled=true"]
 }
 
 target "serve-cpu" {
   inherits   = ["_rocm", "_cpu"]
   target     = "serve"
   tags       = cpu_tags("serve-cpu")
-  cache-from = cache_from("serve-cpu")
+  cache-from = cpu_cache_from("serve-cpu")
+  cache-to   = PUSH == "1" ? cpu_cache_to("serve-cpu") : (CACHE_TO == "" ? [] : [CACHE_TO])
 }
 
 target "ci-cpu" {
   inherits   = ["_rocm", "_cpu"]
   target     = "ci"
   tags       = cpu_tags("ci-cpu")
-  cache-from = cache_from("ci-cpu")
+  cache-from = cpu_cache_from("ci-cpu")
+  cache-to   = PUSH == "1" ? cpu_cache_to("ci-cpu") : (CACHE_TO == "" ? [] : [CACHE_TO])
 }
 
 group "cpu" { targets = ["serve-cpu", "ci-cpu"] }

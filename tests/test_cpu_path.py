@@ -71,17 +71,39 @@ def test_cpu_targets_are_serve_and_ci_on_another_vllm_image():
 
 
 @pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
-def test_cpu_images_are_local_whatever_the_push_settings(track):
-    """<name>:<TAG>-vllm<track> and <name>:<TAG> (compose.cpu.yaml's default) on every track; never
-    pushed, no registry cache or attestations, also under PUSH=1."""
+def test_cpu_images_are_local_without_push(track):
+    """<name>:<TAG>-vllm<track> and <name>:<TAG> (compose.cpu.yaml's default) on every track; not
+    pushed, no registry cache or attestations."""
+    for name, target in printed_cpu_targets(TRACK=track, TAG="t1").items():
+        assert target["tags"] == [f"localhost/rocm-vllm/{name}:t1-vllm{track}", f"localhost/rocm-vllm/{name}:t1"], name
+        assert target["output"] == ["type=image,rewrite-timestamp=true"], name
+        assert all("disabled=true" in a.split(",") for a in target.get("attest", [])), name
+        assert not target.get("cache-to") and not target.get("cache-from"), name
+
+
+@pytest.mark.parametrize("track", sorted(model.load()["tracks"]))
+def test_cpu_images_for_a_registry_with_push(track):
+    """PUSH=1: pushed under <name>:vllm<version>-cpu-<12 hex of the commit> and the floating TAG, with
+    registry build cache (one ref per target, no AITER in its key) and SBOM and provenance
+    attestations (ATTEST=0: none); a revision that is not a full commit id stops bake."""
     sha = "0123456789abcdef0123456789abcdef01234567"
-    for env in ({"TAG": "t1"}, {"TAG": "t1", "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": sha}):
-        registry = env.get("REGISTRY", "localhost/rocm-vllm")
-        for name, target in printed_cpu_targets(TRACK=track, **env).items():
-            assert target["tags"] == [f"{registry}/{name}:t1-vllm{track}", f"{registry}/{name}:t1"], name
-            assert target["output"] == ["type=image,rewrite-timestamp=true"], name
-            assert all("disabled=true" in a.split(",") for a in target.get("attest", [])), name
-            assert not target.get("cache-to"), name
+    version = model.load()["tracks"][track]["vllm"]["version"]
+    floating = "t1" if track == model.load()["default_track"] else f"t1-vllm{track}"
+    push = {"TAG": "t1", "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": sha}
+    for name, target in printed_cpu_targets(TRACK=track, **push).items():
+        image = f"registry.example/team/{name}"
+        assert target["tags"] == [f"{image}:vllm{version}-cpu-{sha[:12]}", f"{image}:{floating}"], name
+        assert target["output"] == ["type=image,push=true"], name
+        assert target["attest"] == ["type=sbom", "type=provenance,mode=max"], name
+        cache = f"type=registry,ref=registry.example/team/buildcache:{name}-vllm{version}"
+        assert target["cache-from"] == [cache] and target["cache-to"] == [f"{cache},mode=max"], name
+    for name, target in printed_cpu_targets(TRACK=track, **{**push, "ATTEST": "0", "TAG": ""}).items():
+        assert target["tags"] == [f"registry.example/team/{name}:vllm{version}-cpu-{sha[:12]}"], name
+        assert all("disabled=true" in a.split(",") for a in target["attest"]), name
+    from test_bake import bake_print  # noqa: PLC0415
+
+    proc = bake_print("cpu", env={**NO_OVERRIDES, **push, "TRACK": track, "VCS_REF": "main"})
+    assert proc.returncode != 0 and "VCS_REF_must_be_the_full_40_hex_commit_id" in proc.stderr, proc.stderr[-500:]
 
 
 def test_cpu_targets_take_the_cache_import_setting():
