@@ -13,7 +13,13 @@
 #    Tags vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ the branch or git tag name),
 #    cache-from/cache-to type=registry (one ref per target in CACHE_REPO, keyed so that a vLLM
 #    bump reuses the AITER layers), attest type=sbom / type=provenance,mode=max.
-# 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds and pushes that graph.
+# 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds that graph and pushes each image by
+#    digest only (its output with push-by-digest=true): no tag is set while any target may still fail.
+# 4. ci/pipeline/amd-runner/tag.sh: every tag of the graph checked against the registry, then set.
+#    A tag that already points to another digest is refused (nothing tagged, one line) unless
+#    PUBLISH_FORCE=1; the branch's own tag (GIT_REF refs/heads/*) moves to the new commit.
+# A registry that does not answer, or refuses the credentials (login.sh), stops the run in one line,
+# before anything is tagged.
 #
 # Settings:
 #   REGISTRY     image repository prefix, required (images: $REGISTRY/<target>:<tag>)
@@ -25,6 +31,7 @@
 #   BUILDER      buildx builder to use; created with the docker-container driver when missing
 #                (registry cache export and attestations need it). Empty: the current builder.
 #   PUBLISH      push (default) | print (print the resolved graph, push nothing)
+#   PUBLISH_FORCE  1: move tags that point to another digest (default 0: refuse)
 #   RESULTS_DIR  where the resolved graph, tag.env (TAG=<tag>) and the build metadata are written
 #                (default ./selftest-results)
 #   DOCKER       docker command (default docker)
@@ -59,8 +66,12 @@ fi
 # The floating tag: the branch or git tag name (none for other refs, e.g. refs/pull/1/merge).
 ref=${GIT_REF:-${GITHUB_REF:-}}
 name=
+branch=0
 case "$ref" in
   refs/tags/*|refs/heads/*) name=${ref#refs/*/} ;;
+esac
+case "$ref" in
+  refs/heads/*) branch=1 ;;
 esac
 name=${name//[^A-Za-z0-9_.-]/-}
 while [[ $name == [.-]* ]]; do name=${name#?}; done
@@ -119,4 +130,20 @@ if [ -n "${BUILDER:-}" ]; then
   export BUILDX_BUILDER=$BUILDER
 fi
 
-BAKE_ARGS= DOCKER="$docker_cmd" exec bash ci/pipeline/amd-runner/build.sh "$@"
+# Each target's output as the graph declares it, pushed by digest only: the tags are set by tag.sh.
+read -r -a by_digest < <(python3 - "$graph" <<'PY'
+import json, sys
+targets = json.load(open(sys.argv[1]))["target"]
+print(" ".join(f"--set={name}.output={','.join(target['output'])},push-by-digest=true,name-canonical=true"
+               for name, target in sorted(targets.items())))
+PY
+)
+status=0
+BAKE_ARGS="${by_digest[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || status=$?
+if [ "$status" != 0 ]; then
+  echo "error: the build or its push to $REGISTRY failed (exit $status; registry down or refusing, see above): nothing tagged" >&2
+  exit 1
+fi
+movable=
+if [ "$branch" = 1 ] && [ -n "$name" ]; then movable=$name; fi
+MOVABLE_TAGS=$movable DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/tag.sh "$graph" "$results/bake-metadata.json"

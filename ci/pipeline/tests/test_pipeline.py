@@ -289,6 +289,13 @@ if argv[:2] == ["buildx", "inspect"]:
     sys.exit(int(os.environ.get("FAKE_INSPECT_RC", "0")))
 if argv[:1] == ["login"]:
     print("Login Succeeded")
+if argv[:2] == ["buildx", "bake"] and "--metadata-file" in argv:
+    # the build pushed each target by digest: bake's metadata file says which
+    targets = [a for a in argv[argv.index("--metadata-file") + 2:] if not a.startswith("-")]
+    digests = {t: {"containerimage.digest": "sha256:" + format(i + 1, "064x")} for i, t in enumerate(targets)}
+    open(argv[argv.index("--metadata-file") + 1], "w").write(json.dumps(digests))
+if argv[:3] == ["buildx", "imagetools", "inspect"]:
+    sys.exit("ERROR: " + argv[-1] + ": not found")
 """
 
 
@@ -324,12 +331,20 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     commit = data["aiter"]["pins"][default["aiter"]]["commit"]
     tag = f"vllm{default['vllm']['version']}-aiter{commit[:12]}-{SHA[:12]}"
     calls = fake_docker.calls()
+    graph = json.loads((results / "bake-print.json").read_text())["target"]
+    # pushed by digest only, each with the output the graph declares; then every tag checked and set
+    by_digest = [f"--set={name}.output={','.join(graph[name]['output'])},push-by-digest=true,name-canonical=true"
+                 for name in sorted(graph)]
+    tags = [(name, t) for name in sorted(graph) for t in graph[name]["tags"]]
+    digest = {name: "sha256:" + format(i + 1, "064x") for i, name in enumerate(("base", "serve", "ci"))}
     assert [c["argv"] for c in calls] == [
         ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", "base", "serve", "ci"],
         ["buildx", "inspect", "rocm-vllm"],
         ["buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"],
         ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
-         "--metadata-file", str(results / "bake-metadata.json"), "base", "serve", "ci"],
+         "--metadata-file", str(results / "bake-metadata.json"), *by_digest, "base", "serve", "ci"],
+        *[["buildx", "imagetools", "inspect", "--format", "{{json .Manifest}}", t] for _, t in tags],
+        *[["buildx", "imagetools", "create", "--tag", t, f"{t.rsplit(':', 1)[0]}@{digest[name]}"] for name, t in tags],
     ]
     assert calls[3]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
                                "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
@@ -344,7 +359,9 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
                env={**env, "FAKE_INSPECT_RC": "0"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "bake"], ["buildx", "inspect"],
-                                                            ["buildx", "bake"]]
+                                                            ["buildx", "bake"], ["buildx", "imagetools"],
+                                                            ["buildx", "imagetools"], ["buildx", "imagetools"],
+                                                            ["buildx", "imagetools"]]
     assert fake_docker.calls()[2]["argv"][-1] == "base"
 
 
