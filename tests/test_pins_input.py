@@ -58,7 +58,8 @@ def test_verify_bounds_source_date_epoch(epoch, tmp_path):
     data["source_date_epoch"] = epoch
     rc, out, err, escaped = pins(tmp_path, data, "verify")
     assert escaped is None and rc == 1, (out, err)
-    assert f"error: source_date_epoch = {epoch}: must be a Unix time from 315532800" in err, err
+    assert ("error: source_date_epoch: must be at least 315532800" if epoch < 315532800 else
+            "error: source_date_epoch: must be at most 4102444800") in err, err
 
 
 @pytest.mark.parametrize("epoch", [315532800, DATA["source_date_epoch"], 4102444800])

@@ -355,7 +355,7 @@ def run_therock(ns, data: dict) -> int:
         raise PinError(f"{'--track ' + name if name else 'versions.json'}: no therock track "
                        f"(therock tracks: {', '.join(therock) or 'none'})")
     track = data["tracks"][name]
-    platform, _ = locks.platform_tag(data["platform"], "versions.json platform")
+    platform = locks.platform_tag(data["platform"])
     index = resolve.secrets.masked_url(track["therock"]["index_url"])  # a mirror's credentials are not printed
     print(f"# TheRock wheels of track {name}; lock them against the release index alone:\n"
           f"#   uv pip compile --generate-hashes --index-url {index} "

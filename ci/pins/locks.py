@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shutil
-import string
 import subprocess
 import sys
 import tarfile
@@ -26,10 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
+from .. import runtime_modules
 from . import discover, model, resolve
 from .model import PinError
 
+schema = runtime_modules.module("schema")
+files = runtime_modules.module("files")
+
 LOCKS_FILE = Path("ci/locks/locks.json")
+SCHEMA_FILE = model.REPO_ROOT / "ci/locks/locks.schema.json"  # its shape and patterns (JSON Schema)
 BASE_IMAGE_DISTS = Path("ci/docker/pinned_dists.py")  # FIXED: the distributions the base image pins
 SDIST = "sdist:"
 
@@ -52,111 +58,13 @@ class Lock:
     only_binary: bool = False  # wheels only (uv --only-binary :all:): installed by install_lock.sh
 
 
-# locks.json's keys and the kind of each value (check_spec): nothing else is read.
-_PATH_RE = re.compile(r"\A(?:sdist:)?[A-Za-z0-9_][A-Za-z0-9._/-]*\Z")
-_OUTPUT_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._/{}-]*\Z")
-_TIME_RE = re.compile(r"\A\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\Z")
-_SPEC_KEYS = {"about": str, "exclude_newer": str, "index_url": str, "locks": dict, "platforms": dict}
-_PLATFORM_KEYS = {"about": str, "glibc": str, "machine": str, "python": str}
-_PYTHON_RE = re.compile(r"\A3\.\d{1,3}\Z")
-_LOCK_KEYS = {"about": str, "inputs": list, "output": str, "platform": str, "no_deps": bool, "no_emit": list,
-              "remove": str, "find_links": str, "per_track": bool, "overrides": dict}
-_OVERRIDE_KEYS = {"about": str, "requirements": list}
-
-
-def _keys(node, allowed: dict, where: str, required: tuple[str, ...], errors: list[str]) -> bool:
-    if not isinstance(node, dict):
-        errors.append(f"{where}: must be an object")
-        return False
-    for key, value in node.items():
-        if key not in allowed:
-            errors.append(f"{where}.{key}: unknown key (known: {', '.join(sorted(allowed))}): fix the spelling")
-        elif not isinstance(value, allowed[key]) or (allowed[key] is not bool and isinstance(value, bool)):
-            errors.append(f"{where}.{key}: must be {allowed[key].__name__}, not {type(value).__name__}")
-    missing = [k for k in required if k not in node]
-    errors.extend(f"{where}.{k}: missing" for k in missing)
-    return not missing
-
-
-def check_spec(spec) -> list[str]:
-    """locks.json against its schema: known keys of the right types, paths, names, https URLs and
-    an ISO time in their patterns (every error names the field)."""
-    errors: list[str] = []
-    if not _keys(spec, _SPEC_KEYS, "locks.json", ("exclude_newer", "locks"), errors):
-        return errors
-    if isinstance(spec["exclude_newer"], str) and not _TIME_RE.match(spec["exclude_newer"]):
-        errors.append(f"locks.json exclude_newer = {spec['exclude_newer']!r}: must be like 2026-11-30T00:00:00Z")
-    for key in ("index_url",):
-        if isinstance(spec.get(key), str) and not model.HTTPS_URL_RE.match(spec[key]):
-            errors.append(f"locks.json {key} = {spec[key]!r}: must be an https:// URL")
-    for name, value in (spec.get("platforms") or {}).items() if isinstance(spec.get("platforms"), dict) else ():
-        where = f"locks.json platforms.{name}"
-        if _keys(value, _PLATFORM_KEYS, where, ("glibc", "machine", "python"), errors) and \
-                isinstance(value["python"], str) and not _PYTHON_RE.match(value["python"]):
-            errors.append(f"{where}.python = {value['python']!r}: must be a Python release such as 3.11")
-    for name, entry in spec["locks"].items() if isinstance(spec["locks"], dict) else ():
-        where = f"locks.json locks.{name}"
-        if not _keys(entry, _LOCK_KEYS, where, ("inputs", "output", "platform"), errors):
-            continue
-        inputs = entry["inputs"]
-        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) and _PATH_RE.match(i)
-                                                                   for i in inputs):
-            errors.append(f"{where}.inputs: a non-empty list of relative paths (or sdist:PATH) is required")
-        if isinstance(entry["output"], str) and not _OUTPUT_RE.match(entry["output"]):
-            errors.append(f"{where}.output = {entry['output']!r}: must be a relative path")
-        elif isinstance(entry["output"], str):
-            errors.extend(_placeholder_problems(entry["output"], entry.get("per_track") is True, where))
-        no_emit = entry.get("no_emit", [])
-        if isinstance(no_emit, list) and not all(isinstance(n, str) and model.NAME_RE.match(n) for n in no_emit):
-            errors.append(f"{where}.no_emit: a list of distribution names is required")
-        if isinstance(entry.get("find_links"), str) and not model.HTTPS_URL_RE.match(entry["find_links"]):
-            errors.append(f"{where}.find_links = {entry['find_links']!r}: must be an https:// URL")
-        for track, override in (entry.get("overrides") or {}).items():
-            errors.extend(_override_problems(track, override, entry.get("per_track") is True, f"{where}.overrides"))
-    return errors
-
-
-def _override_problems(track, override, per_track: bool, where: str) -> list[str]:
-    """overrides.<track>: a per_track lock's requirement lines that replace upstream's for that
-    track (uv --override), each with the reason (about)."""
-    errors: list[str] = []
-    if not per_track:
-        return [f"{where}: only a per_track lock has overrides (by track)"]
-    if not isinstance(track, str) or not model.TRACK_RE.match(track):
-        return [f"{where}: key {track!r} is not a track name such as 0.34"]
-    here = f"{where}.{track}"
-    if not _keys(override, _OVERRIDE_KEYS, here, ("about", "requirements"), errors):
-        return errors
-    lines = override["requirements"]
-    if not lines or not all(isinstance(line, str) and line.strip() and "\n" not in line and
-                            not line.lstrip().startswith("-") for line in lines):
-        errors.append(f"{here}.requirements: a non-empty list of requirement lines (no options, no line breaks)")
-    return errors
-
-
-def _placeholder_problems(output: str, per_track: bool, where: str) -> list[str]:
-    """A per_track lock's output names its track as {track} (nothing else in braces); any other
-    lock's output holds no braces."""
-    rule = (f"{where}.output = {output!r}: a per_track output names its track as {{track}} and holds no "
-            "other braces" if per_track else f"{where}.output = {output!r}: only a per_track lock's output "
-            "may hold braces ({track})")
-    try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(output) if name is not None]
-    except ValueError:  # a lone { or }
-        return [rule]
-    if per_track and fields and all(f == ("track", "", None) for f in fields) and "{{" not in output \
-            and "}}" not in output:
-        return []
-    return [] if not per_track and "{" not in output and "}" not in output else [rule]
-
-
 def load(root: Path) -> dict:
-    """locks.json, checked against its schema (check_spec): a PinError naming the first problem."""
+    """locks.json, checked against ci/locks/locks.schema.json: a PinError naming the first problem."""
     spec = model.load(root / LOCKS_FILE)
-    errors = check_spec(spec)
+    errors = schema.problems(spec, files.read_json(SCHEMA_FILE, SCHEMA_FILE.name))
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise PinError(f"{errors[0]}{more}")
+        raise PinError(f"{LOCKS_FILE}: {errors[0]}{more}")
     return spec
 
 
@@ -170,35 +78,29 @@ def base_image_dists(root: Path) -> tuple[str, ...]:
     raise PinError(f"{BASE_IMAGE_DISTS}: no FIXED = (...) assignment to read the base image's distributions from")
 
 
-def platform_tag(spec: dict, where: str) -> tuple[str, str]:
-    """(uv's --python-platform tag, the spec's Python or "") of a platform spec (glibc, machine)."""
-    for key in ("glibc", "machine"):
-        if not isinstance(spec.get(key), str) or not re.fullmatch(r"[A-Za-z0-9_.]+", spec[key]):
-            raise PinError(f"{where}.{key}: a string such as 2.35 / x86_64 is required")
-    return f"{spec['machine']}-manylinux_{spec['glibc'].replace('.', '_')}", spec.get("python", "")
+def platform_tag(spec: dict) -> str:
+    """uv's --python-platform tag of a platform (glibc, machine; their patterns: the schemas)."""
+    return f"{spec['machine']}-manylinux_{spec['glibc'].replace('.', '_')}"
 
 
 def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
     """Every lock locks.json defines (a per_track lock once per track of the versions file data whose
     images are built)."""
     spec = spec if spec is not None else load(root)
-    image_platform, _ = platform_tag(data["platform"], "versions.json platform")
-    platforms = {"image": (image_platform, data["python"]["version"])}
+    platforms = {"image": (platform_tag(data["platform"]), data["python"]["version"])}
     for name, value in spec.get("platforms", {}).items():
-        platforms[name] = platform_tag(value, f"locks.json platforms.{name}")
+        platforms[name] = (platform_tag(value), value["python"])
     out = []
     for name, entry in sorted(spec.get("locks", {}).items()):
         where = f"locks.json locks.{name}"
         kind = entry.get("platform")
         if kind == "universal":
-            platform, python = None, min(platforms.values(), key=lambda p: tuple(map(int, p[1].split("."))))[1]
+            platform, python = None, min((p[1] for p in platforms.values()), key=Version)
         elif kind in platforms:
             platform, python = platforms[kind]
         else:
             raise PinError(f"{where}.platform: {kind!r} is not universal, image or a key of platforms")
         remove = entry.get("remove")
-        if remove not in (None, "base-image"):
-            raise PinError(f"{where}.remove: only \"base-image\" is known, not {remove!r}")
         overrides = entry.get("overrides") or {}
         common = dict(python=python, platform=platform, no_deps=bool(entry.get("no_deps")),
                       no_emit=tuple(entry.get("no_emit", ())),
@@ -445,7 +347,7 @@ def index_lock(data: dict, requirements: list[str], index_url: str, what: str, n
     them, and no uv.toml is read) for the images' platform and Python; no_emit: distributions
     left out of it. Each of uv's reads is bounded by PINS_TIMEOUT (UV_HTTP_TIMEOUT), as resolve's
     own requests are. The one way resolve locks a wheel set of one index (TheRock's, PyTorch's)."""
-    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    platform = platform_tag(data["platform"])
     limit = math.ceil(resolve.timeout())
     cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
            "--refresh", "--python-version", data["python"]["version"], "--python-platform", platform,
@@ -460,7 +362,7 @@ def _index_lock_text(data: dict, requirements: list[str], body: str, command: st
                      install: str, notes: tuple[str, ...] = ()) -> str:
     """A lock made by index_lock: its header (how it was made, for which platform, where its sha256
     is pinned, how it installs, its inputs, its body's digest) and body."""
-    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    platform = platform_tag(data["platform"])
     lines = [f"# Locked by `{command}` (uv pip compile --generate-hashes against "
              f"{resolve.secrets.masked_url(index_url)} alone): do not edit; resolve again.",
              f"# For {platform}, Python {data['python']['version']}. Its sha256 is {pin} in versions.json.",
@@ -524,7 +426,7 @@ def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT
     spec = load(root)
     if index_url:
         spec = {**spec, "index_url": index_url}
-    platform, _ = platform_tag(data["platform"], "versions.json platform")
+    platform = platform_tag(data["platform"])
     lock = Lock(f"aiter-{pin['tag']}", (AITER_REQUIREMENTS,), str(model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])),
                 data["python"]["version"], platform, remove=base_image_dists(root),
                 track=tracks[0] if tracks else None, family="aiter", only_binary=True,

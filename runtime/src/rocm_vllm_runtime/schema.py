@@ -92,6 +92,14 @@ def _message(keyword: str, rule: object, value: object) -> tuple[str, str]:
         return "", f"must be at least {rule}"
     if keyword == "maximum":
         return "", f"must be at most {rule}"
+    if keyword == "const":
+        return "", f"must be {rule!r}"
+    if keyword == "not":
+        return "", f"must not be {value!r}"
+    if keyword == "uniqueItems":
+        return "", "holds an entry twice"
+    if keyword == "minProperties":
+        return "", f"holds fewer than {rule} entries"
     return "", f"breaks {keyword} {rule!r}"
 
 
@@ -172,12 +180,7 @@ def first_problem(value: object, schema: Mapping, use_library: bool | None = Non
         raise ImportError("jsonschema is not installed")
     if library is not None:
         error = library.exceptions.best_match(library.Draft202012Validator(schema).iter_errors(value))
-        if error is None:
-            return ""
-        path, keyword, rule, at = tuple(error.absolute_path), error.validator, error.validator_value, error.instance
-        if keyword == "additionalProperties":  # the library names the object; name the extra entry
-            extra = sorted(set(at) - set(error.schema.get("properties", {})))
-            path, at = (*path, extra[0]), at[extra[0]]
+        return "" if error is None else _library_line(error)
     else:
         found = next(_problems(value, schema), None)
         if found is None:
@@ -185,6 +188,30 @@ def first_problem(value: object, schema: Mapping, use_library: bool | None = Non
         path, keyword, rule, at = found
     name, what = _message(str(keyword), rule, at)
     return f"{_field((*path, name) if name else path)}: {what}"
+
+
+def _library_line(error) -> str:
+    """`field: what is wrong` of one of the library's errors."""
+    path, keyword, rule, at = tuple(error.absolute_path), str(error.validator), error.validator_value, error.instance
+    if keyword == "additionalProperties":  # the library names the object; name the extra entry
+        extra = sorted(set(at) - set(error.schema.get("properties", {})))
+        path, at = (*path, extra[0]), at[extra[0]]
+    elif "propertyNames" in error.schema_path:  # the name itself is wrong: name it
+        path = (*path, at)
+    if keyword == "pattern" and isinstance(error.schema.get("description"), str):
+        return f"{_field(path)}: must be {error.schema['description']}"  # what the pattern stands for
+    name, what = _message(keyword, rule, at)
+    return f"{_field((*path, name) if name else path)}: {what}"
+
+
+def problems(value: object, schema: Mapping) -> list[str]:
+    """Every `field: what is wrong` of `value` against `schema` (any Draft 2020-12 keyword), in the
+    order of the fields; the `jsonschema` library only (ImportError where it is missing)."""
+    import jsonschema  # noqa: PLC0415
+
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(value)
+    found = [_library_line(jsonschema.exceptions.best_match([e])) for e in errors]
+    return sorted(dict.fromkeys(found))
 
 
 def check(value: object, schema: Mapping, where: str) -> object:
