@@ -237,9 +237,8 @@ target "_common" {
   }
 }
 
-// The build args versions.json defines for the track: the plain values Dockerfile instructions
-// use (FROM, ENV, LABEL), and one compact-JSON arg per component (pins_json: keys sorted, null for
-// an unresolved pin), as python3 -m ci.pins args prints them (ci/pins/model.py components()).
+// The build args versions.json defines for the track, one per pin, as python3 -m ci.pins args prints
+// them (ci/pins/model.py build_args): null is UNRESOLVED, a pin of the other ROCm stack is "".
 target "_versions" {
   args = {
     VLLM_TRACK     = TRACK
@@ -248,47 +247,39 @@ target "_versions" {
     ROCM_IMAGE     = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
     ROCM_VERSION   = track_section("rocm", rocm).version
     PYTHON_VERSION = python.version
-    // aiter's shared fields and the track's pin (AITER_PIN)
-    // and the file name of the hash lock of its requirements (ci/locks/aiter-<tag>.txt: ci/pins/model.py aiter_lock_name)
-    AITER_PINS = pins_json(merge(without_notes(aiter, ["pins"]), without_notes(aiter.pins[AITER_PIN], []),
-      { requirements_lock = "aiter-${aiter.pins[AITER_PIN].tag}.txt" }))
-    // the track's pytorch section: the index, its lock (ci/locks/pytorch.txt, or pytorch-<track>.txt for
-    // a track's own section) and the lock's sha256, the torch versions ({} on therock: PyTorch is in its
-    // TheRock lock)
-    PYTORCH_PINS = stack() == "therock" ? "{}" : pins_json({
-      index_url   = track_section("pytorch", pytorch).index_url
-      lock        = pytorch_lock()
-      lock_sha256 = track_section("pytorch", pytorch).lock_sha256
-      torch       = track_section("pytorch", pytorch).torch
-    })
-    // a therock track's TheRock section: the index, its lock (ci/locks/therock-<track>.txt) and the
-    // lock's sha256, the Triton source ({} on rocm-image)
-    THEROCK_PINS = stack() != "therock" ? "{}" : pins_json({
-      index_url   = tracks[TRACK].therock.index_url
-      lock        = "therock-${TRACK}.txt"
-      lock_sha256 = tracks[TRACK].therock.lock_sha256
-      triton      = without_notes(tracks[TRACK].therock.triton, [])
-    })
+    // aiter's shared fields and the track's pin (AITER_PIN); its requirements' hash lock in ci/locks/
+    AITER_REPOSITORY               = coalesce(aiter.repository, "UNRESOLVED")
+    AITER_TAG                      = coalesce(aiter.pins[AITER_PIN].tag, "UNRESOLVED")
+    AITER_COMMIT                   = coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED")
+    CK_COMMIT                      = coalesce(aiter.pins[AITER_PIN].ck_commit, "UNRESOLVED")
+    CK_SUBMODULE_PATH              = coalesce(aiter.ck_submodule_path, "UNRESOLVED")
+    HIPKITTENS_REPOSITORY          = coalesce(aiter.hipkittens_repository, "UNRESOLVED")
+    HIPKITTENS_COMMIT              = coalesce(aiter.pins[AITER_PIN].hipkittens_commit, "UNRESOLVED")
+    AITER_REQUIRED_MODULES         = aiter.required_modules == null ? "UNRESOLVED" : join(" ", aiter.required_modules)
+    AITER_REQUIREMENTS_LOCK        = "aiter-${aiter.pins[AITER_PIN].tag}.txt"
+    AITER_REQUIREMENTS_LOCK_SHA256 = coalesce(aiter.pins[AITER_PIN].requirements_lock_sha256, "UNRESOLVED")
+    // the track's pytorch section and its lock (rocm-image; "" on therock: PyTorch is in the TheRock lock)
+    PYTORCH_INDEX_URL   = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).index_url, "UNRESOLVED")
+    PYTORCH_LOCK        = stack() == "therock" ? "" : pytorch_lock()
+    PYTORCH_LOCK_SHA256 = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).lock_sha256, "UNRESOLVED")
+    TORCH_VERSION       = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torch, "UNRESOLVED")
+    TORCHVISION_VERSION = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchvision, "UNRESOLVED")
+    TORCHAUDIO_VERSION  = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchaudio, "UNRESOLVED")
+    // a therock track's TheRock section, its lock and the Triton source ("" on rocm-image)
+    THEROCK_INDEX_URL   = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.index_url, "UNRESOLVED")
+    THEROCK_LOCK        = stack() != "therock" ? "" : "therock-${TRACK}.txt"
+    THEROCK_LOCK_SHA256 = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.lock_sha256, "UNRESOLVED")
+    TRITON_REPOSITORY   = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.repository, "UNRESOLVED")
+    TRITON_COMMIT       = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.commit, "UNRESOLVED")
+    TRITON_VERSION      = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.version, "UNRESOLVED")
     // vllm's shared repository and triton_kernels, and the track's release
-    VLLM_PINS = pins_json({
-      repository     = vllm.repository
-      tag            = tracks[TRACK].vllm.tag
-      commit         = tracks[TRACK].vllm.commit
-      triton_kernels = merge(without_notes(vllm.triton_kernels, []), { commit = tracks[TRACK].vllm.triton_kernels_commit })
-    })
+    VLLM_REPOSITORY           = coalesce(vllm.repository, "UNRESOLVED")
+    VLLM_TAG                  = coalesce(tracks[TRACK].vllm.tag, "UNRESOLVED")
+    VLLM_COMMIT               = coalesce(tracks[TRACK].vllm.commit, "UNRESOLVED")
+    TRITON_KERNELS_REPOSITORY = coalesce(vllm.triton_kernels.repository, "UNRESOLVED")
+    TRITON_KERNELS_COMMIT     = coalesce(tracks[TRACK].vllm.triton_kernels_commit, "UNRESOLVED")
+    TRITON_KERNELS_PATH       = coalesce(vllm.triton_kernels.path, "UNRESOLVED")
   }
-}
-
-// A component's pins as one build-arg value (jsonencode writes object keys sorted, no spaces).
-function "pins_json" {
-  params = [pins]
-  result = jsonencode(pins)
-}
-
-// A versions.json object without its notes (about, unresolved) and the keys named.
-function "without_notes" {
-  params = [node, leave_out]
-  result = { for key, value in node : key => value if !contains(concat(["about", "unresolved"], leave_out), key) }
 }
 
 target "base" {

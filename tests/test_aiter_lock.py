@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -177,16 +176,16 @@ def venv(tmp_path):
 
 
 def run_step(venv: Path, pypi, src: Path, pins: dict, lock_text: str | None, allow: str = "0"):
-    """aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS with AITER_PINS = pins, installing from the
+    """aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS with the AITER build args pins, installing from the
     file:// copy of the stand-in (PYPI_INDEX_URL), in a careless environment (pip offered the
     stand-in as an index)."""
     locks_dir = src.parent / "locks"
     locks_dir.mkdir(exist_ok=True)
     if lock_text is not None:
-        (locks_dir / pins["requirements_lock"]).write_text(lock_text)
+        (locks_dir / pins["AITER_REQUIREMENTS_LOCK"]).write_text(lock_text)
     constraints = src.parent / "constraints.txt"
     constraints.write_text("numpy==2.3.5\n")
-    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(src.parent), "AITER_PINS": json.dumps(pins),
+    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(src.parent), **pins,
            "ALLOW_UNRESOLVED": allow, "PYPI_INDEX_URL": pypi["mirror"], "PIP_INDEX_URL": pypi["mirror"],
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     return subprocess.run(["bash", SCRIPT, src, locks_dir, constraints], env=env, capture_output=True, text=True,
@@ -194,7 +193,9 @@ def run_step(venv: Path, pypi, src: Path, pins: dict, lock_text: str | None, all
 
 
 def pins_of(data, **change) -> dict:
-    return {**json.loads(model.build_args(data)["AITER_PINS"]), **change}
+    """The default track's AITER build args, with changes (requirements_lock_sha256: AITER_REQUIREMENTS_LOCK_SHA256)."""
+    args = {k: v for k, v in model.build_args(data).items() if k.startswith("AITER_")}
+    return {**args, **{f"AITER_{k.upper()}": v for k, v in change.items()}}
 
 
 def installed(venv: Path) -> set[str]:

@@ -111,12 +111,12 @@ def git_server(tmp_path_factory):
 
 
 def aiter_pins(server, tag, commit, ck):
-    """The AITER_PINS build arg of versions.json's default track with the test repository's
-    pins ("UNRESOLVED": null, as an unresolved pin is)."""
-    pins = json.loads(model.build_args(model.load())["AITER_PINS"])
-    pins.update(repository=f"{server['url']}/aiter.git", tag=tag, commit=None if commit == "UNRESOLVED" else commit,
-                ck_commit=None if ck == "UNRESOLVED" else ck)
-    return model.pins_json(pins)
+    """--build-arg options: the AITER pins of versions.json's default track, with the test
+    repository's ("UNRESOLVED" as an unresolved pin is)."""
+    args = model.build_args(model.load())
+    args.update(AITER_REPOSITORY=f"{server['url']}/aiter.git", AITER_TAG=tag, AITER_COMMIT=commit, CK_COMMIT=ck)
+    return [o for k in ("AITER_REPOSITORY", "AITER_TAG", "AITER_COMMIT", "CK_COMMIT", "CK_SUBMODULE_PATH")
+            for o in ("--build-arg", f"{k}={args[k]}")]
 
 
 def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", target="aiter-verified",
@@ -126,7 +126,7 @@ def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", targe
            "--build-arg", f"AITER_SRC_BASE={base_image}",
            # BuildKit parses every FROM, used or not: an unresolved ROCm digest would stop it.
            "--build-arg", f"ROCM_IMAGE={base_image}",
-           "--build-arg", f"AITER_PINS={aiter_pins(server, tag, commit, ck)}"]
+           *aiter_pins(server, tag, commit, ck)]
     if context_dir:
         cmd += ["--build-context", f"aiter-src={context_dir}"]
     start = time.time()

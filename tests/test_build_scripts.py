@@ -4,7 +4,6 @@
 repositories, and the AMD SMI import check."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -74,7 +73,7 @@ def test_both_builds_derive_max_jobs_from_the_cgroup_limit(script, per_job, cgro
     (kernels / "__init__.py").write_text("")
     args = {"build_vllm.sh": ["wheel", str(tmp_path), str(tmp_path / "out")],
             "build_aiter.sh": [str(tmp_path), str(tmp_path / "out")]}[script]
-    env = base_env(**cgroup, GPU_ARCHS="gfx942", VLLM_VERSION="0.32.0", AITER_PINS='{"tag":"v0"}',
+    env = base_env(**cgroup, GPU_ARCHS="gfx942", VLLM_VERSION="0.32.0", AITER_TAG="v0",
 
                    TRITON_KERNELS_SRC_DIR=str(kernels), **{per_job: "100"})
     proc = subprocess.run(["bash", str(DOCKER / script), *args], env=env, capture_output=True, text=True)
@@ -266,10 +265,7 @@ def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):
     (aiter / "aiter" / "jit").mkdir(parents=True)
     (aiter / "aiter/jit/core.py").write_text(
         f'x = {{\n    "url": "https://github.com/HazyResearch/HipKittens.git",\n    "commit": "{hk}",\n}}\n')
-    def pins(commit):
-        return json.dumps({"tag": "v0", "hipkittens_repository": (tmp_path / "hk").as_uri(),
-                           "hipkittens_commit": commit})
-    env = base_env(AITER_PINS=pins(hk),
+    env = base_env(AITER_TAG="v0", HIPKITTENS_REPOSITORY=(tmp_path / "hk").as_uri(), HIPKITTENS_COMMIT=hk,
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
     dest = tmp_path / "dest"
     proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "clone", dest, aiter], env=env,
@@ -282,14 +278,14 @@ def test_hipkittens_fetched_at_the_commit_aiter_names(tmp_path):
     # a pin that is not what AITER names stops with one line naming the setting
     for pin in ("1" * 40, "none"):
         proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", "verify", dest, aiter],
-                              env={**env, "AITER_PINS": pins(pin)}, capture_output=True, text=True)
+                              env={**env, "HIPKITTENS_COMMIT": pin}, capture_output=True, text=True)
         assert proc.returncode == 1 and "hipkittens_commit" in proc.stderr, proc.stderr
     # an AITER that names no HipKittens: pin "none", nothing fetched, an empty directory
     (aiter / "aiter/jit/core.py").write_text("# no third-party clones\n")
     empty = tmp_path / "empty"
     for mode in ("clone", "verify"):
         proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "hipkittens", mode, empty, aiter],
-                              env={**env, "AITER_PINS": pins("none")}, capture_output=True, text=True)
+                              env={**env, "HIPKITTENS_COMMIT": "none"}, capture_output=True, text=True)
         assert proc.returncode == 0 and "does not use HipKittens" in proc.stdout, proc.stderr
     assert list(empty.iterdir()) == []
 
@@ -298,11 +294,8 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     path = "python/triton_kernels/triton_kernels"
     commit = repo_with(tmp_path / "triton", {f"{path}/__init__.py": "", f"{path}/matmul.py": "x = 1\n",
                                              "README": "big tree\n"})
-    def pins(kernels_commit):
-        return json.dumps({"tag": "v0", "commit": None, "repository": "https://example.invalid/vllm.git",
-                           "triton_kernels": {"repository": (tmp_path / "triton").as_uri(), "commit": kernels_commit,
-                                              "path": path}})
-    env = base_env(VLLM_PINS=pins(commit),
+    env = base_env(TRITON_KERNELS_REPOSITORY=(tmp_path / "triton").as_uri(), TRITON_KERNELS_COMMIT=commit,
+                   TRITON_KERNELS_PATH=path,
                    GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="protocol.file.allow", GIT_CONFIG_VALUE_0="always")
     dest = tmp_path / "dest"
     proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", dest], env=env,
@@ -310,129 +303,57 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["__init__.py", "matmul.py"]
     proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", tmp_path / "d2"],
-                          env={**env, "VLLM_PINS": pins("2" * 40)}, capture_output=True, text=True)
+                          env={**env, "TRITON_KERNELS_COMMIT": "2" * 40}, capture_output=True, text=True)
     assert proc.returncode == 1 and "the track's vllm.triton_kernels_commit" in proc.stderr
     proc = subprocess.run(["bash", DOCKER / "vllm_source.sh", "triton-kernels", tmp_path / "d3"],
-                          env={**env, "VLLM_PINS": pins(None)}, capture_output=True, text=True)
+                          env={**env, "TRITON_KERNELS_COMMIT": "UNRESOLVED"}, capture_output=True, text=True)
     assert proc.returncode == 1 and "triton_kernels_commit" in proc.stderr
 
 
-def load_pins(name, value):
-    """lib.sh load_pins NAME as a step runs it, then the variables it set."""
-    env = base_env(**({name: value} if value is not None else {}))
-    shown = f'set | grep "^{name[:-5]}_" | grep -v "^{name}=" || true'
-    return bash(f"source {DOCKER}/lib.sh && load_pins {name} && {shown}", env)
+# ------------------------------------------------------------------ pins as build args
 
-
-def test_a_components_pins_become_shell_variables():
-    """pins.py: the keys' path in upper case joined by _, null -> UNRESOLVED, a list -> its items
-    joined by spaces (the JSON args python3 -m ci.pins args prints)."""
-    value = json.dumps({"tag": "v1", "commit": None, "triton_kernels": {"path": "python/triton_kernels"}})
-    proc = load_pins("VLLM_PINS", value)
-    assert proc.returncode == 0, proc.stderr
-    assert set(proc.stdout.splitlines()) == {"VLLM_TAG=v1", "VLLM_COMMIT=UNRESOLVED",
-                                             "VLLM_TRITON_KERNELS_PATH=python/triton_kernels"}
-    proc = load_pins("AITER_PINS", json.dumps({"required_modules": ["a", "b"], "hipkittens_commit": "none",
-                                               "requirements_lock_sha256": "none"}))
-    assert proc.returncode == 0, proc.stderr
-    assert set(proc.stdout.splitlines()) == {"AITER_REQUIRED_MODULES='a b'", "AITER_HIPKITTENS_COMMIT=none",
-                                             "AITER_REQUIREMENTS_LOCK_SHA256=none"}
-    # "none" stands for nothing but itself: no other word, and no commit where a sha256 belongs
-    for bad in ("None", "a" * 40):
-        proc = load_pins("AITER_PINS", json.dumps({"requirements_lock_sha256": bad}))
-        assert proc.returncode == 1 and "AITER_REQUIREMENTS_LOCK_SHA256" in proc.stderr, proc.stderr
-
-
-def _pins_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("build_pins", DOCKER / "pins.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_build_args_schema_is_what_the_pin_tool_writes():
-    """pins.py's schema has exactly the keys ci.pins components() writes for every track, and its
-    patterns are the versions file's (ci/pins/model.py)."""
+def test_every_build_arg_a_script_needs_is_one_the_pin_tool_prints():
+    """The pins the build scripts require (: "${NAME:?set the NAME build arg}") are build args
+    python3 -m ci.pins args prints, and each is declared in a Dockerfile (with its default)."""
     from ci.pins import model
 
-    pins = _pins_module()
-    data = model.load(ROOT / "versions.json")
-
-    def keys(node):
-        return {k: keys(v) if isinstance(v, dict) else None for k, v in node.items()}
-
-    unused = {model.THEROCK_STACK: "PYTORCH_PINS", model.ROCM_IMAGE_STACK: "THEROCK_PINS"}
-    for track in model.track_names(data):
-        for arg, value in model.components(data, track_name_=track).items():
-            # a component the track's stack does not build from is passed empty
-            if unused[model.track_stack(data, track)] == arg:
-                assert value == {}, (track, arg)
-                continue
-            assert keys(value) == keys(pins.SCHEMA[arg]), (track, arg)
-            pins.flatten(value, arg[:-5])  # the real pins pass
-    assert {k: p.pattern for k, p in pins.PATTERNS.items()} == {
-        "commit": model.COMMIT_RE.pattern, "sha256": model.SHA256_RE.pattern, "name": model.NAME_RE.pattern,
-        "repository": model.REPOSITORY_RE.pattern, "url": model.HTTPS_URL_RE.pattern}
+    needed = {m for p in DOCKER.iterdir() if p.suffix == ".sh"
+              for m in re.findall(r'\$\{(\w+):\?set the \1 build arg', p.read_text())}
+    pins = needed - {"GPU_ARCHS", "VLLM_VERSION", "SOURCE_DATE_EPOCH"}
+    assert {"AITER_COMMIT", "CK_COMMIT", "VLLM_COMMIT", "TRITON_COMMIT", "THEROCK_LOCK"} <= pins
+    assert pins <= set(model.build_args(model.load(ROOT / "versions.json"))), pins
+    declared = {n for f in model.DOCKERFILES for n in model.global_arg_defaults((ROOT / f).read_text())}
+    assert needed <= declared, needed - declared
 
 
-HOSTILE = ["v1\nALLOW_UNRESOLVED=1", "--upload-pack=touch /tmp/x", "x y/$(z)", "a'b", "v1\n", " v1"]
-
-
-def _leaf_paths(node, path=()):
-    for key, value in node.items():
-        if isinstance(value, dict):
-            yield from _leaf_paths(value, (*path, key))
-        else:
-            yield (*path, key), value
-
-
-def test_every_value_of_every_build_arg_refuses_hostile_strings():
-    """For each arg and each of its keys (the real pins of the default track), a line break, a
-    leading '-', a space, a quote or a trailing newline stops the step in one line naming the
-    key; so do an unknown key (e.g. "locks" beside VLLM_PINS's keys) and an object where a value
-    belongs."""
-    import copy
-
-    from ci.pins import model
-
-    data = model.load(ROOT / "versions.json")
-    # each arg as the first track that builds from it passes it (a track passes the component of a
-    # stack it is not on empty)
-    components: dict = {}
-    for track in model.track_names(data):
-        for arg, value in model.components(data, track_name_=track).items():
-            components.setdefault(arg, value) if value else None
-    assert set(components) == set(_pins_module().SCHEMA)
-    for arg, value in components.items():
-        for path, real in _leaf_paths(value):
-            var = "_".join((arg[:-5], *(p.upper() for p in path)))
-            for bad in ([*HOSTILE, {"nested": "x"}] if not isinstance(real, list) else [["a b"], ["-x"], "a"]):
-                changed = copy.deepcopy(value)
-                node = changed
-                for p in path[:-1]:
-                    node = node[p]
-                node[path[-1]] = bad
-                proc = load_pins(arg, json.dumps(changed))
-                assert proc.returncode == 1 and var in proc.stderr, (arg, path, bad, proc.stderr)
-                assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
-        for extra in ({"locks": "x"}, {"torch": {"torch": "2.13.0", "torchcodec": "x"}}):
-            proc = load_pins(arg, json.dumps({**value, **extra}))
-            assert proc.returncode == 1 and "unknown key" in proc.stderr, (arg, extra, proc.stderr)
-    proc = load_pins("AITER_PINS", "[" * 20000 + "]" * 20000)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "AITER_PINS" in proc.stderr, proc.stderr
-
-
-@pytest.mark.parametrize("value,message", [
-    (None, "the build arg AITER_PINS is not set: pass it"),
-    ("{", "the build arg AITER_PINS is not JSON"),
-    ("[1]", "the build arg AITER_PINS is not a JSON object"),
-    ('{"Tag":"v1"}', "is not a lower-case name"),
-    ('{"a":"x"}', "AITER_A: unknown key 'a'"),
-    ('{"tag":true}', "AITER_TAG: a string or null is expected"),
+@pytest.mark.parametrize("script,args,env,pin", [
+    ("aiter_source.sh", ["clone", "DEST"],
+     {"AITER_REPOSITORY": "/nonexistent/aiter.git", "AITER_TAG": "v1", "AITER_COMMIT": "UNRESOLVED",
+      "CK_COMMIT": "c" * 40}, "aiter.pins.v1.commit"),
+    ("vllm_source.sh", ["clone", "DEST"],
+     {"VLLM_REPOSITORY": "/nonexistent/vllm.git", "VLLM_TAG": "v1", "VLLM_COMMIT": "UNRESOLVED"},
+     "the vLLM commit (tag v1)"),
+    ("build_triton.sh", ["DEST"],
+     {"TRITON_REPOSITORY": "/nonexistent/triton.git", "TRITON_VERSION": "3.0", "TRITON_COMMIT": "UNRESOLVED"},
+     "the Triton commit"),
 ])
-def test_pins_that_are_no_json_object_stop_the_step_in_one_line(value, message):
-    proc = load_pins("AITER_PINS", value)
-    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and proc.stdout == ""
+def test_an_unresolved_pin_stops_the_step_in_one_line(tmp_path, script, args, env, pin):
+    """An UNRESOLVED pin stops before anything is fetched, in one line naming it and the command that
+    resolves it; ALLOW_UNRESOLVED=1 turns it into a warning (a development image)."""
+    argv = ["bash", DOCKER / script, *[str(tmp_path / a) if a == "DEST" else a for a in args]]
+    proc = subprocess.run(argv, env=base_env(**env), capture_output=True, text=True)
+    assert proc.returncode == 1 and f"{pin} is UNRESOLVED in versions.json" in proc.stderr, proc.stderr
+    assert "python3 -m ci.pins resolve" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    proc = subprocess.run(argv, env=base_env(**env, ALLOW_UNRESOLVED="1"), capture_output=True, text=True)
+    assert f"WARNING: {pin} is UNRESOLVED" in proc.stderr, proc.stderr
+    assert "cannot clone" in proc.stderr  # it went on, to the (unreachable) repository
+
+
+@pytest.mark.parametrize("unset", ["AITER_TAG", "AITER_COMMIT", "CK_COMMIT", "AITER_REPOSITORY"])
+def test_a_missing_pin_build_arg_is_named(tmp_path, unset):
+    env = {"AITER_REPOSITORY": "/nonexistent/aiter.git", "AITER_TAG": "v1", "AITER_COMMIT": "a" * 40,
+           "CK_COMMIT": "c" * 40}
+    del env[unset]
+    proc = subprocess.run(["bash", DOCKER / "aiter_source.sh", "clone", tmp_path / "d"], env=base_env(**env),
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and f"set the {unset} build arg" in proc.stderr, proc.stderr

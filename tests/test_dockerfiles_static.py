@@ -1,5 +1,4 @@
 """Static checks of the Dockerfiles: hadolint, BuildKit's parser, pin policy."""
-import json
 import re
 import shutil
 import subprocess
@@ -122,16 +121,24 @@ def test_no_secret_in_arg_or_env(name):
 
 def _script_text(stage_cmds):
     """Text of the stage's instructions and of the files of the repository it copies in or
-    bind-mounts (scripts, the manifest model)."""
+    bind-mounts: a file, the build scripts of ci/docker a RUN runs (with what they read beside
+    them), every module of a bound Python package (the manifest model)."""
     text = []
     for c in stage_cmds:
-        text.append(" ".join(c.value) + " " + " ".join(c.flags))
+        run = " ".join(c.value)
+        text.append(run + " " + " ".join(c.flags))
         if c.cmd.upper() == "COPY" and not any(f.startswith("--from") for f in c.flags):
             text += [(ROOT / s).read_text() for s in c.value[:-1] if (ROOT / s).is_file()]
         for f in c.flags:
             m = re.match(r"--mount=(?!.*\bfrom=)(?=.*\btype=bind\b).*\bsource=([^,]+)", f)
-            if m and (ROOT / m.group(1)).is_file():
-                text.append((ROOT / m.group(1)).read_text())
+            source = ROOT / m.group(1) if m else None
+            if source and source.is_file():
+                text.append(source.read_text())
+            elif source == DOCKER_DIR:
+                text += [(DOCKER_DIR / n).read_text() for n in sorted(set().union(
+                    *(_needs(DOCKER_DIR / s) for s in _ran(run))))]
+            elif source and source.is_dir():
+                text += [py.read_text() for py in sorted(source.glob("*.py"))]
     return "\n".join(text)
 
 
@@ -209,95 +216,82 @@ def test_git_refs_are_pinned_commits_from_versions_file(name):
         assert match.group(0) in pinned, f"{name}: commit {match.group(0)} is not in versions.json"
     commits = 0
     for arg, default in global_args(parse(name)).items():
-        if arg.endswith("_PINS"):
-            pins = json.loads(_unquoted(default))
-            for key, value in _leaves(pins):
-                if key == "commit" or key.endswith("_commit"):
-                    commits += 1
-                    assert value is None or re.fullmatch(r"[0-9a-f]{40}", value), f"{name}: ARG {arg}: {key}"
-    assert commits, f"{name}: no commit pin among the *_PINS args"
+        if arg.endswith("_COMMIT"):
+            commits += 1
+            value = _unquoted(default)
+            assert value in ("UNRESOLVED", "") or re.fullmatch(r"[0-9a-f]{40}", value), f"{name}: ARG {arg}"
+    assert commits, f"{name}: no commit pin among the *_COMMIT args"
     assert not re.search(r"git\s+(clone|checkout|fetch)[^\n]*\b(main|master|HEAD)\b", text)
 
 
-def _leaves(value, key=""):
-    if isinstance(value, dict):
-        return [leaf for k, v in value.items() for leaf in _leaves(v, k)]
-    return [(key, value)]
-
-
-# --------------------------------------------------------------- build scripts enter by bind mounts
+# --------------------------------------------------------------- build scripts enter as one folder
 
 DOCKER_DIR = ROOT / "ci/docker"
+DOCKER_MOUNT = "--mount=type=bind,source=ci/docker,target=/opt/rocm-vllm/docker"
 # What a script reads beside itself: $here/NAME, $(dirname "$0")/NAME, $(dirname "${BASH_SOURCE[0]}")/NAME.
 _BESIDE = re.compile(r'(?:\$here|\$\(dirname "\$(?:0|\{BASH_SOURCE\[0\]\})"\))/([\w.-]+)')
 
 
 def _needs(path: Path, seen=None) -> set[str]:
-    """The files of ci/docker a script needs beside it, itself included, transitively. lib.sh
-    needs pins.py only where a step calls its load_pins."""
+    """The files of ci/docker a script needs beside it, itself included, transitively."""
     seen = set() if seen is None else seen
     if path.name in seen:
         return seen
     seen.add(path.name)
-    if path.suffix in (".sh", ".py") and path.name != "lib.sh":
-        text = path.read_text()
-        for other in _BESIDE.findall(text) + (["lib.sh", "pins.py"] if "load_pins " in text else []):
+    if path.suffix in (".sh", ".py"):
+        for other in _BESIDE.findall(path.read_text()):
             _needs(DOCKER_DIR / other, seen)
     return seen
 
 
+def _ran(run: str) -> list[str]:
+    """The files of ci/docker a RUN line names."""
+    return [p.name for p in sorted(DOCKER_DIR.iterdir())
+            if p.is_file() and re.search(rf"(?<![\w.-]){re.escape(p.name)}\b", run)]
+
+
 def bind_problems(commands) -> list[str]:
-    """Why build scripts do not enter the stages as bind mounts of exactly the files each step runs
-    (empty: none): no COPY of ci/docker, no bind of a folder of it, every file of ci/docker a RUN
-    names bound in that RUN, with everything it reads beside it, in the same folder."""
+    """Why build scripts do not enter the stages as one bind mount of ci/docker per RUN step
+    (empty: none): no COPY of ci/docker, no bind of a single file of it, every RUN that names a
+    file of ci/docker binds the folder at /opt/rocm-vllm/docker (its scripts then find their
+    siblings), and every file a script reads beside it is there."""
     problems = []
-    scripts = {p.name for p in DOCKER_DIR.iterdir() if p.is_file()}
     for stage, _, cmds in stages(commands):
         for c in cmds:
             if c.cmd.upper() == "COPY" and any(v.startswith("ci/docker") for v in c.value[:-1]):
-                problems.append(f"{stage}:{c.start_line}: COPY of ci/docker: bind-mount the files instead")
+                problems.append(f"{stage}:{c.start_line}: COPY of ci/docker: bind-mount the folder instead")
             if c.cmd.upper() != "RUN":
                 continue
-            bound = {}
             for f in c.flags:
-                m = re.search(r"\bsource=(ci/docker[^,]*),target=([^,]+)", f)
-                if m and "from=" not in f:
-                    if not (ROOT / m.group(1)).is_file():
-                        problems.append(f"{stage}:{c.start_line}: bind of {m.group(1)}: not one file")
-                    else:
-                        bound[Path(m.group(1)).name] = m.group(2)
-            run = " ".join(c.value)
-            if "load_pins " in run:
-                run += " pins.py"
-            for name in sorted(scripts):
-                if not re.search(rf"(?<![\w.-]){re.escape(name)}\b", run):
-                    continue
-                if name not in bound:
-                    problems.append(f"{stage}:{c.start_line}: runs {name} without binding ci/docker/{name}")
-                    continue
-                folder = str(Path(bound[name]).parent)
-                for need in sorted(_needs(DOCKER_DIR / name)):
-                    if bound.get(need) != f"{folder}/{need}":
-                        problems.append(f"{stage}:{c.start_line}: {name} needs {need} beside it at {folder}")
+                if re.search(r"\bsource=ci/docker/", f) and "from=" not in f:
+                    problems.append(f"{stage}:{c.start_line}: bind of a file of ci/docker: bind the folder")
+            ran = _ran(" ".join(c.value))
+            if ran and DOCKER_MOUNT not in c.flags:
+                problems.append(f"{stage}:{c.start_line}: runs {', '.join(ran)} without {DOCKER_MOUNT}")
+            for name in ran:
+                problems += [f"{stage}:{c.start_line}: {name} reads {need} beside it: no such file in ci/docker"
+                             for need in sorted(_needs(DOCKER_DIR / name)) if not (DOCKER_DIR / need).is_file()]
     return problems
 
 
-def test_build_scripts_enter_by_bind_mounts_of_the_files_a_step_runs(name):
+def test_build_scripts_enter_as_one_folder_per_run_step(name):
     assert bind_problems(parse(name)) == []
 
 
 def test_bind_check_can_fail():
     text = (ROOT / "Dockerfile.rocm_base").read_text()
-    pins = "    --mount=type=bind,source=ci/docker/pins.py,target=/opt/rocm-vllm/docker/pins.py \\\n"
-    assert pins in text
+    mount = f"RUN {DOCKER_MOUNT} \\\n    bash /opt/rocm-vllm/docker/install_python.sh"
+    assert mount in text
     parser = buildkit_parser()
-    problems = bind_problems(parser.parse_string(text.replace(pins, "", 1)))
-    assert problems and all("needs pins.py beside it" in p for p in problems), problems
+    unmounted = text.replace(mount, "RUN bash /opt/rocm-vllm/docker/install_python.sh", 1)
+    assert any("runs install_python.sh without" in p for p in bind_problems(parser.parse_string(unmounted)))
+    one_file = text.replace(mount, "RUN --mount=type=bind,source=ci/docker/install_python.sh,"
+                            "target=/opt/rocm-vllm/docker/install_python.sh \\\n"
+                            "    bash /opt/rocm-vllm/docker/install_python.sh", 1)
+    assert any("bind of a file of ci/docker" in p for p in bind_problems(parser.parse_string(one_file)))
     copied = text.replace("FROM base AS torch-rocm-image\n",
                           "FROM base AS torch-rocm-image\nCOPY ci/docker/lib.sh /opt/x/\n", 1)
     assert any("COPY of ci/docker" in p for p in bind_problems(parser.parse_string(copied)))
-    folder = text.replace("source=ci/docker/lib.sh,", "source=ci/docker,", 1)
-    assert any("not one file" in p for p in bind_problems(parser.parse_string(folder)))
 
 
 def _depends_on(all_stages: dict, stage: str) -> set[str]:
@@ -316,18 +310,18 @@ def _depends_on(all_stages: dict, stage: str) -> set[str]:
 
 
 def test_a_vllm_bump_leaves_the_aiter_and_pytorch_layers_cached():
-    """Each stage declares only the component args it builds: nothing the AITER wheel is built from
-    declares a vLLM arg, and nothing torch is built from an AITER one (an arg a stage declares is
-    in its cache key)."""
+    """Each stage declares only the pins it builds from: nothing the AITER wheel is built from
+    declares a vLLM arg, and nothing torch is built from an AITER or vLLM one (an arg a stage
+    declares is in its cache key)."""
     commands = parse("Dockerfile.rocm_base")
     all_stages = {s: (base.replace("${AITER_SRC_BASE}", "base"), cmds) for s, base, cmds in stages(commands)}
 
     def declared(stage):
         return {t.split("=")[0] for c in all_stages[stage][1] if c.cmd.upper() == "ARG" for t in c.value}
     for stage in _depends_on(all_stages, "aiter-wheel"):
-        assert not {a for a in declared(stage) if a.startswith("VLLM_")}, stage
+        assert not {a for a in declared(stage) if a.startswith(("VLLM_", "TRITON_KERNELS_"))}, stage
     for stage in _depends_on(all_stages, "torch"):
-        assert not declared(stage) & {"AITER_PINS", "VLLM_PINS"}, stage
+        assert not {a for a in declared(stage) if a.startswith(("AITER_", "CK_", "HIPKITTENS_", "VLLM_"))}, stage
     assert {"aiter-verified", "hipkittens-verified", "torch", "base"} <= _depends_on(all_stages, "aiter-wheel")
 
 
@@ -360,7 +354,7 @@ def test_aiter_build_settings():
 def test_max_jobs_derivation_fails_early_on_a_small_builder(tmp_path):
     """build_aiter.sh: a memory budget no builder meets stops before compiling, naming the setting."""
     proc = subprocess.run(["bash", str(ROOT / "ci/docker/build_aiter.sh"), str(tmp_path), str(tmp_path / "w")],
-                          env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_PINS": '{"tag":"v0"}',
+                          env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_TAG": "v0",
                                "AITER_MEM_PER_JOB_GIB": "100000"}, capture_output=True, text=True)
     assert proc.returncode == 1
     assert "AITER_MEM_PER_JOB_GIB" in proc.stderr and "MAX_JOBS=0" in proc.stdout

@@ -26,8 +26,6 @@ JSON_READS = {"load", "loads", "JSONDecoder"}
 
 # (file, form) -> (how many, why)
 KNOWN = {
-    ("ci/docker/pins.py", "json"): (1, "a build arg in a build stage that holds this script alone (no runtime "
-                                       "package); the arg is `python3 -m ci.pins args`'s json.dumps"),
     ("ci/docker/pinned_dists.py", "json"): (1, "its own snapshot file, in a build stage that holds this script alone "
                                                "(no runtime package)"),
 }

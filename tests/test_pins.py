@@ -76,8 +76,8 @@ def test_each_track_builds_its_own_vllm_and_aiter(data):
         args = model.build_args(data, track_name_=name)
         own = data["tracks"][name]
         assert args["VLLM_TRACK"] == name and args["VLLM_VERSION"] == own["vllm"]["version"]
-        assert json.loads(args["AITER_PINS"])["tag"] == data["aiter"]["pins"][own["aiter"]]["tag"]
-        assert json.loads(args["VLLM_PINS"])["tag"] == own["vllm"]["tag"]
+        assert args["AITER_TAG"] == data["aiter"]["pins"][own["aiter"]]["tag"]
+        assert args["VLLM_TAG"] == own["vllm"]["tag"]
         assert args["VLLM_VERSION"].startswith(name + ".")
     assert model.build_args(data) == model.build_args(data, track_name_=data["default_track"])
     with pytest.raises(model.PinError, match="no release track '0.1'.*set TRACK"):
@@ -272,27 +272,25 @@ def test_a_json_default_is_written_in_single_quotes():
         model._quote('{"a":"it\'s"}')
 
 
-def test_component_pins_are_compact_sorted_json_with_null_for_unresolved(data):
-    """One rule for every component: versions.json's fields as they are named there, without
-    notes (about, unresolved), keys sorted, no spaces, null for an unresolved pin."""
+def test_each_pin_is_one_build_arg_named_after_it(data):
+    """One build arg per pin, named after it: versions.json's value, UNRESOLVED for null, a list
+    space-joined; a rocm-image track's TheRock args are empty."""
     shared = rocm_image_track(data)
     args = model.build_args(data, "v0.1.24.post1", track_name_=shared)
-    for name in ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS"):
-        value = json.loads(args[name])
-        assert args[name] == json.dumps(value, sort_keys=True, separators=(",", ":")), name
-        assert "about" not in args[name] and "unresolved" not in args[name], name
-    aiter = json.loads(args["AITER_PINS"])
-    assert aiter["commit"] is None and aiter["tag"] == "v0.1.24.post1"
-    assert aiter["ck_submodule_path"] == data["aiter"]["ck_submodule_path"]
-    assert aiter["required_modules"] == data["aiter"]["required_modules"]
-    assert json.loads(args["PYTORCH_PINS"]) == {"index_url": data["pytorch"]["index_url"], "lock": "pytorch.txt",
-                                                "lock_sha256": data["pytorch"]["lock_sha256"],
-                                                "torch": data["pytorch"]["torch"]}
-    assert args["THEROCK_PINS"] == "{}"  # a rocm-image track has no TheRock section
-    vllm = json.loads(args["VLLM_PINS"])
-    own = data["tracks"][shared]["vllm"]
-    assert vllm["triton_kernels"]["commit"] == own["triton_kernels_commit"]
-    assert vllm["repository"] == data["vllm"]["repository"] and "version" not in vllm
+    pin, own = data["aiter"]["pins"]["v0.1.24.post1"], data["tracks"][shared]["vllm"]
+    assert pin["commit"] is None and args["AITER_COMMIT"] == model.UNRESOLVED
+    assert (args["AITER_TAG"], args["AITER_REQUIREMENTS_LOCK"]) == ("v0.1.24.post1", "aiter-v0.1.24.post1.txt")
+    assert args["CK_SUBMODULE_PATH"] == data["aiter"]["ck_submodule_path"]
+    assert args["AITER_REQUIRED_MODULES"] == " ".join(data["aiter"]["required_modules"])
+    assert (args["PYTORCH_INDEX_URL"], args["PYTORCH_LOCK"]) == (data["pytorch"]["index_url"], "pytorch.txt")
+    assert args["PYTORCH_LOCK_SHA256"] == model.render(data["pytorch"]["lock_sha256"])
+    assert [args[f"{w.upper()}_VERSION"] for w in model.TORCH_WHEELS] == \
+        [data["pytorch"]["torch"][w] for w in model.TORCH_WHEELS]
+    assert all(args[k] == "" for k in ("THEROCK_INDEX_URL", "THEROCK_LOCK", "THEROCK_LOCK_SHA256",
+                                       "TRITON_REPOSITORY", "TRITON_COMMIT", "TRITON_VERSION"))
+    assert args["TRITON_KERNELS_COMMIT"] == own["triton_kernels_commit"]
+    assert args["VLLM_REPOSITORY"] == data["vllm"]["repository"] and args["VLLM_TAG"] == own["tag"]
+    assert all(isinstance(v, str) and "\n" not in v and "{" not in v for v in args.values())
 
 
 def test_every_versions_build_arg_is_declared_in_dockerfile(data):
@@ -311,10 +309,13 @@ def test_a_therock_track_passes_its_therock_section_and_no_pytorch_section(data)
     name = model.therock_track_names(data)[0]
     args = model.build_args(data, track_name_=name)
     therock = data["tracks"][name]["therock"]
-    assert args["ROCM_STACK"] == model.THEROCK_STACK and args["PYTORCH_PINS"] == "{}"
-    assert json.loads(args["THEROCK_PINS"]) == {
-        "index_url": therock["index_url"], "lock": f"therock-{name}.txt", "lock_sha256": therock["lock_sha256"],
-        "triton": {k: therock["triton"][k] for k in ("repository", "commit", "version")}}
+    assert args["ROCM_STACK"] == model.THEROCK_STACK
+    assert all(args[k] == "" for k in ("PYTORCH_INDEX_URL", "PYTORCH_LOCK", "PYTORCH_LOCK_SHA256", "TORCH_VERSION",
+                                       "TORCHVISION_VERSION", "TORCHAUDIO_VERSION"))
+    assert (args["THEROCK_INDEX_URL"], args["THEROCK_LOCK"], args["THEROCK_LOCK_SHA256"]) == \
+        (therock["index_url"], f"therock-{name}.txt", model.render(therock["lock_sha256"]))
+    assert [args[f"TRITON_{k.upper()}"] for k in ("repository", "commit", "version")] == \
+        [model.render(therock["triton"][k]) for k in ("repository", "commit", "version")]
     # the shared pytorch section is not this track's: its unresolved wheels are not this track's pins
     assert not any(p.startswith("pytorch.") for p in model.unresolved_pins(data, track_name_=name))
     assert any(p.startswith("pytorch.") for p in model.unresolved_pins(data, track_name_=rocm_image_track(data)))
@@ -326,8 +327,8 @@ def test_args_render_unresolved_and_allow(data):
     if data["base_image"]["digest"] is None:
         assert args["ROCM_IMAGE"].endswith("@sha256:UNRESOLVED")
         assert "@" not in model.build_args(data, allow_unresolved=True, track_name_=shared)["ROCM_IMAGE"]
-    known = json.loads(model.build_args(data, "v0.1.20.post1")["AITER_PINS"])
-    assert known["commit"] == KNOWN_AITER and known["ck_commit"] == KNOWN_CK
+    known = model.build_args(data, "v0.1.20.post1")
+    assert known["AITER_COMMIT"] == KNOWN_AITER and known["CK_COMMIT"] == KNOWN_CK
     assert args["GPU_ARCHS"] == "gfx942;gfx950"
 
 
@@ -418,10 +419,9 @@ def test_resolve_write_updates_file_and_dockerfiles(tree, upstream):
     after = model.load(tree / "versions.json")
     assert after["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
     text = (tree / "Dockerfile.rocm_base").read_text()
-    pins = model.build_args(after)["AITER_PINS"]
-    assert f'"commit":"{upstream["commit"]}"' in pins and f'"ck_commit":"{upstream["ck"]}"' in pins
-    assert text.count(f"ARG AITER_PINS='{pins}'\n") == 1  # the global default, once
-    assert text.count("ARG AITER_PINS\n") == (ROOT / "Dockerfile.rocm_base").read_text().count("ARG AITER_PINS\n")
+    assert text.count(f"ARG AITER_COMMIT={upstream['commit']}\n") == 1  # the global default, once
+    assert text.count(f"ARG CK_COMMIT={upstream['ck']}\n") == 1
+    assert text.count("ARG AITER_COMMIT\n") == (ROOT / "Dockerfile.rocm_base").read_text().count("ARG AITER_COMMIT\n")
     assert run_tool("--file", str(tree / "versions.json"), "verify").returncode == 0
 
 
@@ -887,7 +887,7 @@ def test_resolve_writes_what_it_reaches_and_names_the_rest(tree, upstream, refus
     after = model.load(path)
     assert after["aiter"]["pins"]["test"]["commit"] == upstream["commit"]
     assert after["aiter"]["pins"]["test"]["ck_commit"] == upstream["ck"]
-    assert f'"commit":"{upstream["commit"]}"' in (tree / "Dockerfile.rocm_base").read_text()
+    assert f'ARG AITER_COMMIT={upstream["commit"]}\n' in (tree / "Dockerfile.rocm_base").read_text()
     assert f"aiter.pins.test.commit: None -> {upstream['commit']}" in proc.stdout
     assert after["tracks"][tracks[0]]["vllm"]["commit"] is None
 

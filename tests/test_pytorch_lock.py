@@ -171,13 +171,13 @@ def venv(tmp_path, tmp_path_factory):
 
 
 def install_torch(venv: Path, indexes, pins: dict, lock_text: str | None, allow: str = "0"):
-    """install_torch.sh LOCKS_DIR file://INDEX with PYTORCH_PINS = pins, in a careless environment
+    """install_torch.sh LOCKS_DIR file://INDEX with the PyTorch build args pins, in a careless environment
     (pip offered the PyPI stand-in as an extra index and a wheel folder)."""
     locks_dir = venv.parent / "locks"
     locks_dir.mkdir(exist_ok=True)
     if lock_text is not None:
-        (locks_dir / pins["lock"]).write_text(lock_text)
-    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(venv.parent), "PYTORCH_PINS": json.dumps(pins),
+        (locks_dir / pins["PYTORCH_LOCK"]).write_text(lock_text)
+    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(venv.parent), **pins,
            "ALLOW_UNRESOLVED": allow, "ROCM_VLLM_CA_BUNDLE": str(venv.parent / "no-bundle"),
            "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri(), "PIP_FIND_LINKS": str(indexes["pypi"] / "filelock")}
     return subprocess.run(["bash", ROOT / "ci/docker/install_torch.sh", locks_dir, indexes["pytorch"].as_uri()],
@@ -185,8 +185,11 @@ def install_torch(venv: Path, indexes, pins: dict, lock_text: str | None, allow:
 
 
 def pins_of(data, track, **change) -> dict:
-    pins = json.loads(model.build_args(data, track_name_=track)["PYTORCH_PINS"])
-    return {**pins, **change}
+    """The track's PyTorch build args, with changes (lock_sha256: PYTORCH_LOCK_SHA256)."""
+    args = model.build_args(data, track_name_=track)
+    pins = {k: args[k] for k in ("PYTORCH_INDEX_URL", "PYTORCH_LOCK", "PYTORCH_LOCK_SHA256", "TORCH_VERSION",
+                                 "TORCHVISION_VERSION", "TORCHAUDIO_VERSION")}
+    return {**pins, **{f"PYTORCH_{k.upper()}": v for k, v in change.items()}}
 
 
 def installed(venv: Path) -> dict[str, str]:
@@ -207,7 +210,7 @@ def test_only_the_pinned_lock_is_installed(data, track, indexes, lock_text, venv
     assert "python3 -m ci.pins resolve wheels --write" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
     # a lock made from other versions than the pinned ones
     other = pins_of(data, track, lock_sha256=digest)
-    other["torch"] = {**other["torch"], "torchaudio": "2.11.1+rocm7.2"}
+    other["TORCHAUDIO_VERSION"] = "2.11.1+rocm7.2"
     proc = install_torch(venv, indexes, other, lock_text)
     assert proc.returncode == 1 and "holds no torchaudio==2.11.1+rocm7.2" in proc.stderr, proc.stderr[-2000:]
     assert installed(venv).get("torch") in (None, "pytorch-index")

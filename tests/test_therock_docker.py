@@ -115,8 +115,8 @@ def upstream(base_image, tmp_path_factory):
 
 def build(base_image, upstream, tmp_path, *, lock_sha256: str | None = None, tag: str | None = None):
     """--target torch of a context holding Dockerfile.rocm_base, ci/docker and ci/locks (with the
-    stand-in track's lock); THEROCK_PINS as versions.json's therock track gives it, pointed at the
-    stand-ins."""
+    stand-in track's lock); the TheRock and Triton build args as versions.json's therock track gives
+    them, pointed at the stand-ins."""
     data = model.load(ROOT / "versions.json")
     track = model.therock_track_names(data)[0]
     context = tmp_path / "context"
@@ -126,13 +126,15 @@ def build(base_image, upstream, tmp_path, *, lock_sha256: str | None = None, tag
     shutil.copytree(ROOT / "ci/locks", context / "ci/locks")
     text = locks.therock_lock(data, track, index_url=upstream["file_index"])
     (context / model.LOCKS_DIR / model.therock_lock_name(track)).write_text(text)
-    pins = json.loads(model.build_args(data, track_name_=track)["THEROCK_PINS"])
-    pins.update(index_url=upstream["index"], triton=upstream["triton"],
-                lock_sha256=lock_sha256 or hashlib.sha256(text.encode()).hexdigest())
+    args = model.build_args(data, track_name_=track)
+    pins = {k: v for k, v in args.items() if k.startswith(("THEROCK_", "TRITON_")) and not k.startswith("TRITON_K")}
+    pins.update(THEROCK_INDEX_URL=upstream["index"],
+                THEROCK_LOCK_SHA256=lock_sha256 or hashlib.sha256(text.encode()).hexdigest(),
+                **{f"TRITON_{k.upper()}": v for k, v in upstream["triton"].items()})
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "-f", "Dockerfile.rocm_base",
            "--target", "torch", "--secret", f"id=ca-bundle,src={upstream['bundle']}",
            "--build-arg", "ROCM_STACK=therock", "--build-arg", f"ROCM_IMAGE={base_image}",
-           "--build-arg", "PYTHON_VERSION=3.11", "--build-arg", f"THEROCK_PINS={model.pins_json(pins)}",
+           "--build-arg", "PYTHON_VERSION=3.11", *[o for k, v in pins.items() for o in ("--build-arg", f"{k}={v}")],
            *(["--load", "-t", tag] if tag else ["--output", "type=cacheonly"]), str(context)]
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)

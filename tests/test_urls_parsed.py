@@ -172,9 +172,9 @@ def test_only_the_masking_reads_a_urls_credentials():
     owner = "runtime/src/rocm_vllm_runtime/secrets.py"
     # numbers.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
     known = {"runtime/src/rocm_vllm_runtime/numbers.py": 1,
-             # the patterns of versions.json's repository and URL strings (the characters each may hold;
-             # the build args' copy): whether one holds credentials is verify.credentials_problem's
-             "ci/pins/model.py": 2, "ci/docker/pins.py": 2}
+             # the patterns of versions.json's repository and URL strings (the characters each may hold):
+             # whether one holds credentials is verify.credentials_problem's
+             "ci/pins/model.py": 2}
     offenders = []
     for base in ("runtime/src", "backend/src", "ci", "deploy"):
         for path in sorted((ROOT / base).rglob("*.py")):

@@ -195,7 +195,7 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
     requirements is accepted for this source and handed on; another release's lock is refused."""
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
-           "VLLM_PINS": model.build_args(versions, track_name_=track)["VLLM_PINS"],
+           "TRITON_KERNELS_COMMIT": model.build_args(versions, track_name_=track)["TRITON_KERNELS_COMMIT"],
            "VLLM_LOCK": str(ROOT / f"ci/locks/vllm-{track}-rocm.txt")}
     if track not in model.built_track_names(versions):
         # a track on a stack not built here (therock): no lock, and the check stops on that in one line

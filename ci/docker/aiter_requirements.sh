@@ -9,9 +9,9 @@
 #
 # SRC: the verified AITER source; LOCKS_DIR: ci/locks; CONSTRAINTS: pinned_dists.py constraints (used
 # only by the unresolved path below).
-# Settings: AITER_PINS (requirements_lock: the lock's file name in LOCKS_DIR; requirements_lock_sha256:
-# its sha256, "none" where the commit has no requirements.txt, null where unresolved; read by lib.sh
-# load_pins), PYPI_INDEX_URL (the index the lock installs from: default PyPI's simple index; a mirror,
+# Settings: AITER_TAG, AITER_REQUIREMENTS_LOCK (the lock's file name in LOCKS_DIR),
+# AITER_REQUIREMENTS_LOCK_SHA256 (its sha256, "none" where the commit has no requirements.txt,
+# UNRESOLVED where unresolved), PYPI_INDEX_URL (the index the lock installs from: default PyPI's simple index; a mirror,
 # https:// or file://), ALLOW_UNRESOLVED.
 # Refused, in one line, before anything is installed: a requirements.txt without a pinned lock (unless
 # ALLOW_UNRESOLVED=1: then today's unhashed install under the constraints, with a warning), a lock made
@@ -24,9 +24,8 @@ source "$here/lib.sh"
 die() { echo "aiter_requirements: ERROR: $*" >&2; exit 1; }
 src=${1:?usage: aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS} locks=${2:?usage: aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS}
 constraints=${3:?usage: aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS}
-load_pins AITER_PINS
-: "${AITER_TAG:?AITER_PINS has no tag}" "${AITER_REQUIREMENTS_LOCK:?AITER_PINS has no requirements_lock}"
-: "${AITER_REQUIREMENTS_LOCK_SHA256:?AITER_PINS has no requirements_lock_sha256}"
+: "${AITER_TAG:?set the AITER_TAG build arg}" "${AITER_REQUIREMENTS_LOCK:?set the AITER_REQUIREMENTS_LOCK build arg}"
+: "${AITER_REQUIREMENTS_LOCK_SHA256:?set the AITER_REQUIREMENTS_LOCK_SHA256 build arg}"
 pinned=$AITER_REQUIREMENTS_LOCK_SHA256 index=${PYPI_INDEX_URL:-https://pypi.org/simple}
 fix="python3 -m ci.pins resolve aiter --aiter-pin $AITER_TAG --force --write"
 if [ ! -f "$src/requirements.txt" ]; then

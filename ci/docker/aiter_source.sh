@@ -14,10 +14,10 @@
 # HipKittens: AITER names the commit in aiter/jit/core.py; an AITER that names none gets an empty
 # DEST and SRC (nothing to fetch).
 #
-# Settings (build args): AITER_PINS (JSON: repository, tag, commit, ck_commit, ck_submodule_path,
-# hipkittens_repository, hipkittens_commit: versions.json's aiter and the track's pin; read by
-# lib.sh load_pins as AITER_REPOSITORY, AITER_TAG, ...), SOURCE_DATE_EPOCH (normalise),
-# ALLOW_UNRESOLVED (1: accept UNRESOLVED commits and record what was found; development only).
+# Settings (build args, versions.json's aiter and the track's pin): AITER_REPOSITORY, AITER_TAG,
+# AITER_COMMIT, CK_COMMIT, CK_SUBMODULE_PATH (verify), HIPKITTENS_REPOSITORY (hipkittens clone),
+# HIPKITTENS_COMMIT; SOURCE_DATE_EPOCH (normalise); ALLOW_UNRESOLVED (1: accept UNRESOLVED
+# commits and record what was found; development only).
 # A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
 set -euo pipefail
 
@@ -25,14 +25,11 @@ fail() { echo "aiter-src: ERROR: $*" >&2; exit 1; }
 warn() { echo "aiter-src: WARNING: $*" >&2; }
 
 need_aiter_args() {
-  load_pins AITER_PINS
-  : "${AITER_REPOSITORY:?AITER_PINS has no repository}" "${AITER_TAG:?AITER_PINS has no tag}"
-  : "${AITER_COMMIT:?AITER_PINS has no commit}" "${AITER_CK_COMMIT:?AITER_PINS has no ck_commit}"
-  : "${AITER_CK_SUBMODULE_PATH:?AITER_PINS has no ck_submodule_path}"
+  : "${AITER_REPOSITORY:?set the AITER_REPOSITORY build arg}" "${AITER_TAG:?set the AITER_TAG build arg}"
+  : "${AITER_COMMIT:?set the AITER_COMMIT build arg}" "${CK_COMMIT:?set the CK_COMMIT build arg}"
+  check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
+  check_pin "aiter.pins.$AITER_TAG.ck_commit" "$CK_COMMIT" aiter
 }
-ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
-# shellcheck source=pin_check.sh
-source "$(dirname "$0")/pin_check.sh"
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 use_ca_bundle
@@ -61,8 +58,6 @@ ensure_index() {
 clone() {
   local dest=$1
   need_aiter_args
-  check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
-  check_pin "aiter.pins.$AITER_TAG.ck_commit" "$AITER_CK_COMMIT" aiter
   git -c advice.detachedHead=false clone --quiet --recursive --branch "$AITER_TAG" -- "$AITER_REPOSITORY" "$dest" \
     || fail "cannot clone tag $AITER_TAG of $AITER_REPOSITORY (versions.json aiter.repository / the pin's tag)"
   git -C "$dest" submodule update --quiet --init --recursive \
@@ -73,22 +68,21 @@ clone() {
 verify() {
   local src=$1 head ck_recorded ck_head
   need_aiter_args
-  check_pin "aiter.pins.$AITER_TAG.commit" "$AITER_COMMIT" aiter
-  check_pin "aiter.pins.$AITER_TAG.ck_commit" "$AITER_CK_COMMIT" aiter
+  : "${CK_SUBMODULE_PATH:?set the CK_SUBMODULE_PATH build arg}"
   git config --global --add safe.directory '*'
   head=$(git -C "$src" rev-parse HEAD 2>/dev/null) || fail "$src is not a git checkout of AITER (the aiter-src build context must include .git)"
   if [ "$AITER_COMMIT" != UNRESOLVED ] && [ "$head" != "$AITER_COMMIT" ]; then
     fail "AITER is at $head but versions.json pins commit $AITER_COMMIT (tag $AITER_TAG): the tag moved or the pin is wrong"
   fi
-  ck_recorded=$(git -C "$src" ls-tree HEAD -- "$AITER_CK_SUBMODULE_PATH" | awk '$2 == "commit" {print $3}')
-  [ -n "$ck_recorded" ] || fail "AITER $head has no submodule at $AITER_CK_SUBMODULE_PATH (versions.json aiter.ck_submodule_path)"
-  ck_head=$(git -C "$src/$AITER_CK_SUBMODULE_PATH" rev-parse HEAD 2>/dev/null) \
-    || fail "CK submodule $AITER_CK_SUBMODULE_PATH is not checked out: run git submodule update --init --recursive"
+  ck_recorded=$(git -C "$src" ls-tree HEAD -- "$CK_SUBMODULE_PATH" | awk '$2 == "commit" {print $3}')
+  [ -n "$ck_recorded" ] || fail "AITER $head has no submodule at $CK_SUBMODULE_PATH (versions.json aiter.ck_submodule_path)"
+  ck_head=$(git -C "$src/$CK_SUBMODULE_PATH" rev-parse HEAD 2>/dev/null) \
+    || fail "CK submodule $CK_SUBMODULE_PATH is not checked out: run git submodule update --init --recursive"
   if [ "$ck_head" != "$ck_recorded" ]; then
     fail "CK submodule is checked out at $ck_head but AITER $head records $ck_recorded: run git submodule update --init --recursive"
   fi
-  if [ "$AITER_CK_COMMIT" != UNRESOLVED ] && [ "$ck_head" != "$AITER_CK_COMMIT" ]; then
-    fail "CK submodule is at $ck_head but versions.json pins ck_commit $AITER_CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
+  if [ "$CK_COMMIT" != UNRESOLVED ] && [ "$ck_head" != "$CK_COMMIT" ]; then
+    fail "CK submodule is at $ck_head but versions.json pins ck_commit $CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
   fi
   ensure_index "$src"
   if [ -n "$(git -C "$src" status --porcelain --ignore-submodules=none 2>/dev/null)" ]; then
@@ -96,7 +90,7 @@ verify() {
   fi
   printf '{"repository": "%s", "tag": "%s", "commit": "%s", "ck_commit": "%s", "pinned": %s}\n' \
     "$AITER_REPOSITORY" "$AITER_TAG" "$head" "$ck_head" \
-    "$([ "$AITER_COMMIT" = UNRESOLVED ] || [ "$AITER_CK_COMMIT" = UNRESOLVED ] && echo false || echo true)" \
+    "$([ "$AITER_COMMIT" = UNRESOLVED ] || [ "$CK_COMMIT" = UNRESOLVED ] && echo false || echo true)" \
     >"$(dirname "$src")/aiter-pins.json"
   echo "aiter-src: OK AITER $AITER_TAG = $head, CK = $ck_head"
 }
@@ -111,25 +105,23 @@ hipkittens_named() {
 # The commit to use: the pin's hipkittens_commit, checked against what AITER names ("none": AITER names none).
 hipkittens_commit() {
   local named=$1
-  : "${AITER_HIPKITTENS_COMMIT:?AITER_PINS has no hipkittens_commit}"
-  if [ "$AITER_HIPKITTENS_COMMIT" = none ]; then
+  : "${AITER_TAG:?set the AITER_TAG build arg}" "${HIPKITTENS_COMMIT:?set the HIPKITTENS_COMMIT build arg}"
+  if [ "$HIPKITTENS_COMMIT" = none ]; then
     [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins hipkittens_commit none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
     return
   fi
-  check_pin "aiter.pins.$AITER_TAG.hipkittens_commit" "$AITER_HIPKITTENS_COMMIT" aiter
-  if [ "$AITER_HIPKITTENS_COMMIT" = UNRESOLVED ]; then
+  check_pin "aiter.pins.$AITER_TAG.hipkittens_commit" "$HIPKITTENS_COMMIT" aiter
+  if [ "$HIPKITTENS_COMMIT" = UNRESOLVED ]; then
     echo "$named"
-  elif [ "$AITER_HIPKITTENS_COMMIT" != "$named" ]; then
-    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins hipkittens_commit $AITER_HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+  elif [ "$HIPKITTENS_COMMIT" != "$named" ]; then
+    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins hipkittens_commit $HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
   else
-    echo "$AITER_HIPKITTENS_COMMIT"
+    echo "$HIPKITTENS_COMMIT"
   fi
 }
 
 hipkittens() {
   local mode=$1 dir=$2 aiter_src=$3 named commit head
-  load_pins AITER_PINS
-  : "${AITER_HIPKITTENS_REPOSITORY:?AITER_PINS has no hipkittens_repository}"
   named=$(hipkittens_named "$aiter_src")
   commit=$(hipkittens_commit "$named")
   mkdir -p "$dir"
@@ -139,13 +131,14 @@ hipkittens() {
     return
   fi
   if [ "$mode" = clone ]; then
+    : "${HIPKITTENS_REPOSITORY:?set the HIPKITTENS_REPOSITORY build arg}"
     git init -q "$dir"
-    git -C "$dir" remote add -- origin "$AITER_HIPKITTENS_REPOSITORY"
+    git -C "$dir" remote add -- origin "$HIPKITTENS_REPOSITORY"
     git -C "$dir" fetch -q --depth 1 origin "$commit" \
-      || fail "cannot fetch commit $commit of $AITER_HIPKITTENS_REPOSITORY (versions.json aiter.hipkittens_repository / the pin's hipkittens_commit)"
+      || fail "cannot fetch commit $commit of $HIPKITTENS_REPOSITORY (versions.json aiter.hipkittens_repository / the pin's hipkittens_commit)"
     git -C "$dir" -c advice.detachedHead=false checkout -q FETCH_HEAD
     git -C "$dir" submodule update -q --init --recursive --depth 1 \
-      || fail "cannot check out the submodules of $AITER_HIPKITTENS_REPOSITORY@$commit"
+      || fail "cannot check out the submodules of $HIPKITTENS_REPOSITORY@$commit"
   fi
   git config --global --add safe.directory '*'
   head=$(git -C "$dir" rev-parse HEAD 2>/dev/null) \

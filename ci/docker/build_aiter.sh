@@ -3,8 +3,8 @@
 # (LOCKS_DIR: where the stage mounts ci/locks; aiter_requirements.sh stops without it)
 # Settings (build args): GPU_ARCHS (;-separated, required: the default "native" needs a GPU),
 # MAX_JOBS (empty: derived from the CPUs and memory the build may use), AITER_MEM_PER_JOB_GIB
-# (memory budget of one compile job, default 4), AITER_PINS (its tag: the wheel version; read by
-# lib.sh load_pins; and the hash lock of its requirements: aiter_requirements.sh), PYPI_INDEX_URL,
+# (memory budget of one compile job, default 4), AITER_TAG (the wheel version), the hash lock of
+# AITER's requirements (aiter_requirements.sh), PYPI_INDEX_URL,
 # ALLOW_UNRESOLVED (aiter_requirements.sh), HIP_KITTENS_DIR
 # (the pinned HipKittens checkout, fetched by the source stages; empty directory: this AITER
 # does not use HipKittens).
@@ -15,8 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 source "$here/lib.sh"
 src=${1:?source directory} out=${2:?wheel directory} locks=${3:-}
-load_pins AITER_PINS
-: "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?AITER_PINS has no tag}"
+: "${GPU_ARCHS:?set the GPU_ARCHS build arg (e.g. gfx942;gfx950)}" "${AITER_TAG:?set the AITER_TAG build arg}"
 
 derive_max_jobs aiter-wheel AITER_MEM_PER_JOB_GIB
 export AITER_FLYDSL_AOT_WORKERS=${AITER_FLYDSL_AOT_WORKERS:-$MAX_JOBS}

@@ -14,9 +14,9 @@
 #
 # Settings (build args): GPU_ARCHS (;-separated, becomes PYTORCH_ROCM_ARCH), VLLM_VERSION,
 # MAX_JOBS (empty: derived from the CPUs and memory the build may use, VLLM_MEM_PER_JOB_GIB per
-# compile job, default 4), VLLM_PINS (check: its triton_kernels.commit, the track's
-# vllm.triton_kernels_commit; read by lib.sh load_pins) and TRITON_KERNELS_SRC_DIR (that triton_kernels package, fetched by the source stage: vLLM's CMake
-# then clones nothing).
+# compile job, default 4), TRITON_KERNELS_COMMIT (check: the track's vllm.triton_kernels_commit)
+# and TRITON_KERNELS_SRC_DIR (that triton_kernels package, fetched by the source stage: vLLM's
+# CMake then clones nothing).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -33,10 +33,9 @@ tools=$here/requirements-build.txt
 
 check() {
   python "$here/vllm_requirements.py" files "$src"
-  load_pins VLLM_PINS
-  case "${VLLM_TRITON_KERNELS_COMMIT:-UNRESOLVED}" in
+  case "${TRITON_KERNELS_COMMIT:-UNRESOLVED}" in
     UNRESOLVED) echo "vllm-wheel: WARNING: the triton_kernels commit is unresolved in versions.json: the one vLLM's CMake names is not checked" >&2 ;;
-    *) python "$here/vllm_requirements.py" triton-kernels "$src" "$VLLM_TRITON_KERNELS_COMMIT" ;;
+    *) python "$here/vllm_requirements.py" triton-kernels "$src" "$TRITON_KERNELS_COMMIT" ;;
   esac
   python "$here/vllm_requirements.py" build-tools "$src" "$tools"
   # vLLM's ROCm runtime requirements are installed from a hash-locked file made from this

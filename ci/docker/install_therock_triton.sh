@@ -15,14 +15,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 die() { echo "therock-triton: ERROR: $*" >&2; exit 1; }
 wheels=${1:?usage: install_therock_triton.sh WHEELS_DIR}
-load_pins THEROCK_PINS
-: "${THEROCK_TRITON_VERSION:?THEROCK_PINS has no triton.version}"
+: "${TRITON_VERSION:?set the TRITON_VERSION build arg}"
 use_ca_bundle
 python -m pip install --require-hashes --no-deps -r "$here/requirements-scripts.txt"
 found=("$wheels"/triton-*.whl)
 [ "${#found[@]}" = 1 ] && [ -f "${found[0]}" ] || die "$wheels holds no single triton wheel (the triton-wheel stage builds it)"
 python -m pip install --no-deps --no-index "${found[0]}"
-python "$here/pinned_dists.py" torch-triton-set "triton==$THEROCK_TRITON_VERSION"
-python -m pip check || die "dependency conflict after installing Triton $THEROCK_TRITON_VERSION beside TheRock's torch"
-python "$here/pinned_dists.py" torch-triton --expect "triton==$THEROCK_TRITON_VERSION"
+python "$here/pinned_dists.py" torch-triton-set "triton==$TRITON_VERSION"
+python -m pip check || die "dependency conflict after installing Triton $TRITON_VERSION beside TheRock's torch"
+python "$here/pinned_dists.py" torch-triton --expect "triton==$TRITON_VERSION"
 python -c 'import torch, triton; print("therock-triton: torch", torch.__version__, "hip", torch.version.hip, "triton", triton.__version__)'

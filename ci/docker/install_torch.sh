@@ -5,9 +5,8 @@
 #
 #   install_torch.sh LOCKS_DIR [INDEX_URL]
 #
-# Settings (build args): PYTORCH_PINS (JSON: index_url, lock (a file name in LOCKS_DIR), lock_sha256
-# and torch.<torch|torchvision|torchaudio> versions: the track's pytorch section; read by lib.sh
-# load_pins as PYTORCH_INDEX_URL, PYTORCH_LOCK, PYTORCH_LOCK_SHA256, PYTORCH_TORCH_TORCH, ...);
+# Settings (build args, the track's pytorch section): PYTORCH_INDEX_URL, PYTORCH_LOCK (a file name in
+# LOCKS_DIR), PYTORCH_LOCK_SHA256, TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION;
 # ALLOW_UNRESOLVED. INDEX_URL: a copy of that index (a local mirror, https:// or file://; default
 # index_url).
 # A pinned lock: its sha256 checked and the lock installed exactly (install_lock.sh); it must hold
@@ -24,13 +23,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 die() { echo "install_torch: ERROR: $*" >&2; exit 1; }
 locks=${1:?usage: install_torch.sh LOCKS_DIR [INDEX_URL]}
-load_pins PYTORCH_PINS
-: "${PYTORCH_INDEX_URL:?PYTORCH_PINS has no index_url: this track is not on the rocm-image stack (ROCM_STACK)}"
-: "${PYTORCH_LOCK:?PYTORCH_PINS has no lock}" "${PYTORCH_LOCK_SHA256:?PYTORCH_PINS has no lock_sha256}"
+: "${PYTORCH_INDEX_URL:?PYTORCH_INDEX_URL is empty: this track is not on the rocm-image stack (ROCM_STACK)}"
+: "${PYTORCH_LOCK:?set the PYTORCH_LOCK build arg}" "${PYTORCH_LOCK_SHA256:?set the PYTORCH_LOCK_SHA256 build arg}"
 wanted=()
 for name in torch torchvision torchaudio; do
-  var=PYTORCH_TORCH_${name^^}
-  [ -n "${!var:-}" ] && [ "${!var}" != UNRESOLVED ] || die "PYTORCH_PINS has no torch.$name version"
+  var=${name^^}_VERSION
+  [ -n "${!var:-}" ] && [ "${!var}" != UNRESOLVED ] || die "set the $var build arg (the track's pytorch.torch.$name)"
   wanted+=("$name==${!var}")
 done
 index=${2:-$PYTORCH_INDEX_URL}

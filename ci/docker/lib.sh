@@ -1,8 +1,9 @@
 # Sourced by the build scripts and by Dockerfile RUN steps; defines functions only.
 #
-#   load_pins NAME           the build arg NAME (a component's pins as a JSON object, e.g.
-#                            AITER_PINS) as shell variables PREFIX_KEY (pins.py, beside this
-#                            file); exit with its one-line error when NAME is unset or malformed
+#   check_pin NAME VALUE COMPONENT
+#                            VALUE UNRESOLVED (null in versions.json) stops the step, naming NAME
+#                            and the ci.pins resolve target COMPONENT, unless ALLOW_UNRESOLVED=1
+#                            (then a warning); the caller defines fail and warn
 #   use_ca_bundle            when the build secret "ca-bundle" is mounted, point pip, git and
 #                            Python's HTTPS clients at it (TLS-inspecting proxies)
 #   derive_max_jobs NAME PER_JOB_VAR
@@ -15,10 +16,10 @@
 # ROCM_VLLM_CA_BUNDLE (default /run/secrets/ca-bundle), ROCM_VLLM_CGROUP_DIR (default
 # /sys/fs/cgroup), ROCM_VLLM_MEMINFO (default /proc/meminfo).
 
-load_pins() {
-  local vars
-  vars=$(python3 "$(dirname "${BASH_SOURCE[0]}")/pins.py" "$1") || exit 1
-  eval "$vars"
+check_pin() {
+  [ "$2" = UNRESOLVED ] || return 0
+  [ "${ALLOW_UNRESOLVED:-0}" = 1 ] || fail "$1 is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve $3 --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)"
+  warn "$1 is UNRESOLVED; ALLOW_UNRESOLVED=1 records the commit found instead (not a release build)"
 }
 
 use_ca_bundle() {

@@ -7,8 +7,8 @@
 #
 #   therock_sdk.sh LOCKS_DIR
 #
-# Settings (build args): THEROCK_PINS (JSON: index_url, lock (a file name in LOCKS_DIR), lock_sha256;
-# read by lib.sh load_pins as THEROCK_INDEX_URL, THEROCK_LOCK, THEROCK_LOCK_SHA256). An unresolved
+# Settings (build args): THEROCK_INDEX_URL, THEROCK_LOCK (a file name in LOCKS_DIR),
+# THEROCK_LOCK_SHA256. An unresolved
 # lock stops the step (install_lock.sh names the pin), whatever ALLOW_UNRESOLVED says: TheRock's
 # wheels are never installed without their hashes.
 set -euo pipefail
@@ -17,11 +17,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 die() { echo "therock-sdk: ERROR: $*" >&2; exit 1; }
 locks=${1:?usage: therock_sdk.sh LOCKS_DIR}
-load_pins THEROCK_PINS
-: "${THEROCK_INDEX_URL:?THEROCK_PINS has no index_url: this track is not on the therock stack (ROCM_STACK)}"
-: "${THEROCK_LOCK:?THEROCK_PINS has no lock}" "${THEROCK_LOCK_SHA256:?THEROCK_PINS has no lock_sha256}"
+: "${THEROCK_INDEX_URL:?THEROCK_INDEX_URL is empty: this track is not on the therock stack (ROCM_STACK)}"
+: "${THEROCK_LOCK:?set the THEROCK_LOCK build arg}" "${THEROCK_LOCK_SHA256:?set the THEROCK_LOCK_SHA256 build arg}"
 : "${ROCM_PATH:?the therock stage sets ROCM_PATH}"
-[ "$THEROCK_LOCK" != UNRESOLVED ] || die "THEROCK_PINS names no lock"
 use_ca_bundle
 PYTHON=python bash "$here/install_lock.sh" "$locks/$THEROCK_LOCK" "$THEROCK_INDEX_URL" "$THEROCK_LOCK_SHA256"
 command -v rocm-sdk >/dev/null || die "the lock $THEROCK_LOCK installed no rocm-sdk command: it lacks TheRock's rocm wheel"

@@ -9,43 +9,37 @@
 #                                commit, copied to DEST (the build points
 #                                TRITON_KERNELS_SRC_DIR at it)
 #
-# Settings (build args): VLLM_PINS (JSON: repository, tag, commit, triton_kernels {repository,
-# commit, path}: versions.json's vllm and the track's release; read by lib.sh load_pins as
-# VLLM_REPOSITORY, VLLM_TAG, VLLM_COMMIT, VLLM_TRITON_KERNELS_*), ALLOW_UNRESOLVED (1: accept an
-# unresolved commit and record the one found; development only).
+# Settings (build args, versions.json's vllm and the track's release): VLLM_REPOSITORY (clone),
+# VLLM_TAG, VLLM_COMMIT; TRITON_KERNELS_REPOSITORY, TRITON_KERNELS_COMMIT, TRITON_KERNELS_PATH
+# (triton-kernels); ALLOW_UNRESOLVED (1: accept an unresolved commit and record the one found;
+# development only).
 # A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
 set -euo pipefail
 
 fail() { echo "vllm-src: ERROR: $*" >&2; exit 1; }
 warn() { echo "vllm-src: WARNING: $*" >&2; }
 
-ALLOW_UNRESOLVED=${ALLOW_UNRESOLVED:-0}
-
-# shellcheck source=pin_check.sh
-source "$(dirname "$0")/pin_check.sh"
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 use_ca_bundle
-load_pins VLLM_PINS
 
 need_vllm_args() {
-  : "${VLLM_REPOSITORY:?VLLM_PINS has no repository}" "${VLLM_TAG:?VLLM_PINS has no tag}"
-  : "${VLLM_COMMIT:?VLLM_PINS has no commit}"
+  : "${VLLM_TAG:?set the VLLM_TAG build arg}" "${VLLM_COMMIT:?set the VLLM_COMMIT build arg}"
+  check_pin "the vLLM commit (tag $VLLM_TAG)" "$VLLM_COMMIT" vllm
 }
 
 clone() {
   local dest=$1
   need_vllm_args
-  check_pin "the vLLM commit (tag $VLLM_TAG)" "$VLLM_COMMIT" vllm
+  : "${VLLM_REPOSITORY:?set the VLLM_REPOSITORY build arg}"
   # Full history of the tag: setuptools-scm derives the version from it.
-  git -c advice.detachedHead=false clone --quiet --branch "$VLLM_TAG" "$VLLM_REPOSITORY" "$dest" \
+  git -c advice.detachedHead=false clone --quiet --branch "$VLLM_TAG" -- "$VLLM_REPOSITORY" "$dest" \
     || fail "cannot clone tag $VLLM_TAG of $VLLM_REPOSITORY (versions.json vllm.repository / the track's vllm.tag)"
 }
 
 verify() {
   local src=$1 head
   need_vllm_args
-  check_pin "the vLLM commit (tag $VLLM_TAG)" "$VLLM_COMMIT" vllm
   git config --global --add safe.directory '*'
   head=$(git -C "$src" rev-parse HEAD 2>/dev/null) || fail "$src is not a git checkout of vLLM (the vllm-src build context must include .git)"
   if [ "$VLLM_COMMIT" != UNRESOLVED ] && [ "$head" != "$VLLM_COMMIT" ]; then
@@ -59,30 +53,30 @@ verify() {
 
 triton_kernels() {
   local dest=$1 tmp head
-  : "${VLLM_TRITON_KERNELS_REPOSITORY:?VLLM_PINS has no triton_kernels.repository}"
-  : "${VLLM_TRITON_KERNELS_PATH:?VLLM_PINS has no triton_kernels.path}"
-  : "${VLLM_TRITON_KERNELS_COMMIT:?VLLM_PINS has no triton_kernels.commit}"
-  check_pin "the triton_kernels commit (tracks.*.vllm.triton_kernels_commit)" "$VLLM_TRITON_KERNELS_COMMIT" vllm
-  [ "$VLLM_TRITON_KERNELS_COMMIT" != UNRESOLVED ] \
+  : "${TRITON_KERNELS_REPOSITORY:?set the TRITON_KERNELS_REPOSITORY build arg}"
+  : "${TRITON_KERNELS_PATH:?set the TRITON_KERNELS_PATH build arg}"
+  : "${TRITON_KERNELS_COMMIT:?set the TRITON_KERNELS_COMMIT build arg}"
+  check_pin "the triton_kernels commit (tracks.*.vllm.triton_kernels_commit)" "$TRITON_KERNELS_COMMIT" vllm
+  [ "$TRITON_KERNELS_COMMIT" != UNRESOLVED ] \
     || fail "the triton_kernels commit is unresolved: set the track's vllm.triton_kernels_commit in versions.json to the commit vLLM's cmake/external_projects/triton_kernels.cmake names"
   tmp=$(mktemp -d)
   git init -q "$tmp"
-  git -C "$tmp" remote add origin "$VLLM_TRITON_KERNELS_REPOSITORY"
-  git -C "$tmp" sparse-checkout set --no-cone "/$VLLM_TRITON_KERNELS_PATH/" 2>/dev/null \
+  git -C "$tmp" remote add -- origin "$TRITON_KERNELS_REPOSITORY"
+  git -C "$tmp" sparse-checkout set --no-cone "/$TRITON_KERNELS_PATH/" 2>/dev/null \
     || fail "git $(git --version | awk '{print $3}') has no sparse-checkout: the source stage image needs git >= 2.25"
   # One commit, only the files of the sparse path (servers without partial clone: the whole tree).
-  git -C "$tmp" fetch -q --depth 1 --filter=blob:none origin "$VLLM_TRITON_KERNELS_COMMIT" 2>/dev/null \
-    || git -C "$tmp" fetch -q --depth 1 origin "$VLLM_TRITON_KERNELS_COMMIT" \
-    || fail "cannot fetch commit $VLLM_TRITON_KERNELS_COMMIT of $VLLM_TRITON_KERNELS_REPOSITORY (versions.json vllm.triton_kernels.repository / the track's vllm.triton_kernels_commit)"
+  git -C "$tmp" fetch -q --depth 1 --filter=blob:none origin "$TRITON_KERNELS_COMMIT" 2>/dev/null \
+    || git -C "$tmp" fetch -q --depth 1 origin "$TRITON_KERNELS_COMMIT" \
+    || fail "cannot fetch commit $TRITON_KERNELS_COMMIT of $TRITON_KERNELS_REPOSITORY (versions.json vllm.triton_kernels.repository / the track's vllm.triton_kernels_commit)"
   git -C "$tmp" -c advice.detachedHead=false checkout -q FETCH_HEAD
   head=$(git -C "$tmp" rev-parse HEAD)
-  [ "$head" = "$VLLM_TRITON_KERNELS_COMMIT" ] || fail "fetched $head, not the pinned triton_kernels commit $VLLM_TRITON_KERNELS_COMMIT"
-  [ -f "$tmp/$VLLM_TRITON_KERNELS_PATH/__init__.py" ] \
-    || fail "$VLLM_TRITON_KERNELS_REPOSITORY@$head has no Python package at $VLLM_TRITON_KERNELS_PATH (versions.json vllm.triton_kernels.path)"
+  [ "$head" = "$TRITON_KERNELS_COMMIT" ] || fail "fetched $head, not the pinned triton_kernels commit $TRITON_KERNELS_COMMIT"
+  [ -f "$tmp/$TRITON_KERNELS_PATH/__init__.py" ] \
+    || fail "$TRITON_KERNELS_REPOSITORY@$head has no Python package at $TRITON_KERNELS_PATH (versions.json vllm.triton_kernels.path)"
   mkdir -p "$dest"
-  cp -a "$tmp/$VLLM_TRITON_KERNELS_PATH/." "$dest/"
+  cp -a "$tmp/$TRITON_KERNELS_PATH/." "$dest/"
   rm -rf "$tmp"
-  echo "vllm-src: OK triton_kernels $VLLM_TRITON_KERNELS_REPOSITORY@$head:$VLLM_TRITON_KERNELS_PATH"
+  echo "vllm-src: OK triton_kernels $TRITON_KERNELS_REPOSITORY@$head:$TRITON_KERNELS_PATH"
 }
 
 case "${1:-}" in

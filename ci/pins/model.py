@@ -384,84 +384,63 @@ def image_ref(base: dict, allow_unresolved: bool = False) -> str:
     return ref if allow_unresolved else f"{ref}@sha256:{UNRESOLVED}"
 
 
-def pins_json(value: dict) -> str:
-    """A component's pins as one build-arg value: compact JSON, keys sorted, null for an unresolved
-    pin. bake's jsonencode() writes the same bytes (tests/test_bake.py holds them equal)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _pins(node: dict, *leave_out: str) -> dict:
-    """A versions.json object without its notes ("about", "unresolved") and the keys named."""
-    return {k: v for k, v in node.items() if k not in ("about", "unresolved", *leave_out)}
-
-
-def components(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> dict[str, dict]:
-    """The pins of each component the build needs, for one track, as versions.json names them:
-    AITER_PINS (aiter's shared fields and the track's pin), PYTORCH_PINS (the track's pytorch
-    section: index_url, the torch versions, its lock's file name and sha256; empty on therock),
-    THEROCK_PINS (a therock track's TheRock wheels and Triton source; empty on rocm-image),
-    VLLM_PINS (vllm's shared repository and triton_kernels, and
-    the track's release: tag, commit, triton_kernels.commit)."""
-    name = track_name(data, track_name_)
-    own = data["tracks"][name]["vllm"]
-    return {
-        "AITER_PINS": aiter_pins(data, aiter_name, name),
-        "PYTORCH_PINS": pytorch_pins(data, name),
-        "THEROCK_PINS": therock_pins(data, name),
-        "VLLM_PINS": {"repository": data["vllm"]["repository"], "tag": own["tag"], "commit": own["commit"],
-                      "triton_kernels": {**_pins(data["vllm"]["triton_kernels"]),
-                                         "commit": own["triton_kernels_commit"]}},
-    }
-
-
-def aiter_pins(data: dict, aiter_name: str | None, name: str) -> dict:
-    """AITER_PINS: aiter's shared fields and the track's pin (or aiter_name), with the file name in
-    LOCKS_DIR of the hash lock of its requirements (requirements_lock; its sha256 is the pin's
-    requirements_lock_sha256)."""
-    pin = aiter_pin(data, aiter_name, name)
-    return {**_pins(data["aiter"], "pins"), **_pins(pin), "requirements_lock": aiter_lock_name(pin["tag"])}
-
-
 def pytorch_pins(data: dict, name: str) -> dict:
-    """PYTORCH_PINS: the track's pytorch section as its stage reads it (the index, the versions of
-    TORCH_WHEELS, the lock's file name in LOCKS_DIR and its sha256); empty on a stack that takes
-    PyTorch elsewhere (therock: from its TheRock lock)."""
+    """The track's pytorch section; empty on a stack that takes PyTorch elsewhere (therock: from its
+    TheRock lock)."""
     if "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ()):
         return {}
-    pytorch = section(data, "pytorch", name)
-    return {"index_url": pytorch["index_url"], "lock": pytorch_lock_name(data, name),
-            "lock_sha256": pytorch["lock_sha256"], "torch": dict(pytorch["torch"])}
-
-
-def therock_pins(data: dict, name: str) -> dict:
-    """THEROCK_PINS: a therock track's TheRock section as its stages read it (the release index, the
-    lock's file name in LOCKS_DIR and its sha256, Triton's source); empty on another stack."""
-    if track_stack(data, name) != THEROCK_STACK:
-        return {}
-    therock = data["tracks"][name]["therock"]
-    return {"index_url": therock["index_url"], "lock": therock_lock_name(name),
-            "lock_sha256": therock["lock_sha256"], "triton": _pins(therock["triton"])}
+    return section(data, "pytorch", name)
 
 
 def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
                track_name_: str | None = None) -> dict[str, str]:
-    """Every build arg the versions file defines for one track (default: default_track), as the
-    Dockerfiles and the bake file see it: a few plain values that Dockerfile instructions use
-    (FROM, ENV, LABEL) and one JSON arg per component (components())."""
+    """Every build arg the versions file defines for one track (default: default_track), one per
+    pin, as the Dockerfiles and the bake file (_versions) name them. null: UNRESOLVED; a list:
+    ';'-joined (GPU_ARCHS) or space-joined (AITER_REQUIRED_MODULES); a pin of the other stack: ""."""
     name = track_name(data, track_name_)
+    own = data["tracks"][name]["vllm"]
+    aiter, pin = data["aiter"], aiter_pin(data, aiter_name, name)
+    torch = pytorch_pins(data, name)
+    therock = data["tracks"][name]["therock"] if track_stack(data, name) == THEROCK_STACK else {}
+    triton = therock.get("triton", {})
+    modules = aiter["required_modules"]
     args = {
         "VLLM_TRACK": name,
-        "VLLM_VERSION": render(data["tracks"][name]["vllm"]["version"]),
+        "VLLM_VERSION": own["version"],
         "ROCM_STACK": track_stack(data, name),
         "ROCM_IMAGE": image_ref(section(data, "base_image", name), allow_unresolved),
-        "ROCM_VERSION": render(section(data, "rocm", name)["version"]),
-        "PYTHON_VERSION": render(data["python"]["version"]),
-        "SOURCE_DATE_EPOCH": render(data["source_date_epoch"]),
-        "GPU_ARCHS": render(data["gpu_archs"]),
+        "ROCM_VERSION": section(data, "rocm", name)["version"],
+        "PYTHON_VERSION": data["python"]["version"],
+        "SOURCE_DATE_EPOCH": data["source_date_epoch"],
+        "GPU_ARCHS": data["gpu_archs"],
+        "AITER_REPOSITORY": aiter["repository"],
+        "AITER_TAG": pin["tag"],
+        "AITER_COMMIT": pin["commit"],
+        "CK_COMMIT": pin["ck_commit"],
+        "CK_SUBMODULE_PATH": aiter["ck_submodule_path"],
+        "HIPKITTENS_REPOSITORY": aiter["hipkittens_repository"],
+        "HIPKITTENS_COMMIT": pin["hipkittens_commit"],
+        "AITER_REQUIRED_MODULES": None if modules is None else " ".join(modules),
+        "AITER_REQUIREMENTS_LOCK": aiter_lock_name(pin["tag"]),
+        "AITER_REQUIREMENTS_LOCK_SHA256": pin["requirements_lock_sha256"],
+        "PYTORCH_INDEX_URL": torch["index_url"] if torch else "",
+        "PYTORCH_LOCK": pytorch_lock_name(data, name) if torch else "",
+        "PYTORCH_LOCK_SHA256": torch["lock_sha256"] if torch else "",
+        **{f"{wheel.upper()}_VERSION": torch["torch"][wheel] if torch else "" for wheel in TORCH_WHEELS},
+        "THEROCK_INDEX_URL": therock.get("index_url", ""),
+        "THEROCK_LOCK": therock_lock_name(name) if therock else "",
+        "THEROCK_LOCK_SHA256": therock.get("lock_sha256", ""),
+        "TRITON_REPOSITORY": triton.get("repository", ""),
+        "TRITON_COMMIT": triton.get("commit", ""),
+        "TRITON_VERSION": triton.get("version", ""),
+        "VLLM_REPOSITORY": data["vllm"]["repository"],
+        "VLLM_TAG": own["tag"],
+        "VLLM_COMMIT": own["commit"],
+        "TRITON_KERNELS_REPOSITORY": data["vllm"]["triton_kernels"]["repository"],
+        "TRITON_KERNELS_COMMIT": own["triton_kernels_commit"],
+        "TRITON_KERNELS_PATH": data["vllm"]["triton_kernels"]["path"],
     }
-    for arg, pins in components(data, aiter_name, name).items():
-        args[arg] = pins_json(pins)
-    return args
+    return {arg: render(value) for arg, value in args.items()}
 
 
 def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> list[str]:
@@ -493,7 +472,7 @@ def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str 
 
 
 # A global ARG as the pin tool reads and writes it: one name, an optional default (double quotes
-# when it holds spaces, single quotes when it holds double quotes: a JSON value), one line.
+# when it holds spaces, single quotes when it holds double quotes), one line.
 # tests/test_dockerfiles_static.py holds this reading equal to BuildKit's own parser's.
 _GLOBAL_ARG_RE = re.compile(r"""^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)(?:=("[^"]*"|'[^']*'|[^\s"']*))?(\s*)$""",
                             re.IGNORECASE)
@@ -520,8 +499,8 @@ def _unquote(value: str) -> str:
 
 
 def _quote(value: str) -> str:
-    """A default as an ARG line holds it: single quotes around JSON (a value with double quotes),
-    double quotes around a value with spaces."""
+    """A default as an ARG line holds it: single quotes around a value with double quotes, double
+    quotes around a value with spaces."""
     if '"' in value:
         if "'" in value:
             raise PinError(f"{value!r}: a build-arg default cannot hold both quote characters: change the pin")

@@ -18,17 +18,15 @@ from rocm_vllm_runtime.versions import Installed
 
 SRC = Path(mf.__file__).resolve().parents[1]
 COMMIT, CK = "a" * 40, "b" * 40
-TORCH_PINS = {"torch": "2.13.0+rocm7.2", "torchvision": "0.28.0+rocm7.2", "torchaudio": "2.11.0+rocm7.2"}
 # The build args as Dockerfile.rocm_base's aiter-installed step has them (python3 -m ci.pins args).
 BUILD_ARGS = {
     "GPU_ARCHS": "gfx942;gfx950", "ROCM_VERSION": "7.2.3",
     "ROCM_IMAGE": "rocm/dev-ubuntu-22.04:7.2.3-complete@sha256:UNRESOLVED", "PYTHON_VERSION": "3.12",
-    "AITER_PINS": json.dumps({"tag": "v0.1.24.post1", "commit": None}),
-    "PYTORCH_PINS": json.dumps({"index_url": "https://download.pytorch.org/whl/rocm7.2", "lock": "pytorch.txt",
-                                "lock_sha256": None, "torch": TORCH_PINS}),
-    "VLLM_VERSION": "0.32.0",
-    "VLLM_PINS": json.dumps({"tag": "v0.32.0", "commit": None, "repository": "https://github.com/vllm-project/vllm.git"}),
-    "SOURCE_DATE_EPOCH": "1787222487",
+    "AITER_TAG": "v0.1.24.post1", "AITER_COMMIT": "UNRESOLVED", "AITER_REQUIREMENTS_LOCK_SHA256": "UNRESOLVED",
+    "PYTORCH_INDEX_URL": "https://download.pytorch.org/whl/rocm7.2", "PYTORCH_LOCK_SHA256": "UNRESOLVED",
+    "TORCH_VERSION": "2.13.0+rocm7.2", "TORCHVISION_VERSION": "0.28.0+rocm7.2", "TORCHAUDIO_VERSION": "2.11.0+rocm7.2",
+    "VLLM_VERSION": "0.32.0", "VLLM_TAG": "v0.32.0", "VLLM_COMMIT": "UNRESOLVED",
+    "VLLM_REPOSITORY": "https://github.com/vllm-project/vllm.git", "SOURCE_DATE_EPOCH": "1787222487",
 }
 AITER_PINS = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
               "ck_commit": CK, "pinned": True}
@@ -52,15 +50,13 @@ def base(**dists) -> mf.Manifest:
 
 def test_base_part_records_the_lock_of_aiters_requirements():
     for value in ("a" * 64, "none"):
-        pins = json.dumps({"tag": "v0.1.24.post1", "commit": None, "requirements_lock_sha256": value})
-        m = mf.base_part({**BUILD_ARGS, "AITER_PINS": pins}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
-                         torch_requires=lambda name: TORCH_REQUIRES)
-        assert m.aiter.requirements_lock_sha256 == value
+        m = mf.base_part({**BUILD_ARGS, "AITER_REQUIREMENTS_LOCK_SHA256": value}, AITER_PINS, [],
+                         lookup=lookup_in(BASE_DISTS), torch_requires=lambda name: TORCH_REQUIRES)
+        assert m.aiter.requirements_lock_sha256 == value and "AITER_REQUIREMENTS_LOCK_SHA256" not in m.unresolved
         assert mf.parse_manifest(json.loads(mf.dumps(m))).aiter.requirements_lock_sha256 == value
-    pins = json.dumps({"tag": "v0.1.24.post1", "commit": None, "requirements_lock_sha256": None})
-    m = mf.base_part({**BUILD_ARGS, "AITER_PINS": pins}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+    m = mf.base_part(BUILD_ARGS, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
                      torch_requires=lambda name: TORCH_REQUIRES)
-    assert "AITER_PINS.requirements_lock_sha256" in m.unresolved
+    assert "AITER_REQUIREMENTS_LOCK_SHA256" in m.unresolved
 
 
 def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
@@ -74,29 +70,34 @@ def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
     assert m.pytorch.wheels["torchaudio"] == mf.Wheel("torchaudio", "2.11.0+rocm7.2", None)  # not installed
     assert m.pytorch.index_url == "https://download.pytorch.org/whl/rocm7.2" and m.pytorch.lock_sha256 is None
     assert m.vllm == mf.Vllm(version="0.32.0", tag="v0.32.0", repository="https://github.com/vllm-project/vllm.git")
-    assert m.unresolved == ("AITER_PINS.commit", "PYTORCH_PINS.lock_sha256", "ROCM_IMAGE", "VLLM_PINS.commit")
-    assert m.aiter.requirements_lock_sha256 is None  # AITER_PINS names none
+    assert m.unresolved == ("AITER_COMMIT", "AITER_REQUIREMENTS_LOCK_SHA256", "PYTORCH_LOCK_SHA256", "ROCM_IMAGE",
+                            "VLLM_COMMIT")
+    assert m.aiter.requirements_lock_sha256 is None  # unresolved
     assert m.source_date_epoch == 1787222487 and m.rocm.version == "7.2.3" and m.python.version == "3.12"
 
 
 def test_base_part_names_the_triton_torch_requires_and_the_pinned_lock():
     wheel = base().pytorch.wheels["triton"]
     assert (wheel.package, wheel.installed, wheel.version) == ("triton-rocm", "3.8.0", None)
-    pins = {**json.loads(BUILD_ARGS["PYTORCH_PINS"]), "lock_sha256": "c" * 64}
-    m = mf.base_part({**BUILD_ARGS, "PYTORCH_PINS": json.dumps(pins)}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+    m = mf.base_part({**BUILD_ARGS, "PYTORCH_LOCK_SHA256": "c" * 64}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
                      torch_requires=lambda name: TORCH_REQUIRES)
-    assert m.pytorch.lock_sha256 == "c" * 64 and not [p for p in m.unresolved if p.startswith("PYTORCH_PINS")]
+    assert m.pytorch.lock_sha256 == "c" * 64 and not [p for p in m.unresolved if p.startswith("PYTORCH_")]
+
+
+def test_base_part_of_a_therock_track_records_no_pytorch_index():
+    """On therock the PyTorch args are empty (PyTorch is in the TheRock lock): null, not unresolved."""
+    empty = dict.fromkeys(("PYTORCH_INDEX_URL", "PYTORCH_LOCK_SHA256", "TORCH_VERSION", "TORCHVISION_VERSION",
+                           "TORCHAUDIO_VERSION"), "")
+    m = mf.base_part({**BUILD_ARGS, **empty}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+                     torch_requires=lambda name: TORCH_REQUIRES)
+    assert (m.pytorch.index_url, m.pytorch.lock_sha256, m.pytorch.wheels["torch"].version) == (None, None, None)
+    assert m.pytorch.wheels["torch"].installed == "2.13.0+rocm7.2"
+    assert not [p for p in m.unresolved if p.startswith("PYTORCH_")]
 
 
 def test_base_part_without_an_installed_aiter_takes_the_tag():
     m = mf.base_part(BUILD_ARGS, AITER_PINS, [], lookup=lookup_in({}), torch_requires=lambda name: [])
     assert (m.aiter.version, m.aiter.distribution) == ("0.1.24.post1", None)
-
-
-@pytest.mark.parametrize("value", ["{", "[]", '"text"'])
-def test_a_pin_arg_that_is_no_json_object_is_refused_naming_it(value):
-    with pytest.raises(ManifestError, match="the build arg PYTORCH_PINS is not a JSON object: pass it as"):
-        mf.base_part({**BUILD_ARGS, "PYTORCH_PINS": value}, AITER_PINS, [], lookup=lookup_in({}))
 
 
 def test_empty_gpu_archs_is_refused_naming_the_build_arg():
@@ -312,16 +313,19 @@ def test_a_directory_as_the_manifest_path_is_refused_in_one_line(tmp_path):
 
 
 def test_the_dockerfiles_mount_every_module_the_manifest_step_imports():
-    """The builds run the manifest step from single files bind-mounted into a source folder: each
-    rocm_vllm_runtime module manifest.py imports must be among them."""
-    imported = set(re.findall(r"^from rocm_vllm_runtime\.(\w+) import", Path(mf.__file__).read_text(), re.M))
-    assert "files" in imported
+    """The builds run the manifest step from source bind-mounted into a source folder: the
+    rocm_vllm_runtime package and each module of another package its modules import."""
+    src = Path(mf.__file__).resolve().parent
+    outside = {m for f in src.glob("*.py")
+               for m in re.findall(r"^from (vllm_aiter_mla\.\w+) import", f.read_text(), re.M)}
+    assert "vllm_aiter_mla.distributions" in outside
     root = Path(mf.__file__).resolve().parents[3]
     for name in ("Dockerfile.rocm", "Dockerfile.rocm_base"):
         text = (root / name).read_text()
         (step,) = [s for s in re.split(r"\n(?=RUN |FROM )", text) if "-m rocm_vllm_runtime.manifest" in s]
-        mounted = set(re.findall(r"target=/tmp/runtime-src/rocm_vllm_runtime/(\w+)\.py", step))
-        assert imported <= mounted, f"{name}: not mounted for the manifest step: {sorted(imported - mounted)}"
+        assert "source=runtime/src/rocm_vllm_runtime,target=/tmp/runtime-src/rocm_vllm_runtime " in step, name
+        mounted = {m.replace("/", ".") for m in re.findall(r"target=/tmp/runtime-src/(vllm_aiter_mla/\w+)\.py", step)}
+        assert outside <= mounted, f"{name}: not mounted for the manifest step: {sorted(outside - mounted)}"
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe{\"schema\": 1}", b"[" * 100000 + b"]" * 100000, b"{\"schema\": 1"])

