@@ -28,7 +28,7 @@ BUILD_ARGS = {
     "VLLM_VERSION": "0.32.0", "VLLM_TAG": "v0.32.0", "VLLM_COMMIT": "UNRESOLVED",
     "VLLM_REPOSITORY": "https://github.com/vllm-project/vllm.git", "SOURCE_DATE_EPOCH": "1787222487",
 }
-AITER_PINS = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
+VERIFIED_AITER = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
               "ck_commit": CK, "pinned": True}
 TORCH_REQUIRES = ["filelock", 'triton-rocm==3.8.0; platform_system == "Linux"']
 
@@ -42,7 +42,7 @@ BASE_DISTS = {"torch": "2.13.0+rocm7.2", "triton-rocm": "3.8.0", "amd-aiter": "0
 
 
 def base(**dists) -> mf.Manifest:
-    return mf.base_part(BUILD_ARGS, AITER_PINS, ["module_mla_asm", "module_aiter_core"],
+    return mf.base_part(BUILD_ARGS, VERIFIED_AITER, ["module_mla_asm", "module_aiter_core"],
                         lookup=lookup_in({**BASE_DISTS, **dists}), torch_requires=lambda name: TORCH_REQUIRES)
 
 
@@ -50,11 +50,11 @@ def base(**dists) -> mf.Manifest:
 
 def test_base_part_records_the_lock_of_aiters_requirements():
     for value in ("a" * 64, "none"):
-        m = mf.base_part({**BUILD_ARGS, "AITER_REQUIREMENTS_LOCK_SHA256": value}, AITER_PINS, [],
+        m = mf.base_part({**BUILD_ARGS, "AITER_REQUIREMENTS_LOCK_SHA256": value}, VERIFIED_AITER, [],
                          lookup=lookup_in(BASE_DISTS), torch_requires=lambda name: TORCH_REQUIRES)
         assert m.aiter.requirements_lock_sha256 == value and "AITER_REQUIREMENTS_LOCK_SHA256" not in m.unresolved
         assert mf.parse_manifest(json.loads(mf.dumps(m))).aiter.requirements_lock_sha256 == value
-    m = mf.base_part(BUILD_ARGS, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+    m = mf.base_part(BUILD_ARGS, VERIFIED_AITER, [], lookup=lookup_in(BASE_DISTS),
                      torch_requires=lambda name: TORCH_REQUIRES)
     assert "AITER_REQUIREMENTS_LOCK_SHA256" in m.unresolved
 
@@ -79,7 +79,7 @@ def test_base_part_records_the_pins_the_verified_commits_and_the_modules():
 def test_base_part_names_the_triton_torch_requires_and_the_pinned_lock():
     wheel = base().pytorch.wheels["triton"]
     assert (wheel.package, wheel.installed, wheel.version) == ("triton-rocm", "3.8.0", None)
-    m = mf.base_part({**BUILD_ARGS, "PYTORCH_LOCK_SHA256": "c" * 64}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+    m = mf.base_part({**BUILD_ARGS, "PYTORCH_LOCK_SHA256": "c" * 64}, VERIFIED_AITER, [], lookup=lookup_in(BASE_DISTS),
                      torch_requires=lambda name: TORCH_REQUIRES)
     assert m.pytorch.lock_sha256 == "c" * 64 and not [p for p in m.unresolved if p.startswith("PYTORCH_")]
 
@@ -88,7 +88,7 @@ def test_base_part_of_a_therock_track_records_no_pytorch_index():
     """On therock the PyTorch args are empty (PyTorch is in the TheRock lock): null, not unresolved."""
     empty = dict.fromkeys(("PYTORCH_INDEX_URL", "PYTORCH_LOCK_SHA256", "TORCH_VERSION", "TORCHVISION_VERSION",
                            "TORCHAUDIO_VERSION"), "")
-    m = mf.base_part({**BUILD_ARGS, **empty}, AITER_PINS, [], lookup=lookup_in(BASE_DISTS),
+    m = mf.base_part({**BUILD_ARGS, **empty}, VERIFIED_AITER, [], lookup=lookup_in(BASE_DISTS),
                      torch_requires=lambda name: TORCH_REQUIRES)
     assert (m.pytorch.index_url, m.pytorch.lock_sha256, m.pytorch.wheels["torch"].version) == (None, None, None)
     assert m.pytorch.wheels["torch"].installed == "2.13.0+rocm7.2"
@@ -96,13 +96,13 @@ def test_base_part_of_a_therock_track_records_no_pytorch_index():
 
 
 def test_base_part_without_an_installed_aiter_takes_the_tag():
-    m = mf.base_part(BUILD_ARGS, AITER_PINS, [], lookup=lookup_in({}), torch_requires=lambda name: [])
+    m = mf.base_part(BUILD_ARGS, VERIFIED_AITER, [], lookup=lookup_in({}), torch_requires=lambda name: [])
     assert (m.aiter.version, m.aiter.distribution) == ("0.1.24.post1", None)
 
 
 def test_empty_gpu_archs_is_refused_naming_the_build_arg():
     with pytest.raises(ManifestError, match="set the GPU_ARCHS build arg"):
-        mf.base_part({**BUILD_ARGS, "GPU_ARCHS": ""}, AITER_PINS, [], lookup=lookup_in({}))
+        mf.base_part({**BUILD_ARGS, "GPU_ARCHS": ""}, VERIFIED_AITER, [], lookup=lookup_in({}))
 
 
 # ------------------------------------------------------------------------------------ vLLM part
@@ -251,7 +251,7 @@ def run_module(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
 
 
 def test_the_build_steps_run_from_the_source_folder(tmp_path):
-    (tmp_path / "pins.json").write_text(json.dumps(AITER_PINS))
+    (tmp_path / "pins.json").write_text(json.dumps(VERIFIED_AITER))
     (tmp_path / "modules.txt").write_text("module_mla_asm\nmodule_aiter_core\n")
     out = tmp_path / "opt/rocm-vllm/manifest.json"
     proc = run_module(tmp_path, "base", "--aiter-pins", "pins.json", "--modules", "modules.txt", "--out", str(out),
@@ -304,7 +304,7 @@ def test_a_directory_as_the_manifest_path_is_refused_in_one_line(tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(ManifestError, match="is a directory: give the manifest a file path"):
         mf.write_manifest(written_manifest(), tmp_path / "out")
-    (tmp_path / "pins.json").write_text(json.dumps(AITER_PINS))
+    (tmp_path / "pins.json").write_text(json.dumps(VERIFIED_AITER))
     (tmp_path / "modules.txt").write_text("module_mla_asm\n")
     proc = run_module(tmp_path, "base", "--aiter-pins", "pins.json", "--modules", "modules.txt", "--out",
                       str(tmp_path / "out"), **BUILD_ARGS)

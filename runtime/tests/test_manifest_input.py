@@ -13,7 +13,7 @@ from json_cases import JSON, paths, replaced
 from rocm_vllm_runtime import manifest as mf
 
 COMMIT, CK = "a" * 40, "b" * 40
-AITER_PINS = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
+VERIFIED_AITER = {"repository": "https://github.com/ROCm/aiter.git", "tag": "v0.1.24.post1", "commit": COMMIT,
               "ck_commit": CK, "pinned": True}
 BUILD_ARGS = {"ROCM_VERSION": "7.2.3", "PYTHON_VERSION": "3.12", "GPU_ARCHS": "gfx942;gfx950",
               "SOURCE_DATE_EPOCH": "1700000000", "VLLM_TRACK": "0.33", "VLLM_VERSION": "0.33.0"}
@@ -30,27 +30,27 @@ def base(tmp_path, capsys, pins, **env) -> tuple[int, str, str]:
 
 
 def test_the_pins_aiter_source_writes_make_a_manifest(tmp_path, capsys):
-    rc, out, err = base(tmp_path, capsys, AITER_PINS)
+    rc, out, err = base(tmp_path, capsys, VERIFIED_AITER)
     assert rc == 0, err
     assert mf.read_manifest(tmp_path / "manifest.json").aiter_commit == COMMIT
 
 
 @pytest.mark.parametrize("pins, env, named", [
-    ([AITER_PINS], {}, "--aiter-pins: a JSON object of repository, tag, commit, ck_commit, pinned is expected, "
+    ([VERIFIED_AITER], {}, "--aiter-pins: a JSON object of repository, tag, commit, ck_commit, pinned is expected, "
                        "not a list"),
-    ({**{k: v for k, v in AITER_PINS.items() if k != "commit"}, "comit": COMMIT}, {},
+    ({**{k: v for k, v in VERIFIED_AITER.items() if k != "commit"}, "comit": COMMIT}, {},
      "--aiter-pins: unknown key 'comit'"),
-    ({k: v for k, v in AITER_PINS.items() if k != "ck_commit"}, {}, "--aiter-pins: no 'ck_commit'"),
-    ({**AITER_PINS, "commit": 7}, {}, "--aiter-pins: 'commit' must be a string or null"),
-    ({**AITER_PINS, "pinned": "yes"}, {}, "--aiter-pins: 'pinned' must be true or false"),
-    ({**AITER_PINS, "commit": None}, {}, "--aiter-pins: 'pinned' is true but 'commit' is null"),
-    (AITER_PINS, {"SOURCE_DATE_EPOCH": "²"},
+    ({k: v for k, v in VERIFIED_AITER.items() if k != "ck_commit"}, {}, "--aiter-pins: no 'ck_commit'"),
+    ({**VERIFIED_AITER, "commit": 7}, {}, "--aiter-pins: 'commit' must be a string or null"),
+    ({**VERIFIED_AITER, "pinned": "yes"}, {}, "--aiter-pins: 'pinned' must be true or false"),
+    ({**VERIFIED_AITER, "commit": None}, {}, "--aiter-pins: 'pinned' is true but 'commit' is null"),
+    (VERIFIED_AITER, {"SOURCE_DATE_EPOCH": "²"},
      "SOURCE_DATE_EPOCH='²' is not a whole number: give 315532800 to 4102444800 in decimal digits: set the build arg"),
-    (AITER_PINS, {"SOURCE_DATE_EPOCH": "١٧٠٠"}, "SOURCE_DATE_EPOCH='١٧٠٠' is not a whole number"),
-    (AITER_PINS, {"SOURCE_DATE_EPOCH": str(2**63)},
+    (VERIFIED_AITER, {"SOURCE_DATE_EPOCH": "١٧٠٠"}, "SOURCE_DATE_EPOCH='١٧٠٠' is not a whole number"),
+    (VERIFIED_AITER, {"SOURCE_DATE_EPOCH": str(2**63)},
      f"SOURCE_DATE_EPOCH='{2**63}' is out of range: give 315532800 to 4102444800: set the build arg"),
-    (AITER_PINS, {"SOURCE_DATE_EPOCH": "0"}, "SOURCE_DATE_EPOCH='0' is out of range: give 315532800 to 4102444800"),
-    (AITER_PINS, {"SOURCE_DATE_EPOCH": "9" * 5000},
+    (VERIFIED_AITER, {"SOURCE_DATE_EPOCH": "0"}, "SOURCE_DATE_EPOCH='0' is out of range: give 315532800 to 4102444800"),
+    (VERIFIED_AITER, {"SOURCE_DATE_EPOCH": "9" * 5000},
      f"SOURCE_DATE_EPOCH='{'9' * 40}'... (5000 characters) is out of range: give 315532800 to 4102444800"),
     ("[" * 100000, {}, "pins.json is nested too deeply to be one: build the aiter-verified stage"),
     ("\udcff", {}, "pins.json is not UTF-8 text (byte 0)"),
@@ -69,12 +69,12 @@ _SETTINGS = settings(derandomize=True, max_examples=150, deadline=None,
 
 
 @_SETTINGS
-@given(key=st.sampled_from([None, *AITER_PINS, "comit"]), value=JSON,
+@given(key=st.sampled_from([None, *VERIFIED_AITER, "comit"]), value=JSON,
        epoch=st.sampled_from(["", "0", "1700000000", "²", "-1", "1e9", " 1", "٣"]))
 def test_any_aiter_pins_is_a_manifest_or_one_line(key, value, epoch, tmp_path_factory, capsys):
     """Arbitrary JSON as --aiter-pins (or as one of its keys), with odd SOURCE_DATE_EPOCHs: exit 0
     with a manifest whose aiter.pinned is true only with both commits, or one line and exit 1."""
-    pins = value if key is None else {**AITER_PINS, key: value}
+    pins = value if key is None else {**VERIFIED_AITER, key: value}
     tmp_path = tmp_path_factory.mktemp("base")
     rc, out, err = base(tmp_path, capsys, pins, SOURCE_DATE_EPOCH=epoch)
     if rc == 0:
@@ -85,7 +85,7 @@ def test_any_aiter_pins_is_a_manifest_or_one_line(key, value, epoch, tmp_path_fa
 
 
 def _manifest() -> dict:
-    m = mf.base_part(BUILD_ARGS, AITER_PINS, ["module_mla_asm"], lookup=lambda *names: None,
+    m = mf.base_part(BUILD_ARGS, VERIFIED_AITER, ["module_mla_asm"], lookup=lambda *names: None,
                      torch_requires=lambda name: [])
     return json.loads(mf.dumps(m))
 
