@@ -140,14 +140,26 @@ def test_newer_aiter_tags_are_reported_for_each_track(tmp_path):
     assert discover.newer_aiter_tags(data, ["v0.1.0"]) == []
 
 
-def test_a_tampered_sdist_is_refused(tmp_path):
+def test_a_tampered_sdist_is_refused(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "vllm-9.9.9.tar.gz").write_bytes(b"not the release")
-    served = tmp_path / "served.tar.gz"
-    served.write_bytes(b"also not the release")
-    with pytest.raises(model.PinError, match="sha256 differs"):
-        discover.fetch(discover.Sdist("9.9.9", served.as_uri(), "0" * 64, "vllm-9.9.9.tar.gz"), cache)
+    (tmp_path / "served.tar.gz").write_bytes(b"also not the release")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}/served.tar.gz"
+    try:
+        with pytest.raises(model.PinError, match="sha256 differs"):
+            discover.fetch(discover.Sdist("9.9.9", url, "0" * 64, "vllm-9.9.9.tar.gz"), cache)
+    finally:
+        server.shutdown()
     assert not (cache / "vllm-9.9.9.tar.gz.part").exists()
 
 

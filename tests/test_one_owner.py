@@ -64,7 +64,6 @@ KNOWN = {
     ("ci/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
     ("ci/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
     ("ci/pins/resolve.py", "spawn"): (2, "git ls-remote / fetch, with deadlines (the pins job)"),
-    ("ci/pins/reach.py", "spawn"): (1, "git config --get-urlmatch (the pins job)"),
     ("ci/runtime_modules.py", "join"): (1, "the runtime module the tool itself names (numbers, secrets), found in "
                                            "this checkout's runtime/src: a name from the code, not from data"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
@@ -318,10 +317,10 @@ def test_a_planted_use_in_a_real_module_is_caught() -> None:
     found = violations(python_uses(planted, path))
     assert len(found) == 2 and all("in sneak" in f for f in found), found
     # a further use in a file with known ones fails too
-    pins = (ROOT / "ci/pins/reach.py").read_text()
-    assert violations(python_uses(pins, "ci/pins/reach.py")) == []
+    pins = (ROOT / "ci/pins/locks.py").read_text()
+    assert violations(python_uses(pins, "ci/pins/locks.py")) == []
     more = pins + "\n\ndef more():\n    import subprocess\n    subprocess.run(['git'])\n"
-    assert len(violations(python_uses(more, "ci/pins/reach.py"))) == 1
+    assert len(violations(python_uses(more, "ci/pins/locks.py"))) == 1
 
 
 def test_a_planted_shell_deletion_is_caught() -> None:

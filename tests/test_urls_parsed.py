@@ -171,10 +171,7 @@ def _url_credential_patterns(source: str) -> list[int]:
 def test_only_the_masking_reads_a_urls_credentials():
     owner = "runtime/src/rocm_vllm_runtime/secrets.py"
     # numbers.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
-    known = {"runtime/src/rocm_vllm_runtime/numbers.py": 1,
-             # the patterns of versions.json's repository and URL strings (the characters each may hold):
-             # whether one holds credentials is verify.credentials_problem's
-             "ci/pins/model.py": 2}
+    known = {"runtime/src/rocm_vllm_runtime/numbers.py": 1}
     offenders = []
     for base in ("runtime/src", "backend/src", "ci", "deploy"):
         for path in sorted((ROOT / base).rglob("*.py")):

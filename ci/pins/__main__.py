@@ -15,8 +15,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import discover, locks, model, reach, resolve, verify
-from .model import PinError
+from . import env
+
+if __name__ == "__main__":
+    env.ensure(sys.argv[1:])  # the libraries below, from the pin tool's own environment where missing
+
+from . import discover, locks, model, resolve, verify  # noqa: E402
+from .model import PinError  # noqa: E402
 
 RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "therock")
 
@@ -175,10 +180,10 @@ def run(ns, parser, root: Path) -> int:
 @dataclasses.dataclass
 class Item:
     """One thing resolve reads from one source: an AITER pin, a track's vLLM, a base image, a
-    wheel set. label: where in versions.json its pins are; run resolves it and returns its change
-    lines."""
+    wheel set. label: where in versions.json its pins are; needs: what it reads; run resolves it
+    and returns its change lines."""
     label: str
-    source: reach.Source
+    needs: str
     run: Callable[[], list[str]]
 
 
@@ -194,10 +199,10 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                     changes = resolve.resolve_aiter(data, name, ns.force)
                     # the hash lock of its own requirements, from the commit's requirements.txt
                     return changes + resolve_aiter_lock(ns, data, root, name, lock_texts)
-                items.append(Item(f"aiter.pins.{name}", reach.Source("git", data["aiter"]["repository"]), run_aiter))
+                items.append(Item(f"aiter.pins.{name}", _git_remote(data["aiter"]["repository"]), run_aiter))
         elif kind == "vllm":
             for track in tracks:
-                items.append(Item(f"tracks.{track}.vllm", reach.Source("git", data["vllm"]["repository"]),
+                items.append(Item(f"tracks.{track}.vllm", _git_remote(data["vllm"]["repository"]),
                                   lambda track=track: resolve.resolve_vllm(data, track, ns.force)))
         elif kind == "base-image":
             for track in _distinct(data, tracks, "base_image"):
@@ -206,18 +211,20 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
                     continue  # a therock base is upstream's, by the digest its Dockerfile names (discover)
                 ref = resolve.image_ref(base["name"], base["tag"], ns.registry)
                 items.append(Item(model.section_path(data, "base_image", track),
-                                  reach.Source("registry", ref, reach.registry_host(base["name"], ns.registry)),
+                                  f"the container registry of {ref} (its digest)",
                                   lambda track=track: resolve.resolve_base_image(data, ns.registry, ns.force,
                                                                                  track)))
         elif kind == "therock":
             for track in [t for t in tracks if model.track_stack(data, t) == model.THEROCK_STACK]:
                 index = data["tracks"][track]["therock"]["index_url"]
-                items.append(Item(f"tracks.{track}.therock", reach.Source("therock", index),
+                items.append(Item(f"tracks.{track}.therock",
+                                  f"TheRock's wheel index {_masked(index)} (the TheRock lock)",
                                   lambda track=track: resolve_therock(ns, data, root, track, lock_texts)))
         elif kind == "wheels":
             for track in _distinct(data, [t for t in tracks if model.pytorch_pins(data, t)], "pytorch"):
                 index = model.section(data, "pytorch", track)["index_url"]
-                items.append(Item(model.section_path(data, "pytorch", track), reach.Source("index", index),
+                items.append(Item(model.section_path(data, "pytorch", track),
+                                  f"the PyTorch wheel index {_masked(index)} (the PyTorch lock)",
                                   lambda track=track: resolve_pytorch(ns, data, root, track, lock_texts)))
     return items
 
@@ -245,15 +252,11 @@ def run_resolve(ns, data: dict, root: Path) -> int:
     ) if todo]
     lock_texts: dict[Path, str] = {}
     items = resolve_items(ns, data, root, what, tracks, pin_names, lock_texts)
-    # Hosts that do not answer are found first, all at once: their items fail without waiting.
-    cannot = reach.unreachable([item.source for item in items])
     changes: list[str] = []
     failed: list[Item] = []
     for item in items:
         before = copy.deepcopy(data)
         try:
-            if item.source in cannot:
-                raise PinError(cannot[item.source])
             changes += item.run()
         except PinError as exc:
             data.clear()
@@ -274,7 +277,7 @@ def run_resolve(ns, data: dict, root: Path) -> int:
     elif changes:
         print("(dry run: add --write to record these)")
     if failed:
-        needs = [s.describe() for s in dict.fromkeys(item.source for item in failed)]
+        needs = list(dict.fromkeys(item.needs for item in failed))
         print(f"error: resolve: {len(failed)} of {len(items)} item(s) not resolved "
               f"({', '.join(item.label for item in failed)}): they need {_and(needs)}; run "
               "python3 -m ci.pins resolve --write on a machine that reaches them", file=sys.stderr)
@@ -363,6 +366,14 @@ def run_therock(ns, data: dict) -> int:
     for line in model.therock_requirements(track["rocm"]["version"], track["therock"]["torch"], data["gpu_archs"]):
         print(line)
     return 0
+
+
+def _git_remote(url: str) -> str:
+    return f"the git remote {_masked(url)} (commits)"
+
+
+def _masked(url: str) -> str:
+    return resolve.secrets.masked_url(url)
 
 
 def _and(parts: list[str]) -> str:

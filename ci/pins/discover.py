@@ -29,6 +29,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from .. import runtime_modules
 from . import model, resolve
 from .model import PinError
@@ -50,17 +52,25 @@ PYPI_SCHEMA = {"type": "object", "required": ["releases"], "properties": {"relea
                 "digests": {"type": "object", "required": ["sha256"],
                             "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}}}}}}}}
 
-RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
-AITER_TAG_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 DEFAULT_INDEX = "https://pypi.org/pypi"
 SUMMARY_LINES = 120  # per diffed file
 
 
-def release_key(version: str) -> tuple[int, ...]:
-    m = RELEASE_RE.match(version)
-    if not m:
+def final(text: str, post: bool = False) -> Version | None:
+    """text as a final X.Y.Z release (packaging's reading; a post release where post), else None."""
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        return None
+    plain = len(v.release) == 3 and not (v.pre or v.dev or v.local or v.epoch) and (post or v.post is None)
+    return v if plain else None
+
+
+def release_key(version: str) -> Version:
+    v = final(version)
+    if v is None or str(v) != version:
         raise PinError(f"{version!r} is not a vLLM release (X.Y.Z)")
-    return tuple(int(g) for g in m.groups())
+    return v
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,7 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
         raise PinError(f"{exc}: the answer is not PyPI's JSON API: check vllm.index_url") from None
     out: dict[str, Sdist] = {}
     for version, release in answer["releases"].items():
-        if not RELEASE_RE.match(version):
+        if final(version) is None or str(final(version)) != version:
             continue
         sdists = [f for f in release if f["packagetype"] == "sdist" and not f.get("yanked")]
         if sdists:
@@ -117,10 +127,11 @@ def new_releases(data: dict, sdists: dict[str, Sdist], up_to: str | None = None)
     lines: dict[tuple[int, int], Sdist] = {}
     for version, sdist in sdists.items():
         key = release_key(version)
-        if key[:2] <= newest[:2] or (limit and key > limit):
+        line = key.release[:2]
+        if line <= newest.release[:2] or (limit and key > limit):
             continue
-        if key[:2] not in lines or key > release_key(lines[key[:2]].version):
-            lines[key[:2]] = sdist
+        if line not in lines or key > release_key(lines[line].version):
+            lines[line] = sdist
     return [lines[k] for k in sorted(lines)]
 
 
@@ -268,8 +279,7 @@ def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_com
 
 def track_of(version: str) -> str:
     """The release track (major.minor) of a vLLM version."""
-    major, minor, _ = release_key(version)
-    return f"{major}.{minor}"
+    return "{}.{}".format(*release_key(version).release)
 
 
 @dataclass
@@ -289,7 +299,7 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
     base_path, same = choose_base(release, model.section(data, "base_image", newest))
     args = release.base_dockerfiles[base_path]
     tag = args.get("AITER_BRANCH")
-    if not tag or not AITER_TAG_RE.match(tag):
+    if not tag or not tag.startswith("v") or final(tag, post=True) is None:
         raise PinError(f"vLLM {release.version}'s {base_path} names no AITER release tag (AITER_BRANCH={tag!r}): "
                        "add its track by hand")
     notes: list[str] = []
@@ -348,22 +358,22 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
 
 def newer_aiter_tags(data: dict, tags: list[str]) -> list[str]:
     """One line per track whose AITER tag is older than the newest release tag of AITER."""
-    releases = sorted((t for t in tags if AITER_TAG_RE.match(t)), key=_aiter_key)
+    releases = sorted((t for t in tags if _aiter_key(t)), key=_aiter_key)
     if not releases:
         return []
     newest = releases[-1]
     lines = []
     for name in model.track_names(data):
         tag = data["aiter"]["pins"][data["tracks"][name]["aiter"]]["tag"]
-        if AITER_TAG_RE.match(tag) and _aiter_key(tag) < _aiter_key(newest):
+        if _aiter_key(tag) and _aiter_key(tag) < _aiter_key(newest):
             lines.append(f"track {name} builds AITER {tag}; AITER has {newest} (not taken: a track follows the AITER "
                          "its vLLM names; try it with AITER_PIN)")
     return lines
 
 
-def _aiter_key(tag: str) -> tuple[int, ...]:
-    m = AITER_TAG_RE.match(tag)
-    return tuple(int(g or 0) for g in m.groups())
+def _aiter_key(tag: str) -> Version | None:
+    """An AITER release tag (vX.Y.Z or vX.Y.Z.postN) as a version; None for any other tag."""
+    return final(tag, post=True) if tag.startswith("v") else None
 
 
 def aiter_tags(repository: str) -> list[str]:

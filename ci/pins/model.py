@@ -18,6 +18,9 @@ import re
 import tempfile
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
 from .. import runtime_modules
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,36 +28,12 @@ VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
-# source_date_epoch's plausible range (the build's mtimes, `touch -d @N`, and the wheels' zip entries):
-# the one the image manifest reads SOURCE_DATE_EPOCH with.
-EPOCH_RANGE = runtime_modules.module("numbers").EPOCH_RANGE
 # The one reader of JSON (a key given twice refused, naming it).
 files = runtime_modules.module("files")
-# Every string of the versions file has a pattern (verify.check_strings), anchored with \A and
-# \Z (not ^ and $, which let a trailing newline through into a build arg).
-COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
-SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
-DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
-# A name, tag, version or relative path: no space, quote, backslash or control character, and
-# not starting with '-' (a program would read it as an option).
-NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+/:@=~-]*\Z")
-# A git repository: a URL of git's transports (no ext::, fd::), an scp-like user@host:path or an
-# absolute path; git is also handed "--" before it.
-REPOSITORY_RE = re.compile(r"\A(?:(?:https?|git|ssh|file)://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+"
-                           r"|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._~/+-]+"
-                           r"|/[A-Za-z0-9._~/+-]*)\Z")
-# A release track's name (versions.json tracks keys): major.minor.
-TRACK_RE = re.compile(r"\A[0-9]+\.[0-9]+\Z")
-HTTPS_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+\Z")
-# Keys whose values are git repositories, and https URLs (indexes, downloads).
+# Keys whose values are git repositories, and https URLs (indexes, downloads); their patterns are
+# versions.schema.json's.
 REPOSITORY_KEYS = ("repository", "hipkittens_repository")
 URL_KEYS = ("index_url", "url")
-# GPU architectures AITER ships kernels for and this project builds for (CDNA3 and newer).
-ALLOWED_GPU_ARCHS = ("gfx942", "gfx950")
-# Machines the images are built for (platform.machine).
-MACHINES = ("x86_64",)
-# Ray (multi-node serving) and the requirements of Ray that vLLM does not bring, by build-arg prefix.
-SCHEMA = 2
 # Shared sections a track may replace with its own (a track on another ROCm release).
 TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
 # The ROCm stack a track's images build on: a ROCm container image (rocm/dev-ubuntu, upstream up to
@@ -247,10 +226,12 @@ def backend_ranges(data: dict) -> dict[str, str]:
 
 def covered_track(data: dict, declared: str) -> str:
     """The newest track whose release a SUPPORTED_VLLM string admits (the oldest track when none)."""
-    upper = re.search(r"<\s*(\d+)\.(\d+)", declared or "")
-    bound = (int(upper.group(1)), int(upper.group(2))) if upper else (0, 0)
     names = track_names(data)
-    inside = [n for n in names if _release_key(data["tracks"][n]["vllm"]["version"])[:2] < bound]
+    try:
+        admits = SpecifierSet(declared or "<0")
+    except InvalidSpecifier:
+        admits = SpecifierSet("<0")
+    inside = [n for n in names if admits.contains(data["tracks"][n]["vllm"]["version"])]
     return inside[0] if inside else names[-1]
 
 
@@ -314,11 +295,7 @@ def render(value) -> str:
 
 def track_names(data: dict) -> list[str]:
     """The tracks, newest first."""
-    return sorted(data["tracks"], key=_release_key, reverse=True)
-
-
-def _release_key(name: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else -1 for p in str(name).split("."))
+    return sorted(data["tracks"], key=Version, reverse=True)
 
 
 def track_name(data: dict, name: str | None = None) -> str:
@@ -350,8 +327,8 @@ def supported_vllm(data: dict, up_to: str | None = None) -> str:
     track)."""
     names = track_names(data)
     versions = [data["tracks"][t]["vllm"]["version"] for t in names]
-    newest = _release_key(data["tracks"][up_to or names[0]]["vllm"]["version"])
-    return f">={versions[-1]},<{newest[0]}.{newest[1] + 1}"
+    major, minor = Version(data["tracks"][up_to or names[0]]["vllm"]["version"]).release[:2]
+    return f">={versions[-1]},<{major}.{minor + 1}"
 
 
 def backend_supported_vllm(root: Path = REPO_ROOT) -> tuple[Path, str | None]:

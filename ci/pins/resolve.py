@@ -1,27 +1,24 @@
 """`resolve`: turn tags into commits, the CK submodule commit, the HipKittens commit AITER
 names and the base image digest (the wheel sets: hash locks, ci.pins.locks). Needs the network (git remotes,
 a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
-connected machine and commit the result. Standard library only.
+connected machine and commit the result.
 
 Every git, HTTP and registry call of every ci.pins command goes through _git, _http or
 image_digest here and is bounded in time as a whole: one that has not finished within
-PINS_TIMEOUT seconds (default 60; at most a day), however slowly its server keeps answering (its
-TLS handshake, its status line and headers, its body), is an error naming the URL or image, its
-credentials masked. Hosts that do not answer at all are found before any call, within
-PINS_CONNECT_TIMEOUT seconds (ci.pins.reach)."""
+PINS_TIMEOUT seconds (default 60; at most a day), however slowly its server keeps answering, is
+an error naming the URL or image, its credentials masked; an HTTP connection is given
+PINS_CONNECT_TIMEOUT seconds (default 5)."""
 from __future__ import annotations
 
-import http.client
 import os
 import re
-import socket
 import subprocess
 import tempfile
 import threading
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
+
+import urllib3
 
 from .. import runtime_modules
 from . import model
@@ -160,140 +157,74 @@ class _Response:
         self.headers, self.body = headers, body
 
 
-class _Watch:
-    """The connections of one request, shut when its deadline passes: whatever is then blocked
-    reading (a TLS handshake, a proxy's CONNECT answer, the status line and headers, the body)
-    stops at once, however slowly the server keeps sending."""
-
-    def __init__(self, limit: float):
-        self.expired = False
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._timer = threading.Timer(limit, self.expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def add(self, sock: socket.socket) -> None:
-        with self._lock:
-            held = sock.dup()  # the same connection, kept when TLS takes over the socket
-            self._socks.append(held)
-            if self.expired:
-                self._shut(held)
-
-    @staticmethod
-    def _shut(sock: socket.socket) -> None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            for sock in self._socks:
-                self._shut(sock)
-
-    def close(self) -> None:
-        self._timer.cancel()
-        with self._lock:
-            for sock in self._socks:
-                sock.close()
-            self._socks.clear()
-
-
-def _watched(base: type, watch: _Watch) -> type:
-    class Connection(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-
-            def create(*a, **kw):
-                sock = socket.create_connection(*a, **kw)
-                watch.add(sock)
-                return sock
-            self._create_connection = create
-    return Connection
-
-
-def _opener(watch: _Watch) -> urllib.request.OpenerDirector:
-    """urllib's opener (the environment's proxies included) whose connections watch holds."""
-    class HTTP(urllib.request.HTTPHandler):
-        def http_open(self, req):
-            return self.do_open(_watched(http.client.HTTPConnection, watch), req)
-
-    class HTTPS(urllib.request.HTTPSHandler):
-        def https_open(self, req):
-            return self.do_open(_watched(http.client.HTTPSConnection, watch), req, context=self._context)
-
-    return urllib.request.build_opener(HTTP, HTTPS)
+def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
+    """(the client for url, how it connects): through the environment's proxy for its scheme
+    (https_proxy, http_proxy; no_proxy), as pip and git take it, else directly. TLS is checked
+    against the system's CA bundle (SSL_CERT_FILE where set)."""
+    host = numbers.url("the URL", url).host
+    proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
+    if proxy and not urllib.request.proxy_bypass(host):
+        return urllib3.ProxyManager(proxy if "://" in proxy else f"http://{proxy}"), \
+            f" through the proxy {secrets.masked_url(proxy)}"
+    return urllib3.PoolManager(), ""
 
 
 def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
           max_bytes: int = BODY_LIMIT) -> _Response:
-    """One HTTP request, finished within PINS_TIMEOUT seconds as a whole, from the connection to
-    the body's last byte (a server that trickles its headers or its body is cut off at the
-    deadline); the body is read here (or fed to sink in chunks), at most `max_bytes` of it (an
-    answer that never ends is cut off there, not held whole). HTTP errors other than 401 and
-    every network failure become one-line PinErrors naming the URL (credentials masked); a 401 is
-    raised as HTTPError for the token dance."""
-    limit = timeout()
-    deadline = time.monotonic() + limit
-    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    """One HTTP request (urllib3), connected within PINS_CONNECT_TIMEOUT seconds and finished within
+    PINS_TIMEOUT seconds as a whole, its headers and body included; the body is read here (or fed to
+    sink in chunks), at most `max_bytes` of it. Every failure is one PinError naming the URL
+    (credentials masked), how it was reached and the setting that bounds it."""
+    limit, connect = timeout(), seconds("PINS_CONNECT_TIMEOUT", "5")
     shown = secrets.masked_url(url)
-    late = (f"{shown}: no complete answer within {limit:g}s: check the network or proxy (or raise "
-            "PINS_TIMEOUT)")
-    watch = _Watch(limit)
-
-    def left() -> float:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or watch.expired:
-            raise TimeoutError
-        return remaining
-
     try:
-        with _opener(watch).open(req, timeout=limit) as resp:
-            sock = _socket_of(resp)
+        pool, via = _pool(url)
+    except numbers.SettingError as exc:
+        raise PinError(str(exc)) from None
+    outcome: list = []
+    expired = threading.Event()
+
+    def request() -> None:
+        try:
+            resp = pool.request(method, url, headers=headers or {}, preload_content=False, retries=False,
+                                redirect=True, timeout=urllib3.Timeout(connect=connect, read=limit, total=limit))
             chunks, size = [], 0
-            while True:
-                if sock is not None:
-                    sock.settimeout(left())
-                chunk = resp.read1(1 << 20)
-                left()
-                if not chunk:
-                    break
+            for chunk in resp.stream(1 << 20):
                 size += len(chunk)
-                if size > max_bytes:
-                    raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected "
-                                   "there")
+                if expired.is_set() or size > max_bytes:
+                    break
                 if sink is None:
                     chunks.append(chunk)
                 else:
                     sink(chunk)
-            return _Response(resp.headers, b"".join(chunks))
-    except urllib.error.HTTPError as exc:  # a whole status line and headers came in time
-        if exc.code == 401:
-            raise
-        raise PinError(f"{shown}: HTTP {exc.code} {exc.reason}: check the name/tag/version in versions.json") from None
-    except urllib.error.URLError as exc:
-        if watch.expired or isinstance(exc.reason, (TimeoutError, socket.timeout)):
-            raise PinError(late) from None
-        raise PinError(f"{shown}: {secrets.masked_url(str(exc.reason))}: check the network, proxy or CA bundle "
-                       "(SSL_CERT_FILE)") from None
-    except (TimeoutError, socket.timeout):
-        raise PinError(late) from None
-    except (http.client.HTTPException, OSError) as exc:
-        if watch.expired:  # the cut connection: the cause is the time
-            raise PinError(late) from None
-        why = exc.__class__.__name__ if isinstance(exc, http.client.HTTPException) else (exc.strerror or exc)
-        raise PinError(f"{shown}: {why}: check the network or proxy") from None
-    finally:
-        watch.close()
+            resp.release_conn()
+            outcome.append((resp, b"".join(chunks), size))
+        except Exception as exc:  # noqa: BLE001 -- handed to the caller's thread
+            outcome.append(exc)
 
-
-def _socket_of(resp):
-    """The socket under an HTTP response (to shorten its timeout to what is left), or None."""
-    raw = getattr(getattr(resp, "fp", None), "raw", None)
-    sock = getattr(raw, "_sock", None)
-    return sock if isinstance(sock, socket.socket) else None
+    worker = threading.Thread(target=request, daemon=True)
+    worker.start()
+    worker.join(limit)  # a server that trickles its headers or body is left behind at the deadline
+    expired.set()
+    late = f"{shown}{via}: no complete answer within {limit:g}s (PINS_TIMEOUT): check the network or proxy"
+    if not outcome:
+        raise PinError(late)
+    if isinstance(outcome[0], urllib3.exceptions.ConnectTimeoutError):
+        raise PinError(f"{shown}{via}: no connection within {connect:g}s (PINS_CONNECT_TIMEOUT): check the "
+                       "network or proxy")
+    if isinstance(outcome[0], urllib3.exceptions.ReadTimeoutError):
+        raise PinError(late)
+    if isinstance(outcome[0], urllib3.exceptions.SSLError):
+        raise PinError(f"{shown}{via}: TLS failed ({outcome[0]}): check the CA bundle (SSL_CERT_FILE)")
+    if isinstance(outcome[0], Exception):
+        why = secrets.masked_url(" ".join(str(outcome[0]).split()))
+        raise PinError(f"{shown}{via}: {why}: check the network or proxy")
+    resp, body, size = outcome[0]
+    if size > max_bytes:
+        raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected there")
+    if resp.status >= 400:
+        raise PinError(f"{shown}: HTTP {resp.status} {resp.reason}: check the name/tag/version in versions.json")
+    return _Response(resp.headers, body)
 
 
 def image_ref(name: str, tag: str, registry: str | None = None) -> str:
@@ -328,7 +259,7 @@ def image_digest(ref: str) -> str:
         digest = files.json_value(proc.stdout, ref).get("digest")
     except (files.DataError, AttributeError):
         digest = None
-    if not isinstance(digest, str) or not model.DIGEST_RE.match(digest):
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise PinError(f"{ref}: docker buildx imagetools inspect gave no sha256 digest")
     return digest
 

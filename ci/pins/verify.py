@@ -12,6 +12,7 @@ from . import model
 from .model import PinError
 
 secrets = runtime_modules.module("secrets")
+numbers = runtime_modules.module("numbers")
 schema = runtime_modules.module("schema")
 files = runtime_modules.module("files")
 # The shape of versions.json, every string's pattern included (JSON Schema, Draft 2020-12).
@@ -23,7 +24,8 @@ def check_schema(data: dict) -> list[str]:
     holds across fields: a null pin is listed in its object's "unresolved" and a listed one is null,
     the tracks name their AITER pin and the default track exists, a track's vLLM is of its release
     line and commit prefix, TheRock's index is a release one and no URL holds credentials."""
-    secret = {path: why for path, value in _urls(data, "") if (why := credentials_problem(path, value))}
+    secret = {path: why for path, value in _urls(data, "") if (why := credentials_problem(path, value) or
+                                                                _port_problem(path, value))}
     errors = [f"{path}: {why}" for path, why in secret.items()]  # the value is not shown
     errors += [e for e in schema.problems(data, files.read_json(SCHEMA_FILE, SCHEMA_FILE.name))
                if e.split(":", 1)[0] not in secret]
@@ -78,6 +80,17 @@ def _urls(node, path: str):
             if key in model.REPOSITORY_KEYS + model.URL_KEYS and isinstance(value, str):
                 yield here, value
             yield from _urls(value, here)
+
+
+def _port_problem(path: str, value: str) -> str | None:
+    """Why an http(s) URL's host and port cannot be read (numbers.url: a port is a TCP port)."""
+    if not value.startswith(("https://", "http://")):
+        return None
+    try:
+        numbers.url(path, value)
+    except numbers.SettingError as exc:
+        return str(exc).removeprefix(f"{path}=")
+    return None
 
 
 def credentials_problem(key: str, value: str) -> str | None:
