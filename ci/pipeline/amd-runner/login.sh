@@ -40,8 +40,17 @@ if [ -z "${REGISTRY_USERNAME:-}" ]; then
   echo "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME" >&2
   exit 1
 fi
-printf '%s' "$password" | "$docker_cmd" login --username "$REGISTRY_USERNAME" --password-stdin "$host" >&2
+# One line on failure (a wrong credential, a registry that does not answer): docker's last line,
+# the password masked should it ever echo it.
+if ! out=$(printf '%s' "$password" | "$docker_cmd" login --username "$REGISTRY_USERNAME" --password-stdin "$host" 2>&1); then
+  reason=$(printf '%s\n' "$out" | sed '/^[[:space:]]*$/d' | tail -n 1)
+  reason=${reason//"$password"/***}
+  password=
+  echo "error: docker login to $host as $REGISTRY_USERNAME failed: ${reason:-no reason given}: check REGISTRY_USERNAME and REGISTRY_PASSWORD, and that the registry answers" >&2
+  exit 1
+fi
 password=
+echo "== logged in to $host as $REGISTRY_USERNAME" >&2
 trap '"$docker_cmd" logout "$host" >/dev/null 2>&1 || echo "warning: docker logout $host failed" >&2' EXIT
 status=0
 "$@" || status=$?

@@ -14,7 +14,8 @@
 #    cache-from/cache-to type=registry (one ref per target in CACHE_REPO, keyed so that a vLLM
 #    bump reuses the AITER layers), attest type=sbom / type=provenance,mode=max.
 # 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds that graph and pushes each image by
-#    digest only (its output with push-by-digest=true): no tag is set while any target may still fail.
+#    digest only (its output with push-by-digest=true; with the engine's own builder, which cannot,
+#    under the scratch tag <name>:unpublished-<commit tag>): no tag is set while any target may fail.
 # 4. ci/pipeline/amd-runner/tag.sh: every tag of the graph checked against the registry, then set.
 #    A tag that already points to another digest is refused (nothing tagged, one line) unless
 #    PUBLISH_FORCE=1; the branch's own tag (GIT_REF refs/heads/*) moves to the new commit.
@@ -85,7 +86,19 @@ pin_args=()
 if [ -n "${TRACK:-}" ]; then pin_args+=(--track "$TRACK"); fi
 if [ -n "${AITER_PIN:-}" ]; then pin_args+=(--aiter-pin "$AITER_PIN"); fi
 
-if [ "$mode" = push ]; then
+# The CPU images (serve-cpu, ci-cpu, group cpu) build from the CPU vLLM image (VLLM_CPU_IMAGE) and
+# none of the ROCm pins: publishing only them does not need every ROCm pin resolved.
+cpu_only=1
+for target in "$@"; do
+  case "$target" in
+    serve-cpu|ci-cpu|cpu) ;;
+    *) cpu_only=0 ;;
+  esac
+done
+if [ "$mode" = push ] && [ "$cpu_only" = 1 ]; then
+  echo "== verify pins (python3 -m ci.pins verify; not --strict: the CPU images $* build from none of the ROCm pins)" >&2
+  python3 -m ci.pins verify "${pin_args[@]}" >&2
+elif [ "$mode" = push ]; then
   echo "== verify pins (python3 -m ci.pins verify --strict)" >&2
   python3 -m ci.pins verify --strict "${pin_args[@]}" >&2
 else
@@ -131,15 +144,22 @@ if [ -n "${BUILDER:-}" ]; then
 fi
 
 # Each target's output as the graph declares it, pushed by digest only: the tags are set by tag.sh.
-read -r -a by_digest < <(python3 - "$graph" <<'PY'
+# The engine's own builder (docker driver) cannot push by digest: there each image is pushed under one
+# scratch tag, <name>:unpublished-<commit tag>, which no consumer takes, and tagged the same way.
+driver=$("$docker_cmd" buildx inspect ${BUILDER:+"$BUILDER"} 2>/dev/null | sed -n 's/^Driver: *//p' | head -n 1 || true)
+read -r -a unpublished < <(python3 - "$graph" "$driver" "$tag" <<'PY'
 import json, sys
-targets = json.load(open(sys.argv[1]))["target"]
-print(" ".join(f"--set={name}.output={','.join(target['output'])},push-by-digest=true,name-canonical=true"
-               for name, target in sorted(targets.items())))
+targets, driver, tag = json.load(open(sys.argv[1]))["target"], sys.argv[2], sys.argv[3]
+if driver == "docker":
+    print(" ".join(f"--set={name}.tags={target['tags'][0].rsplit(':', 1)[0]}:unpublished-{tag}"
+                   for name, target in sorted(targets.items())))
+else:
+    print(" ".join(f"--set={name}.output={','.join(target['output'])},push-by-digest=true,name-canonical=true"
+                   for name, target in sorted(targets.items())))
 PY
 )
 status=0
-BAKE_ARGS="${by_digest[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || status=$?
+BAKE_ARGS="${unpublished[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || status=$?
 if [ "$status" != 0 ]; then
   echo "error: the build or its push to $REGISTRY failed (exit $status; registry down or refusing, see above): nothing tagged" >&2
   exit 1
