@@ -32,14 +32,12 @@ import random
 import secrets
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import test_engine_integration as integration
-from test_engine_integration import (COMPOSE_FILES, ROOT, bake_settings, build_command, copy_context, free_port,
+from test_engine_integration import (COMPOSE_FILES, ROOT, build_command, copy_context, free_port,
                                      steps_of)
 from vllm_sdist import cpu_track
 
@@ -119,7 +117,8 @@ def clients(h, registry, tmp_path_factory):
     for client in (publisher, consumer):
         client.login(registry["address"], registry["user"], registry["password"])
     info = publisher.run(["docker", "info", "--format", "{{json .DriverStatus}}"], what="publishing engine store")
-    assert "io.containerd.snapshotter" in info.stdout, f"the publishing engine has no containerd image store: {info.stdout}"
+    assert "io.containerd.snapshotter" in info.stdout, \
+        f"the publishing engine has no containerd image store: {info.stdout}"
     return {"publisher": publisher, "consumer": consumer}
 
 
@@ -368,6 +367,7 @@ def test_registry_down_stops_publish_in_one_line_nothing_tagged(h, registry, cli
                  what="publish.sh, registry down")
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert last.startswith(f"error: the build or its push to {down}/rocm-vllm failed") and "nothing tagged" in last, last
+    assert last.startswith(f"error: the build or its push to {down}/rocm-vllm failed"), last
+    assert "nothing tagged" in last, last
     assert "== tagged" not in proc.stderr
     h.note(f"registry 9: registry down: {last}")
