@@ -4,8 +4,8 @@
 #
 #   ci/pipeline/amd-runner/tag.sh GRAPH METADATA
 #
-# GRAPH: the resolved graph (`docker buildx bake --print`, publish.sh's bake-print.json): each target's
-# tags. METADATA: the build's metadata file (bake --metadata-file, or one `docker buildx build
+# GRAPH: the resolved graph (`docker buildx bake --print`, publish.sh's bake-print.json): the targets
+# asked for (its default group) and their tags. METADATA: the build's metadata file (bake --metadata-file, or one `docker buildx build
 # --metadata-file` per target merged into {target: metadata}): each target's pushed digest
 # (containerimage.digest). Every tag is checked against the registry before any is set:
 # - a tag that does not exist yet, or already points to the pushed digest: set (or kept);
@@ -32,11 +32,24 @@ esac
 plan=$(python3 - "$1" "$2" <<'PY'
 import json, re, sys
 try:
-    targets = json.load(open(sys.argv[1]))["target"]
+    graph = json.load(open(sys.argv[1]))
+    targets = graph["target"]
     metadata = json.load(open(sys.argv[2]))
 except (OSError, ValueError, KeyError, TypeError) as exc:
     sys.exit(f"error: cannot read the graph {sys.argv[1]} or the build metadata {sys.argv[2]} ({exc!r}): nothing tagged")
+# The targets asked for (the graph's default group, its groups expanded): a target that is only
+# another's context (base for serve) is built, not published.
+groups = {name: group.get("targets", []) for name, group in (graph.get("group") or {}).items()}
+asked, todo = set(), list(groups.get("default", sorted(targets)))
+while todo:
+    name = todo.pop()
+    if name in groups and name not in targets:
+        todo += groups.pop(name)
+    else:
+        asked.add(name)
 for name, target in sorted(targets.items()):
+    if name not in asked:
+        continue
     digest = (metadata.get(name) or {}).get("containerimage.digest", "") if isinstance(metadata, dict) else ""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest or ""):
         sys.exit(f"error: {name} has no pushed digest in {sys.argv[2]} (its build or push failed): nothing tagged")

@@ -42,7 +42,7 @@ def pipeline(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def copy_repo(dest: Path) -> Path:
     """The files the pin, tag and bake tools read, in a directory of their own."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("docker-bake.hcl", "versions.json", "Dockerfile.rocm_base", "Dockerfile.rocm"):
+    for name in ("docker-bake.hcl", "versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm"):
         shutil.copy(REPO / name, dest / name)
     shutil.copytree(REPO / "ci", dest / "ci", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", dest / "runtime/src/rocm_vllm_runtime",
@@ -286,6 +286,9 @@ if argv[:2] == ["buildx", "bake"] and "--print" in argv:
     # resolving the graph changes nothing: the real bake does it
     os.execv(os.environ["REAL_DOCKER"], ["docker", *argv])
 if argv[:2] == ["buildx", "inspect"]:
+    if os.environ.get("FAKE_INSPECT_RC", "0") == "0":
+        print("Name: " + (argv[2] if len(argv) > 2 else "default"))
+        print("Driver: " + os.environ.get("FAKE_DRIVER", "docker-container"))
     sys.exit(int(os.environ.get("FAKE_INSPECT_RC", "0")))
 if argv[:1] == ["login"]:
     print("Login Succeeded")
@@ -341,12 +344,13 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
         ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", "base", "serve", "ci"],
         ["buildx", "inspect", "rocm-vllm"],
         ["buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"],
+        ["buildx", "inspect", "rocm-vllm"],  # its driver: docker-container pushes by digest
         ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
          "--metadata-file", str(results / "bake-metadata.json"), *by_digest, "base", "serve", "ci"],
         *[["buildx", "imagetools", "inspect", "--format", "{{json .Manifest}}", t] for _, t in tags],
         *[["buildx", "imagetools", "create", "--tag", t, f"{t.rsplit(':', 1)[0]}@{digest[name]}"] for name, t in tags],
     ]
-    assert calls[3]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
+    assert calls[4]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
                                "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
     graph = json.loads((results / "bake-print.json").read_text())["target"]
     assert pushed_settings(graph) == expected_graph(data, data["default_track"], commit, "ghcr.io/team/rocm-vllm",
@@ -359,10 +363,31 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
                env={**env, "FAKE_INSPECT_RC": "0"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [c["argv"][:2] for c in fake_docker.calls()] == [["buildx", "bake"], ["buildx", "inspect"],
+                                                            ["buildx", "inspect"],
                                                             ["buildx", "bake"], ["buildx", "imagetools"],
                                                             ["buildx", "imagetools"], ["buildx", "imagetools"],
                                                             ["buildx", "imagetools"]]
-    assert fake_docker.calls()[2]["argv"][-1] == "base"
+    assert fake_docker.calls()[3]["argv"][-1] == "base"
+
+
+def test_publish_with_the_engines_own_builder_pushes_under_a_scratch_tag(resolved_repo: Path, fake_docker,
+                                                                        tmp_path: Path) -> None:
+    """The docker driver cannot push by digest: each image goes under <name>:unpublished-<commit tag>,
+    then tag.sh sets the graph's tags on the pushed digest."""
+    _real_buildx()
+    results = tmp_path / "results"
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA, "GIT_REF": "refs/tags/v1.0",
+           "RESULTS_DIR": str(results), "FAKE_DRIVER": "docker", "TRACK": ""}
+    proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh"), "serve"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tag = (results / "tag.env").read_text().strip().removeprefix("TAG=")
+    calls = [c["argv"] for c in fake_docker.calls()]
+    assert calls[1] == ["buildx", "inspect"]
+    assert calls[2][-2:] == [f"--set=serve.tags=ghcr.io/team/rocm-vllm/serve:unpublished-{tag}", "serve"], calls[2]
+    created = [c[-3:] for c in calls if c[:3] == ["buildx", "imagetools", "create"]]
+    digest = "sha256:" + format(1, "064x")
+    assert created == [["--tag", f"ghcr.io/team/rocm-vllm/serve:{t}", f"ghcr.io/team/rocm-vllm/serve@{digest}"]
+                       for t in (tag, "v1.0")], created
 
 
 def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
