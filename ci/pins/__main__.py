@@ -1,8 +1,8 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | format |
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | therock | format |
 discover [--write] | lock [NAME...] [--check] [--upgrade]
 
---track NAME (verify, resolve, args): one release track of versions.json; default: every track
-(verify, resolve) or default_track (args)."""
+--track NAME: one release track of versions.json (default: every track; args: default_track; therock:
+the newest therock track). --aiter-pin NAME: an AITER pin of aiter.pins (default: the track's)."""
 from __future__ import annotations
 
 import argparse
@@ -30,62 +30,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ci.pins", description=__doc__)
     parser.add_argument("--file", type=Path, default=model.VERSIONS_FILE, help="versions file (default: versions.json)")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("verify", help="check the versions file and the Dockerfiles' global ARG defaults")
-    p.add_argument("--strict", action="store_true", help="also fail on unresolved pins (release builds)")
-    p.add_argument("--track", help="the release track being built (default: every track)")
-    p.add_argument("--aiter-pin", help="the AITER pin being built (default: the track's)")
-
-    p = sub.add_parser("resolve", help="resolve tags to commits, image digest, wheel hashes (needs network)")
-    p.add_argument("what", nargs="*", default=[], metavar="{" + ",".join(RESOLVE_ITEMS) + "}",
-                   help="what to resolve (default: everything unresolved)")
-    p.add_argument("--track", help="release track to resolve (default: every track)")
-    p.add_argument("--aiter-pin", help="AITER pin to resolve (default: each track's)")
-    p.add_argument("--registry", help="registry host[:port] to read the base image from, e.g. a mirror "
-                                      "(default: the one its name implies)")
-    p.add_argument("--write", action="store_true",
-                   help="write the results to the versions file and the Dockerfiles' global ARG defaults")
-    p.add_argument("--force", action="store_true", help="replace pins that are already set when upstream differs")
-
-    p = sub.add_parser("args", help="print the build args the versions file defines (NAME=value)")
-    p.add_argument("--track", help="release track (default: default_track)")
-    p.add_argument("--aiter-pin", help="AITER pin (default: the track's)")
-    p.add_argument("--allow-unresolved", action="store_true")
-
-    p = sub.add_parser("tracks", help="print the release tracks, newest first (default marked), and the vLLM "
-                                      "range the backend supports")
-    p.add_argument("--json", action="store_true", help="print only the track names, as a JSON list (CI matrices)")
-    p.add_argument("--built", action="store_true", help="only the tracks whose images this repository builds "
-                                                        "(their ROCm stack is built here)")
-
-    p = sub.add_parser("therock", help="print what a therock track installs from TheRock's release index, as "
-                                       "requirement lines (the input of its hash lock)")
-    p.add_argument("--track", help="release track (default: the newest therock track)")
-
-    sub.add_parser("format", help="rewrite the versions file in its one canonical layout (keys sorted, two-space "
-                                  "indent)")
-
-    p = sub.add_parser("discover", help="vLLM releases on PyPI newer than the newest track, added as tracks from "
-                                        "their sdists (needs network)")
-    p.add_argument("--write", action="store_true", help="write the new tracks to the versions file, the Dockerfiles' "
-                                                        "ARG defaults and the backend's supported range")
-    p.add_argument("--list", action="store_true", help="only print the vLLM releases that would become tracks")
-    p.add_argument("--release", help="add only this vLLM release (one of --list)")
-    p.add_argument("--up-to", help="leave out vLLM releases after this one")
-    p.add_argument("--summary", type=Path, help="write what changed upstream (Markdown) to this file")
-    p.add_argument("--aiter-tags", action="store_true", help="also report AITER tags newer than the tracks' (git)")
-    p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
-                   help="where sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
-
-    p = sub.add_parser("lock", help="remake the hash-locked requirement files of ci/locks/locks.json with uv "
-                                     "(needs PyPI)")
-    p.add_argument("names", nargs="*", metavar="NAME", help="locks to remake (default: every one)")
-    p.add_argument("--check", action="store_true", help="write nothing; fail when a lock differs from what its "
-                                                        "inputs lock to now (keeping its versions where they allow)")
-    p.add_argument("--upgrade", action="store_true", help="take the newest releases before locks.json exclude_newer, "
-                                                          "not the versions each lock holds now")
-    p.add_argument("--sdist-cache", type=Path, default=Path.home() / ".cache" / "rocm-vllm-pins",
-                   help="where vLLM sdists are downloaded (default ~/.cache/rocm-vllm-pins)")
+    flag = {"action": "store_true"}
+    cache = {"type": Path, "default": Path.home() / ".cache" / "rocm-vllm-pins", "help": "where sdists are kept"}
+    for name, about, options in (
+        ("verify", "check the versions file, the Dockerfiles' ARG defaults, the backend's range and the locks",
+         {"--strict": {**flag, "help": "also fail on unresolved pins (release builds)"}, "--track": {},
+          "--aiter-pin": {}}),
+        ("resolve", "resolve tags to commits, the image digest and the wheel locks (needs network)",
+         {"what": {"nargs": "*", "default": [], "metavar": "{" + ",".join(RESOLVE_ITEMS) + "}",
+                   "help": "what to resolve (default: everything unresolved)"},
+          "--track": {}, "--aiter-pin": {}, "--registry": {"help": "registry host[:port] to read the base image from"},
+          "--write": {**flag, "help": "write the results (versions file, Dockerfiles' ARG defaults, locks)"},
+          "--force": {**flag, "help": "replace pins that are set when upstream differs"}}),
+        ("args", "print the build args of a track (NAME=value)", {"--track": {}, "--aiter-pin": {},
+                                                                  "--allow-unresolved": flag}),
+        ("tracks", "print the release tracks, newest first, and the backend's vLLM range",
+         {"--json": {**flag, "help": "the track names as a JSON list"},
+          "--built": {**flag, "help": "only the tracks whose images this repository builds"}}),
+        ("therock", "print what a therock track installs (the input of its hash lock)", {"--track": {}}),
+        ("format", "rewrite the versions file in its canonical layout", {}),
+        ("discover", "add vLLM releases newer than the newest track as tracks (needs network)",
+         {"--write": {**flag, "help": "write the new tracks"}, "--list": {**flag, "help": "only list the releases"},
+          "--release": {"help": "add only this release"}, "--up-to": {"help": "leave out releases after this one"},
+          "--summary": {"type": Path, "help": "write what changed upstream (Markdown) here"},
+          "--aiter-tags": {**flag, "help": "also report newer AITER tags"}, "--sdist-cache": cache}),
+        ("lock", "remake the hash locks of ci/locks/locks.json with uv (needs PyPI)",
+         {"names": {"nargs": "*", "metavar": "NAME", "help": "locks to remake (default: every one)"},
+          "--check": {**flag, "help": "write nothing; fail when a lock differs from what its inputs lock to"},
+          "--upgrade": {**flag, "help": "take the newest releases, not the versions each lock holds"},
+          "--sdist-cache": cache}),
+    ):
+        p = sub.add_parser(name, help=about)
+        for option, kwargs in options.items():
+            p.add_argument(option, **kwargs)
 
     ns = parser.parse_args(argv)
     try:
@@ -179,9 +156,7 @@ def run(ns, parser, root: Path) -> int:
 
 @dataclasses.dataclass
 class Item:
-    """One thing resolve reads from one source: an AITER pin, a track's vLLM, a base image, a
-    wheel set. label: where in versions.json its pins are; needs: what it reads; run resolves it
-    and returns its change lines."""
+    """One thing resolve reads from one source: an AITER pin, a track's vLLM, a base image, a wheel set."""
     label: str
     needs: str
     run: Callable[[], list[str]]
@@ -230,10 +205,8 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
 
 
 def run_resolve(ns, data: dict, root: Path) -> int:
-    """Resolve every item (each AITER pin, each track's vLLM, base image and wheel set), each all or
-    nothing: one that fails is named in one line, left as it was, and the others go on. With
-    --write, what was resolved is written (all at once). Any failure: a last line with the count
-    and what resolve needs to reach, exit 1."""
+    """Resolve every item (each AITER pin, each track's vLLM, base image and wheel set), each all or nothing:
+    one that fails is named in one line, left as it was, and the others go on."""
     bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
     if bad:
         raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
@@ -286,9 +259,8 @@ def run_resolve(ns, data: dict, root: Path) -> int:
 
 
 def resolve_therock(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
-    """A therock track's TheRock lock, made by uv against its release index alone
-    (locks.therock_lock), into ci/locks/therock-<track>.txt, and its sha256 into
-    tracks.<track>.therock.lock_sha256."""
+    """A therock track's TheRock lock, made by uv against its release index alone (locks.therock_lock), into
+    ci/locks/therock-<track>.txt, and its sha256 into tracks.<track>.therock.lock_sha256."""
     return _resolve_lock(ns, data["tracks"][track]["therock"], f"tracks.{track}.therock",
                          root / model.LOCKS_DIR / model.therock_lock_name(track),
                          lambda: locks.therock_lock(data, track), lock_texts)
@@ -296,19 +268,18 @@ def resolve_therock(ns, data: dict, root: Path, track: str, lock_texts: dict[Pat
 
 def resolve_pytorch(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
     """The PyTorch lock of the pytorch section the track reads, made by uv against its index alone
-    (locks.pytorch_lock), into ci/locks/ (model.pytorch_lock_name), and its sha256 into that
-    section's lock_sha256."""
+    (locks.pytorch_lock), into ci/locks/ (model.pytorch_lock_name), and its sha256 into that section's
+    lock_sha256."""
     return _resolve_lock(ns, model.section(data, "pytorch", track), model.section_path(data, "pytorch", track),
                          root / model.LOCKS_DIR / model.pytorch_lock_name(data, track),
                          lambda: locks.pytorch_lock(data, track), lock_texts)
 
 
 def resolve_aiter_lock(ns, data: dict, root: Path, name: str, lock_texts: dict[Path, str]) -> list[str]:
-    """The hash lock of AITER pin `name`'s own requirements (locks.aiter_lock), made from the
-    requirements.txt of its commit (read from the repository: resolve.fetch_files), into
-    ci/locks/aiter-<tag>.txt, and its sha256 into aiter.pins.<name>.requirements_lock_sha256; a commit
-    without requirements.txt pins model.NO_REQUIREMENTS ("none") and has no lock. A pin without a
-    commit is left unresolved."""
+    """The hash lock of AITER pin `name`'s own requirements (locks.aiter_lock), made from the requirements.txt
+    of its commit (read from the repository: resolve.fetch_files), into ci/locks/aiter-<tag>.txt, and its
+    sha256 into aiter.pins.<name>.requirements_lock_sha256; a commit without requirements.txt pins
+    model.NO_REQUIREMENTS ("none") and has no lock."""
     pin = data["aiter"]["pins"][name]
     if not pin.get("commit"):
         return []

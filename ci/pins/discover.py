@@ -246,9 +246,8 @@ THEROCK_TRITON_ARGS = {"repository": "TRITON_REPO", "commit": "TRITON_BRANCH", "
 
 
 def therock_triton(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None) -> dict:
-    """The Triton a therock track builds from source, as upstream's base names it: repository, version
-    and commit. Upstream names a short commit; it is the full commit of vLLM's ROCm triton_kernels
-    (the same repository) when that one starts with it, else unresolved."""
+    """The Triton a therock track builds from source, as upstream's base names it: repository, version and
+    commit."""
     found = {key: args.get(arg, "").strip() for key, arg in THEROCK_TRITON_ARGS.items()}
     missing = [THEROCK_TRITON_ARGS[key] for key, value in found.items() if not value]
     bad = not found["repository"].startswith("https://") or not re.fullmatch(r"[0-9a-f]{7,40}", found["commit"])
@@ -263,8 +262,8 @@ def therock_triton(version: str, base_path: str, args: dict[str, str], kernels_c
 
 def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None = None) -> dict:
     """A therock track's TheRock section, from upstream's base Dockerfile ARGs: its release index and
-    PyTorch's versions (what the track installs is derived from them: model.therock_requirements);
-    the hash lock of those wheels is made on a host that reaches the index (unresolved until then)."""
+    PyTorch's versions (what the track installs is derived from them: model.therock_requirements); the hash
+    lock of those wheels is made on a host that reaches the index (unresolved until then)."""
     index = args.get(THEROCK_INDEX_ARG, "")
     torch = {name: args.get(arg, "") for name, arg in THEROCK_TORCH_ARGS.items()}
     missing = [arg for name, arg in THEROCK_TORCH_ARGS.items() if not torch[name]]

@@ -11,7 +11,6 @@ resolution with everything only they require. --check remakes every lock and fai
 command that fixes it, when one differs from the file."""
 from __future__ import annotations
 
-import ast
 import hashlib
 import math
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from .. import runtime_modules
+from ..docker import pinned_dists
 from . import discover, model, resolve
 from .model import PinError
 
@@ -36,7 +36,6 @@ files = runtime_modules.module("files")
 
 LOCKS_FILE = Path("ci/locks/locks.json")
 SCHEMA_FILE = model.REPO_ROOT / "ci/locks/locks.schema.json"  # its shape and patterns (JSON Schema)
-BASE_IMAGE_DISTS = Path("ci/docker/pinned_dists.py")  # FIXED: the distributions the base image pins
 SDIST = "sdist:"
 
 
@@ -68,14 +67,9 @@ def load(root: Path) -> dict:
     return spec
 
 
-def base_image_dists(root: Path) -> tuple[str, ...]:
-    """The distributions the base image pins (pinned_dists.py FIXED), read from the script's source
-    (importing it needs packaging, which the pin tool does not)."""
-    tree = ast.parse((root / BASE_IMAGE_DISTS).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FIXED" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise PinError(f"{BASE_IMAGE_DISTS}: no FIXED = (...) assignment to read the base image's distributions from")
+def base_image_dists(root: Path) -> tuple[str, ...]:  # noqa: ARG001
+    """The distributions the base image pins (ci/docker/pinned_dists.py FIXED)."""
+    return pinned_dists.FIXED
 
 
 def platform_tag(spec: dict) -> str:
@@ -120,10 +114,8 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
 
 
 def base_image_versions(data: dict, track: str | None) -> dict[str, str]:
-    """NAME==VERSION (public part) of the PyTorch wheels the base image of the track pins: its
-    pytorch section's, or on the therock stack TheRock's PyTorch. (Its Triton is not held: on the
-    therock stack it is built from source, and PyPI's torch of the same release names another
-    Triton, a requirement the image rewrites; the lock leaves Triton out either way.)"""
+    """NAME==VERSION (public part) of the PyTorch wheels the base image of the track pins: its pytorch
+    section's, or on the therock stack TheRock's PyTorch."""
     if track is not None and model.track_stack(data, track) == model.THEROCK_STACK:
         torch = data["tracks"][track]["therock"]["torch"]
     else:
@@ -259,19 +251,14 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> 
 
 
 def preferences(text: str) -> str:
-    """The requirement lines of a lock (name==version and any marker), without hashes: what the
-    resolver is offered to keep. uv would carry a preferred line's hashes over unchecked; without
-    them it takes every hash from the index again."""
+    """The requirement lines of a lock (name==version and any marker), without hashes: what the resolver is
+    offered to keep."""
     return "".join(lines[0].removesuffix("\\").rstrip() + "\n" for _, lines, _ in _blocks(split_lock(text)[1]))
 
 
 def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path | None,
                  uv: list[str] | None = None, prefer: str | None = None, source: Path | None = None) -> str:
-    """The lock's text as the resolver makes it now (data: the versions file). prefer: the lock's
-    current text, whose versions the resolver keeps wherever the inputs still allow them (as pip-compile
-    does with its output file), so a release the index gains later, even one uploaded before
-    exclude_newer, changes nothing until the lock is upgraded; None: the newest versions allowed.
-    source: the folder its inputs are read from (default: the track's sdist for a per-track lock, else root)."""
+    """The lock's text as the resolver makes it now (data: the versions file)."""
     uv = uv or uv_command()
     with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
         tmp_path = Path(tmp)
@@ -341,12 +328,10 @@ def _uv_compile(cmd: list[str], cwd: Path | None, what: str, stdin: str | None =
 
 def index_lock(data: dict, requirements: list[str], index_url: str, what: str, no_emit: tuple[str, ...] = (),
                uv: list[str] | None = None) -> str:
-    """The body of a hash lock of `requirements` and everything they require, as uv resolves them
-    against `index_url` alone (first index, wheels only, every page revalidated; never PyPI, never
-    a second index: no UV_* setting of the environment, UV_EXTRA_INDEX_URL or UV_FIND_LINKS among
-    them, and no uv.toml is read) for the images' platform and Python; no_emit: distributions
-    left out of it. Each of uv's reads is bounded by PINS_TIMEOUT (UV_HTTP_TIMEOUT), as resolve's
-    own requests are. The one way resolve locks a wheel set of one index (TheRock's, PyTorch's)."""
+    """The body of a hash lock of `requirements` and everything they require, as uv resolves them against
+    `index_url` alone (first index, wheels only, every page revalidated; never PyPI, never a second index: no
+    UV_* setting of the environment, UV_EXTRA_INDEX_URL or UV_FIND_LINKS among them, and no uv.toml is read)
+    for the images' platform and Python; no_emit: distributions left out of it."""
     platform = platform_tag(data["platform"])
     limit = math.ceil(resolve.timeout())
     cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
@@ -377,9 +362,9 @@ THEROCK_BUILT_HERE = ("triton", "pytorch-triton-rocm", "triton-rocm")
 
 
 def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
-    """The hash lock of a therock track's TheRock wheels (model.therock_requirements: the SDK, the
-    device wheels of gpu_archs, the PyTorch wheels) and everything they require (index_lock),
-    against the track's release index alone. index_url: another copy of that index (a mirror; tests)."""
+    """The hash lock of a therock track's TheRock wheels (model.therock_requirements: the SDK, the device
+    wheels of gpu_archs, the PyTorch wheels) and everything they require (index_lock), against the track's
+    release index alone."""
     therock = data["tracks"][track]["therock"]
     wanted = model.therock_requirements(data["tracks"][track]["rocm"]["version"], therock["torch"], data["gpu_archs"])
     body = index_lock(data, wanted, index_url or therock["index_url"], f"therock lock of track {track}",
@@ -393,9 +378,7 @@ def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
 def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
     """The hash lock of the PyTorch wheels a rocm-image track installs (its pytorch section's torch,
     torchvision, torchaudio versions), the Triton torch requires and everything else they require
-    (index_lock), against the section's index alone. Named after the section (model.pytorch_lock_name):
-    tracks sharing the section share the lock, made the same from any of them. index_url: another
-    copy of that index (a mirror; tests)."""
+    (index_lock), against the section's index alone."""
     pytorch = model.section(data, "pytorch", track)
     where = model.section_path(data, "pytorch", track)
     wanted = model.torch_requirements(pytorch["torch"])
@@ -410,13 +393,11 @@ AITER_REQUIREMENTS = "requirements.txt"  # AITER's own requirements, at the root
 
 def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT, uv: list[str] | None = None,
                index_url: str | None = None) -> str:
-    """The hash lock of AITER pin `name`'s own requirements (source/requirements.txt: that file of the
-    pinned commit, fetched by resolve), made as every PyPI lock of locks.json is (compile_lock: the
-    images' platform and Python, PyPI releases uploaded before exclude_newer, wheels only): the
-    base image's distributions (pinned_dists.py FIXED) bound the resolution with the versions of the
-    newest track that builds this pin, then leave the lock with what only they require, so the
-    install never replaces them. Its header records requirements.txt's sha256 (# input), which the
-    build holds the source's file to. index_url: another copy of PyPI's simple index (a mirror; tests)."""
+    """The hash lock of AITER pin `name`'s own requirements (source/requirements.txt: that file of the pinned
+    commit, fetched by resolve), made as every PyPI lock of locks.json is (compile_lock: the images' platform
+    and Python, PyPI releases uploaded before exclude_newer, wheels only): the base image's distributions
+    (pinned_dists.py FIXED) bound the resolution with the versions of the newest track that builds this pin,
+    then leave the lock with what only they require, so the install never replaces them."""
     pin = data["aiter"]["pins"][name]
     if any(re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)
            for line in (source / AITER_REQUIREMENTS).read_text().splitlines()):

@@ -63,10 +63,8 @@ THEROCK_NOT_RELEASE = ("nightly", "nightlies", "prerelease", "prereleases")
 
 
 def therock_index_problem(url: str) -> str | None:
-    """What is wrong with a TheRock index URL, or None. It is read by its parts (numbers.url), not
-    searched: https, a host, no credentials, no query or fragment; and no host label or path segment,
-    percent-decoded (however often), case-folded and split into words, that names a nightly or
-    pre-release channel: the release index only."""
+    """What is wrong with a TheRock index URL, or None: read by its parts (https, a host, no credentials,
+    query or fragment), no host label or path segment, percent-decoded, naming a nightly or pre-release."""
     import unicodedata  # noqa: PLC0415
     import urllib.parse  # noqa: PLC0415
 
@@ -92,9 +90,9 @@ def therock_index_problem(url: str) -> str | None:
 
 
 def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: list[str]) -> list[str]:
-    """What a therock track installs from TheRock's release index, as upstream's base installs it but
-    for this project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch
-    the device wheels (GPU code objects) of the SDK, torch and torchvision."""
+    """What a therock track installs from TheRock's release index, as upstream's base installs it but for this
+    project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch the device wheels
+    (GPU code objects) of the SDK, torch and torchvision."""
     wanted = [f"rocm[libraries,devel]=={sdk_version}", *torch_requirements(torch)]
     for arch in gpu_archs:
         wanted += [f"rocm[device-{arch}]=={sdk_version}", f"torch[device-{arch}]=={torch['torch']}",
@@ -119,9 +117,8 @@ _LOCK_FILE_PART_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 
 
 def aiter_lock_name(tag: str) -> str:
-    """The file name, in LOCKS_DIR, of the hash lock of AITER `tag`'s own requirements (its
-    requirements.txt at the pinned commit): aiter-<tag>.txt; a PinError for a tag that cannot name a
-    file there."""
+    """The file name, in LOCKS_DIR, of the hash lock of AITER `tag`'s own requirements (its requirements.txt
+    at the pinned commit): aiter-<tag>.txt; a PinError for a tag that cannot name a file there."""
     if not _LOCK_FILE_PART_RE.match(tag):
         raise PinError(f"aiter tag {tag!r} cannot name a lock file in {LOCKS_DIR} (letters, digits and . _ + -): "
                        "fix the tag in versions.json")
@@ -135,9 +132,8 @@ def section_path(data: dict, key: str, name: str) -> str:
 
 
 def pytorch_lock_name(data: dict, name: str) -> str:
-    """The file name, in LOCKS_DIR, of the hash lock of the PyTorch wheels the track installs: named
-    after the section it is made from (pytorch.txt for the shared one, pytorch-<track>.txt for a
-    track's own)."""
+    """The file name, in LOCKS_DIR, of the hash lock of the PyTorch wheels the track installs: named after the
+    section it is made from (pytorch.txt for the shared one, pytorch-<track>.txt for a track's own)."""
     return f"pytorch-{name}.txt" if "pytorch" in data["tracks"][name] else "pytorch.txt"
 
 
@@ -196,9 +192,9 @@ def dump(data: dict, path: Path | str = VERSIONS_FILE) -> None:
 
 
 def recorded_files(data: dict, path: Path, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
-    """(what changes in the Dockerfiles, {path: text}) of recording data: the versions file at path
-    in its canonical layout, the Dockerfiles' global ARG defaults and the backend's supported range,
-    for one all-or-nothing write_files."""
+    """(what changes in the Dockerfiles, {path: text}) of recording data: the versions file at path in its
+    canonical layout, the Dockerfiles' global ARG defaults and the backend's supported range, for one all-or-
+    nothing write_files."""
     docker_changes, texts = global_arg_updates(data, root)
     texts[Path(path)] = canonical(data)
     texts.update(backend_range_update(data, root))
@@ -206,11 +202,8 @@ def recorded_files(data: dict, path: Path, root: Path = REPO_ROOT) -> tuple[list
 
 
 def backend_range_update(data: dict, root: Path = REPO_ROOT) -> dict[Path, str]:
-    """{backend __init__.py: its text with SUPPORTED_VLLM kept within the tracks}, or {} when it is.
-    The range never grows by itself: a new track stays outside it (the plugin steps aside there)
-    until the plugin was compared with that release's built-in and the range is widened by hand;
-    only a range that no longer fits the tracks (its oldest track, or the track it ends at, gone)
-    is moved, to end at the newest track it covered."""
+    """{backend __init__.py: its text with SUPPORTED_VLLM kept within the tracks}, or {} when it is. The range
+    never grows by itself (a new track stays outside until widened by hand); one that no longer fits moves."""
     path, declared = backend_supported_vllm(root)
     if declared is None or declared in backend_ranges(data).values():
         return {}
@@ -242,9 +235,8 @@ def stepped_aside(data: dict, declared: str) -> list[str]:
 
 
 def write_files(contents: dict) -> list[Path]:
-    """Write every {path: text} atomically and all or nothing: each goes to a temporary file
-    beside it first; only when all are written are they renamed into place. Unchanged files
-    are not touched. Returns the paths written."""
+    """Write every {path: text} atomically and all or nothing: each goes to a temporary file beside it first;
+    only when all are written are they renamed into place."""
     todo = {}
     for path, text in contents.items():
         path = Path(os.path.realpath(path))  # a symbolic link is written through: its target changes
@@ -322,9 +314,8 @@ def track_aiter_pin_name(data: dict, name: str | None = None, aiter_name: str | 
 
 
 def supported_vllm(data: dict, up_to: str | None = None) -> str:
-    """A range of vLLM releases for the backend: from the oldest track's release up to, not including,
-    the minor release after track ``up_to`` (default: the newest; patch releases of a track are that
-    track)."""
+    """A range of vLLM releases for the backend: from the oldest track's release up to, not including, the
+    minor release after track ``up_to`` (default: the newest; patch releases of a track are that track)."""
     names = track_names(data)
     versions = [data["tracks"][t]["vllm"]["version"] for t in names]
     major, minor = Version(data["tracks"][up_to or names[0]]["vllm"]["version"]).release[:2]
@@ -421,9 +412,7 @@ def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool
 
 
 def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str | None = None) -> list[str]:
-    """Dotted paths of every unresolved pin (null value listed in "unresolved").
-    With track_name_, pins of other tracks and AITER pins other than the track's (or aiter_name)
-    are left out (they are not built); with aiter_name alone, AITER pins other than that one."""
+    """Dotted paths of every unresolved pin; with track_name_ or aiter_name, only those that track builds."""
     found: list[str] = []
 
     def walk(node, path):

@@ -76,9 +76,8 @@ HIPKITTENS_FILE = "aiter/jit/core.py"
 
 
 def fetch_commit(repository: str, commit: str, repo: str) -> None:
-    """Init a scratch repository at repo and fetch one commit of repository into it (blobs on
-    demand where the server allows; all tags and branches where it does not); read it with
-    _git(..., cwd=repo)."""
+    """Init a scratch repository at repo and fetch one commit of repository into it (blobs on demand where the
+    server allows; all tags and branches where it does not); read it with _git(..., cwd=repo)."""
     _git("init", "--quiet", repo)
     _git("remote", "add", "--", "origin", repository, cwd=repo)
     try:
@@ -104,9 +103,8 @@ def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> N
 
 
 def aiter_commit_facts(repository: str, commit: str, ck_path: str) -> tuple[str, str]:
-    """(CK submodule commit, HipKittens commit or "none") that an AITER commit records: the
-    submodule entry at ck_path, and the HipKittens commit aiter/jit/core.py names for its
-    prebuild clone. Fetches that one commit (blobs on demand where the server allows)."""
+    """(CK submodule commit, HipKittens commit or "none") that an AITER commit records: the submodule entry at
+    ck_path, and the HipKittens commit aiter/jit/core.py names for its prebuild clone."""
     with tempfile.TemporaryDirectory(prefix="pins-") as tmp:
         fetch_commit(repository, commit, tmp)
         out = _git("ls-tree", commit, "--", ck_path, cwd=tmp).split()
@@ -158,9 +156,8 @@ class _Response:
 
 
 def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
-    """(the client for url, how it connects): through the environment's proxy for its scheme
-    (https_proxy, http_proxy; no_proxy), as pip and git take it, else directly. TLS is checked
-    against the system's CA bundle (SSL_CERT_FILE where set)."""
+    """(the client for url, how it connects): through the environment's proxy for its scheme (https_proxy,
+    http_proxy; no_proxy), as pip and git take it, else directly."""
     host = numbers.url("the URL", url).host
     proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
     if proxy and not urllib.request.proxy_bypass(host):
@@ -172,9 +169,8 @@ def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
 def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
           max_bytes: int = BODY_LIMIT) -> _Response:
     """One HTTP request (urllib3), connected within PINS_CONNECT_TIMEOUT seconds and finished within
-    PINS_TIMEOUT seconds as a whole, its headers and body included; the body is read here (or fed to
-    sink in chunks), at most `max_bytes` of it. Every failure is one PinError naming the URL
-    (credentials masked), how it was reached and the setting that bounds it."""
+    PINS_TIMEOUT seconds as a whole, its headers and body included; the body is read here (or fed to sink in
+    chunks), at most `max_bytes` of it."""
     limit, connect = timeout(), seconds("PINS_CONNECT_TIMEOUT", "5")
     shown = secrets.masked_url(url)
     try:
@@ -238,9 +234,8 @@ def image_ref(name: str, tag: str, registry: str | None = None) -> str:
 
 
 def image_digest(ref: str) -> str:
-    """The digest of ref (the index when the image has one), read by `docker buildx imagetools
-    inspect`: the registry's credentials come from `docker login`, and the content is checked
-    against its digest. Bounded by PINS_TIMEOUT."""
+    """The digest of ref (the index when the image has one), read by `docker buildx imagetools inspect`: the
+    registry's credentials come from `docker login`, and the content is checked against its digest."""
     docker = os.environ.get("DOCKER") or "docker"
     argv = [docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}"]
     try:

@@ -20,10 +20,10 @@ SCHEMA_FILE = model.REPO_ROOT / "versions.schema.json"
 
 
 def check_schema(data: dict) -> list[str]:
-    """versions.json against versions.schema.json (its shape and every string's pattern), then what
-    holds across fields: a null pin is listed in its object's "unresolved" and a listed one is null,
-    the tracks name their AITER pin and the default track exists, a track's vLLM is of its release
-    line and commit prefix, TheRock's index is a release one and no URL holds credentials."""
+    """versions.json against versions.schema.json (its shape and every string's pattern), then what holds
+    across fields: a null pin is listed in its object's "unresolved" and a listed one is null, the tracks name
+    their AITER pin and the default track exists, a track's vLLM is of its release line and commit prefix,
+    TheRock's index is a release one and no URL holds credentials."""
     secret = {path: why for path, value in _urls(data, "") if (why := credentials_problem(path, value) or
                                                                 _port_problem(path, value))}
     errors = [f"{path}: {why}" for path, why in secret.items()]  # the value is not shown
@@ -94,9 +94,7 @@ def _port_problem(path: str, value: str) -> str | None:
 
 
 def credentials_problem(key: str, value: str) -> str | None:
-    """Why a URL of the versions file holds credentials (None: it holds none). Its userinfo is read
-    as the one masking reads it (secrets.userinfo_spans: up to its authority's last @, whatever the
-    password holds); only an ssh:// or git:// repository may name a user, without a password."""
+    """Why a URL of the versions file holds credentials (None: it holds none)."""
     spans = secrets.userinfo_spans(value)
     if not spans:
         return None
@@ -139,11 +137,10 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
 
 
 def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
-    """(where in versions.json, that section, the key that pins the lock's sha256, its lock's path,
-    the command that makes it) of every hash lock the images install: each therock track's TheRock
-    lock, the PyTorch lock of each pytorch section a rocm-image track reads (a shared one once)
-    (lock_sha256), and the lock of each AITER pin's own requirements (requirements_lock_sha256;
-    every pin, AITER_PIN builds any)."""
+    """(where in versions.json, that section, the key that pins the lock's sha256, its lock's path, the
+    command that makes it) of every hash lock the images install: each therock track's TheRock lock, the
+    PyTorch lock of each pytorch section a rocm-image track reads (a shared one once) (lock_sha256), and the
+    lock of each AITER pin's own requirements (requirements_lock_sha256; every pin, AITER_PIN builds any)."""
     out: dict[Path, tuple[str, dict, str, Path, str]] = {}
     for name, pin in sorted(data["aiter"]["pins"].items()):
         path = model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
@@ -175,9 +172,7 @@ def committed_locks(root: Path, data: dict) -> list[Path]:
 
 def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256, an AITER pin's
-    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other.
-    Every lock pip installs, pinned or committed (locks.json), holds name==version pins with their
-    hashes and nothing else (ci/docker/lock_lines.py, which install_lock.sh runs before pip)."""
+    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other."""
     errors = []
     for where, node, key, path, command in pinned_locks(data):
         pinned = node.get(key)
@@ -210,9 +205,7 @@ def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
 
 def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
            aiter_name: str | None = None, track: str | None = None) -> tuple[list[str], list[str]]:
-    """Returns (errors, unresolved pins). Under strict, unresolved pins are errors too.
-    track: the track being built (its pins count; default: every track); aiter_name: the AITER
-    pin being built instead of the track's."""
+    """Returns (errors, unresolved pins)."""
     errors = check_schema(data)
     if errors:
         return errors, []
