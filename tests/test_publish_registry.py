@@ -371,3 +371,49 @@ def test_registry_down_stops_publish_in_one_line_nothing_tagged(h, registry, cli
     assert "nothing tagged" in last, last
     assert "== tagged" not in proc.stderr
     h.note(f"registry 9: registry down: {last}")
+
+
+def test_registry_script_serves_on_loopback_with_auth_and_removes_its_storage(tmp_path):
+    """ci/test-machine/registry.sh on its own state folder: 127.0.0.1 only, 401 without credentials and
+    200 with those of its 0600 file, the password in no output or log; `stop` frees the port and
+    removes the storage."""
+    if shutil.which("docker-registry") is None or shutil.which("htpasswd") is None:
+        pytest.skip("docker-registry or htpasswd not installed (bash ci/test-machine/registry.sh start installs them)")
+    import base64  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    script = ROOT / "ci/test-machine/registry.sh"
+    env = {**os.environ, "REGISTRY_STATE": str(tmp_path / "state"), "TMPDIR": str(tmp_path),
+           "REGISTRY_NO_INSTALL": "1"}
+
+    def registry(*args):
+        return subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    started = registry("start")
+    try:
+        assert started.returncode == 0, started.stderr
+        lines = dict(line.removeprefix("export ").split("=", 1) for line in registry("env").stdout.splitlines())
+        host, port = lines["TEST_REGISTRY"].split(":")
+        auth = Path(lines["TEST_REGISTRY_AUTH"])
+        assert host == "127.0.0.1" and oct(auth.stat().st_mode & 0o777) == "0o600"
+        user, password = auth.read_text().splitlines()
+        assert f"addr: 127.0.0.1:{port}" in (tmp_path / "state/config.yml").read_text()
+        url = f"http://127.0.0.1:{port}/v2/"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Basic {token}"}),
+                                    timeout=10) as resp:
+            assert resp.status == 200
+        (storage,) = tmp_path.glob("rocm-vllm-registry.*")
+        assert registry("status").returncode == 0
+    finally:
+        stopped = registry("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    logs = "".join([started.stdout, started.stderr, stopped.stdout, stopped.stderr,
+                    (tmp_path / "state/registry.log").read_text()])
+    assert password not in logs
+    assert not storage.exists() and registry("status").returncode != 0
+    assert registry("env").returncode != 0
