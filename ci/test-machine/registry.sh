@@ -28,6 +28,7 @@ PIDFILE="$STATE/registry.pid"
 TIMEOUT=${REGISTRY_TIMEOUT:-30}
 
 log() { echo "registry: $*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 die() { log "error: $*"; exit 1; }
 
 installed() {
@@ -43,6 +44,12 @@ install_tools() {
   bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign apache2-utils
   hash -r
   installed || die "installation finished but docker-registry, cosign or htpasswd is still not on PATH"
+  # The package enables its own service (all interfaces, port 5000) where systemd runs: this
+  # script's registry is the only one wanted.
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    as_root systemctl disable --now docker-registry.service >/dev/null 2>&1 \
+      || log "warning: the packaged docker-registry service could not be stopped (systemctl disable --now docker-registry)"
+  fi
 }
 
 port() { cat "$STATE/port" 2>/dev/null; }
