@@ -1,22 +1,10 @@
 """`discover`: vLLM releases newer than the newest track, found on PyPI and proposed as tracks.
 
-For each release line newer than the newest track (its newest X.Y.Z release; pre-releases and
-yanked files are left out) the release's sdist is downloaded (sha256 from PyPI, checked) and
-read: the commit prefix setuptools-scm recorded (vllm/_version.py), the triton_kernels commit
-its CMake names, and the ROCm base Dockerfile it ships for the ROCm stack the newest track uses
-(the docker/Dockerfile.rocm*_base whose BASE_IMAGE is that track's base image; else
-docker/Dockerfile.rocm_base, and the stack change is reported). The AITER tag that Dockerfile
-names becomes the new track's AITER pin (added, unresolved, when versions.json lacks it). A base
-that installs TheRock ROCm as wheels (ROCM_SDK_VERSION) makes a therock track, with that base image
-(by digest) and SDK version. The new track becomes the default where this repository builds its
-stack (model.BUILT_STACKS); otherwise the default stays and the summary says so. What changed
-upstream (requirement files, ROCm Dockerfiles) is
-written as a Markdown summary for the pull request.
-
-Newer AITER tags than a track builds are read from the AITER repository (git ls-remote) and
-reported, never taken: a track follows the AITER its vLLM names.
-
-Standard library only; every network call is bounded by PINS_TIMEOUT.
+Each new release line's newest X.Y.Z sdist (sha256 from PyPI, checked) is read: the commit prefix,
+the ROCm triton_kernels commit, and the ROCm base Dockerfile of the newest track's stack (else
+docker/Dockerfile.rocm_base; a TheRock base, ROCM_SDK_VERSION, makes a therock track), whose AITER
+tag becomes the track's AITER pin; the track becomes the default where its stack is built here.
+Newer AITER tags are reported, never taken. What changed upstream is written as a Markdown summary.
 """
 from __future__ import annotations
 
@@ -97,7 +85,7 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
     url = f"{index_url.rstrip('/')}/vllm/json"
     try:
         shown = resolve.secrets.masked_url(url)
-        body = resolve._http(url, max_bytes=PYPI_LIMIT).body
+        body = resolve._http(url, max_bytes=PYPI_LIMIT)
         answer = schema.check(files.json_value(body, shown), PYPI_SCHEMA, shown)
     except files.DataError as exc:
         raise PinError(f"{exc}: the answer is not PyPI's JSON API: check vllm.index_url") from None
@@ -155,11 +143,8 @@ def fetch(sdist: Sdist, cache: Path) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def dockerfile_args(text: str) -> dict[str, str]:

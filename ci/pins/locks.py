@@ -1,14 +1,8 @@
-"""Hash-locked requirement files (ci/locks/locks.json), made by a resolver:
+"""Hash-locked requirement files (ci/locks/locks.json): `python3 -m ci.pins lock [NAME...] [--check]`.
 
-    python3 -m ci.pins lock [NAME...] [--check]
-
-Each lock is `uv pip compile --generate-hashes` of its inputs for the platform it is installed on
-(the images': versions.json platform and python; the test machine's: locks.json platforms), with
-only the PyPI releases uploaded before locks.json exclude_newer, so the same inputs lock the same
-way on any day. vLLM's locks (one per track) are made from requirements/rocm.txt of the track's
-sdist; the distributions the base image provides (its pinned wheels) are removed from the
-resolution with everything only they require. --check remakes every lock and fails, naming the
-command that fixes it, when one differs from the file."""
+Each lock is `uv pip compile --generate-hashes` of its inputs for the platform it is installed on, with
+only the PyPI releases uploaded before exclude_newer; vLLM's (one per track) from requirements/rocm.txt
+of the track's sdist, less what the base image provides. --check fails when one differs from the file."""
 from __future__ import annotations
 
 import hashlib

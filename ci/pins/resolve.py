@@ -121,11 +121,6 @@ def hipkittens_named(source: str) -> str:
     return m.group(1) if m else "none"
 
 
-def submodule_commit(repository: str, commit: str, path: str) -> str:
-    """The commit a superproject commit records for the submodule at path."""
-    return aiter_commit_facts(repository, commit, path)[0]
-
-
 def resolve_aiter(data: dict, name: str, force: bool = False) -> list[str]:
     aiter = data["aiter"]
     pin = model.aiter_pin(data, name)
@@ -150,11 +145,6 @@ BODY_LIMIT = 64 << 20
 DOWNLOAD_LIMIT = 2 << 30
 
 
-class _Response:
-    def __init__(self, headers, body: bytes):
-        self.headers, self.body = headers, body
-
-
 def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
     """(the client for url, how it connects): through the environment's proxy for its scheme (https_proxy,
     http_proxy; no_proxy), as pip and git take it, else directly."""
@@ -166,8 +156,7 @@ def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
     return urllib3.PoolManager(), ""
 
 
-def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
-          max_bytes: int = BODY_LIMIT) -> _Response:
+def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
     """One HTTP request (urllib3), connected within PINS_CONNECT_TIMEOUT seconds and finished within
     PINS_TIMEOUT seconds as a whole, its headers and body included; the body is read here (or fed to sink in
     chunks), at most `max_bytes` of it."""
@@ -182,8 +171,8 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
 
     def request() -> None:
         try:
-            resp = pool.request(method, url, headers=headers or {}, preload_content=False, retries=False,
-                                redirect=True, timeout=urllib3.Timeout(connect=connect, read=limit, total=limit))
+            resp = pool.request("GET", url, preload_content=False, retries=False,
+                                timeout=urllib3.Timeout(connect=connect, read=limit, total=limit))
             chunks, size = [], 0
             for chunk in resp.stream(1 << 20):
                 size += len(chunk)
@@ -220,7 +209,7 @@ def _http(url: str, headers: dict | None = None, method: str = "GET", sink=None,
         raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected there")
     if resp.status >= 400:
         raise PinError(f"{shown}: HTTP {resp.status} {resp.reason}: check the name/tag/version in versions.json")
-    return _Response(resp.headers, body)
+    return body
 
 
 def image_ref(name: str, tag: str, registry: str | None = None) -> str:
