@@ -173,17 +173,18 @@ def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
         try:
             resp = pool.request("GET", url, preload_content=False, retries=False,
                                 timeout=urllib3.Timeout(connect=connect, read=limit, total=limit))
+            if resp.status >= 400:
+                raise PinError(f"{shown}: HTTP {resp.status} {resp.reason}: check the name/tag/version in "
+                               "versions.json")
             chunks, size = [], 0
             for chunk in resp.stream(1 << 20):
                 size += len(chunk)
-                if expired.is_set() or size > max_bytes:
-                    break
-                if sink is None:
-                    chunks.append(chunk)
-                else:
-                    sink(chunk)
-            resp.release_conn()
-            outcome.append((resp, b"".join(chunks), size))
+                if size > max_bytes:
+                    raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected there")
+                if expired.is_set():
+                    return
+                chunks.append(chunk) if sink is None else sink(chunk)
+            outcome.append(b"".join(chunks))
         except Exception as exc:  # noqa: BLE001 -- handed to the caller's thread
             outcome.append(exc)
 
@@ -191,25 +192,18 @@ def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
     worker.start()
     worker.join(limit)  # a server that trickles its headers or body is left behind at the deadline
     expired.set()
-    late = f"{shown}{via}: no complete answer within {limit:g}s (PINS_TIMEOUT): check the network or proxy"
-    if not outcome:
-        raise PinError(late)
-    if isinstance(outcome[0], urllib3.exceptions.ConnectTimeoutError):
-        raise PinError(f"{shown}{via}: no connection within {connect:g}s (PINS_CONNECT_TIMEOUT): check the "
-                       "network or proxy")
-    if isinstance(outcome[0], urllib3.exceptions.ReadTimeoutError):
-        raise PinError(late)
-    if isinstance(outcome[0], urllib3.exceptions.SSLError):
-        raise PinError(f"{shown}{via}: TLS failed ({outcome[0]}): check the CA bundle (SSL_CERT_FILE)")
-    if isinstance(outcome[0], Exception):
-        why = secrets.masked_url(" ".join(str(outcome[0]).split()))
-        raise PinError(f"{shown}{via}: {why}: check the network or proxy")
-    resp, body, size = outcome[0]
-    if size > max_bytes:
-        raise PinError(f"{shown}: the answer is longer than {max_bytes} bytes: not what is expected there")
-    if resp.status >= 400:
-        raise PinError(f"{shown}: HTTP {resp.status} {resp.reason}: check the name/tag/version in versions.json")
-    return body
+    found = outcome[0] if outcome else urllib3.exceptions.ReadTimeoutError(None, url, "")
+    if isinstance(found, bytes):
+        return found
+    if isinstance(found, PinError):
+        raise found
+    why = (f"no connection within {connect:g}s (PINS_CONNECT_TIMEOUT)"
+           if isinstance(found, urllib3.exceptions.ConnectTimeoutError) else
+           f"no complete answer within {limit:g}s (PINS_TIMEOUT)"
+           if isinstance(found, urllib3.exceptions.ReadTimeoutError) else
+           f"TLS failed ({found}), check the CA bundle (SSL_CERT_FILE)"
+           if isinstance(found, urllib3.exceptions.SSLError) else secrets.masked_url(" ".join(str(found).split())))
+    raise PinError(f"{shown}{via}: {why}: check the network or proxy")
 
 
 def image_ref(name: str, tag: str, registry: str | None = None) -> str:
