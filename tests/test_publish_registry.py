@@ -194,8 +194,19 @@ def published(h, registry, clients, cpu_vllm_image, context_dir, tmp_path_factor
            f"(publishing engine, containerd image store): {build.seconds:.1f}s, {len(executed)} steps run, "
            f"{len(cached)} cached; tagged {len(target['tags'])} tags: {tag.seconds:.1f}s; digest {digest[:19]}")
     h.note(f"  {SBOM_NOT_MADE}")
-    return {"sha": sha, "repo": repo, "base": base, "graph": graph, "target": target, "digest": digest,
-            "ref": f"{repo}/{TARGET}@{digest}", "results": results, "build_s": build.seconds}
+    yield {"sha": sha, "repo": repo, "base": base, "graph": graph, "target": target, "digest": digest,
+           "ref": f"{repo}/{TARGET}@{digest}", "results": results, "build_s": build.seconds}
+    # what this session named in the two engines (the registry's storage goes with the registry);
+    # layers shared with other images stay
+    for client in (publisher, consumer):
+        fmt = "{{.Repository}} {{.Tag}} {{.Digest}}"
+        listed = subprocess.run(["docker", "image", "ls", "--digests", "--format", fmt],
+                                capture_output=True, text=True, env=client.env)
+        names = sorted({f"{name}:{tag}" if tag != "<none>" else f"{name}@{digest}"
+                        for name, tag, digest in (line.split() for line in listed.stdout.splitlines() if line.strip())
+                        if name.startswith(f"{repo}/")})
+        if names:
+            subprocess.run(["docker", "image", "rm", *names], capture_output=True, env=client.env)
 
 
 def test_pushed_with_its_tags_cache_and_provenance(h, clients, published):
