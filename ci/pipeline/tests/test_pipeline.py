@@ -350,6 +350,16 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
         *[["buildx", "imagetools", "inspect", "--format", "{{json .Manifest}}", t] for _, t in tags],
         *[["buildx", "imagetools", "create", "--tag", t, f"{t.rsplit(':', 1)[0]}@{digest[name]}"] for name, t in tags],
     ]
+    # real bake takes the build's argv: each output pushed by digest, the graph otherwise unchanged
+    settings = {**os.environ, **{k: v for k, v in calls[4]["env"].items() if v is not None}}
+    real = run([shutil.which("docker"), *calls[4]["argv"][:calls[4]["argv"].index("--metadata-file")], "--print",
+                *by_digest, "base", "serve", "ci"], cwd=resolved_repo, env=settings)
+    assert real.returncode == 0, real.stderr
+    resolved = json.loads(real.stdout)["target"]
+    for name in graph:
+        assert resolved[name]["output"] == [f"{graph[name]['output'][0]},push-by-digest=true,name-canonical=true"]
+        assert {k: v for k, v in resolved[name].items() if k != "output"} == \
+            {k: v for k, v in graph[name].items() if k != "output"}, name
     assert calls[4]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
                                "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
     graph = json.loads((results / "bake-print.json").read_text())["target"]
