@@ -158,6 +158,10 @@ else:
                    for name, target in sorted(targets.items())))
 PY
 )
+if [ "${#unpublished[@]}" -eq 0 ]; then
+  echo "error: no push settings could be made from $graph (see above): nothing built, nothing tagged" >&2
+  exit 1
+fi
 status=0
 BAKE_ARGS="${unpublished[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || status=$?
 if [ "$status" != 0 ]; then
