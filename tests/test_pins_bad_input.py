@@ -229,3 +229,27 @@ def test_a_key_given_twice_is_refused_naming_it(command, data, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0] \
         and "the key 'version' appears twice" in lines[0], lines
     assert path.read_text() == merged  # format kept both sides for the user to choose
+
+
+@pytest.mark.parametrize("schema_file,document", [("versions.schema.json", "versions.json"),
+                                                   ("ci/locks/locks.schema.json", "ci/locks/locks.json")])
+def test_the_schemas_are_draft_2020_12_and_hold_the_committed_files(schema_file, document):
+    """The shapes verify checks are JSON Schema files an editor can use: valid Draft 2020-12 schemas
+    that the committed files meet, checked here with the library directly."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((ROOT / schema_file).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(json.loads((ROOT / document).read_text()))
+
+
+def test_a_pattern_ends_at_the_string_s_end_not_before_a_line_break():
+    """Python's $ also matches before a last line break: the schema's patterns end in $(?!\\n)."""
+    import json
+
+    import jsonschema
+
+    name = jsonschema.Draft202012Validator(json.loads((ROOT / "versions.schema.json").read_text())["$defs"]["name"])
+    assert name.is_valid("v0.1.26") and not name.is_valid("v0.1.26\n")
