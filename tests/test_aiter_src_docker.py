@@ -3,6 +3,8 @@ git server on 127.0.0.1 serving a tiny repository with a submodule (standing in 
 its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
 by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -120,7 +122,7 @@ def aiter_pins(server, tag, commit, ck):
 
 
 def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", target="aiter-verified",
-          output=("--output", "type=cacheonly"), extra=()):
+          output=("--output", "type=cacheonly"), extra=(), root=ROOT):
     cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
            "-f", "Dockerfile.rocm_base", "--target", target, *output, *extra,
            "--build-arg", f"AITER_SRC_BASE={base_image}",
@@ -130,7 +132,7 @@ def build(base_image, server, *, commit, ck, context_dir=None, tag="v1.0", targe
     if context_dir:
         cmd += ["--build-context", f"aiter-src={context_dir}"]
     start = time.time()
-    proc = subprocess.run(cmd + ["."], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd + ["."], cwd=root, capture_output=True, text=True, timeout=900)
     print(f"build ({'named context' if context_dir else 'clone'}, commit {commit[:8]}, ck {ck[:8]}): "
           f"rc={proc.returncode} in {time.time() - start:.1f}s")
     return proc
@@ -206,6 +208,41 @@ def test_source_stages_are_byte_identical_across_cold_builds(base_image, git_ser
         print(f"{target}: {len(found[(target, 1)])} layer(s), identical: {found[(target, 1)] == found[(target, 2)]}")
     assert found[("aiter-src", 1)] == found[("aiter-src", 2)]
     assert found[("aiter-verified", 1)] == found[("aiter-verified", 2)]
+
+
+def step_ran(proc, stage: str) -> bool:
+    """Whether the RUN step of ``stage`` ran in a plain-progress build (False: taken from the cache)."""
+    steps = re.findall(r"^#(\d+) \[" + re.escape(stage) + r" [^\]]*\] RUN ", proc.stderr, re.M)
+    assert steps, proc.stderr[-3000:]
+    return not all(re.search(rf"^#{step} CACHED$", proc.stderr, re.M) for step in steps)
+
+
+def test_a_file_the_base_does_not_read_leaves_its_steps_cached(base_image, git_server, tmp_path):
+    """ci/docker is mounted as one folder per step; Dockerfile.rocm_base.dockerignore leaves out what
+    the base does not read, so a change to a vLLM-image script or a runtime module keeps the base's
+    steps cached, and a change to a script the step reads runs it again."""
+    root = tmp_path / "repo"
+    for part in ("Dockerfile.rocm_base", "Dockerfile.rocm_base.dockerignore", "ci/docker", "runtime/src",
+                 "backend/src/vllm_aiter_mla/distributions.py"):
+        (root / part).parent.mkdir(parents=True, exist_ok=True)
+        copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy2
+        copy(ROOT / part, root / part)
+    pins = {"commit": git_server["commit"], "ck": git_server["ck"], "target": "aiter-clone", "root": root}
+    first = build(base_image, git_server, **pins)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for ignored in ("ci/docker/build_vllm.sh", "ci/docker/requirements-ray.txt",
+                    "runtime/src/rocm_vllm_runtime/serve.py"):
+        (root / ignored).parent.mkdir(parents=True, exist_ok=True)
+        with open(root / ignored, "a") as out:
+            out.write("\n# changed\n")
+    (root / "ci/docker/__pycache__").mkdir(exist_ok=True)
+    (root / "ci/docker/__pycache__/lib.cpython-311.pyc").write_bytes(b"left by a test run")
+    unchanged = build(base_image, git_server, **pins)
+    assert unchanged.returncode == 0 and not step_ran(unchanged, "aiter-clone"), unchanged.stderr[-3000:]
+    with open(root / "ci/docker/aiter_source.sh", "a") as out:
+        out.write("\n# changed\n")
+    changed = build(base_image, git_server, **pins)
+    assert changed.returncode == 0 and step_ran(changed, "aiter-clone"), changed.stderr[-3000:]
 
 
 def run_kernel_list_check(source, archs="gfx942;gfx950"):
