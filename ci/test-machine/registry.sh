@@ -39,9 +39,15 @@ install_tools() {
   if installed; then return 0; fi
   [ "${REGISTRY_NO_INSTALL:-0}" = 1 ] && die "docker-registry, cosign or htpasswd is missing and REGISTRY_NO_INSTALL=1"
   command -v apt-get >/dev/null 2>&1 || die "apt-get is absent: install docker-registry, cosign and htpasswd (apache2-utils) yourself"
-  # cosign is packaged from Debian 13 on; docker-registry and apache2-utils by Debian 12 as well.
-  log "installing docker-registry and cosign from Debian trixie (pinned low), apache2-utils (htpasswd)"
-  bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign apache2-utils
+  # cosign is packaged from Debian 13 on (docker-registry comes along from there); htpasswd from the
+  # machine's own release: Debian 13's apache2-utils would upgrade openssl and openssh here.
+  if ! command -v htpasswd >/dev/null 2>&1; then
+    log "installing apache2-utils (htpasswd)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends apache2-utils
+  fi
+  log "installing docker-registry and cosign from Debian trixie (pinned low)"
+  bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign
   hash -r
   installed || die "installation finished but docker-registry, cosign or htpasswd is still not on PATH"
   # The package enables its own service (all interfaces, port 5000) where systemd runs: this
