@@ -224,7 +224,8 @@ SHELL_KNOWN = {
     "ci/docker/install_vllm.sh": (1, "its own mktemp work folder"),
     "ci/docker/install_amdsmi.sh": (1, "its own mktemp work folder"),
     "ci/test-machine/docker-engine.sh": (2, "the pid file of the engine it started"),
-    "ci/test-machine/registry.sh": (3, "the pid file, mktemp storage and credentials of the registry it started"),
+    "ci/test-machine/registry.sh": (4, "the pid file, mktemp storage and credentials of the registry it started, "
+                                       "the policy-rc.d it wrote for the install"),
 }
 
 

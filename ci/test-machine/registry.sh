@@ -47,11 +47,19 @@ install_tools() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends apache2-utils
   fi
   log "installing docker-registry and cosign from Debian trixie (pinned low)"
-  bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign
+  # The package starts its own service (all interfaces, port 5000) where an init system runs: a
+  # policy-rc.d that denies every start keeps it down during the install (one the machine already
+  # has is left as it is), and systemd's unit is disabled afterwards.
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null && as_root chmod 755 "$policy" && made_policy=1
+  fi
+  local status=0
+  bash "$(dirname "$0")/debian-trixie.sh" docker-registry cosign || status=$?
+  if [ "$made_policy" = 1 ]; then as_root rm -f "$policy"; fi
+  [ "$status" = 0 ] || die "docker-registry and cosign could not be installed from Debian trixie (see above)"
   hash -r
   installed || die "installation finished but docker-registry, cosign or htpasswd is still not on PATH"
-  # The package enables its own service (all interfaces, port 5000) where systemd runs: this
-  # script's registry is the only one wanted.
   if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     as_root systemctl disable --now docker-registry.service >/dev/null 2>&1 \
       || log "warning: the packaged docker-registry service could not be stopped (systemctl disable --now docker-registry)"
