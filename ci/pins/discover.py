@@ -231,8 +231,7 @@ THEROCK_TRITON_ARGS = {"repository": "TRITON_REPO", "commit": "TRITON_BRANCH", "
 
 
 def therock_triton(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None) -> dict:
-    """The Triton a therock track builds from source, as upstream's base names it: repository, version and
-    commit."""
+    """The Triton a therock track builds from source, as upstream's base names it: repository, version and commit."""
     found = {key: args.get(arg, "").strip() for key, arg in THEROCK_TRITON_ARGS.items()}
     missing = [THEROCK_TRITON_ARGS[key] for key, value in found.items() if not value]
     bad = not found["repository"].startswith("https://") or not re.fullmatch(r"[0-9a-f]{7,40}", found["commit"])

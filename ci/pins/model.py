@@ -126,8 +126,7 @@ def aiter_lock_name(tag: str) -> str:
 
 
 def section_path(data: dict, key: str, name: str) -> str:
-    """Where versions.json holds the shared section `key` the track sees: tracks.<name>.<key> (its
-    own), else <key>."""
+    """Where versions.json holds the shared section `key` the track sees: tracks.<name>.<key> (its own), else <key>."""
     return f"tracks.{name}.{key}" if key in TRACK_OVERRIDES and key in data["tracks"][name] else key
 
 
