@@ -161,18 +161,12 @@ class PinError(Exception):
 
 
 def load(path: Path | str = VERSIONS_FILE) -> dict:
-    path = Path(path)
+    """A file of a JSON object, by the one reader (bounded, a key given twice refused): PinError in one line."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = files.read_json(path)
     except OSError as exc:
-        raise PinError(f"{path}: cannot read the versions file ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise PinError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
-    try:
-        data = files.json_value(text, str(path))
+        raise PinError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
     except files.DataError as exc:
-        if exc.kind == "depth":
-            raise PinError(f"{path}: nested too deeply to be a versions file") from None
         raise PinError(str(exc)) from None
     if not isinstance(data, dict):
         raise PinError(f"{path}: a versions file is a JSON object, this is a {type(data).__name__}")
