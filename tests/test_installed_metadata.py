@@ -3,7 +3,7 @@ entry points of installed distributions).
 
 Owners: vllm_aiter_mla.distributions (the plugin, the image's runtime: its
 self-test report, bench and manifest steps) and, for the build scripts that run in the base
-image's Python without it, ci/docker/pinned_dists.py (`version`, `requires`). No other shipped
+image's Python without it, ci/docker/pinned_dists.py (`version`, `torch_triton_requirement`). No other shipped
 code imports importlib.metadata (or pkg_resources); ci/docker/install_ray.sh's inline scripts
 read every installed distribution in the Ray stage, where neither reader is mounted, and are
 named here as that one exception."""

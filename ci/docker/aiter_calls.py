@@ -5,20 +5,11 @@
     aiter_calls.py check VLLM_ROOT AITER_ROOT  exit 1, in one line naming them, when AITER_ROOT/aiter
                                                lacks any of those names
 
-VLLM_ROOT is a folder holding the `vllm` package (a source tree, an sdist, site-packages);
-AITER_ROOT one holding the `aiter` package. Both are read as source (ast), never imported:
-`import aiter` needs an AMD GPU, and builds run without one.
-
-What counts as a call: `from aiter[.x] import name` and `aiter.name` (after `import aiter`)
-anywhere in vLLM's code, unless the import sits in a `try` whose handler catches the import's
-failure (ImportError, ModuleNotFoundError, Exception, or a bare except): vLLM's own fallback for
-AITER releases that lack it. A name AITER has is a module-level definition (def, class,
-assignment, import), a submodule, or a name a `from .x import *` brings in (the module's
-`__all__` when it has one). A module that computes its names at run time (a module-level
-`__getattr__` or writes to `globals()`) has every name. A module moved inside its package is
-found where the package's __init__ maps its old name (a module-level dict literal of old
-submodule name -> new dotted path, as aiter.ops.triton keeps for its reorganised modules).
-Standard library only.
+Both trees are read as source (ast), never imported (`import aiter` needs a GPU). A call is
+`from aiter[.x] import name` or `aiter.name` outside a `try` that catches its ImportError (vLLM's
+own fallback). AITER has a name its module defines, imports or star-imports, or a submodule; a
+module with a `__getattr__` or writing `globals()` has every name; a moved submodule is found
+through its package's dict of old name -> new dotted path (aiter.ops.triton). Standard library only.
 """
 from __future__ import annotations
 
@@ -41,11 +32,8 @@ class Call:
 
 
 def _guards(handler: ast.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
     types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(isinstance(t, ast.Name) and t.id in GUARDS or isinstance(t, ast.Attribute) and t.attr in GUARDS
-               for t in types)
+    return handler.type is None or any(getattr(t, "id", getattr(t, "attr", None)) in GUARDS for t in types)
 
 
 def _calls_in(tree: ast.AST, where: str) -> list[Call]:
@@ -55,14 +43,13 @@ def _calls_in(tree: ast.AST, where: str) -> list[Call]:
 
     def visit(node: ast.AST, guarded: bool) -> None:
         if isinstance(node, ast.Try):
-            body_guarded = guarded or any(_guards(h) for h in node.handlers)
             for child in node.body:
-                visit(child, body_guarded)
+                visit(child, guarded or any(_guards(h) for h in node.handlers))
             for child in [*node.handlers, *node.orelse, *node.finalbody]:
                 visit(child, guarded)
             return
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and (node.module == "aiter" or node.module.startswith("aiter.")) and not guarded:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and not guarded \
+                and (node.module or "").split(".")[0] == "aiter":
             calls.extend(Call(node.module, a.name, f"{where}:{node.lineno}") for a in node.names if a.name != "*")
         if (imports_aiter and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id == "aiter" and not guarded):
@@ -74,9 +61,11 @@ def _calls_in(tree: ast.AST, where: str) -> list[Call]:
     return calls
 
 
-def _parse(path: Path) -> ast.Module | None:
+def _parse(path: Path | None, needle: bytes = b"") -> ast.Module | None:
+    """The file's syntax tree; None when it is absent, unreadable or does not hold `needle`."""
     try:
-        return ast.parse(path.read_bytes(), filename=str(path))
+        data = path.read_bytes() if path else b""
+        return ast.parse(data, filename=str(path)) if path and needle in data else None
     except (SyntaxError, ValueError, OSError):
         return None
 
@@ -88,15 +77,30 @@ def vllm_calls(root: Path) -> list[Call]:
         raise SystemExit(f"aiter_calls: {package} is not a folder: give the folder that holds the vllm package")
     calls: list[Call] = []
     for path in sorted(package.rglob("*.py")):
-        try:
-            if b"aiter" not in path.read_bytes():  # most of vLLM never names AITER
-                continue
-        except OSError:
-            continue
-        tree = _parse(path)
+        tree = _parse(path, b"aiter")  # most of vLLM never names AITER
         if tree is not None:
             calls += _calls_in(tree, str(path.relative_to(root)))
     return calls
+
+
+def _module_level(body: ast.Module | list[ast.stmt] | None):
+    """Statements that run at import: into if/try/with blocks, not into functions or classes."""
+    for node in getattr(body, "body", body) or []:
+        yield node
+        if isinstance(node, (ast.If, ast.With, ast.AsyncWith)):
+            yield from _module_level(node.body + getattr(node, "orelse", []))
+        elif isinstance(node, ast.Try):
+            yield from _module_level(node.body + [s for h in node.handlers for s in h.body] + node.orelse
+                                     + node.finalbody)
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str | None:
+    parts = package.split(".")
+    if node.level == 0:
+        return node.module
+    if node.level - 1 > len(parts):
+        return None
+    return ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
 
 
 class AiterSource:
@@ -112,47 +116,32 @@ class AiterSource:
 
     def locate(self, module: str) -> str | None:
         """The module's path in the tree, following moved submodules part by part (None: absent)."""
-        parts = module.split(".")
-        current = parts[0]
+        current, *parts = module.split(".")
         if not self._exists(current):
             return None
-        for part in parts[1:]:
+        for part in parts:
             wanted = f"{current}.{part}"
-            if self._exists(wanted):
-                current = wanted
-                continue
-            moved = self.moved(wanted)
-            if moved is None or not self._exists(moved):
+            current = wanted if self._exists(wanted) else self.moved(wanted)
+            if current is None or not self._exists(current):
                 return None
-            current = moved
         return current
 
     def module_file(self, module: str) -> Path | None:
         located = self.locate(module)
-        if located is None:
-            return None
-        base = self.root.joinpath(*located.split("."))
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.is_file():
-                return path
-        return None
+        base = self.root.joinpath(*located.split(".")) if located else None
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None) if base else None
 
     def moved(self, module: str) -> str | None:
         """Where the package of `module` says a moved submodule now lives (None: nowhere)."""
         package, _, name = module.rpartition(".")
         init = self.root.joinpath(*package.split("."), "__init__.py") if package else None
-        tree = _parse(init) if init and init.is_file() else None
-        for node in _module_level(tree.body if tree else []):
+        for node in _module_level(_parse(init) if init and init.is_file() else None):
             value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-            if isinstance(value, ast.Dict):
-                for key, target in zip(value.keys, value.values):
-                    if (isinstance(key, ast.Constant) and key.value == name and isinstance(target, ast.Constant)
-                            and isinstance(target.value, str) and target.value != name):
-                        return f"{package}.{target.value}"
+            for key, target in zip(value.keys, value.values) if isinstance(value, ast.Dict) else ():
+                if (isinstance(key, ast.Constant) and key.value == name and isinstance(target, ast.Constant)
+                        and isinstance(target.value, str) and target.value != name):
+                    return f"{package}.{target.value}"
         return None
-
-    def is_module(self, module: str) -> bool:
-        return self.locate(module) is not None
 
     def names(self, module: str) -> set[str] | None:
         """The module's names; None: it computes them at run time (every name counts)."""
@@ -160,46 +149,38 @@ class AiterSource:
             return self._names[module]
         self._names[module] = set()  # a cycle of star imports adds nothing more
         path = self.module_file(module)
-        tree = _parse(path) if path else None
         found: set[str] | None = set()
         located = self.locate(module) or module
         package = located if path is not None and path.name == "__init__.py" else located.rpartition(".")[0]
-        for node in _module_level(tree.body if tree else []):
-            if found is None:
-                break
+        for node in _module_level(_parse(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if node.name == "__getattr__":
                     found = None
-                    continue
+                    break
                 found.add(node.name)
             elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                     found |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
             elif isinstance(node, ast.Import):
                 found |= {(a.asname or a.name.split(".")[0]) for a in node.names}
             elif isinstance(node, ast.ImportFrom):
                 source = _absolute(node, package)
-                for alias in node.names:
-                    if alias.name != "*":
-                        found.add(alias.asname or alias.name)
-                    elif source and (source == "aiter" or source.startswith("aiter.")):
-                        star = self.exported(source)
-                        found = None if star is None else found | star
-                        if found is None:
-                            break
+                found |= {a.asname or a.name for a in node.names if a.name != "*"}
+                if any(a.name == "*" for a in node.names) and (source or "").split(".")[0] == "aiter":
+                    star = self.exported(source)
+                    found = None if star is None else found | star
             elif isinstance(node, ast.Expr) and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                                                      and n.func.id == "globals" for n in ast.walk(node)):
                 found = None
+            if found is None:
+                break
         self._names[module] = found
         return found
 
     def exported(self, module: str) -> set[str] | None:
         """What `from module import *` brings in."""
         names = self.names(module)
-        path = self.module_file(module)
-        tree = _parse(path) if path else None
-        for node in _module_level(tree.body if tree else []):
+        for node in _module_level(_parse(self.module_file(module))):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
                                                     for t in node.targets):
                 try:
@@ -209,33 +190,10 @@ class AiterSource:
         return None if names is None else {n for n in names if not n.startswith("_")}
 
     def has(self, call: Call) -> bool:
-        if self.is_module(f"{call.module}.{call.name}"):
+        if self.locate(f"{call.module}.{call.name}") is not None:
             return True
-        if not self.is_module(call.module):
-            return False
-        names = self.names(call.module)
+        names = self.names(call.module) if self.locate(call.module) is not None else set()
         return names is None or call.name in names
-
-
-def _module_level(body: list[ast.stmt]):
-    """Statements that run at import: into if/try/with blocks, not into functions or classes."""
-    for node in body:
-        yield node
-        if isinstance(node, (ast.If, ast.With, ast.AsyncWith)):
-            yield from _module_level(node.body + getattr(node, "orelse", []))
-        elif isinstance(node, ast.Try):
-            yield from _module_level(node.body + [s for h in node.handlers for s in h.body] + node.orelse
-                                     + node.finalbody)
-
-
-def _absolute(node: ast.ImportFrom, package: str) -> str | None:
-    if node.level == 0:
-        return node.module
-    parts = package.split(".")
-    if node.level - 1 > len(parts):
-        return None
-    base = parts[: len(parts) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
 
 
 def missing(vllm_root: Path, aiter_root: Path, calls: list[Call] | None = None) -> list[Call]:
@@ -254,11 +212,10 @@ def main(argv: list[str]) -> int:
         return 0
     if len(argv) == 3 and argv[0] == "check":
         calls = vllm_calls(Path(argv[1]))
-        absent = missing(Path(argv[1]), Path(argv[2]), calls)
-        if absent:
-            first = {}
-            for c in absent:
-                first.setdefault(str(c), c.where)
+        first: dict[str, str] = {}
+        for c in missing(Path(argv[1]), Path(argv[2]), calls):
+            first.setdefault(str(c), c.where)
+        if first:
             listed = ", ".join(f"{name} ({where})" for name, where in sorted(first.items()))
             print(f"error: this AITER lacks {len(first)} function(s) this vLLM calls: {listed}: build the AITER "
                   "the track names (versions.json tracks.<track>.aiter) or a vLLM of this AITER's track",

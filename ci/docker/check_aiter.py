@@ -9,10 +9,8 @@
         versions (GLIBCXX included) with ldd in this image
     check_aiter.py modules WHEEL    print the prebuilt module names, one per line
     check_aiter.py kernel-lists ROOT --archs "gfx942;gfx950"
-        ROOT (an AITER source tree, or an installed package's aiter_meta folder) holds for every
-        GPU arch the MLA decode kernel lists hsa/<arch>/mla/*.csv, each a CSV with a header and
-        at least one row, and the code objects (.co) their rows name, beside them. Nothing in it
-        is particular to an AITER release: a new AITER pin needs no change here.
+        ROOT (an AITER source tree or an installed aiter_meta folder) holds for every arch MLA
+        decode kernel lists hsa/<arch>/mla/*.csv (a header and rows) and the .co files they name
 
 Exit status 1 with one line per problem naming what is missing and the setting to change.
 """
@@ -66,31 +64,19 @@ def check_libs(site: Path, lib_paths: list[str]) -> list[str]:
     return problems
 
 
-CO_COLUMN = "co_name"  # the column of AITER's kernel lists that names each row's code object
-
-
 def _fix(arch: str) -> str:
-    """The settings to change when this AITER has no usable MLA decode kernels for arch."""
     return (f"remove {arch} from gpu_archs in versions.json (GPU_ARCHS for one build), or build an AITER pin "
             f"that has them (tracks.<track>.aiter in versions.json, AITER_PIN for one build)")
 
 
 def _plain_relative(name: str) -> bool:
     """A path that stays inside the folder it is read in (no root, no '..')."""
-    parts = Path(name).parts
-    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
-
-
-def _code_object_columns(header: list[str], rows: list[list[str]]) -> list[int]:
-    """The columns of a kernel list that name its rows' code objects: co_name, else every column
-    whose values all end in .co ([]: none does)."""
-    if CO_COLUMN in header:
-        return [header.index(CO_COLUMN)]
-    return [i for i in range(len(header)) if all(i < len(row) and row[i].strip().endswith(".co") for row in rows)]
+    return bool(Path(name).parts) and not Path(name).is_absolute() and ".." not in Path(name).parts
 
 
 def check_kernel_list(path: Path, arch: str) -> list[str]:
-    """One kernel list: a CSV with a header and at least one row whose code objects are beside it."""
+    """One kernel list: a CSV with a header and rows whose code objects (co_name, else every column
+    whose values all end in .co) are beside it."""
     where = f"{path} ({arch})"
     try:
         with path.open(newline="") as f:
@@ -100,9 +86,9 @@ def check_kernel_list(path: Path, arch: str) -> list[str]:
     if len(table) < 2:
         return [f"{where}: MLA kernel list without {'rows' if table else 'a header and rows'}: this AITER "
                 f"has no MLA decode kernels for {arch}; {_fix(arch)}"]
-    header, rows = [cell.strip() for cell in table[0]], table[1:]
-    columns = _code_object_columns(header, rows)
-    folder = path.parent
+    header, rows, folder = [cell.strip() for cell in table[0]], table[1:], path.parent
+    columns = [header.index("co_name")] if "co_name" in header else [
+        i for i in range(len(header)) if all(i < len(row) and row[i].strip().endswith(".co") for row in rows)]
     if not columns:  # a list whose columns name no .co: the folder holds code objects at least
         if any(folder.glob("*.co")):
             return []
@@ -128,8 +114,6 @@ def check_kernel_list(path: Path, arch: str) -> list[str]:
 
 
 def check_kernel_lists(root: Path, archs: list[str]) -> list[str]:
-    """For every arch: ROOT/hsa/<arch>/mla holds MLA kernel lists (*.csv) that check_kernel_list
-    accepts."""
     problems = []
     for arch in archs:
         if not _plain_relative(arch) or len(Path(arch).parts) != 1:
@@ -160,21 +144,19 @@ def main(argv=None) -> int:
     p = sub.add_parser("libs")
     p.add_argument("site", type=Path)
     p.add_argument("--lib-path", action="append", default=[])
-    p = sub.add_parser("modules")
-    p.add_argument("wheel", type=Path)
+    sub.add_parser("modules").add_argument("wheel", type=Path)
     p = sub.add_parser("kernel-lists")
-    p.add_argument("root", type=Path, help="an AITER source tree or an installed package's aiter_meta folder")
+    p.add_argument("root", type=Path)
     p.add_argument("--archs", required=True, help="';'-separated GPU archs")
     ns = parser.parse_args(argv)
-
+    archs = [a for a in getattr(ns, "archs", "").split(";") if a]
     if ns.cmd == "modules":
         with zipfile.ZipFile(ns.wheel) as zf:
             print("\n".join(prebuilt_modules(zf.namelist())))
         return 0
     if ns.cmd == "wheel":
-        problems = check_wheel(ns.wheel, ns.modules.split(), [a for a in ns.archs.split(";") if a])
+        problems = check_wheel(ns.wheel, ns.modules.split(), archs)
     elif ns.cmd == "kernel-lists":
-        archs = [a for a in ns.archs.split(";") if a]
         problems = check_kernel_lists(ns.root, archs) if archs else [
             "no GPU archs given (--archs): set GPU_ARCHS (gpu_archs in versions.json)"]
     else:

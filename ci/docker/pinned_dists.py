@@ -1,38 +1,20 @@
 #!/usr/bin/env python3
-"""Keep the distributions the base image pins (torch, torchvision, torchaudio, the Triton of
-ROCm torch, amdsmi, amd-aiter) unchanged while other requirements are installed.
+"""Keep the distributions the base image pins (torch, torchvision, torchaudio, torch's Triton,
+amdsmi, amd-aiter) unchanged while other requirements are installed; run with the Python of the
+environment to protect. Triton's name and version are read from torch's Requires-Dist.
 
-Run with the Python of the environment to protect:
-
-    pinned_dists.py constraints OUT     write a pip constraints file: NAME==VERSION of each
-                                        pinned distribution installed (torch, its Triton,
-                                        amdsmi must be installed)
-    pinned_dists.py snapshot OUT        record the pinned distributions and their versions (JSON)
+    pinned_dists.py constraints OUT          write NAME==VERSION of each pinned distribution installed
+    pinned_dists.py snapshot OUT             record them and their versions (JSON)
     pinned_dists.py compare BEFORE --step NAME [--allow DIST ...]
-                                        fail when one of them (other than the DISTs this step
-                                        installs on purpose) changed, appeared or disappeared
-                                        since the snapshot BEFORE
+                                             fail when one (but the DISTs allowed) changed since BEFORE
     pinned_dists.py torch-triton [--expect NAME==VERSION]
-                                        print the Triton requirement of the installed torch
-                                        (NAME==VERSION, from torch's metadata); with --expect,
-                                        fail unless it is that
+                                             print torch's Triton requirement; fail unless it is --expect
     pinned_dists.py torch-triton-set NAME==VERSION
-                                        make the installed torch require exactly that Triton
-                                        (the one the image built from source, on the therock
-                                        stack: TheRock's torch names another); prints the
-                                        Requires-Dist line replaced
-    pinned_dists.py triton-alias        when ROCm torch's Triton is not the distribution
-                                        `triton` (pytorch-triton-rocm, triton-rocm), record an
-                                        alias distribution `triton` of the same version that
-                                        owns no files and requires the real one: packages
-                                        requiring `triton` (xgrammar) are then satisfied by the
-                                        ROCm Triton instead of pulling PyPI's CUDA triton
-
-Triton's distribution name and version are read from torch's own metadata (Requires-Dist):
-versions.json pins no Triton of its own for ROCm torch (the PyTorch lock holds the one torch
-requires; install_torch.sh checks them equal with torch-triton --expect). Requirement lines and
-distribution names are read with `packaging`
-(ci/docker/requirements-scripts.txt). Errors: one line each, exit status 1.
+                                             make the installed torch require exactly that Triton
+    pinned_dists.py triton-alias             when torch's Triton is not `triton`, record an alias
+                                             distribution `triton` requiring it (so nothing pulls
+                                             PyPI's CUDA triton)
+Errors: one line each, exit status 1.
 """
 from __future__ import annotations
 
@@ -59,10 +41,8 @@ class Problem(Exception):
 
 
 def version(name: str) -> str | None:
-    """The installed version of `name`: None when it is not installed, "" when its metadata has no
-    Version (installed all the same); Problem when its metadata cannot be read. The build scripts'
-    one reader of installed metadata (they run in the base image's Python, without the backend's
-    reader, which the base image's layers must not depend on)."""
+    """The installed version of `name` (None: not installed, "": no Version in its metadata). The
+    build scripts' one reader of installed metadata (the base image has no backend package)."""
     try:
         found = md.distribution(name).metadata.get("Version")
     except md.PackageNotFoundError:
@@ -80,51 +60,16 @@ def unreadable(name: str, exc: Exception) -> Problem:
 
 
 def shown(name: str) -> str:
-    """NAME VERSION for messages; an install without a version is named as such."""
     found = version(name)
     return f"{name} {found}" if found else f"{name} (installed, no version in its metadata)" if found == "" \
         else f"{name} (not installed)"
 
 
-def requires(name: str) -> list[str] | None:
-    """The Requires-Dist lines of `name`; None when it is not installed."""
+def requirement(text: str) -> Requirement | None:
     try:
-        return md.requires(name) or []
-    except md.PackageNotFoundError:
+        return Requirement(text)
+    except InvalidRequirement:
         return None
-    except (OSError, ValueError) as exc:
-        raise unreadable(name, exc) from None
-
-
-def torch_requirements() -> list[Requirement]:
-    """torch's Requires-Dist that apply to this Python (markers evaluated, extras left out)."""
-    lines = requires("torch")
-    if lines is None:
-        raise Problem("torch is not installed: build the base image's torch stage first")
-    out = []
-    for line in lines:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement as exc:
-            raise Problem(f"{shown('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
-                          "check pytorch.torch in versions.json and the PyTorch lock") from None
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            out.append(req)
-    return out
-
-
-def torch_triton_requirement() -> Requirement:
-    """The Triton requirement of torch (the first whose name contains triton)."""
-    found = next((r for r in torch_requirements() if "triton" in canonicalize_name(r.name)), None)
-    if found is None:
-        raise Problem(f"{shown('torch')} names no Triton distribution in its metadata: "
-                      "this is not a ROCm torch with Triton; check pytorch.torch in versions.json")
-    return found
-
-
-def triton_dist() -> str:
-    """The Triton distribution torch requires (canonical name)."""
-    return canonicalize_name(torch_triton_requirement().name)
 
 
 def exact_version(req: Requirement) -> str | None:
@@ -133,25 +78,43 @@ def exact_version(req: Requirement) -> str | None:
     return exact[0].version if len(exact) == 1 else None
 
 
+def torch_triton_requirement() -> Requirement:
+    """torch's first Requires-Dist naming a Triton that applies here (markers true, no extra)."""
+    try:
+        lines = md.requires("torch") or []
+    except md.PackageNotFoundError:
+        raise Problem("torch is not installed: build the base image's torch stage first") from None
+    except (OSError, ValueError) as exc:
+        raise unreadable("torch", exc) from None
+    reqs = []
+    for line in lines:
+        try:
+            reqs.append(Requirement(line))
+        except InvalidRequirement as exc:
+            raise Problem(f"{shown('torch')} has a Requires-Dist pip cannot read ({line!r}: {exc}): "
+                          "check pytorch.torch in versions.json and the PyTorch lock") from None
+    found = next((r for r in reqs if "triton" in canonicalize_name(r.name)
+                  and (r.marker is None or r.marker.evaluate({"extra": ""}))), None)
+    if found:
+        return found
+    raise Problem(f"{shown('torch')} names no Triton distribution in its metadata: "
+                  "this is not a ROCm torch with Triton; check pytorch.torch in versions.json")
+
+
+def triton_dist() -> str:
+    return canonicalize_name(torch_triton_requirement().name)
+
+
 def torch_triton() -> str:
-    name = triton_dist()
-    pinned = exact_version(torch_triton_requirement())
-    if pinned is not None:
-        return f"{name}=={pinned}"
-    raise Problem(f"{shown('torch')} requires {name} without an exact version: its Triton cannot be pinned; "
-                  "check pytorch.torch in versions.json")
-
-
-def pinned_names() -> list[str]:
-    names = list(FIXED)
-    real = triton_dist()
-    if real not in names:
-        names.append(real)
-    return names
+    name, pinned = triton_dist(), exact_version(torch_triton_requirement())
+    if pinned is None:
+        raise Problem(f"{shown('torch')} requires {name} without an exact version: its Triton cannot be pinned; "
+                      "check pytorch.torch in versions.json")
+    return f"{name}=={pinned}"
 
 
 def snapshot() -> dict[str, str | None]:
-    return {name: version(name) for name in pinned_names()}
+    return {name: version(name) for name in dict.fromkeys([*FIXED, triton_dist()])}
 
 
 def constraints() -> str:
@@ -165,12 +128,11 @@ def constraints() -> str:
         raise Problem(f"{', '.join(versionless)} installed without a version in its package metadata, so it "
                       "cannot be pinned: reinstall it (rebuild the base image's torch stage)")
     lines = ["# The base image's pinned distributions: nothing installed later may change them."]
-    lines += [f"{name}=={ver}" for name, ver in sorted(snap.items()) if ver is not None]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [f"{name}=={ver}" for name, ver in sorted(snap.items()) if ver is not None]) + "\n"
 
 
-def read_snapshot(path: Path) -> dict[str, str | None]:
-    """A snapshot this script wrote (name -> version, null: not installed); Problem otherwise."""
+def compare(path: Path, step: str, allow=()) -> list[str]:
+    """What changed since the snapshot this script wrote at `path`; Problem when it is not one."""
     again = "run pinned_dists.py snapshot again before the step"
     try:
         before = json.loads(path.read_text())
@@ -178,12 +140,7 @@ def read_snapshot(path: Path) -> dict[str, str | None]:
         raise Problem(f"{path} is not JSON ({type(exc).__name__}): {again}") from None
     if not isinstance(before, dict) or not all(v is None or isinstance(v, str) for v in before.values()):
         raise Problem(f"{path} is not a snapshot of pinned distributions (an object of names and versions): {again}")
-    return before
-
-
-def compare(before: dict, step: str, allow=()) -> list[str]:
-    after = snapshot()
-    problems = []
+    after, problems = snapshot(), []
     for name in sorted((set(before) | set(after)) - {canonicalize_name(a) for a in allow}):
         old, new = before.get(name), after.get(name)
         if old != new:
@@ -205,15 +162,12 @@ def triton_alias() -> str:
     if existing is not None and existing != ver:
         raise Problem(f"a distribution {shown('triton')} is installed beside {real} {ver}: "
                       "pip replaced the ROCm Triton; rebuild the torch stage")
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    info = purelib / f"triton-{ver}.dist-info"
+    info = Path(sysconfig.get_paths()["purelib"]) / f"triton-{ver}.dist-info"
     info.mkdir(exist_ok=True)
-    files = {
-        "METADATA": (f"Metadata-Version: 2.1\nName: triton\nVersion: {ver}\n"
-                     f"Summary: Alias: the Triton of this image is the distribution {real} {ver}\n"
-                     f"Requires-Dist: {real}=={ver}\n"),
-        "INSTALLER": "rocm-vllm\n",
-    }
+    files = {"METADATA": (f"Metadata-Version: 2.1\nName: triton\nVersion: {ver}\n"
+                          f"Summary: Alias: the Triton of this image is the distribution {real} {ver}\n"
+                          f"Requires-Dist: {real}=={ver}\n"),
+             "INSTALLER": "rocm-vllm\n"}
     for name, text in files.items():
         (info / name).write_text(text)
     (info / "RECORD").write_text("".join(f"{info.name}/{n},,\n" for n in (*files, "RECORD")))
@@ -221,12 +175,13 @@ def triton_alias() -> str:
 
 
 def set_torch_triton(spec: str) -> str:
-    """Rewrite the installed torch's Triton Requires-Dist (its first, as torch_triton_requirement
-    reads it) to spec, NAME==VERSION of an installed distribution; the line replaced, and the new one."""
-    wanted = Requirement(spec) if _valid(spec) else None
-    if wanted is None or exact_version(wanted) is None:
+    """Rewrite torch's Triton Requires-Dist lines to one, `spec` (NAME==VERSION of an installed
+    distribution); says which lines it replaced."""
+    wanted = requirement(spec)
+    ver = exact_version(wanted) if wanted else None
+    if ver is None:
         raise Problem(f"torch-triton-set {spec!r} is not NAME==VERSION: check tracks.<track>.therock.triton")
-    name, ver = canonicalize_name(wanted.name), exact_version(wanted)
+    name = canonicalize_name(wanted.name)
     if version(name) != ver:
         raise Problem(f"{shown(name)} is installed, not {name} {ver}: install the Triton wheel the image built first")
     old = torch_triton_requirement()
@@ -236,8 +191,8 @@ def set_torch_triton(spec: str) -> str:
         raise Problem(f"{shown('torch')} lists no METADATA among its files: reinstall torch")
     path = Path(dist.locate_file(meta))
     lines = path.read_text(encoding="utf-8").split("\n")
-    hits = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:") and _valid(line[14:].strip())
-            and Requirement(line[14:].strip()).name == old.name]
+    hits = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:")
+            and getattr(requirement(line[14:].strip()), "name", None) == old.name]
     if not hits:
         raise Problem(f"{path} has no Requires-Dist line for {old.name}: reinstall torch")
     replaced = [lines[i] for i in hits]
@@ -246,23 +201,6 @@ def set_torch_triton(spec: str) -> str:
         del lines[i]
     path.write_text("\n".join(lines), encoding="utf-8")
     return f"torch-triton-set: torch's {' / '.join(replaced)} is now Requires-Dist: {name}=={ver}"
-
-
-def _valid(text: str) -> bool:
-    try:
-        Requirement(text)
-    except InvalidRequirement:
-        return False
-    return True
-
-
-def expected(spec: str) -> str:
-    """NAME==VERSION of an --expect value, the name canonical (as torch_triton prints it)."""
-    try:
-        req = Requirement(spec)
-    except InvalidRequirement:
-        raise Problem(f"--expect {spec!r} is not NAME==VERSION: check the Triton line of the PyTorch lock") from None
-    return f"{canonicalize_name(req.name)}=={exact_version(req)}"
 
 
 def main(argv=None) -> int:
@@ -278,17 +216,19 @@ def main(argv=None) -> int:
     sub.add_parser("torch-triton").add_argument("--expect")
     sub.add_parser("torch-triton-set").add_argument("spec", metavar="NAME==VERSION")
     ns = parser.parse_args(argv)
+    problems: list[str] = []
     try:
-        problems: list[str] = []
         if ns.cmd == "constraints":
             ns.out.write_text(constraints())
         elif ns.cmd == "snapshot":
             ns.out.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
         elif ns.cmd == "compare":
-            problems = compare(read_snapshot(ns.before), ns.step, ns.allow)
+            problems = compare(ns.before, ns.step, ns.allow)
         elif ns.cmd == "torch-triton":
-            found = torch_triton()
-            if ns.expect and expected(ns.expect) != found:
+            found, expect = torch_triton(), requirement(ns.expect) if ns.expect else None
+            if ns.expect and expect is None:
+                raise Problem(f"--expect {ns.expect!r} is not NAME==VERSION: check the Triton line of the PyTorch lock")
+            if expect and f"{canonicalize_name(expect.name)}=={exact_version(expect)}" != found:
                 raise Problem(f"{shown('torch')} requires {found}, not {ns.expect}, the Triton installed beside it: "
                               "make the PyTorch lock again (python3 -m ci.pins resolve wheels --force --write)")
             print(found)
