@@ -11,8 +11,6 @@
 //
 // versions.json's top-level keys (tracks, aiter, vllm, base_image, gpu_archs, ...) become bake
 // variables; without it every target fails with "There is no variable named ...".
-// A ROCm target whose pins are not all resolved stops bake before anything is pulled or built, in
-// one line naming each unresolved pin and `python3 -m ci.pins resolve --write` (see pins_check).
 // Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
 
 variable "REGISTRY" { default = "localhost/rocm-vllm" }
@@ -23,8 +21,7 @@ variable "TRACK" { default = default_track }
 variable "AITER_PIN" { default = tracks[TRACK].aiter }
 // GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
 variable "GPU_ARCHS" { default = join(";", gpu_archs) }
-// "1" accepts UNRESOLVED pins (development images, never a release); "0": a ROCm target that builds
-// from an unresolved pin stops bake (pins_check).
+// "1" accepts UNRESOLVED pins (development images, never a release); "0": pins_check stops bake.
 variable "ALLOW_UNRESOLVED" { default = "0" }
 // Empty: derived from the builder's CPUs and memory at build time.
 variable "MAX_JOBS" { default = "" }
@@ -33,10 +30,8 @@ variable "AITER_MEM_PER_JOB_GIB" { default = "4" }
 variable "PYPI_INDEX_URL" { default = "https://pypi.org/simple" }
 // Revision of this repository, recorded as an OCI label (CI sets it: VCS_REF=$(git rev-parse HEAD)).
 variable "VCS_REF" { default = "" }
-// "1": images for a registry. Each image is pushed (output push=true) and tagged
-// <name>:vllm<vLLM version>-aiter<12 hex of the AITER commit>-<12 hex of VCS_REF> (commit_tag; VCS_REF
-// must be the full commit id), plus <name>:TAG on the default track and <name>:TAG-vllm<track> on
-// another (TAG empty: none); registry build cache (CACHE_REPO) and attestations (ATTEST) default on.
+// "1": images for a registry, pushed with the tags of image_tags; registry build cache (CACHE_REPO)
+// and attestations (ATTEST) default on.
 variable "PUSH" { default = "0" }
 // Registry build cache: one ref per target, <CACHE_REPO>:<cache_key>, exported with mode=max.
 // Empty: none (default with PUSH=1: <REGISTRY>/buildcache).
@@ -101,16 +96,12 @@ function "no_value" {
 }
 
 // ---------------------------------------------------------------- unresolved pins
-// A target that builds from a pin versions.json leaves unresolved (null) stops bake, before
-// anything is pulled or built, in one line that names every such pin of the target and the
-// command that resolves them, unless ALLOW_UNRESOLVED=1. The check is a target each ROCm target
-// inherits: pins_check gives the name of the empty target below when every pin is there, else
-// that line, which bake, finding no target of that name, prints as
-// "ERROR: failed to find target <the line>". bake looks up what a target inherits only for the
-// targets it is asked for and the targets they use as contexts (target:base), so the CPU path's
-// targets, which build from none of these pins (they neither inherit nor link a ROCm target), are
-// never stopped by it. (Variable validation blocks would stop every target alike, and buildx 0.13
-// has none.)
+// A target that builds from a null pin stops bake before anything is pulled or built, in one line
+// naming those pins and the command that resolves them, unless ALLOW_UNRESOLVED=1. Each ROCm target
+// inherits pins_check's result: the empty target below, else that line, which bake prints as
+// "ERROR: failed to find target <the line>". bake resolves inherits only for the targets asked for
+// and their contexts (target:base), so the CPU targets (no ROCm pin) are never stopped by it.
+// (Variable validation blocks would stop every target alike, and buildx 0.13 has none.)
 target "_pins_resolved" {}
 
 function "pins_check" {
@@ -147,11 +138,9 @@ function "aiter_source_pins" {
     nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["tag", "commit", "ck_commit"]))
 }
 
-// The pins the base image builds from: the AITER source's, the HipKittens commit, the lock of AITER's
-// requirements (ALLOW_UNRESOLVED=1: installed unhashed, with a warning, by the build step), and the stack's
-// PyTorch: the PyTorch lock (rocm-image) or the TheRock lock and the Triton source (therock).
-// An unresolved TheRock lock stops even with ALLOW_UNRESOLVED=1 (its wheels are never installed
-// without hashes): the build step names it then.
+// The pins the base image builds from: the AITER source's, HipKittens, AITER's requirements lock,
+// and the stack's PyTorch lock (rocm-image) or TheRock lock and Triton source (therock). An unresolved
+// TheRock lock stops even with ALLOW_UNRESOLVED=1 (never installed unhashed): the build step names it.
 function "base_pins" {
   params = []
   result = concat(
@@ -166,8 +155,7 @@ function "pytorch_pins" {
   result = nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url", "lock_sha256"])
 }
 
-// The file name, in ci/locks/, of the PyTorch lock the track installs: named after its pytorch
-// section (ci/pins/model.py pytorch_lock_name).
+// The track's PyTorch lock in ci/locks/, named after its pytorch section (model.py pytorch_lock_name).
 function "pytorch_lock" {
   params = []
   result = contains(keys(tracks[TRACK]), "pytorch") ? "pytorch-${TRACK}.txt" : "pytorch.txt"
@@ -190,9 +178,8 @@ function "vllm_pins" {
     nulls("tracks.${TRACK}.vllm", tracks[TRACK].vllm, ["tag", "commit", "triton_kernels_commit"])))
 }
 
-// Build cache key of a target, from what its layers depend on. base: the ROCm stack kind, the AITER
-// commit and the GPU archs (not the vLLM version: a vLLM bump keeps the AITER layers' cache). vLLM
-// targets: the track's vLLM version as well (a track has one stack).
+// Build cache key of a target, from what its layers depend on: the base's has no vLLM version (a
+// vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
 function "cache_key" {
   params = [name]
   result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
@@ -237,8 +224,7 @@ target "_common" {
   }
 }
 
-// The build args versions.json defines for the track, one per pin, as python3 -m ci.pins args prints
-// them (ci/pins/model.py build_args): null is UNRESOLVED, a pin of the other ROCm stack is "".
+// One build arg per pin, as python3 -m ci.pins args prints them: null is UNRESOLVED, the other stack's "".
 target "_versions" {
   args = {
     VLLM_TRACK     = TRACK
@@ -342,17 +328,14 @@ target "ci" {
 }
 
 // ---------------------------------------------------------------- CPU path (no AMD GPU)
-// The serve and ci images embedded into a CPU build of the track's vLLM, served with the
-// backend's CPU development mode (compose.cpu.yaml); for a laptop or a CI machine, never for
-// production:
+// serve and ci on a CPU build of the track's vLLM, in the backend's CPU development mode
+// (compose.cpu.yaml); for a laptop or a CI machine, never for production:
 //
 //   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve-cpu
 //   RENDER_GID=0 docker compose -f compose.yaml -f compose.cpu.yaml up -d --wait
 //
-// The CPU vLLM image must hold the track's vLLM release (the build stops naming both versions
-// otherwise). Default: vLLM's own CPU release image of that version on Docker Hub,
-// vllm/vllm-openai-cpu:v<version> (x86_64 and arm64), pulled by tag. Another one, e.g. pinned by
-// digest or built locally: VLLM_CPU_IMAGE=<image>.
+// The CPU vLLM image must hold the track's vLLM release (else the build stops). Default: vLLM's CPU
+// release image on Docker Hub (x86_64, arm64), by tag; another (by digest, local): VLLM_CPU_IMAGE.
 variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[TRACK].vllm.version}" }
 
 // Tags of a CPU image. Local (PUSH=0): <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml
@@ -383,17 +366,12 @@ function "cpu_cache_to" {
   result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[TRACK].vllm.version},mode=max"])
 }
 
-// Dockerfile.rocm's existing-image path on the CPU vLLM image. The named context `base` (the ROCm
-// base image) is the CPU image too: the stages that read it are not built on this path, and the
-// ROCm base target is never built for a CPU image. The CPU targets take Dockerfile.rocm's settings
-// (_rocm) and its serve and ci stages, not the serve and ci targets: they build from no ROCm pin,
-// so the ROCm targets' pins check is not theirs.
-// Local images (PUSH=0): no registry cache, no attestations (a CPU image is no release). PUSH=1:
-// pushed like the ROCm images, with registry build cache and, ATTEST=1, SBOM and provenance
-// attestations: what the registry tests publish and a user's CI without an AMD GPU can. The output
-// has no rewrite-timestamp: the engine's own builder with the containerd image store (the one that
-// pushes attestations without a builder image) refuses it; the CPU images' own layers are
-// reproducible without it (the engine tests' cold builds).
+// Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`
+// too (the stages reading it are not built here; the ROCm base target never is). The CPU targets
+// inherit _rocm, not the serve and ci targets: they build from no ROCm pin, so no pins check.
+// PUSH=0: no registry cache, no attestations (no release). PUSH=1: pushed like the ROCm images, with
+// registry cache and, ATTEST=1, attestations. Pushed output has no rewrite-timestamp: the engine's
+// builder with the containerd image store refuses it; the CPU layers are reproducible without it.
 target "_cpu" {
   contexts = { base = "docker-image://${VLLM_CPU_IMAGE}" }
   args     = { VLLM_IMAGE = VLLM_CPU_IMAGE }
