@@ -7,16 +7,13 @@
 #
 #   aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS
 #
-# SRC: the verified AITER source; LOCKS_DIR: ci/locks; CONSTRAINTS: pinned_dists.py constraints (used
-# only by the unresolved path below).
-# Settings: AITER_TAG, AITER_REQUIREMENTS_LOCK (the lock's file name in LOCKS_DIR),
-# AITER_REQUIREMENTS_LOCK_SHA256 (its sha256, "none" where the commit has no requirements.txt,
-# UNRESOLVED where unresolved), PYPI_INDEX_URL (the index the lock installs from: default PyPI's simple index; a mirror,
-# https:// or file://), ALLOW_UNRESOLVED.
-# Refused, in one line, before anything is installed: a requirements.txt without a pinned lock (unless
-# ALLOW_UNRESOLVED=1: then today's unhashed install under the constraints, with a warning), a lock made
-# from another requirements.txt (its header's "# input requirements.txt sha256:"), a pin that says the
-# commit has none while the source has one (or the reverse), a lock that is not the pinned one.
+# CONSTRAINTS (pinned_dists.py constraints) serve only the unresolved path. Settings: AITER_TAG,
+# AITER_REQUIREMENTS_LOCK (in LOCKS_DIR), AITER_REQUIREMENTS_LOCK_SHA256 ("none": the commit has no
+# requirements.txt), PYPI_INDEX_URL (default PyPI; a mirror, https:// or file://), ALLOW_UNRESOLVED.
+# Refused in one line before anything is installed: a requirements.txt without a pinned lock (unless
+# ALLOW_UNRESOLVED=1: unhashed, under the constraints, with a warning), a lock made from another
+# requirements.txt (its "# input requirements.txt sha256:"), a pin and source that disagree on
+# having one, a lock that is not the pinned one.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh

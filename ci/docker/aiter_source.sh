@@ -3,22 +3,13 @@
 #
 #   aiter_source.sh clone  DEST   clone the AITER repository at the pinned tag with submodules into DEST
 #   aiter_source.sh verify SRC    check SRC is the pinned commit with CK at the pinned ck_commit, write SRC/../aiter-pins.json
-#   aiter_source.sh normalise DIR drop what differs between two clones of the same commits (index
-#                                 files, reflogs, FETCH_HEAD/ORIG_HEAD) and set every mtime under DIR
-#                                 to SOURCE_DATE_EPOCH: the same commits give the same bytes
-#   aiter_source.sh hipkittens clone DEST AITER_SRC
-#                                 clone hipkittens_repository at hipkittens_commit (with submodules) into
-#                                 DEST: the checkout AITER's prebuild would clone at build time
-#   aiter_source.sh hipkittens verify SRC AITER_SRC
-#                                 check SRC is hipkittens_commit, the commit AITER_SRC names
-# HipKittens: AITER names the commit in aiter/jit/core.py; an AITER that names none gets an empty
-# DEST and SRC (nothing to fetch).
+#   aiter_source.sh normalise DIR make DIR the same bytes for the same commits (see normalise)
+#   aiter_source.sh hipkittens clone|verify DIR AITER_SRC
+#                                 clone / check hipkittens_commit, the HipKittens commit AITER_SRC's
+#                                 aiter/jit/core.py names (its prebuild would clone it); none: DIR empty
 #
-# Settings (build args, versions.json's aiter and the track's pin): AITER_REPOSITORY, AITER_TAG,
-# AITER_COMMIT, CK_COMMIT, CK_SUBMODULE_PATH (verify), HIPKITTENS_REPOSITORY (hipkittens clone),
-# HIPKITTENS_COMMIT; SOURCE_DATE_EPOCH (normalise); ALLOW_UNRESOLVED (1: accept UNRESOLVED
-# commits and record what was found; development only).
-# A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
+# Settings (build args): AITER_REPOSITORY, AITER_TAG, AITER_COMMIT, CK_COMMIT, CK_SUBMODULE_PATH,
+# HIPKITTENS_REPOSITORY, HIPKITTENS_COMMIT, SOURCE_DATE_EPOCH, ALLOW_UNRESOLVED (development only).
 set -euo pipefail
 
 fail() { echo "aiter-src: ERROR: $*" >&2; exit 1; }
@@ -40,7 +31,6 @@ use_ca_bundle
 normalise() {
   local dir=$1
   : "${SOURCE_DATE_EPOCH:?set the SOURCE_DATE_EPOCH build arg}"
-  # every git directory under DIR: the checkout's, its submodules' (.git/modules/...), nested ones
   find "$dir" -path '*/.git/*' \( \( -type d -name logs -prune -exec rm -rf {} + \) \
     -o \( -type f \( -name index -o -name FETCH_HEAD -o -name ORIG_HEAD \) -exec rm -f {} + \) \)
   find "$dir" -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +

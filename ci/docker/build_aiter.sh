@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
 # Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR [LOCKS_DIR]
 # (LOCKS_DIR: where the stage mounts ci/locks; aiter_requirements.sh stops without it)
-# Settings (build args): GPU_ARCHS (;-separated, required: the default "native" needs a GPU),
-# MAX_JOBS (empty: derived from the CPUs and memory the build may use), AITER_MEM_PER_JOB_GIB
-# (memory budget of one compile job, default 4), AITER_TAG (the wheel version), the hash lock of
-# AITER's requirements (aiter_requirements.sh), PYPI_INDEX_URL,
-# ALLOW_UNRESOLVED (aiter_requirements.sh), HIP_KITTENS_DIR
-# (the pinned HipKittens checkout, fetched by the source stages; empty directory: this AITER
-# does not use HipKittens).
-# MAX_JOBS bounds the compile jobs and AITER's FlyDSL AOT worker processes
-# (AITER_FLYDSL_AOT_WORKERS) alike.
+# Settings (build args): GPU_ARCHS (required: the default "native" needs a GPU), MAX_JOBS and
+# AITER_MEM_PER_JOB_GIB (lib.sh derive_max_jobs; MAX_JOBS also bounds AITER_FLYDSL_AOT_WORKERS),
+# AITER_TAG (the wheel version), aiter_requirements.sh's, HIP_KITTENS_DIR (the pinned HipKittens
+# checkout; empty: this AITER does not use HipKittens).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh

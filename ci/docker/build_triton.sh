@@ -5,11 +5,10 @@
 #
 #   build_triton.sh DEST
 #
-# Settings (build args): TRITON_REPOSITORY, TRITON_COMMIT, TRITON_VERSION, ALLOW_UNRESOLVED (1: accept an unresolved commit and
-# build the repository's default branch head; development only), MAX_JOBS (compile jobs).
-# Build tools come hash-pinned from requirements-build.txt (beside this script); the build runs
-# without isolation, so it uses those. Triton's own build fetches the LLVM its commit names
-# (cmake/llvm-hash.txt): that download is part of the pinned commit, not of this script.
+# Settings (build args): TRITON_REPOSITORY, TRITON_COMMIT, TRITON_VERSION, MAX_JOBS, ALLOW_UNRESOLVED
+# (1: build the default branch head of an unresolved commit; development only). The build runs
+# without isolation on the hash-pinned requirements-build.txt. Triton's own build fetches the LLVM
+# its commit names (cmake/llvm-hash.txt): part of the pinned commit, not of this script.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "triton-wheel: ERROR: $*" >&2; exit 1; }

@@ -3,20 +3,17 @@
 # and the pinned torch, Triton, amdsmi and AITER are there, the build uses them (no build
 # isolation) and nothing installed here may replace them (constraints + before/after check).
 #
-#   build_vllm.sh check SRC OUT   no install, no compile: every file of SRC the build reads exists;
-#                                 vLLM's triton_kernels commit is the pinned one; the hash-pinned
-#                                 build tools satisfy vLLM's requirements/build/rocm.txt; the lock
-#                                 of vLLM's ROCm runtime requirements (VLLM_LOCK) was made from
-#                                 SRC's requirements/rocm.txt; it goes to OUT/requirements-lock.txt
+#   build_vllm.sh check SRC OUT   no install, no compile: SRC has every file the build reads, its
+#                                 triton_kernels commit is pinned, the build tools satisfy its
+#                                 requirements/build/rocm.txt, VLLM_LOCK was made from its
+#                                 requirements/rocm.txt (copied to OUT/requirements-lock.txt)
 #   build_vllm.sh deps  SRC OUT   check, then install the hash-pinned build tools
 #   build_vllm.sh wheel SRC OUT   compile OUT/vllm-*.whl
 #   build_vllm.sh all   SRC OUT   deps, then wheel
 #
-# Settings (build args): GPU_ARCHS (;-separated, becomes PYTORCH_ROCM_ARCH), VLLM_VERSION,
-# MAX_JOBS (empty: derived from the CPUs and memory the build may use, VLLM_MEM_PER_JOB_GIB per
-# compile job, default 4), TRITON_KERNELS_COMMIT (check: the track's vllm.triton_kernels_commit)
-# and TRITON_KERNELS_SRC_DIR (that triton_kernels package, fetched by the source stage: vLLM's
-# CMake then clones nothing).
+# Settings (build args): GPU_ARCHS (becomes PYTORCH_ROCM_ARCH), VLLM_VERSION, MAX_JOBS and
+# VLLM_MEM_PER_JOB_GIB (lib.sh derive_max_jobs), TRITON_KERNELS_COMMIT, TRITON_KERNELS_SRC_DIR
+# (that package, fetched by the source stage: vLLM's CMake then clones nothing).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -29,7 +26,6 @@ case "$step" in check|deps|wheel|all) ;; *) echo "usage: $0 check|deps|wheel|all
 [ -d "$src" ] || fail "$src: no vLLM source directory (the vllm-src build context)"
 mkdir -p "$out"
 use_ca_bundle
-tools=$here/requirements-build.txt
 
 check() {
   python "$here/vllm_requirements.py" files "$src"
@@ -37,9 +33,7 @@ check() {
     UNRESOLVED) echo "vllm-wheel: WARNING: the triton_kernels commit is unresolved in versions.json: the one vLLM's CMake names is not checked" >&2 ;;
     *) python "$here/vllm_requirements.py" triton-kernels "$src" "$TRITON_KERNELS_COMMIT" ;;
   esac
-  python "$here/vllm_requirements.py" build-tools "$src" "$tools"
-  # vLLM's ROCm runtime requirements are installed from a hash-locked file made from this
-  # release's requirements/rocm.txt (python3 -m ci.pins lock): it must be this source's.
+  python "$here/vllm_requirements.py" build-tools "$src" "$here/requirements-build.txt"
   : "${VLLM_LOCK:?set VLLM_LOCK to the track's lock of vLLM's runtime requirements (ci/locks/vllm-<track>-rocm.txt)}"
   python "$here/vllm_requirements.py" lock "$src" "$VLLM_LOCK"
   cp "$VLLM_LOCK" "$out/requirements-lock.txt"
@@ -59,10 +53,8 @@ wheel() {
   [ -f "$TRITON_KERNELS_SRC_DIR/__init__.py" ] \
     || fail "TRITON_KERNELS_SRC_DIR=$TRITON_KERNELS_SRC_DIR is not the triton_kernels package (no __init__.py): check the triton-kernels-src build context"
   derive_max_jobs vllm-wheel VLLM_MEM_PER_JOB_GIB
-  python - <<'PY' || fail "the base image's torch is not a ROCm build: rebuild the base target (docker buildx bake base)"
-import sys, torch
-sys.exit(0 if torch.version.hip else 1)
-PY
+  python -c 'import sys, torch; sys.exit(0 if torch.version.hip else 1)' \
+    || fail "the base image's torch is not a ROCm build: rebuild the base target (docker buildx bake base)"
   export PYTORCH_ROCM_ARCH=$GPU_ARCHS VLLM_TARGET_DEVICE=rocm TRITON_KERNELS_SRC_DIR
   export CCACHE_DIR=${CCACHE_DIR:-/root/.cache/ccache}
   echo "vllm-wheel: PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH, triton_kernels from $TRITON_KERNELS_SRC_DIR"

@@ -3,15 +3,11 @@
 #
 #   install_ray.sh LOCK ROOT
 #
-# LOCK: ci/docker/requirements-ray.txt (python3 -m ci.pins lock ray), ray and msgpack with the
-# hashes of every wheel of their versions: pip takes the wheel of this image's Python.
-#
-# Every distribution installed in this Python is held at its version (a constraints file), so the
-# requirements of Ray that vLLM already brings (click, filelock, jsonschema, packaging, protobuf,
-# pyyaml, requests) are used as they are; pip fails when Ray needs another version of one of them.
-# The pinned requirements vLLM does not bring (msgpack) are installed only when absent. Afterwards
-# ROOT must hold exactly the distributions installed on purpose, and Ray must import from it.
-# Errors: one line, exit status 1.
+# LOCK: ci/docker/requirements-ray.txt (python3 -m ci.pins lock ray): ray and msgpack, every wheel's hash.
+# Every installed distribution is held at its version (constraints), so Ray's requirements that vLLM
+# brings (click, protobuf, requests, ...) are used as they are; pip fails when Ray needs another
+# version. msgpack is installed only when absent. ROOT must then hold exactly the distributions
+# installed on purpose, and Ray must import from it. Errors: one line, exit status 1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -66,7 +62,6 @@ python3 -m pip install --require-hashes --no-compile --no-warn-script-location -
   --root "$root" --constraint "$work/constraints.txt" --requirement "$work/requirements.txt" \
   || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change ci/docker/requirements-ray.in (then lock) or the vLLM image"
 
-# What ROOT holds must be exactly the distributions wanted; then Ray imports from it at the pin.
 python3 -B - "$root" "$RAY_VERSION" "${wanted[@]}" <<'PY'
 import os
 import re

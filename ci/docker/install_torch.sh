@@ -5,18 +5,13 @@
 #
 #   install_torch.sh LOCKS_DIR [INDEX_URL]
 #
-# Settings (build args, the track's pytorch section): PYTORCH_INDEX_URL, PYTORCH_LOCK (a file name in
-# LOCKS_DIR), PYTORCH_LOCK_SHA256, TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION;
-# ALLOW_UNRESOLVED. INDEX_URL: a copy of that index (a local mirror, https:// or file://; default
-# index_url).
-# A pinned lock: its sha256 checked and the lock installed exactly (install_lock.sh); it must hold
-# the pinned versions, and torch must require the Triton it holds (pinned_dists.py torch-triton).
-# An unresolved lock (lock_sha256 null) stops the step in one line naming the command that makes it,
-# unless ALLOW_UNRESOLVED=1 (development images only): then torch, torchvision and torchaudio of the
-# pinned versions and what they require come from the index alone (pip --isolated) without hash checks.
-# Then, when torch's Triton is not the distribution `triton`, an alias distribution `triton` of the
-# same version is recorded (pinned_dists.py triton-alias) so that nothing pulls PyPI's CUDA triton,
-# and pip check must hold.
+# Settings (build args): PYTORCH_INDEX_URL, PYTORCH_LOCK (in LOCKS_DIR), PYTORCH_LOCK_SHA256,
+# TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION, ALLOW_UNRESOLVED. INDEX_URL: a mirror of
+# that index (https:// or file://).
+# The lock must hold the pinned versions, and torch must require the Triton it holds. An unresolved
+# lock stops the step unless ALLOW_UNRESOLVED=1 (development only: the pinned versions from the
+# index alone, unhashed). When torch's Triton is not the distribution `triton`, an alias `triton`
+# of its version is recorded (pinned_dists.py triton-alias) so nothing pulls PyPI's CUDA triton.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh

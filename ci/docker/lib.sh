@@ -1,20 +1,18 @@
 # Sourced by the build scripts and by Dockerfile RUN steps; defines functions only.
 #
 #   check_pin NAME VALUE COMPONENT
-#                            VALUE UNRESOLVED (null in versions.json) stops the step, naming NAME
-#                            and the ci.pins resolve target COMPONENT, unless ALLOW_UNRESOLVED=1
-#                            (then a warning); the caller defines fail and warn
-#   use_ca_bundle            when the build secret "ca-bundle" is mounted, point pip, git and
-#                            Python's HTTPS clients at it (TLS-inspecting proxies)
+#                            VALUE UNRESOLVED (a null pin) stops the step, naming NAME and the
+#                            ci.pins resolve target COMPONENT, unless ALLOW_UNRESOLVED=1 (then a
+#                            warning); the caller defines fail and warn
+#   use_ca_bundle            point pip, git and Python's HTTPS clients at the build secret
+#                            "ca-bundle" when mounted (TLS-inspecting proxies)
 #   derive_max_jobs NAME PER_JOB_VAR
-#                            set and export MAX_JOBS (unless given) from the CPUs this build may
-#                            use and the memory it may use (MemAvailable, capped by the cgroup
-#                            memory limit), PER_JOB_VAR GiB per compile job; print one line;
-#                            exit when one job does not fit
+#                            set and export MAX_JOBS (unless given) from the CPUs and memory this
+#                            build may use, PER_JOB_VAR GiB per compile job; print one line; exit
+#                            when one job does not fit
 #
-# Inputs read from the environment: MAX_JOBS (given: kept, checked against memory),
-# ROCM_VLLM_CA_BUNDLE (default /run/secrets/ca-bundle), ROCM_VLLM_CGROUP_DIR (default
-# /sys/fs/cgroup), ROCM_VLLM_MEMINFO (default /proc/meminfo).
+# Environment: MAX_JOBS (given: kept, checked against memory), ROCM_VLLM_CA_BUNDLE (default
+# /run/secrets/ca-bundle), ROCM_VLLM_CGROUP_DIR (/sys/fs/cgroup), ROCM_VLLM_MEMINFO (/proc/meminfo).
 
 check_pin() {
   [ "$2" = UNRESOLVED ] || return 0

@@ -4,16 +4,11 @@
 #   vllm_source.sh clone  DEST   clone the vLLM repository at the pinned tag into DEST
 #   vllm_source.sh verify SRC    check SRC is the pinned commit with no local changes
 #   vllm_source.sh triton-kernels DEST
-#                                the ROCm triton_kernels package vLLM's CMake would clone at build
-#                                time: the pinned triton_kernels path of its repository at its
-#                                commit, copied to DEST (the build points
-#                                TRITON_KERNELS_SRC_DIR at it)
+#                                copy to DEST the ROCm triton_kernels package vLLM's CMake would
+#                                clone at build time (TRITON_KERNELS_SRC_DIR points at it)
 #
-# Settings (build args, versions.json's vllm and the track's release): VLLM_REPOSITORY (clone),
-# VLLM_TAG, VLLM_COMMIT; TRITON_KERNELS_REPOSITORY, TRITON_KERNELS_COMMIT, TRITON_KERNELS_PATH
-# (triton-kernels); ALLOW_UNRESOLVED (1: accept an unresolved commit and record the one found;
-# development only).
-# A CA bundle mounted at /run/secrets/ca-bundle is used for https remotes when present.
+# Settings (build args): VLLM_REPOSITORY, VLLM_TAG, VLLM_COMMIT, TRITON_KERNELS_REPOSITORY,
+# TRITON_KERNELS_COMMIT, TRITON_KERNELS_PATH, ALLOW_UNRESOLVED (development only).
 set -euo pipefail
 
 fail() { echo "vllm-src: ERROR: $*" >&2; exit 1; }
