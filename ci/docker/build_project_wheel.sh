@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Build a pure-Python package's wheel: build_project_wheel.sh SRC WHEEL_DIR [WHEEL_NAME]
-# SRC holds the package's pyproject.toml and src/ only: backend/ (WHEEL_NAME vllm_aiter_mla, the
-# default) or runtime/ (rocm_vllm_runtime). The wheel is pure Python and built
-# with the image's own Python; setuptools from the image is used when it can build wheels
-# (no index needed), otherwise pip builds in isolation (needs an index; PIP_INDEX_URL/PIP_CERT).
+# SRC: backend/ (WHEEL_NAME vllm_aiter_mla, the default) or runtime/ (rocm_vllm_runtime). The image's
+# setuptools is used when it can build wheels (no index needed), else pip builds in isolation
+# (needs an index; PIP_INDEX_URL/PIP_CERT).
 # SOURCE_DATE_EPOCH makes the wheel byte-identical for identical sources.
 set -euo pipefail
 src=${1:?source directory} out=${2:?wheel directory} name=${3:-vllm_aiter_mla}

@@ -5,13 +5,10 @@
 #
 #   install_lock.sh LOCK INDEX_URL LOCK_SHA256
 #
-# LOCK: a hash-locked requirements file (each wheel as name==version --hash=sha256:..., made by a
-#   resolver against INDEX_URL alone on a connected host: python3 -m ci.pins resolve); the whole set,
-#   installed --no-deps.
-#   It holds those pins and their hashes and nothing else (lock_lines.py beside this script, before
-#   pip reads it): no index, link or include option, no URL, no range or marker.
-# LOCK_SHA256: the lock's own sha256 as versions.json pins it (a therock or pytorch section's
-#   lock_sha256): a lock that is not the pinned one is refused before anything is installed.
+# LOCK: name==version --hash=sha256:... lines made against INDEX_URL alone (python3 -m ci.pins
+#   resolve), installed --no-deps; nothing else (lock_lines.py checks it before pip reads it).
+# LOCK_SHA256: the lock's sha256 as versions.json pins it: another lock is refused before anything
+#   is installed.
 # INDEX_URL: the index the lock was made against (never PyPI beside it, never a nightly index: PyPI
 #   holds same-named placeholder projects, rocm, rocm-sdk-core, ..., so a second index could
 #   substitute one). https://, or file:// for a local mirror.

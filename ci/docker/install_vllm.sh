@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # Install the vLLM wheel built by build_vllm.sh: install_vllm.sh WHEELS
-# WHEELS holds vllm-*.whl and requirements-lock.txt: vLLM's ROCm runtime requirements, locked with
-# their hashes for this release (ci/locks/vllm-<track>-rocm.txt, checked against the source by
-# build_vllm.sh), without the base image's pinned distributions (torch, torchvision, torchaudio,
-# Triton, amdsmi, amd-aiter). Both are installed without dependency resolution; pip check then
-# proves the set complete, and the step fails when a pinned distribution changed anyway.
+# WHEELS holds vllm-*.whl and requirements-lock.txt (vLLM's ROCm runtime requirements, hash-locked,
+# without the base image's pinned distributions). Both are installed without dependency resolution;
+# pip check proves the set complete, and the step fails when a pinned distribution changed anyway.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -15,7 +13,6 @@ use_ca_bundle
 work=$(mktemp -d)
 python "$here/pinned_dists.py" snapshot "$work/before.json"
 python -m pip install --require-hashes --no-deps -r "$wheels/requirements-lock.txt"
-# the wheel built in the vllm-wheel stage: a local file, nothing fetched
 python -m pip install --no-deps --no-index "$wheels"/vllm-*.whl
 python -m pip check || { echo "vllm-built: ERROR: vLLM's locked requirements conflict with the base image (pip check above): run python3 -m ci.pins lock vllm, or change the pins in versions.json" >&2; exit 1; }
 python "$here/pinned_dists.py" compare "$work/before.json" --step "vllm-built"
