@@ -1,14 +1,8 @@
-"""The versions file: loading, the unresolved-pin convention, release tracks, and the build
-args it defines.
+"""The versions file: loading, release tracks and the build args it defines.
 
-Convention: an unresolved pin is JSON null and its field name is listed in the
-enclosing object's "unresolved" list. Build files render it as the sentinel
-UNRESOLVED, which the build refuses unless ALLOW_UNRESOLVED=1 (development builds).
-
-Release tracks: each supported vLLM release line ("0.33", "0.32") is an entry of "tracks" with
-its vLLM pins and the name of its AITER pin; what tracks share (ROCm base image, PyTorch wheels,
-Python, Ray, GPU archs) is written once at the top level, and a track may replace one of
-TRACK_OVERRIDES with its own. "default_track" is the track a plain build builds (the newest).
+An unresolved pin is JSON null, listed in its object's "unresolved"; build files render it as UNRESOLVED,
+which the build refuses unless ALLOW_UNRESOLVED=1. Each vLLM release line is an entry of "tracks"; what
+tracks share is written once at the top level, and a track may replace one of TRACK_OVERRIDES with its own.
 """
 from __future__ import annotations
 
@@ -28,10 +22,8 @@ VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
-# The one reader of JSON (a key given twice refused, naming it).
 files = runtime_modules.module("files")
-# Keys whose values are git repositories, and https URLs (indexes, downloads); their patterns are
-# versions.schema.json's.
+# Keys whose values are git repositories, and https URLs (patterns: versions.schema.json).
 REPOSITORY_KEYS = ("repository", "hipkittens_repository")
 URL_KEYS = ("index_url", "url")
 # Shared sections a track may replace with its own (a track on another ROCm release).
@@ -46,16 +38,9 @@ BUILT_STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
 # The shared sections (TRACK_OVERRIDES) a stack does not use: a therock track takes PyTorch from its
 # TheRock lock, not from a pytorch section.
 UNUSED_SECTIONS = {THEROCK_STACK: ("pytorch",)}
-# Where the hash locks resolve makes live: a therock track's TheRock wheels (therock_lock_name), the
-# PyTorch wheels of a pytorch section (pytorch_lock_name).
 LOCKS_DIR = Path("ci/locks")
-
-
-# The PyTorch wheels a track installs, by version (versions.json pytorch.torch, and a therock track's
-# tracks.<track>.therock.torch); their Triton is the one torch requires (its lock holds it).
+# The PyTorch wheels a track installs; their Triton is the one torch requires (its lock holds it).
 TORCH_WHEELS = ("torch", "torchvision", "torchaudio")
-
-
 # Words of a host label or path segment that name one of TheRock's channels other than its releases
 # (its nightly host is rocm.nightlies.amd.com, upstream's nightly.repo.amd.com; pre-releases
 # rocm.prereleases.amd.com).
@@ -63,8 +48,8 @@ THEROCK_NOT_RELEASE = ("nightly", "nightlies", "prerelease", "prereleases")
 
 
 def therock_index_problem(url: str) -> str | None:
-    """What is wrong with a TheRock index URL, or None: read by its parts (https, a host, no credentials,
-    query or fragment), no host label or path segment, percent-decoded, naming a nightly or pre-release."""
+    """What is wrong with a TheRock index URL (https, a host, no credentials, query or fragment, nothing
+    naming a nightly or pre-release once percent-decoded), or None."""
     import unicodedata  # noqa: PLC0415
     import urllib.parse  # noqa: PLC0415
 
@@ -90,9 +75,8 @@ def therock_index_problem(url: str) -> str | None:
 
 
 def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: list[str]) -> list[str]:
-    """What a therock track installs from TheRock's release index, as upstream's base installs it but for this
-    project's GPU archs only: the SDK (libraries, devel), the PyTorch wheels, and per arch the device wheels
-    (GPU code objects) of the SDK, torch and torchvision."""
+    """What a therock track installs from TheRock's release index, as upstream's base does but for this
+    project's GPU archs only: the SDK, the PyTorch wheels, and each arch's device wheels."""
     wanted = [f"rocm[libraries,devel]=={sdk_version}", *torch_requirements(torch)]
     for arch in gpu_archs:
         wanted += [f"rocm[device-{arch}]=={sdk_version}", f"torch[device-{arch}]=={torch['torch']}",
@@ -101,12 +85,10 @@ def therock_requirements(sdk_version: str, torch: dict[str, str], gpu_archs: lis
 
 
 def torch_requirements(torch: dict[str, str]) -> list[str]:
-    """NAME==VERSION of each PyTorch wheel (TORCH_WHEELS) of a {name: version} pin."""
     return [f"{name}=={torch[name]}" for name in TORCH_WHEELS]
 
 
 def therock_lock_name(track: str) -> str:
-    """The file name of a therock track's hash lock of TheRock wheels, in LOCKS_DIR."""
     return f"therock-{track}.txt"
 
 
@@ -117,8 +99,7 @@ _LOCK_FILE_PART_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 
 
 def aiter_lock_name(tag: str) -> str:
-    """The file name, in LOCKS_DIR, of the hash lock of AITER `tag`'s own requirements (its requirements.txt
-    at the pinned commit): aiter-<tag>.txt; a PinError for a tag that cannot name a file there."""
+    """aiter-<tag>.txt, the lock of AITER `tag`'s own requirements; PinError for a tag that cannot name a file."""
     if not _LOCK_FILE_PART_RE.match(tag):
         raise PinError(f"aiter tag {tag!r} cannot name a lock file in {LOCKS_DIR} (letters, digits and . _ + -): "
                        "fix the tag in versions.json")
@@ -131,18 +112,15 @@ def section_path(data: dict, key: str, name: str) -> str:
 
 
 def pytorch_lock_name(data: dict, name: str) -> str:
-    """The file name, in LOCKS_DIR, of the hash lock of the PyTorch wheels the track installs: named after the
-    section it is made from (pytorch.txt for the shared one, pytorch-<track>.txt for a track's own)."""
+    """The PyTorch lock's file name, after the section it is made from (shared: pytorch.txt)."""
     return f"pytorch-{name}.txt" if "pytorch" in data["tracks"][name] else "pytorch.txt"
 
 
 def track_stack(data: dict, name: str) -> str:
-    """The track's ROCm stack (tracks.<name>.stack; rocm-image where it names none)."""
     return data["tracks"][name].get("stack", ROCM_IMAGE_STACK)
 
 
 def therock_track_names(data: dict) -> list[str]:
-    """The tracks on the therock stack, newest first."""
     return [name for name in track_names(data) if track_stack(data, name) == THEROCK_STACK]
 
 
@@ -161,7 +139,7 @@ class PinError(Exception):
 
 
 def load(path: Path | str = VERSIONS_FILE) -> dict:
-    """A file of a JSON object, by the one reader (bounded, a key given twice refused): PinError in one line."""
+    """A file of a JSON object (bounded, a key given twice refused): PinError in one line."""
     try:
         data = files.read_json(path)
     except OSError as exc:
@@ -174,20 +152,17 @@ def load(path: Path | str = VERSIONS_FILE) -> dict:
 
 
 def canonical(data: dict) -> str:
-    """The one layout of the versions file: keys sorted, two-space indent, UTF-8 as is, one
-    trailing newline. Every writer writes it; verify rejects any other."""
+    """The one layout of the versions file, which every writer writes and verify holds it to."""
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def dump(data: dict, path: Path | str = VERSIONS_FILE) -> None:
-    """Write data to path in the canonical layout, atomically; nothing is written when nothing changed."""
     write_files({Path(path): canonical(data)})
 
 
 def recorded_files(data: dict, path: Path, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
-    """(what changes in the Dockerfiles, {path: text}) of recording data: the versions file at path in its
-    canonical layout, the Dockerfiles' global ARG defaults and the backend's supported range, for one all-or-
-    nothing write_files."""
+    """(Dockerfile changes, {path: text}) of recording data: the versions file, the Dockerfiles' ARG defaults
+    and the backend's range, for one all-or-nothing write_files."""
     docker_changes, texts = global_arg_updates(data, root)
     texts[Path(path)] = canonical(data)
     texts.update(backend_range_update(data, root))
@@ -205,8 +180,7 @@ def backend_range_update(data: dict, root: Path = REPO_ROOT) -> dict[Path, str]:
 
 
 def backend_ranges(data: dict) -> dict[str, str]:
-    """{track: the SUPPORTED_VLLM that ends at that track}: the ranges the plugin may declare (from
-    the oldest track up to any track)."""
+    """{track: the SUPPORTED_VLLM from the oldest track up to that one}: the ranges the plugin may declare."""
     return {name: supported_vllm(data, name) for name in track_names(data)}
 
 
@@ -228,8 +202,7 @@ def stepped_aside(data: dict, declared: str) -> list[str]:
 
 
 def write_files(contents: dict) -> list[Path]:
-    """Write every {path: text} atomically and all or nothing: each goes to a temporary file beside it first;
-    only when all are written are they renamed into place."""
+    """Write every {path: text} all or nothing: each to a temporary file beside it, renamed once all are."""
     todo = {}
     for path, text in contents.items():
         path = Path(os.path.realpath(path))  # a symbolic link is written through: its target changes
@@ -271,20 +244,16 @@ def write_files(contents: dict) -> list[Path]:
 
 def render(value) -> str:
     """A pin as a build-arg string: null becomes the UNRESOLVED sentinel."""
-    if value is None:
-        return UNRESOLVED
     if isinstance(value, list):
         return ";".join(str(v) for v in value)
-    return str(value)
+    return UNRESOLVED if value is None else str(value)
 
 
 def track_names(data: dict) -> list[str]:
-    """The tracks, newest first."""
     return sorted(data["tracks"], key=Version, reverse=True)
 
 
 def track_name(data: dict, name: str | None = None) -> str:
-    """name, or the default track; PinError for a track versions.json does not have."""
     name = name or data["default_track"]
     if name not in data["tracks"]:
         raise PinError(f"no release track {name!r} in versions.json (tracks: {', '.join(track_names(data))}): "
@@ -307,8 +276,8 @@ def track_aiter_pin_name(data: dict, name: str | None = None, aiter_name: str | 
 
 
 def supported_vllm(data: dict, up_to: str | None = None) -> str:
-    """A range of vLLM releases for the backend: from the oldest track's release up to, not including, the
-    minor release after track ``up_to`` (default: the newest; patch releases of a track are that track)."""
+    """From the oldest track's release up to, not including, the minor release after track ``up_to``
+    (default: the newest)."""
     names = track_names(data)
     versions = [data["tracks"][t]["vllm"]["version"] for t in names]
     major, minor = Version(data["tracks"][up_to or names[0]]["vllm"]["version"]).release[:2]
@@ -316,7 +285,6 @@ def supported_vllm(data: dict, up_to: str | None = None) -> str:
 
 
 def backend_supported_vllm(root: Path = REPO_ROOT) -> tuple[Path, str | None]:
-    """(file, the SUPPORTED_VLLM string it declares, or None)."""
     path = root / BACKEND_INIT
     try:
         m = _SUPPORTED_RE.search(path.read_text())
@@ -346,8 +314,7 @@ def image_ref(base: dict, allow_unresolved: bool = False) -> str:
 
 
 def pytorch_pins(data: dict, name: str) -> dict:
-    """The track's pytorch section; empty on a stack that takes PyTorch elsewhere (therock: from its
-    TheRock lock)."""
+    """The track's pytorch section; empty on a stack that takes PyTorch elsewhere (therock: its lock)."""
     if "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ()):
         return {}
     return section(data, "pytorch", name)
@@ -355,9 +322,8 @@ def pytorch_pins(data: dict, name: str) -> dict:
 
 def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
                track_name_: str | None = None) -> dict[str, str]:
-    """Every build arg the versions file defines for one track (default: default_track), one per
-    pin, as the Dockerfiles and the bake file (_versions) name them. null: UNRESOLVED; a list:
-    ';'-joined (GPU_ARCHS) or space-joined (AITER_REQUIRED_MODULES); a pin of the other stack: ""."""
+    """Every build arg of one track (default: default_track), as the Dockerfiles and the bake file name them;
+    a list is ';'-joined (GPU_ARCHS) or space-joined (AITER_REQUIRED_MODULES), another stack's pin is ""."""
     name = track_name(data, track_name_)
     own = data["tracks"][name]["vllm"]
     aiter, pin = data["aiter"], aiter_pin(data, aiter_name, name)
@@ -447,8 +413,7 @@ def _global_lines(text: str):
 
 
 def global_arg_defaults(text: str) -> dict[str, tuple[int, str | None]]:
-    """{name: (line number, default)} of the ARGs before the first FROM: the only ARGs that
-    carry defaults (a stage re-declares an ARG by name)."""
+    """{name: (line number, default)} of the ARGs before the first FROM (a stage re-declares one by name)."""
     return {m.group(2): (i + 1, None if m.group(3) is None else _unquote(m.group(3)))
             for i, _, m in _global_lines(text) if m}
 
@@ -458,8 +423,6 @@ def _unquote(value: str) -> str:
 
 
 def _quote(value: str) -> str:
-    """A default as an ARG line holds it: single quotes around a value with double quotes, double
-    quotes around a value with spaces."""
     if '"' in value:
         if "'" in value:
             raise PinError(f"{value!r}: a build-arg default cannot hold both quote characters: change the pin")
@@ -468,8 +431,7 @@ def _quote(value: str) -> str:
 
 
 def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
-    """(what changes, {path: new text}) of the Dockerfiles whose global ARG defaults differ from
-    the versions file; every other byte stays as it is."""
+    """(what changes, {path: new text}) of the Dockerfiles' global ARG defaults; every other byte stays."""
     expected = build_args(data)
     changes: list[str] = []
     texts: dict[Path, str] = {}
