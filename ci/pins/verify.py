@@ -15,15 +15,12 @@ secrets = runtime_modules.module("secrets")
 numbers = runtime_modules.module("numbers")
 schema = runtime_modules.module("schema")
 files = runtime_modules.module("files")
-# The shape of versions.json, every string's pattern included (JSON Schema, Draft 2020-12).
 SCHEMA_FILE = model.REPO_ROOT / "versions.schema.json"
 
 
 def check_schema(data: dict) -> list[str]:
-    """versions.json against versions.schema.json (its shape and every string's pattern), then what holds
-    across fields: a null pin is listed in its object's "unresolved" and a listed one is null, the tracks name
-    their AITER pin and the default track exists, a track's vLLM is of its release line and commit prefix,
-    TheRock's index is a release one and no URL holds credentials."""
+    """versions.json against versions.schema.json, then what holds across fields (unresolved lists, track
+    names, commit prefixes, TheRock's release index, no credentials in a URL)."""
     secret = {path: why for path, value in _urls(data, "") if (why := credentials_problem(path, value) or
                                                                 _port_problem(path, value))}
     errors = [f"{path}: {why}" for path, why in secret.items()]  # the value is not shown
@@ -46,8 +43,7 @@ def check_schema(data: dict) -> list[str]:
             errors.append(f"{where}.vllm.commit {vllm['commit']} does not start with {where}.vllm.commit_prefix "
                           f"{vllm['commit_prefix']}: wrong commit")
         if "therock" in own:
-            problem = model.therock_index_problem(own["therock"]["index_url"])
-            if problem:
+            if problem := model.therock_index_problem(own["therock"]["index_url"]):
                 errors.append(f"{where}.therock.index_url: {problem}: TheRock's release index over https")
     for name, pin in data["aiter"]["pins"].items():
         for key in ("ck_commit", "requirements_lock_sha256"):
@@ -57,7 +53,6 @@ def check_schema(data: dict) -> list[str]:
 
 
 def _unresolved(node, path: str, errors: list[str]) -> None:
-    """A pin is null exactly when its object's "unresolved" list names it."""
     if isinstance(node, dict):
         listed = node.get("unresolved", [])
         for field in listed:
@@ -73,7 +68,6 @@ def _unresolved(node, path: str, errors: list[str]) -> None:
 
 
 def _urls(node, path: str):
-    """(path, value) of every repository and URL string of the versions file."""
     if isinstance(node, dict):
         for key, value in node.items():
             here = f"{path}.{key}" if path else key
@@ -107,8 +101,8 @@ def credentials_problem(key: str, value: str) -> str | None:
 
 
 def check_backend_range(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """The backend's SUPPORTED_VLLM runs from the oldest track up to one of the tracks (the plugin
-    refuses other vLLMs; a track past its range is one the plugin was not yet compared with)."""
+    """The backend's SUPPORTED_VLLM runs from the oldest track up to one of the tracks (a track past it is one
+    the plugin was not yet compared with)."""
     path, declared = model.backend_supported_vllm(root)
     if not path.exists():
         return []
@@ -120,9 +114,8 @@ def check_backend_range(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
 
 
 def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """Every global ARG (before the first FROM) whose name the versions file defines defaults to
-    the versions file's value for the default track. Stages re-declare ARGs by name only, so
-    these are the defaults."""
+    """Every global ARG the versions file defines defaults to its value for the default track (stages
+    re-declare ARGs by name only)."""
     errors: list[str] = []
     expected = model.build_args(data)
     for name in model.DOCKERFILES:
@@ -137,10 +130,8 @@ def check_dockerfiles(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
 
 
 def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
-    """(where in versions.json, that section, the key that pins the lock's sha256, its lock's path, the
-    command that makes it) of every hash lock the images install: each therock track's TheRock lock, the
-    PyTorch lock of each pytorch section a rocm-image track reads (a shared one once) (lock_sha256), and the
-    lock of each AITER pin's own requirements (requirements_lock_sha256; every pin, AITER_PIN builds any)."""
+    """(where in versions.json, that section, the key pinning the lock's sha256, the lock's path, the command
+    that makes it) of every hash lock the images install, each once (every AITER pin: AITER_PIN builds any)."""
     out: dict[Path, tuple[str, dict, str, Path, str]] = {}
     for name, pin in sorted(data["aiter"]["pins"].items()):
         path = model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
@@ -161,8 +152,7 @@ def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
 
 
 def committed_locks(root: Path, data: dict) -> list[Path]:
-    """The hash locks of ci/locks/locks.json that are in this checkout (paths from root): the build
-    and the test machines install them with pip --require-hashes."""
+    """The hash locks of ci/locks/locks.json in this checkout (paths from root)."""
     from . import locks  # noqa: PLC0415  (locks imports the modules verify is imported by)
 
     if not (root / locks.LOCKS_FILE).is_file():
@@ -171,8 +161,7 @@ def committed_locks(root: Path, data: dict) -> list[Path]:
 
 
 def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """A lock whose sha256 is pinned (a therock or pytorch section's lock_sha256, an AITER pin's
-    requirements_lock_sha256) is in ci/locks/ with exactly that sha256: the build refuses any other."""
+    """A lock whose sha256 is pinned is in ci/locks/ with exactly that sha256: the build refuses any other."""
     errors = []
     for where, node, key, path, command in pinned_locks(data):
         pinned = node.get(key)
@@ -189,16 +178,14 @@ def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
             errors.append(f"{path} has sha256 {actual}, not {where}.{key} {pinned}: the lock was edited; "
                           f"make it again ({command})")
             continue
-        problem = lock_lines.problem(str(path), body)
-        if problem:
+        if problem := lock_lines.problem(str(path), body):
             errors.append(f"{problem}; make it again ({command})")
     try:
         committed = committed_locks(root, data)
     except PinError as exc:
         return errors + [f"ci/locks/locks.json: {exc}"]
     for path in committed:
-        problem = lock_lines.problem(str(path), (root / path).read_bytes())
-        if problem:
+        if problem := lock_lines.problem(str(path), (root / path).read_bytes()):
             errors.append(f"{problem}; make it again (python3 -m ci.pins lock)")
     return errors
 
