@@ -87,8 +87,14 @@ _LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x
 
 
 def error(text: object) -> None:
-    """Print one error line (the one way this tool reports a problem)."""
     print(f"error: {str(text).translate(_LINE_BREAKS)}", file=sys.stderr)
+
+
+def _failed(path: Path, errors: list[str]) -> int:
+    for line in errors:
+        error(line)
+    print(f"{path.name}: {len(errors)} error(s)", file=sys.stderr)
+    return 1
 
 
 def run(ns, parser, root: Path) -> int:
@@ -96,10 +102,7 @@ def run(ns, parser, root: Path) -> int:
     # The schema first, in every subcommand: nothing reads a malformed file.
     errors = verify.check_schema(data)
     if errors:
-        for line in errors:
-            error(line)
-        print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
-        return 1
+        return _failed(ns.file, errors)
     if getattr(ns, "aiter_pin", None) is not None and ns.aiter_pin not in data["aiter"]["pins"]:
         raise PinError(f"--aiter-pin {ns.aiter_pin}: not a key of aiter.pins (known: "
                        f"{', '.join(sorted(data['aiter']['pins']))})")
@@ -134,11 +137,8 @@ def run(ns, parser, root: Path) -> int:
         if ns.file.read_bytes() != model.canonical(data).encode():
             errors.insert(0, f"{ns.file.name} is not in the canonical layout (keys sorted, two-space indent, one "
                              "trailing newline): run python3 -m ci.pins format")
-        for line in errors:
-            error(line)
         if errors:
-            print(f"{ns.file.name}: {len(errors)} error(s)", file=sys.stderr)
-            return 1
+            return _failed(ns.file, errors)
         if unresolved:
             print(f"{ns.file.name}: OK, {len(unresolved)} unresolved pin(s) (verify --strict fails on them): "
                   + ", ".join(unresolved))
@@ -156,7 +156,6 @@ def run(ns, parser, root: Path) -> int:
 
 @dataclasses.dataclass
 class Item:
-    """One thing resolve reads from one source: an AITER pin, a track's vLLM, a base image, a wheel set."""
     label: str
     needs: str
     run: Callable[[], list[str]]
@@ -164,8 +163,7 @@ class Item:
 
 def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str], pin_names: list[str],
                   lock_texts: dict[Path, str]) -> list[Item]:
-    """The items to resolve; each lock one makes is added to lock_texts ({path: text}), written
-    with versions.json under --write."""
+    """The items to resolve; each lock one makes goes into lock_texts ({path: text})."""
     items: list[Item] = []
     for kind in what:
         if kind == "aiter":
@@ -205,8 +203,7 @@ def resolve_items(ns, data: dict, root: Path, what: list[str], tracks: list[str]
 
 
 def run_resolve(ns, data: dict, root: Path) -> int:
-    """Resolve every item (each AITER pin, each track's vLLM, base image and wheel set), each all or nothing:
-    one that fails is named in one line, left as it was, and the others go on."""
+    """Resolve every item all or nothing: one that fails is named, left as it was, and the others go on."""
     bad = [w for w in ns.what if w not in RESOLVE_ITEMS]
     if bad:
         raise PinError(f"resolve: unknown item(s) {', '.join(bad)}; choose from {', '.join(RESOLVE_ITEMS)}")
@@ -241,12 +238,7 @@ def run_resolve(ns, data: dict, root: Path) -> int:
     if not changes and not failed:
         print("nothing changed")
     if ns.write and changes:
-        # versions file and Dockerfiles together: all written, or none
-        docker_changes, texts = model.recorded_files(data, ns.file, root)
-        texts.update(lock_texts)
-        model.write_files(texts)
-        for line in docker_changes:
-            print(line)
+        _record(data, ns.file, root, lock_texts)
     elif changes:
         print("(dry run: add --write to record these)")
     if failed:
@@ -259,27 +251,20 @@ def run_resolve(ns, data: dict, root: Path) -> int:
 
 
 def resolve_therock(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
-    """A therock track's TheRock lock, made by uv against its release index alone (locks.therock_lock), into
-    ci/locks/therock-<track>.txt, and its sha256 into tracks.<track>.therock.lock_sha256."""
     return _resolve_lock(ns, data["tracks"][track]["therock"], f"tracks.{track}.therock",
                          root / model.LOCKS_DIR / model.therock_lock_name(track),
                          lambda: locks.therock_lock(data, track), lock_texts)
 
 
 def resolve_pytorch(ns, data: dict, root: Path, track: str, lock_texts: dict[Path, str]) -> list[str]:
-    """The PyTorch lock of the pytorch section the track reads, made by uv against its index alone
-    (locks.pytorch_lock), into ci/locks/ (model.pytorch_lock_name), and its sha256 into that section's
-    lock_sha256."""
     return _resolve_lock(ns, model.section(data, "pytorch", track), model.section_path(data, "pytorch", track),
                          root / model.LOCKS_DIR / model.pytorch_lock_name(data, track),
                          lambda: locks.pytorch_lock(data, track), lock_texts)
 
 
 def resolve_aiter_lock(ns, data: dict, root: Path, name: str, lock_texts: dict[Path, str]) -> list[str]:
-    """The hash lock of AITER pin `name`'s own requirements (locks.aiter_lock), made from the requirements.txt
-    of its commit (read from the repository: resolve.fetch_files), into ci/locks/aiter-<tag>.txt, and its
-    sha256 into aiter.pins.<name>.requirements_lock_sha256; a commit without requirements.txt pins
-    model.NO_REQUIREMENTS ("none") and has no lock."""
+    """The hash lock of AITER pin `name`'s own requirements, from its commit's requirements.txt; a commit
+    without one pins model.NO_REQUIREMENTS and has no lock."""
     pin = data["aiter"]["pins"][name]
     if not pin.get("commit"):
         return []
@@ -303,8 +288,8 @@ def resolve_aiter_lock(ns, data: dict, root: Path, name: str, lock_texts: dict[P
 
 def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str],
                   lock_texts: dict[Path, str], key: str = "lock_sha256") -> list[str]:
-    """The lock `make` returns, to be written at path, and its sha256 into node's key (lock_sha256;
-    out of its unresolved list); a lock already pinned is kept unless --force."""
+    """The lock `make` returns, to be written at path, and its sha256 into node's key; a lock already pinned
+    is kept unless --force."""
     if node.get(key) and not ns.force:
         return []
     text = make()
@@ -321,8 +306,7 @@ def _resolve_lock(ns, node: dict, where: str, path: Path, make: Callable[[], str
 
 
 def run_therock(ns, data: dict) -> int:
-    """The requirement lines of a therock track (model.therock_requirements), headed by how to lock
-    them: uv against the track's release index alone, for the images' platform and Python."""
+    """The requirement lines of a therock track, headed by how to lock them."""
     therock = model.therock_track_names(data)
     name = ns.track or (therock[0] if therock else None)
     if name is None or name not in therock:
@@ -339,6 +323,14 @@ def run_therock(ns, data: dict) -> int:
     return 0
 
 
+def _record(data: dict, path: Path, root: Path, extra: dict[Path, str] | None = None) -> None:
+    """The versions file, the Dockerfiles (and extra files) written together: all, or none."""
+    docker_changes, texts = model.recorded_files(data, path, root)
+    model.write_files({**texts, **(extra or {})})
+    for line in docker_changes:
+        print(line)
+
+
 def _git_remote(url: str) -> str:
     return f"the git remote {_masked(url)} (commits)"
 
@@ -352,7 +344,6 @@ def _and(parts: list[str]) -> str:
 
 
 def backend_range_line(data: dict, root: Path) -> str:
-    """What the backend declares (SUPPORTED_VLLM), and the tracks past it, where the plugin steps aside."""
     declared = model.backend_supported_vllm(root)[1] or model.supported_vllm(data)
     line = f"backend supports vLLM {declared}"
     aside = model.stepped_aside(data, declared)
@@ -405,10 +396,7 @@ def run_discover(ns, data: dict, root: Path) -> int:
         errors = verify.check_schema(data)
         if errors:
             raise PinError(f"the proposed versions file would not verify: {errors[0]}")
-        docker_changes, texts = model.recorded_files(data, ns.file, root)
-        model.write_files(texts)
-        for line in docker_changes:
-            print(line)
+        _record(data, ns.file, root)
         print(backend_range_line(data, root))
     elif found:
         print("(dry run: add --write to record these)")
