@@ -72,12 +72,10 @@ def platform_tag(spec: dict) -> str:
 
 
 def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
-    """Every lock locks.json defines (a per_track lock once per track of the versions file data whose
-    images are built)."""
+    """Every lock locks.json defines (a per_track lock once per built track of the versions file data)."""
     spec = spec if spec is not None else load(root)
-    platforms = {"image": (platform_tag(data["platform"]), data["python"]["version"])}
-    for name, value in spec.get("platforms", {}).items():
-        platforms[name] = (platform_tag(value), value["python"])
+    platforms = {"image": (platform_tag(data["platform"]), data["python"]["version"]),
+                 **{name: (platform_tag(value), value["python"]) for name, value in spec.get("platforms", {}).items()}}
     out = []
     for name, entry in sorted(spec.get("locks", {}).items()):
         where = f"locks.json locks.{name}"
@@ -108,8 +106,7 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
 
 
 def base_image_versions(data: dict, track: str | None) -> dict[str, str]:
-    """NAME==VERSION (public part) of the PyTorch wheels the base image of the track pins: its pytorch
-    section's, or on the therock stack TheRock's PyTorch."""
+    """{name: version (public part)} of the PyTorch wheels the base image of the track pins."""
     if track is not None and model.track_stack(data, track) == model.THEROCK_STACK:
         torch = data["tracks"][track]["therock"]["torch"]
     else:
@@ -155,12 +152,8 @@ def uv_command() -> list[str]:
     return [found]
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _includes(path: Path) -> list[Path]:
-    """path and the files its -r/-c lines include, recursively (relative to the including file)."""
+    """path and the files its -r/-c lines include, recursively."""
     seen: list[Path] = []
     todo = [path]
     while todo:
@@ -176,7 +169,7 @@ def _includes(path: Path) -> list[Path]:
 
 
 def _sdist_tree(archive: Path, dest: Path) -> Path:
-    """The sdist's requirements/ folder, unpacked into dest (nothing else is needed)."""
+    """The sdist's requirements/ folder, unpacked into dest."""
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers()
                    if m.isfile() and len(Path(m.name).parts) >= 3 and Path(m.name).parts[1] == "requirements"]
@@ -200,13 +193,11 @@ def split_lock(text: str) -> tuple[str, str]:
 
 
 def requirement_count(text: str) -> int:
-    """How many requirements a lock's body holds."""
     return len(_blocks(split_lock(text)[1]))
 
 
 def body_line(body: str) -> str:
-    """The header line that records the body (what pip installs): its sha256 and entry count, so a
-    lock cut or edited below its header is told from the one the resolver made."""
+    """The header line recording the body's sha256 and entry count: a lock cut or edited below it is told."""
     return f"# body sha256:{hashlib.sha256(body.encode()).hexdigest()} ({len(_blocks(body))} requirements)"
 
 
@@ -245,14 +236,13 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> 
 
 
 def preferences(text: str) -> str:
-    """The requirement lines of a lock (name==version and any marker), without hashes: what the resolver is
-    offered to keep."""
+    """A lock's requirement lines without hashes: what the resolver is offered to keep."""
     return "".join(lines[0].removesuffix("\\").rstrip() + "\n" for _, lines, _ in _blocks(split_lock(text)[1]))
 
 
 def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Path | None,
                  uv: list[str] | None = None, prefer: str | None = None, source: Path | None = None) -> str:
-    """The lock's text as the resolver makes it now (data: the versions file)."""
+    """The lock's text as the resolver makes it now."""
     uv = uv or uv_command()
     with tempfile.TemporaryDirectory(prefix="ci-pins-lock-") as tmp:
         tmp_path = Path(tmp)
@@ -267,7 +257,7 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
         recorded = []
         for name in inputs:
             for path in _includes((cwd / name).resolve()):
-                recorded.append((str(path.relative_to(cwd.resolve())), _sha256(path)))
+                recorded.append((str(path.relative_to(cwd.resolve())), hashlib.sha256(path.read_bytes()).hexdigest()))
         cmd = [*uv, "pip", "compile", "--generate-hashes", "--no-header", "--python-version", lock.python,
                "--exclude-newer", spec["exclude_newer"], "--index-url", spec.get("index_url", "https://pypi.org/simple"),
                "--no-config",
@@ -308,8 +298,7 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
 
 def _uv_compile(cmd: list[str], cwd: Path | None, what: str, stdin: str | None = None,
                 env: dict[str, str] | None = None) -> str:
-    """uv pip compile's output (its requirement lines), within 900 s; a PinError naming `what` and
-    uv's last words otherwise. stdin: the requirement lines, where cmd reads them from "-"."""
+    """uv pip compile's output within 900 s; otherwise a PinError naming `what` with uv's last words."""
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, input=stdin, env=env)
     except subprocess.TimeoutExpired:
@@ -322,10 +311,8 @@ def _uv_compile(cmd: list[str], cwd: Path | None, what: str, stdin: str | None =
 
 def index_lock(data: dict, requirements: list[str], index_url: str, what: str, no_emit: tuple[str, ...] = (),
                uv: list[str] | None = None) -> str:
-    """The body of a hash lock of `requirements` and everything they require, as uv resolves them against
-    `index_url` alone (first index, wheels only, every page revalidated; never PyPI, never a second index: no
-    UV_* setting of the environment, UV_EXTRA_INDEX_URL or UV_FIND_LINKS among them, and no uv.toml is read)
-    for the images' platform and Python; no_emit: distributions left out of it."""
+    """The body of a hash lock of `requirements` and all they require, resolved against `index_url` alone
+    (never PyPI or a second index: no UV_* setting nor uv.toml is read) for the images' platform and Python."""
     platform = platform_tag(data["platform"])
     limit = math.ceil(resolve.timeout())
     cmd = [*(uv or uv_command()), "pip", "compile", "--generate-hashes", "--no-header", "--no-config",
@@ -339,8 +326,7 @@ def index_lock(data: dict, requirements: list[str], index_url: str, what: str, n
 
 def _index_lock_text(data: dict, requirements: list[str], body: str, command: str, index_url: str, pin: str,
                      install: str, notes: tuple[str, ...] = ()) -> str:
-    """A lock made by index_lock: its header (how it was made, for which platform, where its sha256
-    is pinned, how it installs, its inputs, its body's digest) and body."""
+    """A lock made by index_lock: its header and body."""
     platform = platform_tag(data["platform"])
     lines = [f"# Locked by `{command}` (uv pip compile --generate-hashes against "
              f"{resolve.secrets.masked_url(index_url)} alone): do not edit; resolve again.",
@@ -356,9 +342,7 @@ THEROCK_BUILT_HERE = ("triton", "pytorch-triton-rocm", "triton-rocm")
 
 
 def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
-    """The hash lock of a therock track's TheRock wheels (model.therock_requirements: the SDK, the device
-    wheels of gpu_archs, the PyTorch wheels) and everything they require (index_lock), against the track's
-    release index alone."""
+    """The hash lock of a therock track's TheRock wheels, against the track's release index alone."""
     therock = data["tracks"][track]["therock"]
     wanted = model.therock_requirements(data["tracks"][track]["rocm"]["version"], therock["torch"], data["gpu_archs"])
     body = index_lock(data, wanted, index_url or therock["index_url"], f"therock lock of track {track}",
@@ -370,9 +354,7 @@ def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
 
 
 def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url: str | None = None) -> str:
-    """The hash lock of the PyTorch wheels a rocm-image track installs (its pytorch section's torch,
-    torchvision, torchaudio versions), the Triton torch requires and everything else they require
-    (index_lock), against the section's index alone."""
+    """The hash lock of the PyTorch wheels a rocm-image track installs, against its section's index alone."""
     pytorch = model.section(data, "pytorch", track)
     where = model.section_path(data, "pytorch", track)
     wanted = model.torch_requirements(pytorch["torch"])
@@ -387,11 +369,9 @@ AITER_REQUIREMENTS = "requirements.txt"  # AITER's own requirements, at the root
 
 def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT, uv: list[str] | None = None,
                index_url: str | None = None) -> str:
-    """The hash lock of AITER pin `name`'s own requirements (source/requirements.txt: that file of the pinned
-    commit, fetched by resolve), made as every PyPI lock of locks.json is (compile_lock: the images' platform
-    and Python, PyPI releases uploaded before exclude_newer, wheels only): the base image's distributions
-    (pinned_dists.py FIXED) bound the resolution with the versions of the newest track that builds this pin,
-    then leave the lock with what only they require, so the install never replaces them."""
+    """The hash lock of AITER pin `name`'s own requirements (source/requirements.txt), made as locks.json's
+    PyPI locks are: the base image's distributions bound the resolution with the versions of the newest track
+    that builds this pin, then leave the lock with what only they require (the install never replaces them)."""
     pin = data["aiter"]["pins"][name]
     if any(re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)
            for line in (source / AITER_REQUIREMENTS).read_text().splitlines()):
