@@ -1,10 +1,7 @@
 """`discover`: vLLM releases newer than the newest track, found on PyPI and proposed as tracks.
 
-Each new release line's newest X.Y.Z sdist (sha256 from PyPI, checked) is read: the commit prefix,
-the ROCm triton_kernels commit, and the ROCm base Dockerfile of the newest track's stack (else
-docker/Dockerfile.rocm_base; a TheRock base, ROCM_SDK_VERSION, makes a therock track), whose AITER
-tag becomes the track's AITER pin; the track becomes the default where its stack is built here.
-Newer AITER tags are reported, never taken. What changed upstream is written as a Markdown summary.
+Each new release line's newest sdist gives the track its commit prefix, triton_kernels commit, ROCm base
+Dockerfile and that file's AITER tag. Newer AITER tags are reported, never taken.
 """
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ from .model import PinError
 
 files = runtime_modules.module("files")
 schema = runtime_modules.module("schema")
-# PyPI's JSON API answer (https://docs.pypi.org/api/json/) as pypi_sdists reads it: every file of a
-# release has its type, URL, name, sha256 and yanked flag.
+# PyPI's JSON API answer (https://docs.pypi.org/api/json/) as pypi_sdists reads it.
 PYPI_LIMIT = 64 << 20
 PYPI_SCHEMA = {"type": "object", "required": ["releases"], "properties": {"releases": {
     "type": "object", "maxProperties": 100_000, "additionalProperties": {
@@ -108,8 +104,7 @@ def track_sdist(data: dict, track: str) -> Sdist:
 
 
 def new_releases(data: dict, sdists: dict[str, Sdist], up_to: str | None = None) -> list[Sdist]:
-    """The newest release of each release line newer than the newest track, oldest line first;
-    up_to: leave out releases after it."""
+    """The newest release of each line newer than the newest track (none after up_to), oldest first."""
     newest = release_key(data["tracks"][model.track_names(data)[0]]["vllm"]["version"])
     limit = release_key(up_to) if up_to else None
     lines: dict[tuple[int, int], Sdist] = {}
@@ -156,7 +151,7 @@ def dockerfile_args(text: str) -> dict[str, str]:
 
 
 def read_release(archive: Path, version: str) -> Release:
-    """Read the files the pins job needs from an sdist archive (nothing is unpacked to disk)."""
+    """The files the pins job needs, read from an sdist archive (nothing is unpacked to disk)."""
     release = Release(version, None, None)
     try:
         with tarfile.open(archive) as tar:
@@ -189,8 +184,7 @@ def read_release(archive: Path, version: str) -> Release:
 
 
 def image_parts(ref: str) -> tuple[str, str, str | None]:
-    """(name, tag, digest or None) of an image reference name:tag[@sha256:...] (the tag defaults
-    to latest, as Docker reads it)."""
+    """(name, tag, digest or None) of an image reference name:tag[@sha256:...] (tag: latest by default)."""
     ref, _, digest = ref.partition("@")
     slash = ref.rfind("/")
     colon = ref.rfind(":")
@@ -199,8 +193,7 @@ def image_parts(ref: str) -> tuple[str, str, str | None]:
 
 
 def same_image(upstream: str | None, base_image: dict) -> bool:
-    """Whether an upstream BASE_IMAGE (name:tag, with or without a digest) is base_image: name and tag
-    equal, and the digests too where both have one."""
+    """Whether an upstream BASE_IMAGE is base_image: name and tag equal, the digests too where both have one."""
     if not upstream:
         return False
     name, tag, digest = image_parts(upstream)
@@ -245,9 +238,7 @@ def therock_triton(version: str, base_path: str, args: dict[str, str], kernels_c
 
 
 def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_commit: str | None = None) -> dict:
-    """A therock track's TheRock section, from upstream's base Dockerfile ARGs: its release index and
-    PyTorch's versions (what the track installs is derived from them: model.therock_requirements); the hash
-    lock of those wheels is made on a host that reaches the index (unresolved until then)."""
+    """A therock track's TheRock section, from upstream's base Dockerfile ARGs (its lock unresolved)."""
     index = args.get(THEROCK_INDEX_ARG, "")
     torch = {name: args.get(arg, "") for name, arg in THEROCK_TORCH_ARGS.items()}
     missing = [arg for name, arg in THEROCK_TORCH_ARGS.items() if not torch[name]]
@@ -261,7 +252,6 @@ def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_com
 
 
 def track_of(version: str) -> str:
-    """The release track (major.minor) of a vLLM version."""
     return "{}.{}".format(*release_key(version).release)
 
 
@@ -276,8 +266,7 @@ class Proposal:
 
 
 def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
-    """Add the release as a track to data (the new default where this repository builds its stack);
-    returns what was added."""
+    """Add the release as a track to data (the new default where its stack is built here)."""
     newest = model.track_names(data)[0]
     base_path, same = choose_base(release, model.section(data, "base_image", newest))
     args = release.base_dockerfiles[base_path]
@@ -308,17 +297,16 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
                      f"{args.get('BASE_IMAGE')}: the track keeps the shared ROCm stack until its own rocm, "
                      "base_image and pytorch are added")
     name = track_of(release.version)
-    vllm = {"version": release.version, "tag": f"v{release.version}", "commit": None}
+    if not release.triton_kernels_commit:
+        raise PinError(f"vLLM {release.version}: cmake/external_projects/triton_kernels.cmake names no ROCm "
+                       "triton_kernels commit: add its track by hand")
+    vllm = {"version": release.version, "tag": f"v{release.version}", "commit": None, "unresolved": ["commit"],
+            "sdist": {"url": sdist.url, "sha256": sdist.sha256},
+            "triton_kernels_commit": release.triton_kernels_commit}
     if release.commit_prefix:
         vllm["commit_prefix"] = release.commit_prefix
     else:
         notes.append(f"vLLM {release.version}'s sdist records no commit id: commit_prefix left out")
-    vllm["unresolved"] = ["commit"]
-    vllm["sdist"] = {"url": sdist.url, "sha256": sdist.sha256}
-    if not release.triton_kernels_commit:
-        raise PinError(f"vLLM {release.version}: cmake/external_projects/triton_kernels.cmake names no ROCm "
-                       "triton_kernels commit: add its track by hand")
-    vllm["triton_kernels_commit"] = release.triton_kernels_commit
     data["tracks"][name] = {
         "about": f"vLLM {name} on the ROCm stack of its {base_path}, with the AITER that file names "
                  "(proposed by python3 -m ci.pins discover).",
@@ -383,8 +371,8 @@ def summary(old: Release, new: Release, proposal: Proposal) -> str:
         diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{old.version}/{path}",
                                          f"{new.version}/{path}", lineterm="", n=1))
         more = [f"... {len(diff) - SUMMARY_LINES} more lines"] if len(diff) > SUMMARY_LINES else []
-        cut = diff[:SUMMARY_LINES] + more
-        lines += [f"<details><summary>{path}</summary>", "", "```diff", *cut, "```", "", "</details>", ""]
+        lines += [f"<details><summary>{path}</summary>", "", "```diff", *diff[:SUMMARY_LINES], *more, "```", "",
+                  "</details>", ""]
     if not changed:
         lines.append("(none)")
     return "\n".join(lines) + "\n"
