@@ -1,13 +1,8 @@
-"""`resolve`: turn tags into commits, the CK submodule commit, the HipKittens commit AITER
-names and the base image digest (the wheel sets: hash locks, ci.pins.locks). Needs the network (git remotes,
-a container registry; the digest is read by `docker buildx imagetools inspect`); run it on a
-connected machine and commit the result.
+"""`resolve`: tags to commits (with the CK and HipKittens commits AITER records) and the base image digest.
 
-Every git, HTTP and registry call of every ci.pins command goes through _git, _http or
-image_digest here and is bounded in time as a whole: one that has not finished within
-PINS_TIMEOUT seconds (default 60; at most a day), however slowly its server keeps answering, is
-an error naming the URL or image, its credentials masked; an HTTP connection is given
-PINS_CONNECT_TIMEOUT seconds (default 5)."""
+Every git, HTTP and registry call of ci.pins goes through _git, _http or image_digest here, bounded in time
+as a whole (PINS_TIMEOUT, default 60 s; an HTTP connection PINS_CONNECT_TIMEOUT, default 5 s) however slowly
+its server keeps answering: an error names the URL or image, its credentials masked."""
 from __future__ import annotations
 
 import os
@@ -26,12 +21,11 @@ from .model import PinError
 
 numbers = runtime_modules.module("numbers")
 secrets = runtime_modules.module("secrets")
-files = runtime_modules.module("files")  # the one reader of JSON
+files = runtime_modules.module("files")
 
 
 def seconds(name: str, default: str) -> float:
-    """A time limit from the environment variable name, read as every duration setting is
-    (rocm_vllm_runtime.numbers: plain decimal seconds, more than 0, at most a day)."""
+    """A time limit from the environment variable name, read as every duration setting is."""
     try:
         return numbers.duration(name, os.environ.get(name, default))
     except numbers.SettingError as exc:
@@ -76,8 +70,7 @@ HIPKITTENS_FILE = "aiter/jit/core.py"
 
 
 def fetch_commit(repository: str, commit: str, repo: str) -> None:
-    """Init a scratch repository at repo and fetch one commit of repository into it (blobs on demand where the
-    server allows; all tags and branches where it does not); read it with _git(..., cwd=repo)."""
+    """One commit of repository fetched into a scratch repository at repo (blobs on demand where allowed)."""
     _git("init", "--quiet", repo)
     _git("remote", "add", "--", "origin", repository, cwd=repo)
     try:
@@ -88,8 +81,7 @@ def fetch_commit(repository: str, commit: str, repo: str) -> None:
 
 
 def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> None:
-    """The files at paths of one commit (absent ones left out) under dest, fetched without a
-    checkout (fetch_commit into dest/.git-scratch)."""
+    """The files at paths of one commit (absent ones left out) under dest, fetched without a checkout."""
     repo = str(dest / ".git-scratch")
     fetch_commit(repository, commit, repo)
     for rel in paths:
@@ -103,8 +95,7 @@ def fetch_files(repository: str, commit: str, paths: list[str], dest: Path) -> N
 
 
 def aiter_commit_facts(repository: str, commit: str, ck_path: str) -> tuple[str, str]:
-    """(CK submodule commit, HipKittens commit or "none") that an AITER commit records: the submodule entry at
-    ck_path, and the HipKittens commit aiter/jit/core.py names for its prebuild clone."""
+    """(CK submodule commit at ck_path, HipKittens commit aiter/jit/core.py names or "none") of an AITER commit."""
     with tempfile.TemporaryDirectory(prefix="pins-") as tmp:
         fetch_commit(repository, commit, tmp)
         out = _git("ls-tree", commit, "--", ck_path, cwd=tmp).split()
@@ -146,8 +137,7 @@ DOWNLOAD_LIMIT = 2 << 30
 
 
 def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
-    """(the client for url, how it connects): through the environment's proxy for its scheme (https_proxy,
-    http_proxy; no_proxy), as pip and git take it, else directly."""
+    """(the client for url, how it connects): through the environment's proxy, as pip and git take it."""
     host = numbers.url("the URL", url).host
     proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
     if proxy and not urllib.request.proxy_bypass(host):
@@ -157,9 +147,7 @@ def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
 
 
 def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
-    """One HTTP request (urllib3), connected within PINS_CONNECT_TIMEOUT seconds and finished within
-    PINS_TIMEOUT seconds as a whole, its headers and body included; the body is read here (or fed to sink in
-    chunks), at most `max_bytes` of it."""
+    """One HTTP GET finished within PINS_TIMEOUT as a whole; its body (or fed to sink), at most max_bytes."""
     limit, connect = timeout(), seconds("PINS_CONNECT_TIMEOUT", "5")
     shown = secrets.masked_url(url)
     try:
@@ -217,8 +205,7 @@ def image_ref(name: str, tag: str, registry: str | None = None) -> str:
 
 
 def image_digest(ref: str) -> str:
-    """The digest of ref (the index when the image has one), read by `docker buildx imagetools inspect`: the
-    registry's credentials come from `docker login`, and the content is checked against its digest."""
+    """The digest of ref (its index where it has one), by `docker buildx imagetools inspect` (`docker login`)."""
     docker = os.environ.get("DOCKER") or "docker"
     argv = [docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}"]
     try:
@@ -244,7 +231,6 @@ def image_digest(ref: str) -> str:
 
 def resolve_base_image(data: dict, registry: str | None = None, force: bool = False,
                        track: str | None = None) -> list[str]:
-    """The digest of the base image the track uses (its own base_image, else the shared one)."""
     own = data["tracks"][track] if track else {}
     base, where = (own["base_image"], f"tracks.{track}.base_image") if "base_image" in own else \
         (data["base_image"], "base_image")
