@@ -6,6 +6,7 @@ tracks share is written once at the top level, and a track may replace one of TR
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,9 +29,8 @@ REPOSITORY_KEYS = ("repository", "hipkittens_repository")
 URL_KEYS = ("index_url", "url")
 # Shared sections a track may replace with its own (a track on another ROCm release).
 TRACK_OVERRIDES = ("rocm", "base_image", "pytorch")
-# The ROCm stack a track's images build on: a ROCm container image (rocm/dev-ubuntu, upstream up to
-# vLLM 0.33; Dockerfile.rocm_base builds it), or TheRock: ROCm as pip wheels on a plain ubuntu image
-# (upstream's only stack from vLLM 0.34). Dockerfile.rocm_base builds both (ROCM_STACK picks the stages).
+# The ROCm stack a track's images build on: a ROCm container image (upstream up to vLLM 0.33), or TheRock,
+# ROCm as pip wheels on a plain ubuntu image (upstream's only stack from vLLM 0.34); ROCM_STACK picks it.
 ROCM_IMAGE_STACK = "rocm-image"
 THEROCK_STACK = "therock"
 STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
@@ -41,9 +41,8 @@ UNUSED_SECTIONS = {THEROCK_STACK: ("pytorch",)}
 LOCKS_DIR = Path("ci/locks")
 # The PyTorch wheels a track installs; their Triton is the one torch requires (its lock holds it).
 TORCH_WHEELS = ("torch", "torchvision", "torchaudio")
-# Words of a host label or path segment that name one of TheRock's channels other than its releases
-# (its nightly host is rocm.nightlies.amd.com, upstream's nightly.repo.amd.com; pre-releases
-# rocm.prereleases.amd.com).
+# Words of a host label or path segment naming a TheRock channel other than its releases
+# (rocm.nightlies.amd.com, upstream's nightly.repo.amd.com, rocm.prereleases.amd.com).
 THEROCK_NOT_RELEASE = ("nightly", "nightlies", "prerelease", "prereleases")
 
 
@@ -92,8 +91,7 @@ def therock_lock_name(track: str) -> str:
     return f"therock-{track}.txt"
 
 
-# aiter.pins.<name>.requirements_lock_sha256 of an AITER commit that has no requirements.txt: nothing to
-# lock or install (null stays "unresolved").
+# requirements_lock_sha256 of an AITER commit without requirements.txt: nothing to lock or install.
 NO_REQUIREMENTS = "none"
 _LOCK_FILE_PART_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 
@@ -231,10 +229,8 @@ def write_files(contents: dict) -> list[Path]:
                 os.chmod(tmp, path.stat().st_mode & 0o7777)
     except OSError as exc:
         for tmp in temps.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
         raise PinError(f"{current}: cannot write ({exc.strerror or exc}): free disk space or fix permissions; "
                        "nothing was written") from None
     for path, tmp in temps.items():
@@ -315,9 +311,8 @@ def image_ref(base: dict, allow_unresolved: bool = False) -> str:
 
 def pytorch_pins(data: dict, name: str) -> dict:
     """The track's pytorch section; empty on a stack that takes PyTorch elsewhere (therock: its lock)."""
-    if "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ()):
-        return {}
-    return section(data, "pytorch", name)
+    unused = "pytorch" in UNUSED_SECTIONS.get(track_stack(data, name), ())
+    return {} if unused else section(data, "pytorch", name)
 
 
 def build_args(data: dict, aiter_name: str | None = None, allow_unresolved: bool = False,
@@ -396,8 +391,7 @@ def unresolved_pins(data: dict, aiter_name: str | None = None, track_name_: str 
     return found
 
 
-# A global ARG as the pin tool reads and writes it: one name, an optional default (double quotes
-# when it holds spaces, single quotes when it holds double quotes), one line.
+# A global ARG as the pin tool reads and writes it: one name, an optional (quoted) default, one line;
 # tests/test_dockerfiles_static.py holds this reading equal to BuildKit's own parser's.
 _GLOBAL_ARG_RE = re.compile(r"""^(\s*ARG\s+)([A-Za-z_][A-Za-z0-9_]*)(?:=("[^"]*"|'[^']*'|[^\s"']*))?(\s*)$""",
                             re.IGNORECASE)
