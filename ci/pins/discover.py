@@ -68,7 +68,6 @@ class Sdist:
 @dataclass
 class Release:
     """What the pins job reads from a vLLM release's source."""
-
     version: str
     commit_prefix: str | None
     triton_kernels_commit: str | None
@@ -277,9 +276,8 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
     notes: list[str] = []
     stack: dict = {}
     if not same and args.get("ROCM_SDK_VERSION") and args.get("BASE_IMAGE"):
-        # upstream's base installs TheRock ROCm as wheels (rocm[libraries,devel]==ROCM_SDK_VERSION) on
-        # a plain image: the track records that stack, its base image (with the digest upstream names)
-        # and the SDK version
+        # upstream's base installs TheRock ROCm as wheels on a plain image: the track records that stack, its
+        # base image (with the digest upstream names) and the SDK version
         image, image_tag, digest = image_parts(args["BASE_IMAGE"])
         stack = {"stack": model.THEROCK_STACK,
                  "base_image": {"name": image, "tag": image_tag, "digest": digest,
@@ -293,9 +291,8 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
     elif not same:
         shared = model.section(data, "base_image", newest)
         notes.append(f"vLLM {release.version} has no base Dockerfile for {shared['name']}:{shared['tag']}; "
-                     f"{base_path} builds on "
-                     f"{args.get('BASE_IMAGE')}: the track keeps the shared ROCm stack until its own rocm, "
-                     "base_image and pytorch are added")
+                     f"{base_path} builds on {args.get('BASE_IMAGE')}: the track keeps the shared ROCm stack "
+                     "until its own rocm, base_image and pytorch are added")
     name = track_of(release.version)
     if not release.triton_kernels_commit:
         raise PinError(f"vLLM {release.version}: cmake/external_projects/triton_kernels.cmake names no ROCm "
@@ -316,10 +313,8 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         **stack,
     }
     if tag not in data["aiter"]["pins"]:
-        data["aiter"]["pins"][tag] = {"tag": tag, "commit": None, "ck_commit": None, "hipkittens_commit": None,
-                                      "requirements_lock_sha256": None,
-                                      "unresolved": ["commit", "ck_commit", "hipkittens_commit",
-                                                     "requirements_lock_sha256"]}
+        pins = ["commit", "ck_commit", "hipkittens_commit", "requirements_lock_sha256"]
+        data["aiter"]["pins"][tag] = {"tag": tag, **dict.fromkeys(pins), "unresolved": pins}
     if stack.get("stack", model.ROCM_IMAGE_STACK) in model.BUILT_STACKS:
         data["default_track"] = name
     else:
