@@ -92,8 +92,7 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
                       no_emit=tuple(entry.get("no_emit", ())),
                       remove=base_image_dists(root) if remove else (), find_links=entry.get("find_links"))
         if entry.get("per_track"):
-            # only where the images are built (model.BUILT_STACKS): a track on a stack this repository
-            # does not build has no image to install its lock into
+            # only where the images are built: a track on another stack has no image to install its lock into
             for track in model.built_track_names(data):
                 out.append(Lock(f"{name}-{track}", tuple(entry["inputs"]), entry["output"].format(track=track),
                                 track=track, family=name,
