@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# The characters str.splitlines breaks a line at: shown escaped, so that each error is one line
-# whatever a versions file's keys or values hold.
+# The characters str.splitlines breaks a line at, shown escaped: each error is one line whatever the file holds.
 _LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
