@@ -160,10 +160,8 @@ def _includes(path: Path) -> list[Path]:
         if current in seen:
             continue
         seen.append(current)
-        for line in current.read_text().splitlines():
-            m = re.match(r"\s*(?:-r|-c|--requirement|--constraint)\s*=?\s*(\S+)", line)
-            if m:
-                todo.append((current.parent / m.group(1)).resolve())
+        todo += [(current.parent / m.group(1)).resolve() for line in current.read_text().splitlines()
+                 if (m := re.match(r"\s*(?:-r|-c|--requirement|--constraint)\s*=?\s*(\S+)", line))]
     return seen
 
 
@@ -253,10 +251,8 @@ def compile_lock(lock: Lock, root: Path, data: dict, spec: dict, sdist_cache: Pa
             inputs = [i.removeprefix(SDIST) for i in lock.inputs]
         else:
             cwd, inputs = root, list(lock.inputs)
-        recorded = []
-        for name in inputs:
-            for path in _includes((cwd / name).resolve()):
-                recorded.append((str(path.relative_to(cwd.resolve())), hashlib.sha256(path.read_bytes()).hexdigest()))
+        recorded = [(str(path.relative_to(cwd.resolve())), hashlib.sha256(path.read_bytes()).hexdigest())
+                    for name in inputs for path in _includes((cwd / name).resolve())]
         cmd = [*uv, "pip", "compile", "--generate-hashes", "--no-header", "--python-version", lock.python,
                "--exclude-newer", spec["exclude_newer"], "--index-url", spec.get("index_url", "https://pypi.org/simple"),
                "--no-config",
