@@ -88,9 +88,8 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
     for version, release in answer["releases"].items():
         if final(version) is None or str(final(version)) != version:
             continue
-        sdists = [f for f in release if f["packagetype"] == "sdist" and not f.get("yanked")]
-        if sdists:
-            f = sdists[0]
+        f = next((f for f in release if f["packagetype"] == "sdist" and not f.get("yanked")), None)
+        if f is not None:
             out[version] = Sdist(version, urllib.parse.urljoin(url, f["url"]), f["digests"]["sha256"], f["filename"])
     return out
 
