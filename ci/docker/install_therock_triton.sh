@@ -4,11 +4,9 @@
 #
 #   install_therock_triton.sh WHEELS_DIR
 #
-# TheRock's torch names a Triton of its own in its metadata; vLLM's TheRock base builds the one
-# vLLM's ROCm kernels are made for and deletes torch's requirement. Here torch's requirement is
-# rewritten to the Triton installed (pinned_dists.py torch-triton-set), so `pip check` holds and
-# every later step's constraints (pinned_dists.py constraints) keep this Triton. The build
-# scripts' own requirement (packaging) is installed first, hash-pinned.
+# TheRock's torch names a Triton of its own; vLLM's TheRock base builds the one vLLM's kernels are
+# made for and deletes torch's requirement. Here it is rewritten to the Triton installed, so `pip
+# check` holds and every later step's constraints keep this Triton.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh

@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
-# TheRock ROCm SDK of a therock track, installed into the image's Python: every wheel of the track's
-# hash lock (the SDK, the device wheels of each GPU arch, torch/torchvision/torchaudio +rocm and
-# their dependencies) from TheRock's release index alone, then `rocm-sdk init` (which unpacks the
-# devel tree), then a check that ROCM_PATH, which the stage's ENV sets from the SDK's location, is
-# the SDK the wheels put there, and one copy of each runtime library (therock_links.sh).
+# TheRock ROCm SDK of a therock track in the image's Python: the track's hash lock (SDK, device
+# wheels, torch/torchvision/torchaudio +rocm, their dependencies) from TheRock's index alone,
+# `rocm-sdk init` (unpacks the devel tree), a check that the stage's ROCM_PATH is that SDK, and one
+# copy of each runtime library (therock_links.sh).
 #
 #   therock_sdk.sh LOCKS_DIR
 #
-# Settings (build args): THEROCK_INDEX_URL, THEROCK_LOCK (a file name in LOCKS_DIR),
-# THEROCK_LOCK_SHA256. An unresolved
-# lock stops the step (install_lock.sh names the pin), whatever ALLOW_UNRESOLVED says: TheRock's
-# wheels are never installed without their hashes.
+# Settings (build args): THEROCK_INDEX_URL, THEROCK_LOCK (in LOCKS_DIR), THEROCK_LOCK_SHA256. An
+# unresolved lock stops the step whatever ALLOW_UNRESOLVED says: never installed without hashes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
