@@ -109,8 +109,7 @@ function "pins_check" {
   result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, PyPI, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
 }
 
-// The track's ROCm stack (tracks.<track>.stack): rocm-image (a ROCm container image) or therock
-// (TheRock ROCm as wheels on plain ubuntu); Dockerfile.rocm_base's ROCM_STACK picks its stages.
+// The track's ROCm stack: rocm-image or therock, the stages Dockerfile.rocm_base's ROCM_STACK picks.
 function "stack" {
   params = []
   result = lookup(tracks[TRACK], "stack", "rocm-image")
@@ -128,8 +127,7 @@ function "section_path" {
   result = contains(keys(tracks[TRACK]), name) ? "tracks.${TRACK}.${name}" : name
 }
 
-// The pins the verified AITER source (base-aiter-src) builds from: the ROCm image its stages run
-// in, the repository, and the AITER pin's tag, commit and CK commit.
+// The pins the verified AITER source (base-aiter-src) builds from.
 function "aiter_source_pins" {
   params = []
   result = concat(
@@ -338,10 +336,9 @@ target "ci" {
 // release image on Docker Hub (x86_64, arm64), by tag; another (by digest, local): VLLM_CPU_IMAGE.
 variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[TRACK].vllm.version}" }
 
-// Tags of a CPU image. Local (PUSH=0): <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml
-// runs), on every track: there is one CPU path at a time on a machine. Pushed (PUSH=1):
-// <name>:vllm<vLLM version>-cpu-<12 hex of VCS_REF> (VCS_REF must be the full commit id), and the
-// floating TAG as for the ROCm images (<name>:<TAG> on the default track, <name>:<TAG>-vllm<track>).
+// Tags of a CPU image. Local: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs)
+// on every track: one CPU path at a time on a machine. Pushed: <name>:vllm<vLLM version>-cpu-<12 hex
+// of VCS_REF>, and the floating TAG as for the ROCm images.
 function "cpu_tags" {
   params = [name]
   result = PUSH == "1" ? distinct(concat(
