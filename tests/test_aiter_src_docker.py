@@ -219,8 +219,8 @@ def step_ran(proc, stage: str) -> bool:
 
 def test_a_file_the_base_does_not_read_leaves_its_steps_cached(base_image, git_server, tmp_path):
     """ci/docker is mounted as one folder per step; Dockerfile.rocm_base.dockerignore leaves out what
-    the base does not read, so a change to a vLLM-image script or a runtime module keeps the base's
-    steps cached, and a change to a script the step reads runs it again."""
+    the base does not read, so a change to a vLLM-image script, its locks or a runtime module keeps the
+    base's steps cached, and a change to a script the step reads runs it again."""
     root = tmp_path / "repo"
     for part in ("Dockerfile.rocm_base", "Dockerfile.rocm_base.dockerignore", "ci/docker", "runtime/src",
                  "backend/src/vllm_aiter_mla/distributions.py"):
