@@ -1,7 +1,7 @@
 """The aiter-src stages of Dockerfile.rocm_base built for real on a Docker engine, against a
 git server on 127.0.0.1 serving a tiny repository with a submodule (standing in for AITER and
 its Composable Kernel submodule). No registry is needed: the stages run on a Debian image made
-by ci/docker/debian-test-image.sh (or TEST_BASE_IMAGE)."""
+by ci/test-machine/debian-test-image.sh (or TEST_BASE_IMAGE)."""
 import json
 import re
 import shutil
@@ -44,7 +44,7 @@ def engine():
 @pytest.fixture(scope="module")
 def base_image(engine):
     start = time.time()
-    proc = subprocess.run(["bash", str(ROOT / "ci/docker/debian-test-image.sh")], capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(ROOT / "ci/test-machine/debian-test-image.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     print(f"test base image {proc.stdout.strip()} ready in {time.time() - start:.1f}s")
     return proc.stdout.strip()

@@ -173,7 +173,7 @@ def http_json(url: str, payload=None, timeout: float = 300):
 @pytest.fixture(scope="module")
 def cpu_vllm_image(h):
     t0 = time.monotonic()
-    proc = h.run(["bash", ROOT / "ci/docker/debian-test-image.sh"], what="Debian base image")
+    proc = h.run(["bash", ROOT / "ci/test-machine/debian-test-image.sh"], what="Debian base image")
     base = proc.stdout.strip().splitlines()[-1]
     h.note(f"step 1a Debian base image {base}: {time.monotonic() - t0:.1f}s")
     dockerfile = ROOT / "tests/docker/vllm-cpu.Dockerfile"

@@ -218,7 +218,7 @@ SHELL_KNOWN = {
     "ci/docker/build_project_wheel.sh": (1, "__pycache__/egg-info in the source copy of this build stage"),
     "ci/docker/build_aiter.sh": (1, "its own mktemp work folder"),
     "ci/docker/install_python.sh": (1, "apt's lists in the image layer it installs into"),
-    "ci/docker/debian-test-image.sh": (2, "the rootfs folder it debootstrapped, and apt caches inside it"),
+    "ci/test-machine/debian-test-image.sh": (2, "the rootfs folder it debootstrapped, and apt caches inside it"),
     "ci/docker/install_ray.sh": (1, "its own mktemp work folder"),
     "ci/docker/build_vllm.sh": (2, "the pins file it wrote"),
     "ci/docker/install_vllm.sh": (1, "its own mktemp work folder"),

@@ -46,7 +46,7 @@ def base_image():
     if not _docker_ready():
         pytest.skip("no Docker engine with buildx answers (bash ci/test-machine/docker-engine.sh start; "
                     "eval \"$(bash ci/test-machine/docker-engine.sh env)\")")
-    proc = subprocess.run(["bash", str(ROOT / "ci/docker/debian-test-image.sh")], capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(ROOT / "ci/test-machine/debian-test-image.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip()
 

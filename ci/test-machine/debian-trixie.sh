@@ -21,7 +21,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 etc=${DEBIAN_TRIXIE_APT_ETC:-/etc/apt}
 if [ ! -f "$etc/sources.list.d/trixie.sources" ]; then
-  mirror=$(bash "$(dirname "$0")/../docker/debian-mirror.sh") \
+  mirror=$(bash "$(dirname "$0")/debian-mirror.sh") \
     || { echo "debian-trixie: error: no Debian mirror for the trixie source: set DEBIAN_MIRROR" >&2; exit 1; }
   as_root tee "$etc/sources.list.d/trixie.sources" >/dev/null <<SRC
 Types: deb

@@ -2,7 +2,7 @@
 # for an official vLLM ROCm image on the "existing vLLM image" path of Dockerfile.rocm.
 #
 #   docker buildx build --network host -f tests/docker/vllm-cpu.Dockerfile \
-#     --build-arg DEBIAN_IMAGE=<tag printed by ci/docker/debian-test-image.sh> \
+#     --build-arg DEBIAN_IMAGE=<tag printed by ci/test-machine/debian-test-image.sh> \
 #     --build-context wheels=<directory with torch-2.13.0+cpu wheels, or an empty one> \
 #     --secret id=ca-bundle,src=<CA bundle file> -t <tag> tests/docker
 #
