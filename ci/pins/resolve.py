@@ -22,6 +22,7 @@ from .model import PinError
 numbers = runtime_modules.module("numbers")
 secrets = runtime_modules.module("secrets")
 files = runtime_modules.module("files")
+web = runtime_modules.module("web")
 
 
 def seconds(name: str, default: str) -> float:
@@ -137,10 +138,11 @@ DOWNLOAD_LIMIT = 2 << 30
 
 
 def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
-    """(the client for url, how it connects): through the environment's proxy, as pip and git take it."""
+    """(the client for url, how it connects): through the environment's proxy, as pip and git take it;
+    a loopback host (rocm_vllm_runtime.web.is_loopback) always directly."""
     host = numbers.url("the URL", url).host
     proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
-    if proxy and not urllib.request.proxy_bypass(host):
+    if proxy and not web.is_loopback(host) and not urllib.request.proxy_bypass(host):
         return urllib3.ProxyManager(proxy if "://" in proxy else f"http://{proxy}"), \
             f" through the proxy {secrets.masked_url(proxy)}"
     return urllib3.PoolManager(), ""

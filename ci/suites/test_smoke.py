@@ -28,13 +28,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from rocm_vllm_runtime import files, jitcache, numbers
+from rocm_vllm_runtime import files, jitcache, numbers, web
 from rocm_vllm_runtime.manifest import ManifestError, load_manifest
 from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
@@ -236,9 +235,8 @@ def _model_dir() -> Path:
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    with web.request(url, json.dumps(body).encode(), {"Content-Type": "application/json"},
+                     timeout=timeout) as response:
         return files.json_value(files.read_bounded(response, url), url)
 
 
@@ -263,7 +261,7 @@ def test_vllm_serves_tiny_mla_with_rocm_aiter_mla(aiter: ModuleType, tmp_path: P
                 assert proc.poll() is None, (f"server exited {proc.returncode}: "
                                              + log_path.read_text()[-2000:])
                 try:
-                    urllib.request.urlopen(f"{base}/health", timeout=5).close()
+                    web.request(f"{base}/health", timeout=5).close()
                     break
                 except OSError:
                     assert time.monotonic() < deadline, "server not healthy in SMOKE_START_TIMEOUT"

@@ -26,6 +26,7 @@ set -euo pipefail
 STATE=${REGISTRY_STATE:-/var/lib/rocm-vllm-registry}
 PIDFILE="$STATE/registry.pid"
 TIMEOUT=${REGISTRY_TIMEOUT:-30}
+RUNTIME_SRC=$(cd "$(dirname "$0")/../../runtime/src" && pwd)  # rocm_vllm_runtime.web: its HTTP requests
 
 log() { echo "registry: $*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -68,18 +69,11 @@ install_tools() {
 
 port() { cat "$STATE/port" 2>/dev/null; }
 
-answers() {  # the registry's API root answers (401 without credentials)
+answers() {  # the registry's API root answers (401 without credentials), reached directly, never via a proxy
   local p; p=$(port) || return 1
   [ -n "$p" ] || return 1
-  python3 - "$p" <<'PY'
-import sys, urllib.error, urllib.request
-try:
-    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v2/", timeout=3)
-except urllib.error.HTTPError as exc:
-    sys.exit(0 if exc.code == 401 else 1)
-except OSError:
-    sys.exit(1)
-PY
+  [ "$(PYTHONPATH="$RUNTIME_SRC${PYTHONPATH:+:$PYTHONPATH}" python3 -m rocm_vllm_runtime.web --timeout 3 \
+    "http://127.0.0.1:$p/v2/" 2>/dev/null)" = 401 ]
 }
 
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }

@@ -36,12 +36,11 @@ import os
 import shlex
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, children, files, numbers, schema
+from . import bench, children, files, numbers, schema, web
 from .selection import selection
 from .secrets import shown
 
@@ -195,7 +194,7 @@ MODELS_SCHEMA = {"type": "object", "required": ["data"], "properties": {"data": 
 
 def served_model(base_url: str) -> str:
     url = f"{base_url}/v1/models"
-    with urllib.request.urlopen(url, timeout=30) as resp:
+    with web.request(url, timeout=30) as resp:
         answer = files.json_value(files.read_bounded(resp, url, 1 << 20), url)
     return schema.check(answer, MODELS_SCHEMA, url)["data"][0]["id"]  # type: ignore[index]
 
@@ -256,7 +255,8 @@ def run_backend(backend: bench.Backend, serve_args: Sequence[str], configs: Sequ
         else:
             t1 = time.monotonic()
             try:
-                result = run_lm_eval(base_url, configs, settings)
+                with web.direct():  # lm-eval's requests reach the server on 127.0.0.1, never a proxy
+                    result = run_lm_eval(base_url, configs, settings)
             except Exception as exc:  # noqa: BLE001 -- this run's failure; the next runs go on
                 problems.append(f"{backend.name}: lm-eval failed: {exc.__class__.__name__}: {exc}")
             else:

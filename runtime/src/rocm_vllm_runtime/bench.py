@@ -39,7 +39,7 @@ from pathlib import Path
 
 from vllm_aiter_mla.distributions import MetadataError, entry_points_of
 
-from . import children, files, health, numbers
+from . import children, files, health, numbers, web
 from .selection import OURS, VLLMS, Selection, selection
 from .secrets import shown
 
@@ -291,7 +291,8 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
             problems.append(problem)
         else:
             try:
-                vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
+                with web.direct():  # its aiohttp client reads proxies from the environment
+                    vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
             except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
                 problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
             if result_file.is_file() and _stamp(result_file) != before:

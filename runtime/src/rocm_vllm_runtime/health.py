@@ -12,6 +12,8 @@ from VLLM_API_KEY, as the server's own (never shown). --timeout bounds the whole
 request together: a server that answers one byte at a time is cut off at the deadline as well.
 --url's port and --timeout (at most a day) are read as every number setting is
 (rocm_vllm_runtime.numbers); credentials in --url are refused (the probe sends none) and never shown.
+Requests go through rocm_vllm_runtime.web: a loopback server is reached directly, never through the
+environment's proxy, and a redirect is an answer, not followed.
 Exit status 0 healthy, 1 not (one line saying why); 2 for a bad --timeout, --url or SERVE_PORT.
 """
 from __future__ import annotations
@@ -22,10 +24,9 @@ import os
 import sys
 import threading
 import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime import files, numbers
+from rocm_vllm_runtime import files, numbers, web
 from rocm_vllm_runtime.secrets import api_key_problem, masked_url
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -39,9 +40,8 @@ def _request(url: str, payload: Mapping | None, api_key: str, timeout: float) ->
     headers = {"Content-Type": "application/json"} if data is not None else {}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with web.request(url, data, headers, "POST" if data is not None else "GET", timeout) as resp:
             return resp.status, files.read_bounded(resp, masked_url(url), BODY_LIMIT)
     except urllib.error.HTTPError as exc:
         return exc.code, files.read_bounded(exc, masked_url(url), BODY_LIMIT)
