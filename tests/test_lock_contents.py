@@ -64,6 +64,22 @@ HOSTILE = {
     f"evil==${{VERSION}} {HASH}": "not name==version",
     f"# via x\x0c--extra-index-url https://evil.example/simple\nok==1.0 {HASH}": "control character",
     f"ok==1.0 {HASH}\r": "control character",
+    # a version that is a file name: pip would build the archive in its working folder
+    f"demo==1.0.zip {HASH}": "PEP 440",
+    f"demo==1.0.tar.gz {HASH}": "PEP 440",
+    f"demo==1.0.ZIP {HASH}": "PEP 440",
+    f"demo==1.0-py3-none-any.whl {HASH}": "PEP 440",
+    f"demo==./x {HASH}": "not name==version",
+    f"demo==1.0/.. {HASH}": "not name==version",
+    f"demo==1.0+x.tar.gz {HASH}": "archive",
+    f"demo==1.0+local.zip {HASH}": "archive",
+    f"demo==1.0+a.WHL {HASH}": "archive",
+    f"demo==1.0+b.tgz {HASH}": "archive",
+    f"demo==1.0.0.0x {HASH}": "PEP 440",
+    f"demo==1.0+ {HASH}": "not name==version",
+    f"demo==1.0++a {HASH}": "PEP 440",
+    f"demo==1.0+a..b {HASH}": "PEP 440",
+    f"demo==1.0_zip {HASH}": "PEP 440",
     f"# via caf\u00e9\nok==1.0 {HASH}": "not ASCII",
 }
 
@@ -86,6 +102,12 @@ def test_anything_but_pins_and_hashes_is_refused_in_one_line_naming_the_lock_and
     assert "\n" not in why and why.startswith("ci/locks/x.txt:"), why
     assert HOSTILE[line] in why, why
     assert "s3cret" not in why and "evil.example" not in why  # a line's values are never echoed
+
+
+@pytest.mark.parametrize("version", ["1.0+local", "1.0+rocm7.0.0", "v1.0", "1!2.0.post1.dev3", "1.0rc1", "1.0-1",
+                                     "1.0.RC1", "1.0+zip", "1.0+tar", "1.0+zip1.gz", "2.13.0+rocm10.0.0"])
+def test_a_pep_440_version_near_a_file_name_is_accepted(version):
+    assert refusal(f"demo=={version} {HASH}\n") is None, version
 
 
 def test_a_continued_comment_does_not_hide_an_option():
@@ -111,7 +133,7 @@ def test_a_lock_without_requirements_is_refused():
 
 NAMES = st.from_regex(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]{0,10}[A-Za-z0-9])?\Z")
 VERSIONS = st.from_regex(r"\A(?:[0-9]!)?[0-9]{1,3}(?:\.[0-9]{1,3}){0,3}(?:(?:a|b|rc|\.post|\.dev)[0-9])?"
-                         r"(?:\+[a-z0-9]{1,6}(?:\.[a-z0-9]{1,3}){0,2})?\Z")
+                         r"(?:\+[a-z0-9]{1,6}(?:\.[a-z0-9]{1,2}){0,2})?\Z")  # (no archive ending)
 HASHES = st.text("0123456789abcdef", min_size=64, max_size=64)
 BOUNDED = settings(derandomize=True, database=None, max_examples=200, deadline=None)
 
@@ -138,6 +160,27 @@ def test_every_lock_of_pins_and_hashes_is_read_as_its_pins(lock):
     text, wanted = lock
     assert lock_lines.problem("l.txt", text.encode()) is None, text
     assert lock_lines.requirements(text.encode()) == wanted
+
+
+@BOUNDED
+@given(st.text("0123456789.+!-_vabcdeilnoprstuvwxzgzWHLTARZIP/", min_size=1, max_size=14))
+def test_a_version_is_read_as_pep_440_reads_it_and_is_never_an_archive(version):
+    """lock_lines.VERSION (standard library: the build stages run it before packaging is there)
+    accepts what packaging.version.Version accepts, and no pin it accepts is an archive to pip."""
+    from packaging.version import InvalidVersion, Version  # noqa: PLC0415
+    from pip._internal.utils.filetypes import is_archive_file  # noqa: PLC0415
+
+    try:
+        Version(version)
+        pep440 = True
+    except InvalidVersion:
+        pep440 = False
+    assert bool(lock_lines.VERSION.fullmatch(version)) == pep440, version
+    why = refusal(f"demo=={version} {HASH}\n")
+    if why is None:
+        assert pep440 and not is_archive_file(f"demo=={version}"), version
+    else:
+        assert "\n" not in why and why.startswith("ci/locks/x.txt:1:"), why
 
 
 OPTIONS = st.sampled_from(["--extra-index-url", "--index-url", "-i", "--trusted-host", "--find-links", "-f",
@@ -199,7 +242,8 @@ def install(lock: Path, python: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("line", ["--extra-index-url https://pypi.org/simple", "--trusted-host evil.example",
                                   "--find-links https://evil.example/", "-r other.txt", "-c file.txt",
                                   "evil @ https://evil.example/evil-1.0-py3-none-any.whl",
-                                  "--index-url https://evil.example/simple"])
+                                  "--index-url https://evil.example/simple", f"demo==1.0.zip {HASH}",
+                                  f"demo==1.0+x.tar.gz {HASH}"])
 def test_the_installer_refuses_a_pinned_lock_that_holds_more_than_pins(tmp_path, python_without_pip, line):
     python, ran = python_without_pip
     lock = tmp_path / "therock-0.34.txt"
@@ -233,6 +277,11 @@ def test_verify_refuses_a_pinned_lock_that_holds_more_than_pins(tmp_path):
     node[key] = hashlib.sha256(text.encode()).hexdigest()
     errors = verify.check_locks(d, tmp_path)
     assert len(errors) == 1 and f"{path}:10:" in errors[0] and "--extra-index-url" in errors[0], errors
+    text = GOOD + f"demo==1.0.zip {HASH}\n"
+    (tmp_path / path).write_text(text)
+    node[key] = hashlib.sha256(text.encode()).hexdigest()
+    errors = verify.check_locks(d, tmp_path)
+    assert len(errors) == 1 and f"{path}:10:" in errors[0] and "PEP 440" in errors[0], errors
     (tmp_path / path).write_text(GOOD)
     node[key] = hashlib.sha256(GOOD.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []

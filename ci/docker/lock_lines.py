@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A hash lock holds `name==version` pins (extras allowed), each with `--hash=sha256:<64 hex>`
 entries, comments and blank lines, nothing else: no option, include, URL, range, wildcard, marker
-or ${VARIABLE}; plain ASCII without control characters or an encoding declaration. Lines are
+or ${VARIABLE}; plain ASCII without control characters or an encoding declaration. A version is a
+PEP 440 version, and no pin ends as an archive's file name does: pip reads `demo==1.0.zip` (or
+`demo==1.0+x.tar.gz`) as a local archive in its working folder and builds it, past --index-url. Lines are
 joined and comments removed as pip does; a refusal names the line's kind, never its values.
 
     python3 lock_lines.py LOCK     exit 0 for a lock of pins and hashes; else one line, exit 1
@@ -19,6 +21,19 @@ ENCODING = re.compile(rb"coding[:=]\s*([-\w.]+)")
 PIN = re.compile(r"\A([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
                  r"==([A-Za-z0-9](?:[A-Za-z0-9.+!_-]*[A-Za-z0-9])?)\Z")
 HASH = re.compile(r"\A--hash=sha256:[0-9a-f]{64}\Z")
+# PEP 440's version grammar (packaging.version's, which the build stages lack when they install
+# their first lock; tests/test_lock_contents.py holds the two to the same answers): epoch, release,
+# pre, post, dev and local segments, their spellings and separators.
+VERSION = re.compile(r"""
+    v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*
+    (?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?[0-9]*)?
+    (?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?
+    (?:[-_.]?dev[-_.]?[0-9]*)?
+    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?""", re.VERBOSE | re.IGNORECASE)
+# What pip takes for an archive file (pip/_internal/utils/filetypes.py): a requirement ending so is
+# read as a path.
+ARCHIVE_ENDINGS = (".zip", ".whl", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz", ".tar.lz", ".tar.lzma",
+                   ".tar.gz", ".tgz", ".tar")
 OPTION_NAME = re.compile(r"\A(--?[A-Za-z][A-Za-z0-9-]*)")
 
 
@@ -51,8 +66,13 @@ def _line_problem(line: str) -> str | None:
         return "a direct URL requirement (name @ URL), not name==version"
     if ";" in line:
         return "an environment marker: a lock pins one platform's wheels, name==version alone"
-    if not PIN.match(first):
+    pin = PIN.match(first)
+    if not pin:
         return "not name==version (a pin of one version: no range, wildcard, marker or variable)"
+    if not VERSION.fullmatch(pin.group(2)):
+        return "a version that is not a PEP 440 version (such as 2.9.1 or 2.9.1+rocm7.0): pip may read it as a file"
+    if first.lower().endswith(ARCHIVE_ENDINGS):
+        return "a pin that ends as an archive's file name does (.zip, .whl, .tar.gz, ...): pip reads it as a file"
     other = next((w for w in hashes if not HASH.match(w)), None)
     if other is not None and other.startswith("--hash"):
         return "a --hash entry that is not sha256:<64 lowercase hex> (no --hash=sha256 for this pin)"
