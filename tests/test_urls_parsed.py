@@ -183,3 +183,23 @@ def test_only_the_masking_reads_a_urls_credentials():
     assert offenders == [], offenders
     planted = 'import re\nCREDS = re.compile(r"(\\w+://)([^@/]*)@")\n'
     assert _url_credential_patterns(planted) == [2]
+
+
+@pytest.mark.parametrize(("url", "proxy"), [
+    ("https://user:PART1/PART2@mirror.example/simple/", ""),
+    ("https://user:PART1?PART2@mirror.example/simple/", ""),
+    ("https://mirror.example/simple/", "user:PART1@127.0.0.1:9"),
+    ("https://mirror.example/simple/", "user:PART1-PART2!@127.0.0.1:9"),
+])
+def test_the_pin_tools_http_errors_never_show_a_password(monkeypatch, url, proxy):
+    """ci.pins' HTTP client names the URL and the proxy it went through, their credentials masked
+    (rocm_vllm_runtime.secrets): a password with "/" or "?", a proxy setting without a scheme."""
+    from ci.pins import resolve  # noqa: PLC0415
+
+    for name in ("https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.setenv("PINS_TIMEOUT", "5")
+    with pytest.raises(model.PinError) as caught:
+        resolve._http(url)
+    assert "PART1" not in str(caught.value) and "PART2" not in str(caught.value), str(caught.value)
+    assert "***@" in str(caught.value)

@@ -10,7 +10,12 @@ wherever a URL stands in an argument or a text.
 A URL's userinfo is read as its authority's parts, not searched for: the authority runs from
 `scheme://` to the first `/`, `?` or line break (or the next `scheme://`), and its userinfo is
 everything up to the authority's last `@`. A password pasted without percent-encoding may hold
-`@`, `#`, `:` or a space; all of it is masked, never a part."""
+`@`, `#`, `:` or a space; all of it is masked, never a part. Where a `:` stands before that
+authority's end and an `@` follows it on the line, the password may hold `/` or `?` too: the userinfo
+then runs to the line's last `@` (unless the authority is a host with a port, 127.0.0.1:8000,
+host.example:443, localhost:8000, and holds no `@`): more may be masked, never less. And
+`user:password@host` without a scheme (a proxy setting, user:pw@proxy:3128) is masked where it
+stands as a word of its own (an image's `name:tag@sha256:...` is no userinfo)."""
 from __future__ import annotations
 
 import re
@@ -26,6 +31,13 @@ _MANY_VALUES = ("--api-key",)
 # Where a URL starts (its scheme and "://"), and what ends its authority.
 _URL_START = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://")
 _AUTHORITY_END = re.compile(r"[/?\r\n]")
+_LINE_END = re.compile(r"[\r\n]")
+# An authority that is a host and its port (a dotted name or address, localhost, [IPv6]), no userinfo.
+_HOST_PORT = re.compile(r"(?i)(?:\[[^\]]*\]|localhost|[^:@\s]*\.[^:@\s]*):[0-9]{1,5}")
+# user:password@ without a scheme: a word's start, a user, ":" (not "://"), and the word's last "@"
+# that a host follows and no image digest (name:tag@sha256:<hex>).
+_BARE_USERINFO = re.compile(r"(?i)(?<![^\s\"'`(<=,;\[])[^\s\"'`/?#@:=;,()<>\[\]]+:(?!//)\S*@"
+                            r"(?![a-z0-9]+:[0-9a-f]{32})(?=[\w\[])")
 
 # An HTTP header value the key travels in (Authorization: Bearer KEY) holds visible ASCII only.
 _VISIBLE = {chr(c) for c in range(0x21, 0x7F)}
@@ -71,11 +83,22 @@ def userinfo_spans(text: str) -> list[tuple[int, int]]:
     starts = [m.end() for m in _URL_START.finditer(text)]
     for i, begin in enumerate(starts):
         limit = starts[i + 1] if i + 1 < len(starts) else len(text)
-        end = _AUTHORITY_END.search(text, begin, limit)
-        at = text.rfind("@", begin, end.start() if end else limit)
+        line = _LINE_END.search(text, begin, limit)
+        line_end = line.start() if line else limit
+        end = _AUTHORITY_END.search(text, begin, line_end)
+        authority_end = end.start() if end else line_end
+        at = text.rfind("@", begin, authority_end)
+        colon = text.find(":", begin, authority_end)
+        if colon >= 0 and text.find("@", colon, line_end) >= 0 and \
+                (at >= begin or not _HOST_PORT.fullmatch(text, begin, authority_end)):
+            at = text.rfind("@", begin, line_end)  # user:pa/ss@host: the password holds "/" or "?"
         if at >= begin:
             spans.append((begin, at))
-    return spans
+    for match in _BARE_USERINFO.finditer(text):
+        start, at = match.start(), match.end() - 1
+        if not any(b - 3 <= at and start <= e for b, e in spans):  # not within a URL's own
+            spans.append((start, at))
+    return sorted(spans)
 
 
 def masked_url(text: str) -> str:
