@@ -62,6 +62,16 @@ def test_verify_bounds_source_date_epoch(epoch, tmp_path):
             "error: source_date_epoch: must be at most 4102444800") in err, err
 
 
+def test_verify_refuses_an_epoch_written_as_a_decimal(tmp_path):
+    """1787222487.0 is an integer to JSON Schema but "1787222487.0" to both Dockerfiles' ARG and
+    refused only after AITER's compile: the schema's "integer" is an integer as JSON writes one."""
+    data = copy.deepcopy(DATA)
+    data["source_date_epoch"] = float(DATA["source_date_epoch"])
+    rc, out, err, escaped = pins(tmp_path, data, "verify")
+    assert escaped is None and rc == 1, (out, err)
+    assert "error: source_date_epoch: must be an integer, not a decimal number" in err, err
+
+
 @pytest.mark.parametrize("epoch", [315532800, DATA["source_date_epoch"], 4102444800])
 def test_verify_takes_an_epoch_in_range(epoch, tmp_path):
     data = copy.deepcopy(DATA)

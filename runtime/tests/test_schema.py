@@ -88,3 +88,17 @@ def test_a_name_from_the_data_is_shown_quoted_and_cut():
         problem = schema.first_problem(doc, accuracy.RESULTS_SCHEMA, use_library=library)
         assert problem.startswith("runs.'a\\nba") and problem.endswith(".ok: must be true or false, not a string")
         assert "\n" not in problem and len(problem) < 200
+
+
+@pytest.mark.parametrize("use_library", [True, False])
+@pytest.mark.parametrize(("value", "kind"), [(1787222487.0, "a decimal number"), (1.0, "a decimal number"),
+                                             (-0.0, "a decimal number"), (float(2**53), "a decimal number"),
+                                             (1.5, "a decimal number"), (True, "true or false"), ("1", "a string")])
+def test_an_integer_is_one_as_json_writes_it(value, kind, use_library):
+    """JSON Schema takes 1.0 for an integer; a reader that declares one means 1 (a build argument, a
+    timestamp, an index would read "1.0"): both validators refuse it, naming what it is."""
+    assert schema.first_problem(value, {"type": "integer"}, use_library=use_library) == \
+        f"the whole: must be an integer, not {kind}"
+    assert schema.first_problem(1787222487, {"type": "integer"}, use_library=use_library) == ""
+    assert schema.first_problem(value, {"type": "number"}, use_library=use_library) == ("" if kind.endswith(
+        "number") else f"the whole: must be a number, not {kind}")

@@ -9,10 +9,13 @@ test environment). The pins job runs on a plain python3 and the runtime has no i
 where `jsonschema` is missing the same schemas are checked by `_problems` here, which knows the few
 keywords in SUPPORTED only and refuses a schema with any other (a property test holds its verdicts to the
 library's). A refusal is one line, files.DataError: `where: field: what is wrong` (kind "schema").
+
+"integer" is an integer as JSON writes one: 1787222487.0 is a number, not an integer (JSON Schema takes
+a number with a zero fraction for one; a build argument, a timestamp or an index then reads "1.0"), in
+both validators.
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Mapping
 
@@ -30,7 +33,9 @@ def _kind(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "true or false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, int):
         return "a number"
     if isinstance(value, str):
         return "a string"
@@ -50,10 +55,14 @@ def _is(value: object, name: str) -> bool:
         return isinstance(value, bool)
     if name == "null":
         return value is None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if name == "integer":  # 1.0 is an integer to JSON Schema
-        return number and (isinstance(value, int) or (math.isfinite(value) and float(value).is_integer()))
-    return number  # "number"
+    if name == "integer":  # written as one: 1.0 is not (strict_integer)
+        return strict_integer(None, value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # "number"
+
+
+def strict_integer(_checker: object, value: object) -> bool:
+    """An integer as JSON writes one (1, never 1.0 or true): both validators' "integer"."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _field(path: tuple) -> str:
@@ -173,13 +182,20 @@ def _library():
     return jsonschema
 
 
+def _validator(library, schema: Mapping):  # noqa: ANN001, ANN202
+    """The library's Draft 2020-12 validator of `schema`, its "integer" strict_integer."""
+    base = library.Draft202012Validator
+    strict = library.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", strict_integer))
+    return strict(schema)
+
+
 def first_problem(value: object, schema: Mapping, use_library: bool | None = None) -> str:
     """'' when `value` has the shape `schema` declares, else `field: what is wrong`."""
     library = _library() if use_library is not False else None
     if use_library and library is None:
         raise ImportError("jsonschema is not installed")
     if library is not None:
-        error = library.exceptions.best_match(library.Draft202012Validator(schema).iter_errors(value))
+        error = library.exceptions.best_match(_validator(library, schema).iter_errors(value))
         return "" if error is None else _library_line(error)
     else:
         found = next(_problems(value, schema), None)
@@ -209,7 +225,7 @@ def problems(value: object, schema: Mapping) -> list[str]:
     order of the fields; the `jsonschema` library only (ImportError where it is missing)."""
     import jsonschema  # noqa: PLC0415
 
-    errors = jsonschema.Draft202012Validator(schema).iter_errors(value)
+    errors = _validator(jsonschema, schema).iter_errors(value)
     found = [_library_line(jsonschema.exceptions.best_match([e])) for e in errors]
     return sorted(dict.fromkeys(found))
 
