@@ -33,3 +33,44 @@ def test_a_file_name_from_pypi_cannot_leave_the_sdist_cache(tmp_path, filename, 
     assert fetched == []
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) in ([], ["cache"])
     assert not Path(tmp_path / "escaped.tar.gz.part").exists()
+
+
+def _sdist(path: Path, members: dict[str, bytes]) -> Path:
+    import io  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, body in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return path
+
+
+@pytest.mark.parametrize("member", ["vllm-9.9/requirements/../../../../escape.txt",
+                                    "vllm-9.9/requirements/a/../../../../../escape.txt",
+                                    "vllm-9.9/requirements/../escape.txt", "vllm-9.9/requirements//escape.txt",
+                                    "vllm-9.9/requirements/./escape.txt"])
+def test_an_sdist_member_cannot_leave_the_lock_s_scratch_folder(tmp_path, member):
+    """ci.pins lock unpacks the sdist's requirements/ into a scratch folder: every member's path is
+    joined name by name through files.inside, and one that is no path inside it stops the lock in one line."""
+    from ci.pins import locks  # noqa: PLC0415
+
+    archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n",
+                                                    member: b"escaped\n"})
+    dest = tmp_path / "w" / "x" / "y" / "z" / "src"
+    with pytest.raises(model.PinError) as err:
+        locks._sdist_tree(archive, dest)
+    assert "vllm-9.9.tar.gz" in str(err.value) and "\n" not in str(err.value)
+    assert not [p for p in tmp_path.rglob("escape.txt")]
+
+
+def test_an_sdist_s_requirements_are_unpacked_inside_the_scratch_folder(tmp_path):
+    from ci.pins import locks  # noqa: PLC0415
+
+    archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n",
+                                                    "vllm-9.9/requirements/sub/rocm.txt": b"-r ../common.txt\n",
+                                                    "vllm-9.9/setup.py": b""})
+    dest = locks._sdist_tree(archive, tmp_path / "src")
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.txt")) == [
+        "requirements/common.txt", "requirements/sub/rocm.txt"]
