@@ -38,6 +38,7 @@ def mla_decode(
     kv_scale: torch.Tensor | None = None,
     work: PersistentWork | None = None,
     v_scale_dropped: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run MLA decode for the rows described by ``plan``.
 
@@ -49,7 +50,9 @@ def mla_decode(
     output is zero-filled first (the non-persistent kernel may leave lanes unwritten).
     ``v_scale_dropped``: the kernel leaves V unscaled for this call (ROCm/aiter#6732, measured
     at start-up by ``measure``): its output is multiplied by ``kv_scale``.
-    Returns [T, H, kv_lora_rank] in ``out_dtype``.
+    ``out``: the [T, decode_heads, kv_lora_rank] ``out_dtype`` buffer the kernel writes (the start-up
+    measurement passes one filled with NaN, so rows a kernel never writes show); zero-filled here where
+    a new one would be. Returns [T, H, kv_lora_rank] in ``out_dtype``.
     """
     if isinstance(q, tuple):
         q = torch.cat(q, dim=-1)
@@ -58,8 +61,14 @@ def mla_decode(
     if kv_cache.shape[-1] != head_dim:
         raise ValueError(f"query row size {head_dim} != KV cache row size {kv_cache.shape[-1]}")
     q = pad_heads(q, decode_heads)
-    alloc = torch.zeros if work is None and max_seqlen_q > 1 else torch.empty
-    o = alloc((num_tokens, decode_heads, kv_lora_rank), dtype=out_dtype, device=q.device)
+    zeroed = work is None and max_seqlen_q > 1
+    shape = (num_tokens, decode_heads, kv_lora_rank)
+    if out is None:
+        o = (torch.zeros if zeroed else torch.empty)(shape, dtype=out_dtype, device=q.device)
+    elif tuple(out.shape) != shape or out.dtype != out_dtype:
+        raise ValueError(f"out must be {list(shape)} {out_dtype}, got {list(out.shape)} {out.dtype}")
+    else:
+        o = out.zero_() if zeroed else out
     # Scales only for fp8: AITER builds without fp8 MLA take no q_scale/kv_scale arguments.
     extra = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
     if work is not None:

@@ -1,22 +1,37 @@
-"""Every decode call the own path makes, measured once at start-up on the GPU it runs on.
+"""Every decode call the own path makes, measured at start-up on the GPU it runs on.
 
 The own path makes the decode calls vLLM's built-in of the running release makes for the same
 layer (its head count, query lengths, q and KV dtypes, persistent work buffers: ``DecodeCall``).
 Whether AITER computes each of them right is not looked up in a model of AITER's dispatch: it is
-measured. Each call runs once, through the same ``mla_decode`` the own path serves with (same
-kernels, work buffers and padding), on small deterministic inputs, and its output is compared with
-a dense fp32 computation of the same (already quantised) inputs:
+measured, through the same ``mla_decode`` the own path serves with (same kernels, work buffers and
+padding), on deterministic inputs made to reach where AITER's decode is reported wrong, against a
+dense fp32 computation of the same (already quantised) inputs.
 
-* ``correct``: within the band of the dense result;
-* ``drops the V scale``: fp8 only; within the band once multiplied by ``kv_scale`` (AITER leaves V
-  unscaled, ROCm/aiter#6732): served, with the output multiplied back;
-* ``wrong``, ``not finite`` or ``raised``: the layer goes to vLLM's built-in.
+The probe (``kv_lengths``, ``prepare``): six requests, one of 2,305 keys (split several times by any
+kernel; one key past a multiple of every power-of-two split up to 256, so causal rows' first future key
+falls inside a split), others of 700 and 300 keys and short ones (one whose first query row sees exactly
+one key); two requests share their first slots with the long one (a slot repeated in three requests, as
+vLLM's prefix caching does). The keys a causal row must not see are baits (a score about
+10 above the others' typical 0), so a leaking mask cannot hide. fp8 calls run under two (q_scale,
+kv_scale) pairs (``PROBE_SCALES``) whose products are neither 1 nor a power of two. Two batches (the
+second: the requests in reverse order; fp8: under the second scale pair) run twice each, alternately,
+into one set of work buffers re-planned before every call (``RUNS``): each call's second run is into
+buffers that held another batch's plan. Every output buffer is filled with NaN before the call.
+The probe's keys go to scattered slots of a private cache, or to the highest slots of a cache the caller
+gives (``cache``: e.g. a layer's real KV cache, where rows lie far from its base).
 
-The band is derived, not chosen per kernel: ``BAND_FACTOR`` times the larger of the pure-PyTorch
-reference kernel's own deviation from the dense result on the same inputs and the output dtype's
-unit roundoff (bf16: a band of 3.1 %), applied after any correction. The probe inputs are made so that a kernel ignoring
-the causal mask, a request's offset, its key count or the scale lands far outside it (a request
-whose first query row sees exactly one key, a short one and a long one).
+Each run is judged per request against that request's own peak (``deviation``) and by the least-squares
+fit of the whole output to the dense result (``Fit``: a scale or an offset is a systematic error, not
+rounding):
+
+* ``correct``: every run within the band and the bound;
+* ``drops the V scale``: fp8 only; every run within both once multiplied by its own ``kv_scale`` (AITER
+  leaves V unscaled, ROCm/aiter#6732): served, with the output multiplied back;
+* ``wrong``, ``not finite`` or ``raised``: not served.
+
+The band and the bound are derived, not chosen per kernel: ``BAND_FACTOR`` times the larger of the
+pure-PyTorch reference kernel's own deviation (its own systematic error) on the same inputs and the output
+dtype's unit roundoff (bf16: a band of 3.1 % and a bound of 0.39 %), applied after any correction.
 
 Plain PyTorch; the kernels (AITER, the reference or a stand-in) are passed in.
 """
@@ -24,6 +39,7 @@ Plain PyTorch; the kernels (AITER, the reference or a stand-in) are passed in.
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,10 +53,20 @@ from .planning import DecodePlan
 
 KV_LORA_RANK = 512
 HEAD_DIM = 576  # kv_lora_rank + rope: the latent row AITER's MLA decode takes
-PROBE_KV_SCALE = 2.0  # fp8: distinct from 1, so an unscaled V shows as an output halved
-PROBE_Q_SCALE = 0.5
-PROBE_SM_SCALE = 2.0 / HEAD_DIM**0.5  # peaked enough that masks and offsets matter
+# fp8: two (q_scale, kv_scale) pairs; products 0.629 and 0.793, neither 1 nor a power of two, so scores
+# that ignore them shift, and an output short by a factor is short by each pair's own kv_scale or wrong.
+PROBE_SCALES = ((0.37, 1.7), (1.3, 0.61))
+PROBE_SM_SCALE = 2.0 / HEAD_DIM**0.5  # scores of random rows: standard deviation 2
 PROBE_SEED = 6732
+LONG_KEYS = 2305  # past 2,048; 1 past a multiple of 256 (and of every smaller power of two)
+# (request, the earlier request whose first slots it shares, how many): a shared prefix.
+SHARED_PREFIXES = ((4, 3, 512), (5, 3, 64))
+# Queries share a component along one direction that ordinary keys lack; the keys a causal row must not
+# see (its future) carry it: score QUERY_BIAS * BAIT * PROBE_SM_SCALE = 10 where visible.
+QUERY_BIAS = 12.0
+BAIT = 10.0
+# The batches each call runs, in order, into one set of work buffers re-planned before every run.
+RUNS = (0, 1, 0, 1)
 # How far outside the reference kernel's own deviation an output may lie and still be right: the
 # reference rounds once (to the output dtype); a kernel rounds its scores and probabilities too.
 BAND_FACTOR = 8.0
@@ -78,16 +104,21 @@ class DecodeCall:
 @dataclass(frozen=True)
 class Measured:
     outcome: Outcome
-    deviation: float  # largest |out - dense| over the largest |dense| (after correction); nan: none
+    deviation: float  # worst request's largest |out - dense| over its own largest |dense| (after correction)
     band: float
     detail: str = ""  # what was raised
+    scale: float = math.nan  # least-squares output scale (after correction), the run furthest from 1
+    offset: float = math.nan  # least-squares offset over the dense result's rms, the largest
+    bound: float = math.nan  # the largest |scale - 1| and |offset| a right output may have
 
     def describe(self) -> str:
         if self.outcome is Outcome.RAISED:
             return f"raised {self.detail}"
         if self.outcome is Outcome.NOT_FINITE:
             return "not finite"
-        return f"{self.outcome.value} ({self.deviation:.2%} off, band {self.band:.2%})"
+        fit = "" if math.isnan(self.scale) else (f"; output scale {self.scale:.4f}, offset {self.offset:+.2%}, "
+                                                   f"bound {self.bound:.2%}")
+        return f"{self.outcome.value} ({self.deviation:.2%} off, band {self.band:.2%}{fit})"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -95,124 +126,285 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def kv_lengths(qlen: int) -> tuple[int, ...]:
-    """Keys of the probe's requests: one whose first query row sees exactly one key, a short one
-    and one long enough to be split across compute units."""
-    return (qlen, qlen + 17, 300)
+    """Keys of the probe's requests: one whose first query row sees exactly one key, short ones, and
+    ones long enough to be split several times (``LONG_KEYS``); requests 4 and 5 share a prefix with 3."""
+    return (qlen, qlen + 17, 300, LONG_KEYS, 700, 97)
+
+
+def key_ids(qlen: int) -> tuple[list[torch.Tensor], int]:
+    """Per request, which of the probe's distinct keys it reads, in order (a shared prefix reads the
+    same ones), and how many distinct keys there are."""
+    shared = {r: (src, n) for r, src, n in SHARED_PREFIXES}
+    ids: list[torch.Tensor] = []
+    count = 0
+    for r, n in enumerate(kv_lengths(qlen)):
+        src, k = shared.get(r, (r, 0))
+        own = torch.arange(count, count + n - k)
+        ids.append(torch.cat([ids[src][:k], own]) if k else own)
+        count += n - k
+    return ids, count
 
 
 @dataclass(frozen=True)
-class ProbeInputs:
+class ProbeBatch:
+    """One batch of the probe: what the kernel is given and the dense result."""
+
     q: torch.Tensor  # [requests * qlen, heads, 576] in the call's q dtype
-    kv: torch.Tensor  # [slots, 1, 576] in the call's KV dtype (a page of one slot per row)
+    keys: torch.Tensor  # [distinct keys, 576] in the call's KV dtype: the cache rows at the probe's slots
     plan: DecodePlan
     expected: torch.Tensor  # [requests * qlen, heads, 512] float32: the dense result
+    order: tuple[int, ...]  # the probe request at each position of the batch
     q_scale: torch.Tensor | None
     kv_scale: torch.Tensor | None
-    scale: float
 
 
-def probe_inputs(call: DecodeCall, device: torch.device | str) -> ProbeInputs:
-    """Deterministic inputs of ``call`` (made on the CPU from a fixed seed) and their dense result:
-    the requests' keys lie at scattered slots of the cache; causal within each request's rows."""
-    gen = torch.Generator().manual_seed(PROBE_SEED + 131 * call.qlen + call.heads)
-    lens = kv_lengths(call.qlen)
-    slots = sum(lens)
-    q_scale = PROBE_Q_SCALE if call.fp8 else 1.0
-    kv_scale = PROBE_KV_SCALE if call.fp8 else 1.0
-    q = (torch.randn(len(lens) * call.qlen, call.heads, HEAD_DIM, generator=gen) / q_scale).to(call.q_dtype)
-    kv = (torch.randn(slots, HEAD_DIM, generator=gen) / kv_scale).to(call.kv_dtype)
-    order = torch.randperm(slots, generator=gen)
-    qf, kf = q.float() * q_scale, kv.float() * kv_scale
-    expected = torch.empty(len(lens) * call.qlen, call.heads, KV_LORA_RANK)
-    start = 0
-    for r, n in enumerate(lens):
-        keys = kf[order[start:start + n]]
-        rows = slice(r * call.qlen, (r + 1) * call.qlen)
-        scores = torch.einsum("qhd,kd->qhk", qf[rows], keys) * PROBE_SM_SCALE
-        visible = torch.arange(n)[None, :] <= torch.arange(call.qlen)[:, None] + n - call.qlen
+@dataclass(frozen=True)
+class Probe:
+    """A call's probe: its batches, the cache the kernel reads them from, and the band and bound that
+    the reference kernel's own deviation on them sets."""
+
+    call: DecodeCall
+    batches: tuple[ProbeBatch, ...]
+    cache: torch.Tensor  # [rows, ..., 576] in the call's KV dtype
+    slots: torch.Tensor  # [distinct keys] int64: the cache rows of the probe's keys
+    band: float
+    bound: float
+
+
+def highest_slots(rows: int, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``count`` slot ids among the highest of a cache of ``rows`` slots, scattered (a layer's real
+    cache: the rows furthest from its base)."""
+    if count > rows:
+        raise ValueError(f"the probe needs {count} slots, the cache has {rows}")
+    return torch.randperm(count, generator=generator, device=generator.device if generator else "cpu") + rows - count
+
+
+def dense(q: torch.Tensor, keys: torch.Tensor, ids: list[torch.Tensor], qlen: int, sm_scale: float) -> torch.Tensor:
+    """MLA decode in float32, one request at a time: q [requests * qlen, heads, 576] and keys [n, 576]
+    dequantised; request r reads keys ``ids[r]``, its row t sees its first n - qlen + t + 1 keys."""
+    out = q.new_empty((q.shape[0], q.shape[1], KV_LORA_RANK))
+    for r, idx in enumerate(ids):
+        rows = slice(r * qlen, (r + 1) * qlen)
+        k = keys[idx]
+        scores = torch.einsum("thd,kd->thk", q[rows], k) * sm_scale
+        visible = torch.arange(len(idx), device=q.device)[None, :] <= (
+            torch.arange(qlen, device=q.device)[:, None] + len(idx) - qlen)
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-        expected[rows] = torch.einsum("qhk,kd->qhd", scores.softmax(-1), keys[:, :KV_LORA_RANK])
-        start += n
-    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        out[rows] = torch.einsum("thk,kd->thd", scores.softmax(-1), k[:, :KV_LORA_RANK])
+    return out
+
+
+def _batch(call: DecodeCall, q: torch.Tensor, keys: torch.Tensor, expected: torch.Tensor, ids: list[torch.Tensor],
+           slots: torch.Tensor, order: tuple[int, ...], scales: tuple[float, float] | None) -> ProbeBatch:
+    """The probe's requests in ``order`` (q and expected given in the probe's own order)."""
+    device, qlen = q.device, call.qlen
+    pos = torch.tensor(order, device=device)
+
+    def reorder(t: torch.Tensor) -> torch.Tensor:
+        return t.view(len(ids), qlen, *t.shape[1:])[pos].reshape(t.shape)
+
+    lens = [len(ids[r]) for r in order]
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     plan = DecodePlan(
-        qo_indptr=(torch.arange(len(lens) + 1, dtype=torch.int32) * call.qlen).to(device),
-        kv_indptr=indptr.to(device),
-        kv_indices=order.to(torch.int32).to(device),
-        kv_last_page_lens=torch.ones(len(lens), dtype=torch.int32, device=device),
+        qo_indptr=torch.arange(len(order) + 1, dtype=torch.int32, device=device) * qlen,
+        kv_indptr=indptr,
+        kv_indices=torch.cat([slots[ids[r]] for r in order]).to(torch.int32),
+        kv_last_page_lens=torch.ones(len(order), dtype=torch.int32, device=device),
     )
 
-    def scale_tensor(value: float) -> torch.Tensor | None:
-        return torch.full((1,), value, dtype=torch.float32, device=device) if call.fp8 else None
+    def scale_tensor(value: float) -> torch.Tensor:
+        return torch.full((1,), value, dtype=torch.float32, device=device)
 
-    return ProbeInputs(q.to(device), kv.view(slots, 1, HEAD_DIM).to(device), plan, expected.to(device),
-                       scale_tensor(q_scale), scale_tensor(kv_scale), PROBE_SM_SCALE)
+    q_scale, kv_scale = (scale_tensor(scales[0]), scale_tensor(scales[1])) if scales else (None, None)
+    return ProbeBatch(reorder(q), keys, plan, reorder(expected), order, q_scale, kv_scale)
 
 
-def run_call(kernels: MLAKernels, call: DecodeCall, inputs: ProbeInputs) -> torch.Tensor:
-    """``call`` on ``inputs`` through the own path's decode function (and its work buffers)."""
+def probe_batches(call: DecodeCall, device: torch.device | str, slots: torch.Tensor) -> tuple[ProbeBatch, ...]:
+    """The probe's two batches of ``call``, their keys meant for cache rows ``slots``: the requests in
+    order and reversed (fp8: the second under the second scale pair). Deterministic (a fixed seed) on a
+    given device."""
+    device = torch.device(device)
+    gen = torch.Generator(device).manual_seed(PROBE_SEED + 131 * call.qlen + call.heads)
+    ids, count = key_ids(call.qlen)
+    ids = [i.to(device) for i in ids]
+    rows = len(ids) * call.qlen
+    bias = torch.nn.functional.normalize(torch.randn(HEAD_DIM, generator=gen, device=device), dim=0)
+    q = torch.randn(rows, call.heads, HEAD_DIM, generator=gen, device=device) + QUERY_BIAS * bias
+    keys = torch.randn(count, HEAD_DIM, generator=gen, device=device)
+    keys -= (keys @ bias)[:, None] * bias
+    for idx in ids:  # each request's future keys of its first row (none at query length 1)
+        keys[idx[len(idx) - call.qlen + 1:]] += BAIT * bias
+    orders = (tuple(range(len(ids))), tuple(reversed(range(len(ids)))))
+    batches = []
+    for order, scales in zip(orders, PROBE_SCALES if call.fp8 else (None, None)):
+        if scales is None and batches:  # bf16: the same data in another order
+            first = batches[0]
+            batches.append(_batch(call, first.q, first.keys, first.expected, ids, slots, order, None))
+            continue
+        q_scale, kv_scale = scales or (1.0, 1.0)
+        q_scale_t = torch.tensor(q_scale, dtype=torch.float32, device=device)
+        kv_scale_t = torch.tensor(kv_scale, dtype=torch.float32, device=device)
+        qq = (q / q_scale_t).to(call.q_dtype)
+        kk = (keys / kv_scale_t).to(call.kv_dtype)
+        expected = dense(qq.float() * q_scale_t, kk.float() * kv_scale_t, ids, call.qlen, PROBE_SM_SCALE)
+        batches.append(_batch(call, qq, kk, expected, ids, slots, order, scales))
+    return tuple(batches)
+
+
+def run_probe(kernels: MLAKernels, probe: Probe, runs: Iterable[int] = RUNS) -> list[tuple[ProbeBatch, torch.Tensor]]:
+    """The probe's batches, in the order ``runs`` names them, through the own path's decode function:
+    one set of work buffers (persistent calls) re-planned before every run, each output buffer filled
+    with NaN first, each batch's keys placed in the cache before its run."""
+    call = probe.call
+    batches = [probe.batches[i] for i in runs]
     work = None
     if call.persistent:
-        work = allocate_work(kernels, len(inputs.plan.kv_last_page_lens), call.qlen, call.heads, call.q_dtype,
-                             call.kv_dtype, inputs.q.device)
-        plan_work(kernels, work, inputs.plan, call.qlen)
-    return mla_decode(inputs.q, inputs.kv, inputs.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
-                      scale=inputs.scale, max_seqlen_q=call.qlen, decode_heads=call.heads,
-                      out_dtype=call.out_dtype, q_scale=inputs.q_scale, kv_scale=inputs.kv_scale, work=work)
+        work = allocate_work(kernels, max(len(b.order) for b in batches), call.qlen, call.heads, call.q_dtype,
+                             call.kv_dtype, probe.cache.device)
+    rows = probe.cache.view(-1, HEAD_DIM)
+    found = []
+    for batch in batches:
+        rows[probe.slots] = batch.keys
+        if work is not None:
+            plan_work(kernels, work, batch.plan, call.qlen)
+        out = torch.full((batch.q.shape[0], call.heads, KV_LORA_RANK), float("nan"), dtype=call.out_dtype,
+                         device=probe.cache.device)
+        found.append((batch, mla_decode(batch.q, probe.cache, batch.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
+                                        scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen, decode_heads=call.heads,
+                                        out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale,
+                                        work=work, out=out)))
+    return found
 
 
-def deviation(out: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest absolute difference over the largest absolute expected value (inf where the
-    expected output is all zero)."""
-    peak = expected.abs().max().item()
-    worst = (out.float() - expected.float()).abs().max().item()
-    return worst / peak if peak > 0 else float("inf")
+@dataclass(frozen=True)
+class Fit:
+    """How far one output (or several) lies from the dense result."""
+
+    deviation: float  # the worst request's largest |out - dense| over its own largest |dense|
+    scale: float  # a of the least-squares fit out = a * dense + b over the whole output
+    offset: float  # b of that fit over the dense result's rms
+
+    @property
+    def systematic(self) -> float:
+        return max(abs(self.scale - 1.0), abs(self.offset))
+
+    def within(self, band_: float, bound_: float) -> bool:
+        return self.deviation <= band_ and self.systematic <= bound_
+
+    @staticmethod
+    def worst(fits: Iterable[Fit]) -> Fit:
+        fits = list(fits)
+        return Fit(max(f.deviation for f in fits), max((f.scale for f in fits), key=lambda s: abs(s - 1.0)),
+                   max((f.offset for f in fits), key=abs))
+
+
+def fit(out: torch.Tensor, expected: torch.Tensor, requests: int, factor: float = 1.0) -> Fit:
+    """``out`` (times ``factor``) against ``expected``, both [requests * qlen, heads, 512]."""
+    y = out.double() * factor
+    x = expected.double()
+    worst = (y - x).abs().view(requests, -1).amax(1) / x.abs().view(requests, -1).amax(1)
+    x, y = x.flatten(), y.flatten()
+    xc = x - x.mean()
+    scale = (xc * (y - y.mean())).sum() / xc.square().sum()
+    offset = (y.mean() - scale * x.mean()) / x.square().mean().sqrt()
+    dev, scale_, offset_ = torch.stack([worst.max(), scale, offset]).tolist()
+    return Fit(dev, scale_, offset_)
+
+
+def deviation(out: torch.Tensor, expected: torch.Tensor, requests: int = 1) -> float:
+    """The largest absolute difference over the largest absolute expected value, per request (rows
+    split evenly), the worst request's; inf where a request's expected output is all zero."""
+    return fit(out, expected, requests).deviation
 
 
 def band(reference_deviation: float, out_dtype: torch.dtype) -> float:
     """The largest deviation a right output may have: BAND_FACTOR times the larger of the reference
     kernel's own deviation and the output dtype's unit roundoff (bf16: 0.39 %, so 3.1 %)."""
-    step = torch.finfo(out_dtype).eps / 2 if out_dtype.is_floating_point else 0.0
-    return BAND_FACTOR * max(reference_deviation, step)
+    return BAND_FACTOR * max(reference_deviation, _unit_roundoff(out_dtype))
 
 
-def classify(out: torch.Tensor, expected: torch.Tensor, band_: float, kv_scale: float | None) -> Measured:
-    """What ``out`` is, given the dense result of the same inputs; with ``kv_scale`` (fp8), an
-    output right once multiplied by it is the #6732 pattern. The band applies after correction."""
-    if not bool(torch.isfinite(out).all()):
-        return Measured(Outcome.NOT_FINITE, float("nan"), band_)
-    off = deviation(out, expected)
-    if off <= band_:
-        return Measured(Outcome.CORRECT, off, band_)
-    if kv_scale is not None and kv_scale != 1.0:
-        corrected = deviation(out.float() * kv_scale, expected)
-        if corrected <= band_:
-            return Measured(Outcome.DROPS_V_SCALE, corrected, band_)
-    return Measured(Outcome.WRONG, off, band_)
+def bound(reference_systematic: float, out_dtype: torch.dtype) -> float:
+    """The largest systematic error (|scale - 1| or |offset|) a right output may have: the larger of
+    BAND_FACTOR times the reference kernel's own and the output dtype's unit roundoff (bf16: 0.39 %). A
+    right kernel's rounding averages out over the output; a kernel off by a factor or an offset is not
+    right."""
+    return max(BAND_FACTOR * reference_systematic, _unit_roundoff(out_dtype))
 
 
-def measure(kernels: MLAKernels, call: DecodeCall, device: torch.device | str,
-            reference: MLAKernels | None = None) -> Measured:
-    """Run ``call`` once through ``kernels`` and classify it. Anything the call raises is an
-    outcome (``raised``), never an exception out of here. ``reference``: the pure-PyTorch kernels
-    whose deviation sets the band (default: this package's)."""
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
+
+
+def classify(found: list[tuple[ProbeBatch, torch.Tensor]], band_: float, bound_: float) -> Measured:
+    """What the outputs of a call's runs are, given each batch's dense result: right, right once each
+    multiplied by its own batch's kv_scale (the #6732 pattern; fp8 only, under every scale pair
+    alike), not finite or wrong. The band and the bound apply after correction."""
+    if not all(bool(torch.isfinite(out).all()) for _, out in found):
+        return Measured(Outcome.NOT_FINITE, math.nan, band_, bound=bound_)
+    plain = Fit.worst(fit(out, b.expected, len(b.order)) for b, out in found)
+    if plain.within(band_, bound_):
+        return Measured(Outcome.CORRECT, plain.deviation, band_, "", plain.scale, plain.offset, bound_)
+    kv_scales = [None if b.kv_scale is None else float(b.kv_scale.item()) for b, _ in found]
+    if all(k is not None and k != 1.0 for k in kv_scales):
+        fixed = Fit.worst(fit(out, b.expected, len(b.order), k) for (b, out), k in zip(found, kv_scales))
+        if fixed.within(band_, bound_):
+            return Measured(Outcome.DROPS_V_SCALE, fixed.deviation, band_, "", fixed.scale, fixed.offset, bound_)
+    return Measured(Outcome.WRONG, plain.deviation, band_, "", plain.scale, plain.offset, bound_)
+
+
+def prepare(call: DecodeCall, device: torch.device | str, reference: MLAKernels | None = None,
+            cache: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> Probe:
+    """``call``'s probe, its band and bound set by ``reference`` (default: this package's pure-PyTorch
+    kernels) on it. ``cache``: the tensor ([rows, ..., 576] in the call's KV dtype, on ``device``)
+    whose rows ``slots`` (default: its highest) the probe's keys are written to, overwriting them (a
+    layer's real cache before it serves); default: a private one, the keys at scattered slots."""
     if reference is None:
         from .kernels import load_kernels  # noqa: PLC0415
 
         reference = load_kernels("reference")
-    try:
-        inputs = probe_inputs(call, device)
-        band_ = band(deviation(run_call(reference, call, inputs), inputs.expected), call.out_dtype)
-    except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
-        return Measured(Outcome.RAISED, float("nan"), float("nan"), f"making the probe: {one_line(exc)}")
-    try:
-        out = run_call(kernels, call, inputs)
-        if out.is_cuda:
-            torch.cuda.synchronize(out.device)
-    except Exception as exc:  # noqa: BLE001  (a refusing kernel: the layer goes to the built-in)
-        return Measured(Outcome.RAISED, float("nan"), band_, one_line(exc))
-    kv_scale = float(inputs.kv_scale.item()) if inputs.kv_scale is not None else None
-    return classify(out, inputs.expected, band_, kv_scale)
+    device = torch.device(device)
+    _, count = key_ids(call.qlen)
+    gen = torch.Generator(device).manual_seed(PROBE_SEED)
+    if cache is None:
+        cache = torch.zeros((count, 1, HEAD_DIM), dtype=call.kv_dtype, device=device)
+        slots = torch.randperm(count, generator=gen, device=device)
+    elif cache.dtype != call.kv_dtype or cache.shape[-1] != HEAD_DIM or not cache.is_contiguous():
+        raise ValueError(f"the probe's cache must be a contiguous [rows, ..., {HEAD_DIM}] {dtype_name(call.kv_dtype)} "
+                         f"tensor, got {list(cache.shape)} {dtype_name(cache.dtype)}")
+    rows = cache.numel() // HEAD_DIM
+    if slots is None:
+        slots = highest_slots(rows, count, gen)
+    slots = slots.to(device=device, dtype=torch.int64)
+    if slots.shape != (count,) or int(slots.min()) < 0 or int(slots.max()) >= rows or len(slots.unique()) != count:
+        raise ValueError(f"the probe needs {count} distinct slots of the cache's {rows}")
+    unjudged = Probe(call, probe_batches(call, device, slots), cache, slots, math.nan, math.nan)
+    own = Fit.worst(fit(out, b.expected, len(b.order))
+                    for b, out in run_probe(reference, unjudged, range(len(unjudged.batches))))
+    if not math.isfinite(own.deviation):
+        raise ValueError(f"the reference kernel's own output is {own.deviation} off the dense result")
+    return Probe(call, unjudged.batches, cache, slots, band(own.deviation, call.out_dtype),
+                 bound(own.systematic, call.out_dtype))
 
+
+def measure(kernels: MLAKernels, call: DecodeCall, device: torch.device | str,
+            reference: MLAKernels | None = None, *, probe: Probe | None = None,
+            cache: torch.Tensor | None = None) -> Measured:
+    """Run ``call``'s probe through ``kernels`` (``RUNS``) and classify it. Anything the call raises is
+    an outcome (``raised``), never an exception out of here. ``reference``: the pure-PyTorch kernels
+    whose deviation sets the band (default: this package's); ``probe``: one already made for ``call``
+    (else made here, in ``cache`` if given: see ``prepare``)."""
+    if probe is None:
+        try:
+            probe = prepare(call, device, reference, cache)
+        except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
+            return Measured(Outcome.RAISED, math.nan, math.nan, f"making the probe: {one_line(exc)}")
+    try:
+        found = run_probe(kernels, probe)
+        if probe.cache.is_cuda:
+            torch.cuda.synchronize(probe.cache.device)
+    except Exception as exc:  # noqa: BLE001  (a refusing kernel: the call is not served)
+        return Measured(Outcome.RAISED, math.nan, probe.band, one_line(exc), bound=probe.bound)
+    return classify(found, probe.band, probe.bound)
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
@@ -226,10 +418,11 @@ def layer_calls(heads: int, max_qlen: int, q_dtype: torch.dtype, kv_dtype: torch
 
 
 def measure_all(kernels: MLAKernels, calls: Iterable[DecodeCall], device: torch.device | str,
-                clock: Callable[[], float] = time.monotonic) -> tuple[dict[int, Measured], float]:
-    """``measure`` for each call, keyed by query length, and the seconds it took."""
+                clock: Callable[[], float] = time.monotonic,
+                cache: torch.Tensor | None = None) -> tuple[dict[int, Measured], float]:
+    """``measure`` for each call (in ``cache`` if given), keyed by query length, and the seconds it took."""
     started = clock()
-    found = {call.qlen: measure(kernels, call, device) for call in calls}
+    found = {call.qlen: measure(kernels, call, device, cache=cache) for call in calls}
     return found, clock() - started
 
 
