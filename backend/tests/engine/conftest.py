@@ -1,5 +1,10 @@
 """Engine tests: tiny MLA model in vLLM's real CPU engine. Reports land in the summary
-(engine_report.REPORT, printed by the repository's conftest.py)."""
+(engine_report.REPORT, printed by the repository's conftest.py).
+
+Every engine run a test reads is declared once, in ``engine_setup.RUNS``. The first test that asks for a run
+starts one process (engine_driver.py) for that run's backend and installed AITER, which serves
+every declared run of that backend one engine after another: vLLM is imported once per backend,
+not once per configuration, and runs that share an engine's settings share one engine."""
 
 from __future__ import annotations
 
@@ -12,59 +17,84 @@ from pathlib import Path
 import pytest
 # helper modules next to this file (on pytest.ini's pythonpath)
 from engine_report import REPORT
-from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, engine_env
+from engine_setup import AMX_MLA_BACKEND, CPU_MLA_IMPL, OUR_CPU_DEV_IMPL, RUNS, Run, default_track_aiter, engine_env
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "engine_driver.py"
+def write_models(folder: Path) -> dict[int, Path]:
+    """The tiny model's seeded weights, with 16 attention heads and with 8 (DeepSeek-V2-Lite at
+    TP 2, Kimi-K2 at TP 8: the backend pads the queries to 16 heads)."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+    from tiny_mla_weights import CONFIG_DIR, tiny_mla_weights, write_tiny_mla  # runtime/models (pythonpath)
 
-
-@pytest.fixture(scope="session")
-def tiny_weights(tmp_path_factory) -> Path:
-    from tiny_mla_weights import write_tiny_mla  # runtime/models, on pytest.ini's pythonpath
-
-    return write_tiny_mla(tmp_path_factory.mktemp("tiny-mla-seeded"), seed=0)
+    models = {16: write_tiny_mla(folder / "tiny-mla-seeded", seed=0)}
+    cfg = json.loads((CONFIG_DIR / "config.json").read_text())
+    cfg["num_attention_heads"] = cfg["num_key_value_heads"] = 8
+    models[8] = folder / "tiny-mla-8-heads"
+    models[8].mkdir()
+    (models[8] / "config.json").write_text(json.dumps(cfg))
+    save_file(tiny_mla_weights(cfg, seed=0), str(models[8] / "model.safetensors"), metadata={"format": "pt"})
+    return models
 
 
 class EngineRuns:
-    """Runs engine_driver.py once per configuration and caches the result."""
+    """The results of ``RUNS``, one driver process per backend and installed AITER, started on demand."""
 
-    def __init__(self, model: Path, workdir: Path):
-        self.model, self.workdir, self.cache = model, workdir, {}
+    def __init__(self, models: dict[int, Path], workdir: Path, runs: tuple[Run, ...] = RUNS):
+        self.models, self.workdir, self.runs, self.cache = models, workdir, runs, {}
 
     def get(self, backend: str, dtype: str = "float32", fault: str = "none", schedule: str = "waves",
-            aiter: str | None = None) -> dict:
-        """``aiter``: an installed AITER distribution (amd-aiter) of this version is on the engine's
-        path (its package metadata only: the CPU development mode imports no AITER)."""
-        key = (backend, dtype, fault, schedule) + ((f"aiter-{aiter}",) if aiter else ())
-        if key not in self.cache:
-            name = "-".join(key)
-            out, log = self.workdir / f"{name}.json", self.workdir / f"{name}.log"
-            cmd = [sys.executable, str(DRIVER), "--model", str(self.model), "--backend", backend,
-                   "--dtype", dtype, "--fault", fault, "--schedule", schedule, "--out", str(out)]
-            env = engine_env()
-            if aiter:
-                site = self.workdir / f"site-aiter-{aiter}"
-                dist = site / f"amd_aiter-{aiter}.dist-info"
-                dist.mkdir(parents=True, exist_ok=True)
-                (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {aiter}\n")
-                env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-            with open(log, "w") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=900)
-            if proc.returncode != 0:
-                tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-                pytest.fail(f"engine run {key} failed (exit {proc.returncode}):\n{tail}")
-            run = json.loads(out.read_text())
+            aiter: str | None = None, heads: int = 16) -> dict:
+        """The run of these settings; ``backend="ours"`` without ``aiter``: the default track's AITER installed."""
+        if backend == "ours" and aiter is None:
+            aiter = default_track_aiter()
+        run = Run(backend, dtype, fault, schedule, heads, aiter)
+        if run not in self.runs:
+            pytest.fail(f"engine run {run.name} is not declared in backend/tests/engine/engine_setup.py's RUNS")
+        if run not in self.cache:
+            self._start([r for r in self.runs if (r.backend, r.aiter) == (run.backend, run.aiter)])
+        return self.cache[run]
+
+    def _start(self, runs: list[Run]) -> None:
+        first = runs[0]
+        name = "-".join(str(v) for v in (first.backend, first.aiter) if v)
+        plan, out, log = (self.workdir / f"{name}.{ext}" for ext in ("plan.json", "json", "log"))
+        plan.write_text(json.dumps([{"name": r.name, "model": str(self.models[r.heads]), "dtype": r.dtype,
+                                     "schedule": r.schedule, "fault": r.fault} for r in runs]))
+        env = engine_env()
+        if first.aiter:
+            site = self.workdir / f"site-aiter-{first.aiter}"
+            dist = site / f"amd_aiter-{first.aiter}.dist-info"
+            dist.mkdir(parents=True, exist_ok=True)
+            (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {first.aiter}\n")
+            env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+        cmd = [sys.executable, str(DRIVER), "--backend", first.backend, "--plan", str(plan), "--out", str(out)]
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1200)
+        if proc.returncode != 0:
+            tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+            pytest.fail(f"engine runs {[r.name for r in runs]} failed (exit {proc.returncode}):\n{tail}")
+        found = json.loads(out.read_text())
+        for run in runs:
+            result = found[run.name]
             # The backend that really ran, on a platform that would have picked AMX_MLA.
-            expected = OUR_CPU_DEV_IMPL if backend == "ours" else CPU_MLA_IMPL
-            assert run["auto_choice"] == AMX_MLA_BACKEND, f"AMX not faked: {run['auto_choice']}"
-            assert run["attention_impls"] == [expected], f"{key}: ran {run['attention_impls']}, expected {expected}"
-            self.cache[key] = run
-            REPORT.append(f"{key}: engine start {run['engine_start_s']:.1f}s, attention "
-                          f"{run['attention_impls'][0].rsplit('.', 1)[-1]} (auto would be AMX_MLA), "
-                          f"decode calls {run['decode_calls']}")
-        return self.cache[key]
+            expected = OUR_CPU_DEV_IMPL if run.backend == "ours" else CPU_MLA_IMPL
+            auto = result["platform_choices"]["auto"]
+            assert auto == AMX_MLA_BACKEND, f"AMX not faked: {auto}"
+            ran = result["attention_impls"]
+            assert ran == [expected], f"{run.name}: ran {ran}, expected {expected}"
+            self.cache[run] = result
+            REPORT.append(f"{run.name}: engine start {result['engine_start_s']:.1f}s, requests "
+                          f"{result['serve_s']:.1f}s, attention {result['attention_impls'][0].rsplit('.', 1)[-1]} "
+                          f"(auto would be AMX_MLA), decode calls {result['decode_calls']}")
 
 
 @pytest.fixture(scope="session")
-def engine_runs(tiny_weights, tmp_path_factory) -> EngineRuns:
-    return EngineRuns(tiny_weights, tmp_path_factory.mktemp("engine-runs"))
+def engine_runs(tmp_path_factory) -> EngineRuns:
+    return EngineRuns(write_models(tmp_path_factory.mktemp("tiny-mla-models")), tmp_path_factory.mktemp("engine-runs"))
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(engine_runs) -> Path:
+    """The 16-head tiny model's seeded weights, the ones the engine runs serve."""
+    return engine_runs.models[16]

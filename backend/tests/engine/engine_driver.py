@@ -1,28 +1,34 @@
 """Run the tiny MLA model in vLLM's CPU engine and record greedy tokens + logprobs.
 
-    python engine_driver.py --model DIR --backend ours|cpu_mla --dtype float32 --out result.json
-                            [--fault none|last-slot-off-by-one]
+    python engine_driver.py --backend ours|cpu_mla --plan plan.json --out result.json
 
-``ours``: this package's CPU development mode (AITER_MLA_KERNELS=reference),
-``cpu_mla``: vLLM's own CPU MLA backend. The engine core runs in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0) so the decode-call counter and the fault
-injection act on the engine that serves the requests. Requests arrive in two waves:
-the second while the first is decoding.
+One process runs every configuration of one backend the tests ask for (``plan.json``: a list of
+runs, each naming its model, dtype, schedule and fault), one engine after another: vLLM, torch and
+the plugin are imported once, and the runs that share an engine's settings (model, dtype, prefix
+caching) share one engine. ``ours``: this package's CPU development mode
+(AITER_MLA_KERNELS=reference), ``cpu_mla``: vLLM's own CPU MLA backend. The engine core runs in
+this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the decode-call counter and the fault
+injection act on the engine that serves the requests; a fault or a recorder is installed for its
+run (or engine) alone and removed after it. With the ``waves`` schedule requests arrive in two
+waves: the second while the first is decoding.
 
 Both sides name their attention backend explicitly (``CPU_MLA``): vLLM's CPU platform
 would pick ``AMX_MLA`` on CPUs with AMX tiles, and in CPU development mode the plugin
-points the ``CPU_MLA`` entry at this package. The result records the attention
+points the ``CPU_MLA`` entry at this package. Each run records the attention
 implementation classes that really ran and what vLLM's CPU platform would have picked
-with no backend named (``auto_choice``), so a test sees the selection it relies on.
+with no backend named and with CPU_MLA named (``platform_choices``), so a test sees the
+selection it relies on.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import time
+from collections.abc import Callable
 
 PROMPT_LENGTHS = [1, 7, 200, 33, 64, 2, 150, 90, 11, 128]
 FIRST_WAVE = 5
@@ -34,9 +40,9 @@ def prompts(vocab: int = 1024, seed: int = 1234) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
-def install_fault() -> None:
+def install_fault() -> Callable[[], None]:
     """Replace the newest key of every request with the slot before it (in the plan the
-    metadata builder gets from planning)."""
+    metadata builder gets from planning). Returns what removes it."""
     import vllm_aiter_mla.backend as backend
 
     real = backend.plan_decode_step
@@ -50,6 +56,7 @@ def install_fault() -> None:
         return step
 
     backend.plan_decode_step = off_by_one
+    return lambda: setattr(backend, "plan_decode_step", real)
 
 
 # shared-prefix schedule: requests on one cached prompt prefix of SHARED_PREFIX_BLOCKS full
@@ -61,11 +68,11 @@ SHARED_REQUESTS = 16
 MAX_NUM_SEQS = 16
 
 
-def keep_prefix_caching() -> None:
+def keep_prefix_caching() -> Callable[[], None]:
     """vLLM's CPU platform turns prefix caching off for MLA models (its CPU MLA prefill has no
     cached-context path). The shared-prefix schedule only ever prefills without context (the
     first request) and decodes the rest, so prefix caching is turned back on after the
-    platform's check, in this process (the engine core runs in it)."""
+    platform's check, in this process (the engine core runs in it). Returns what undoes it."""
     from vllm.platforms.cpu import CpuPlatform
 
     check = CpuPlatform.check_and_update_config.__func__
@@ -75,22 +82,22 @@ def keep_prefix_caching() -> None:
         vllm_config.cache_config.enable_prefix_caching = True
 
     CpuPlatform.check_and_update_config = classmethod(check_and_keep)
+    return lambda: setattr(CpuPlatform, "check_and_update_config", classmethod(check))
 
 
-STEP_KEYS: list[int] = []
-
-
-def record_step_keys() -> None:
-    """Σ max(seq_len, qlen) of every decode step this backend plans (what kv_indices holds)."""
+def record_step_keys(step_keys: list[int]) -> Callable[[], None]:
+    """Σ max(seq_len, qlen) of every decode step this backend plans (what kv_indices holds), into
+    ``step_keys``. Returns what stops recording."""
     import vllm_aiter_mla.backend as backend
 
     real = backend.plan_decode_step
 
     def recorded(buffers, block_table, seq_lens, qlen, *args, **kwargs):
-        STEP_KEYS.append(int(seq_lens.clamp(min=qlen).sum()))
+        step_keys.append(int(seq_lens.clamp(min=qlen).sum()))
         return real(buffers, block_table, seq_lens, qlen, *args, **kwargs)
 
     backend.plan_decode_step = recorded
+    return lambda: setattr(backend, "plan_decode_step", real)
 
 
 def attention_impls(worker) -> list[str]:
@@ -100,15 +107,19 @@ def attention_impls(worker) -> list[str]:
                    for layer in layers if getattr(layer, "impl", None) is not None})
 
 
-def platform_auto_choice(dtype: str) -> str:
-    """The MLA backend vLLM's CPU platform picks when none is named (AMX_MLA on AMX CPUs)."""
+def platform_choices(dtype: str) -> dict:
+    """The MLA backend vLLM's CPU platform picks when none is named (``auto``: AMX_MLA on AMX
+    CPUs) and when CPU_MLA is named (``named``), and whether torch's CPU kernels see AMX tiles."""
     import torch
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     config = AttentionSelectorConfig(head_size=576, dtype=getattr(torch, dtype), kv_cache_dtype="auto",
                                      block_size=16, use_mla=True)
-    return CpuPlatform.get_attn_backend_cls(None, config)
+    return {"auto": CpuPlatform.get_attn_backend_cls(None, config),
+            "named": CpuPlatform.get_attn_backend_cls(AttentionBackendEnum.CPU_MLA, config),
+            "kernels_see_amx": bool(torch.cpu._is_amx_tile_supported())}
 
 
 def installed_aiter() -> str | None:
@@ -123,46 +134,37 @@ def installed_aiter() -> str | None:
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--backend", choices=["ours", "cpu_mla"], required=True)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--fault", choices=["none", "last-slot-off-by-one"], default="none")
-    ap.add_argument("--load-format", default="safetensors")
-    ap.add_argument("--schedule", choices=["waves", "sequential", "shared-prefix"], default="waves",
-                    help="waves: the second half arrives while the first decodes; "
-                    "sequential: one request at a time (what a client sending one request after another sees); "
-                    "shared-prefix: requests on one cached prefix, prefix caching on, a small KV cache")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+MAX_TOKENS = 32
+SCHEDULES = ("waves", "sequential", "shared-prefix")
+FAULTS = ("none", "last-slot-off-by-one")
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if args.backend == "ours":
-        os.environ["AITER_MLA_KERNELS"] = "reference"
-    else:
-        os.environ.pop("AITER_MLA_KERNELS", None)
 
-    from vllm import LLM, SamplingParams
+def read_plan(path: str) -> list[dict]:
+    """The runs of ``path``: each a dict with name, model, dtype, schedule, fault."""
+    with open(path, encoding="utf-8") as f:
+        runs = json.load(f)
+    for run in runs:
+        if run["schedule"] not in SCHEDULES or run["fault"] not in FAULTS:
+            raise SystemExit(f"run {run['name']}: schedule must be one of {SCHEDULES}, fault one of {FAULTS}")
+    return runs
 
-    if args.fault != "none":
-        install_fault()
-    shared = args.schedule == "shared-prefix"
+
+def engine_settings(run: dict) -> tuple[str, str, bool]:
+    """What one engine serves a run with: model, dtype, and whether prefix caching is on."""
+    return run["model"], run["dtype"], run["schedule"] == "shared-prefix"
+
+
+def make_engine(model: str, dtype: str, shared: bool):
+    from vllm import LLM
+
     extra = {}
     if shared:
-        keep_prefix_caching()
         extra = {"enable_prefix_caching": True, "num_gpu_blocks_override": SHARED_CACHE_BLOCKS, "block_size": 16}
-        if args.backend == "ours":
-            record_step_keys()
-
-    t0 = time.monotonic()
-    llm = LLM(
-        model=args.model,
-        load_format=args.load_format,
+    return LLM(
+        model=model,
+        load_format="safetensors",
         skip_tokenizer_init=True,
-        dtype=args.dtype,
+        dtype=dtype,
         max_model_len=512,
         max_num_seqs=MAX_NUM_SEQS,
         gpu_memory_utilization=0.5,
@@ -171,10 +173,13 @@ def main() -> None:
         attention_config={"backend": "CPU_MLA"},
         **extra,
     )
-    start_s = time.monotonic() - t0
-    engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=0, ignore_eos=True, detokenize=False)
-    all_prompts = prompts()
+
+
+def serve_schedule(engine, schedule: str) -> dict[str, dict]:
+    """Greedy tokens and their logprobs of every request of ``schedule``, by request id."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True, detokenize=False)
     results: dict[str, dict] = {}
 
     def collect(outputs) -> None:
@@ -186,20 +191,23 @@ def main() -> None:
                     "logprobs": [lp[tok].logprob for lp, tok in zip(comp.logprobs, comp.token_ids)],
                 }
 
-    if shared:
+    def drain() -> None:
+        while engine.has_unfinished_requests():
+            collect(engine.step())
+
+    all_prompts = prompts()
+    if schedule == "shared-prefix":
         rng = random.Random(99)
         prefix = [rng.randrange(2, 1024) for _ in range(SHARED_PREFIX_BLOCKS * 16)]
         engine.add_request("0", {"prompt_token_ids": prefix + [5]}, params)
         collect(engine.step())  # its prefill: the prefix's blocks are cached from here on
         for i in range(1, SHARED_REQUESTS):
             engine.add_request(str(i), {"prompt_token_ids": prefix + [6 + i]}, params)
-        while engine.has_unfinished_requests():
-            collect(engine.step())
-    elif args.schedule == "sequential":
+        drain()
+    elif schedule == "sequential":
         for i, prompt in enumerate(all_prompts):
             engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
-            while engine.has_unfinished_requests():
-                collect(engine.step())
+            drain()
     else:
         for i in range(FIRST_WAVE):
             engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
@@ -207,21 +215,85 @@ def main() -> None:
             collect(engine.step())
         for i in range(FIRST_WAVE, len(all_prompts)):
             engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
-        while engine.has_unfinished_requests():
-            collect(engine.step())
+        drain()
+    return results
 
-    decode_calls = None
-    if args.backend == "ours":
-        from vllm_aiter_mla import cpu_dev
 
-        decode_calls = cpu_dev._decode_calls
-    with open(args.out, "w", encoding="utf-8") as f:
+def decode_calls(backend: str) -> int | None:
+    if backend != "ours":
+        return None
+    from vllm_aiter_mla import cpu_dev
+
+    return cpu_dev._decode_calls
+
+
+def run_engine(backend: str, runs: list[dict]) -> dict[str, dict]:
+    """Every run of ``runs`` (one engine's settings) on one engine, each with its own fault."""
+    model, dtype, shared = engine_settings(runs[0])
+    undo = [keep_prefix_caching()] if shared else []
+    step_keys: list[int] = []
+    if shared and backend == "ours":
+        undo.append(record_step_keys(step_keys))
+    try:
+        t0 = time.monotonic()
+        llm = make_engine(model, dtype, shared)
+        start_s = time.monotonic() - t0
         cache = llm.llm_engine.vllm_config.cache_config
-        json.dump({"results": results, "decode_calls": decode_calls, "engine_start_s": start_s,
-                   "max_step_keys": max(STEP_KEYS, default=0), "kv_cache_slots": (cache.num_gpu_blocks or 0) * 16,
-                   "prefix_caching": cache.enable_prefix_caching,
-                   "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
-                   "auto_choice": platform_auto_choice(args.dtype), "aiter_version": installed_aiter()}, f)
+        common = {"engine_start_s": start_s, "kv_cache_slots": (cache.num_gpu_blocks or 0) * 16,
+                  "prefix_caching": cache.enable_prefix_caching,
+                  "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
+                  "platform_choices": platform_choices(dtype), "aiter_version": installed_aiter()}
+        found = {}
+        for run in runs:
+            calls_before = decode_calls(backend)
+            remove_fault = install_fault() if run["fault"] != "none" else None
+            try:
+                t1 = time.monotonic()
+                results = serve_schedule(llm.llm_engine, run["schedule"])
+            finally:
+                if remove_fault:
+                    remove_fault()
+            calls = decode_calls(backend)
+            found[run["name"]] = {**common, "results": results, "serve_s": time.monotonic() - t1,
+                                  "decode_calls": None if calls is None else calls - calls_before,
+                                  "max_step_keys": max(step_keys, default=0)}
+        return found
+    finally:
+        for step in reversed(undo):
+            step()
+        llm = None
+        gc.collect()
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", choices=["ours", "cpu_mla"], required=True)
+    ap.add_argument("--plan", required=True, help="JSON list of runs: name, model, dtype, schedule "
+                    f"({'|'.join(SCHEDULES)}), fault ({'|'.join(FAULTS)}); waves: the second half arrives "
+                    "while the first decodes; sequential: one request at a time (what a client sending one "
+                    "request after another sees); shared-prefix: requests on one cached prefix, prefix caching "
+                    "on, a small KV cache")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.backend == "ours":
+        os.environ["AITER_MLA_KERNELS"] = "reference"
+    else:
+        os.environ.pop("AITER_MLA_KERNELS", None)
+
+    engines: dict[tuple, list[dict]] = {}
+    for run in read_plan(args.plan):
+        engines.setdefault(engine_settings(run), []).append(run)
+    found: dict[str, dict] = {}
+    for runs in engines.values():
+        found.update(run_engine(args.backend, runs))
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(found, f)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,3 +23,46 @@ def engine_env(**extra: str) -> dict[str, str]:
     env["ROCM_VLLM_FAKE_AMX"] = "1"
     env.update(extra)
     return env
+
+
+VERSIONS_JSON = REPO / "versions.json"
+NOT_YET_RELEASED_AITER = "0.1.99"
+
+
+def default_track_aiter() -> str:
+    """The AITER version of the default track (its aiter pin's tag)."""
+    data = json.loads(VERSIONS_JSON.read_text())
+    return data["tracks"][data["default_track"]]["aiter"].removeprefix("v")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One engine run: a backend serving a schedule of requests on the tiny model."""
+
+    backend: str  # ours (this package's CPU development mode) | cpu_mla (vLLM's own)
+    dtype: str = "float32"
+    fault: str = "none"
+    schedule: str = "waves"
+    heads: int = 16  # attention heads of the tiny model
+    # the AITER distribution installed in the engine's process (package metadata only: the CPU
+    # development mode imports no AITER); this package's runs see the default track's, as in the image
+    aiter: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "-".join(str(v) for v in asdict(self).values() if v is not None)
+
+
+def our_run(**settings) -> Run:
+    return Run("ours", **{"aiter": default_track_aiter(), **settings})
+
+
+RUNS = (
+    our_run(), Run("cpu_mla"),
+    our_run(dtype="bfloat16"), Run("cpu_mla", dtype="bfloat16"),
+    our_run(fault="last-slot-off-by-one"),
+    our_run(schedule="sequential"),
+    our_run(schedule="shared-prefix"), Run("cpu_mla", schedule="shared-prefix"),
+    our_run(heads=8), Run("cpu_mla", heads=8),
+    our_run(aiter=NOT_YET_RELEASED_AITER),
+)

@@ -6,25 +6,14 @@ with every pinned AITER installed, and holds the backend to reading no AITER met
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from test_engine_cpu import MAX_TOKENS, compare
 
 from engine_report import REPORT
+from engine_setup import NOT_YET_RELEASED_AITER as NOT_YET_RELEASED
+from engine_setup import default_track_aiter
 
 pytestmark = pytest.mark.engine
-
-VERSIONS_JSON = Path(__file__).resolve().parents[3] / "versions.json"
-NOT_YET_RELEASED = "0.1.99"
-
-
-def default_track_aiter() -> str:
-    """The AITER version of the default track (its aiter pin's tag)."""
-    data = json.loads(VERSIONS_JSON.read_text())
-    return data["tracks"][data["default_track"]]["aiter"].removeprefix("v")
-
 
 VERSIONS = [default_track_aiter(), NOT_YET_RELEASED]
 
@@ -33,9 +22,7 @@ def test_the_default_tracks_aiter_and_an_unreleased_one_are_covered():
     assert VERSIONS[0] == "0.1.28.post1" and NOT_YET_RELEASED in VERSIONS
 
 
-# half of the engine runs in the Docker lane, which needs no Docker engine for them (pytest.ini)
-@pytest.mark.parametrize("aiter", [pytest.param(v, marks=[pytest.mark.docker_lane] if i % 2 else [])
-                                   for i, v in enumerate(VERSIONS)])
+@pytest.mark.parametrize("aiter", VERSIONS)
 def test_the_engine_serves_with_any_installed_aiter(engine_runs, aiter):
     ours = engine_runs.get("ours", aiter=aiter)
     assert ours["aiter_version"] == aiter  # the engine process saw that AITER installed

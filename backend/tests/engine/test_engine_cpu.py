@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine_report import REPORT
-from engine_driver import PROMPT_LENGTHS
+from engine_driver import MAX_TOKENS, PROMPT_LENGTHS
 
 pytestmark = pytest.mark.engine
-
-MAX_TOKENS = 32
 
 
 def compare(a: dict, b: dict) -> tuple[float, float, int]:

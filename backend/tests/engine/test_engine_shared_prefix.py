@@ -12,8 +12,7 @@ from engine_driver import MAX_NUM_SEQS, SHARED_REQUESTS
 from engine_report import REPORT
 from test_engine_cpu import MAX_TOKENS, compare
 
-# docker_lane: evens out the two lanes (pytest.ini); it needs no Docker engine
-pytestmark = [pytest.mark.engine, pytest.mark.docker_lane]
+pytestmark = pytest.mark.engine
 
 
 def test_shared_prefix_steps_exceed_the_cache_and_decode_exactly(engine_runs):
