@@ -17,8 +17,14 @@ variable "REGISTRY" { default = "localhost/rocm-vllm" }
 variable "TAG" { default = "dev" }
 // Release track to build: a key of tracks in versions.json (default: default_track, the newest).
 variable "TRACK" { default = default_track }
+// TRACK when versions.json has it; else bake stops in one line naming it and the known tracks
+// (base64decode's error carries the text: no string with a space is base64).
+function "known_track" {
+  params = []
+  result = contains(keys(tracks), TRACK) ? TRACK : base64decode("TRACK=${TRACK} is no release track of versions.json; the tracks: ${join(", ", sort(keys(tracks)))}")
+}
 // AITER pin to build: a key of aiter.pins in versions.json (default: the track's).
-variable "AITER_PIN" { default = tracks[TRACK].aiter }
+variable "AITER_PIN" { default = tracks[known_track()].aiter }
 // GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
 variable "GPU_ARCHS" { default = join(";", gpu_archs) }
 // "1" accepts UNRESOLVED pins (development images, never a release); "0": pins_check stops bake.
@@ -56,7 +62,7 @@ function "rocm_image" {
 // A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one.
 function "track_section" {
   params = [name, shared]
-  result = lookup(tracks[TRACK], name, shared)
+  result = lookup(tracks[known_track()], name, shared)
 }
 
 // Tags of a target. Local (PUSH=0): <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default
@@ -86,7 +92,7 @@ function "aiter_short" {
 // it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-aiter${aiter_short()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // An empty object: reading an attribute of it stops bake with that attribute's name as the message.
@@ -112,7 +118,7 @@ function "pins_check" {
 // The track's ROCm stack: rocm-image or therock, the stages Dockerfile.rocm_base's ROCM_STACK picks.
 function "stack" {
   params = []
-  result = lookup(tracks[TRACK], "stack", "rocm-image")
+  result = lookup(tracks[known_track()], "stack", "rocm-image")
 }
 
 // versions.json paths (path.key) of the keys of node that are null.
@@ -124,7 +130,7 @@ function "nulls" {
 // Where versions.json holds a shared section (rocm, base_image, pytorch) for the track.
 function "section_path" {
   params = [name]
-  result = contains(keys(tracks[TRACK]), name) ? "tracks.${TRACK}.${name}" : name
+  result = contains(keys(tracks[known_track()]), name) ? "tracks.${TRACK}.${name}" : name
 }
 
 // The pins the verified AITER source (base-aiter-src) builds from.
@@ -156,14 +162,14 @@ function "pytorch_pins" {
 // The track's PyTorch lock in ci/locks/, named after its pytorch section (model.py pytorch_lock_name).
 function "pytorch_lock" {
   params = []
-  result = contains(keys(tracks[TRACK]), "pytorch") ? "pytorch-${TRACK}.txt" : "pytorch.txt"
+  result = contains(keys(tracks[known_track()]), "pytorch") ? "pytorch-${TRACK}.txt" : "pytorch.txt"
 }
 
 function "therock_pins" {
   params = []
   result = concat(
-    nulls("tracks.${TRACK}.therock", tracks[TRACK].therock, ["index_url", "lock_sha256"]),
-    nulls("tracks.${TRACK}.therock.triton", tracks[TRACK].therock.triton, ["repository", "commit", "version"]))
+    nulls("tracks.${TRACK}.therock", tracks[known_track()].therock, ["index_url", "lock_sha256"]),
+    nulls("tracks.${TRACK}.therock.triton", tracks[known_track()].therock.triton, ["repository", "commit", "version"]))
 }
 
 // The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them, also
@@ -173,14 +179,14 @@ function "vllm_pins" {
   result = concat(base_pins(), VLLM_IMAGE != "" ? [] : concat(
     nulls("vllm", vllm, ["repository"]),
     nulls("vllm.triton_kernels", vllm.triton_kernels, ["repository", "path"]),
-    nulls("tracks.${TRACK}.vllm", tracks[TRACK].vllm, ["tag", "commit", "triton_kernels_commit"])))
+    nulls("tracks.${TRACK}.vllm", tracks[known_track()].vllm, ["tag", "commit", "triton_kernels_commit"])))
 }
 
 // Build cache key of a target, from what its layers depend on: the base's has no vLLM version (a
 // vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[TRACK].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[known_track()].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
@@ -226,7 +232,7 @@ target "_common" {
 target "_versions" {
   args = {
     VLLM_TRACK     = TRACK
-    VLLM_VERSION   = tracks[TRACK].vllm.version
+    VLLM_VERSION   = tracks[known_track()].vllm.version
     ROCM_STACK     = stack()
     ROCM_IMAGE     = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
     ROCM_VERSION   = track_section("rocm", rocm).version
@@ -250,18 +256,18 @@ target "_versions" {
     TORCHVISION_VERSION = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchvision, "UNRESOLVED")
     TORCHAUDIO_VERSION  = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchaudio, "UNRESOLVED")
     // a therock track's TheRock section, its lock and the Triton source ("" on rocm-image)
-    THEROCK_INDEX_URL   = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.index_url, "UNRESOLVED")
+    THEROCK_INDEX_URL   = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.index_url, "UNRESOLVED")
     THEROCK_LOCK        = stack() != "therock" ? "" : "therock-${TRACK}.txt"
-    THEROCK_LOCK_SHA256 = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.lock_sha256, "UNRESOLVED")
-    TRITON_REPOSITORY   = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.repository, "UNRESOLVED")
-    TRITON_COMMIT       = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.commit, "UNRESOLVED")
-    TRITON_VERSION      = stack() != "therock" ? "" : coalesce(tracks[TRACK].therock.triton.version, "UNRESOLVED")
+    THEROCK_LOCK_SHA256 = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.lock_sha256, "UNRESOLVED")
+    TRITON_REPOSITORY   = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.repository, "UNRESOLVED")
+    TRITON_COMMIT       = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.commit, "UNRESOLVED")
+    TRITON_VERSION      = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.version, "UNRESOLVED")
     // vllm's shared repository and triton_kernels, and the track's release
     VLLM_REPOSITORY           = coalesce(vllm.repository, "UNRESOLVED")
-    VLLM_TAG                  = coalesce(tracks[TRACK].vllm.tag, "UNRESOLVED")
-    VLLM_COMMIT               = coalesce(tracks[TRACK].vllm.commit, "UNRESOLVED")
+    VLLM_TAG                  = coalesce(tracks[known_track()].vllm.tag, "UNRESOLVED")
+    VLLM_COMMIT               = coalesce(tracks[known_track()].vllm.commit, "UNRESOLVED")
     TRITON_KERNELS_REPOSITORY = coalesce(vllm.triton_kernels.repository, "UNRESOLVED")
-    TRITON_KERNELS_COMMIT     = coalesce(tracks[TRACK].vllm.triton_kernels_commit, "UNRESOLVED")
+    TRITON_KERNELS_COMMIT     = coalesce(tracks[known_track()].vllm.triton_kernels_commit, "UNRESOLVED")
     TRITON_KERNELS_PATH       = coalesce(vllm.triton_kernels.path, "UNRESOLVED")
   }
 }
@@ -334,7 +340,7 @@ target "ci" {
 //
 // The CPU vLLM image must hold the track's vLLM release (else the build stops). Default: vLLM's CPU
 // release image on Docker Hub (x86_64, arm64), by tag; another (by digest, local): VLLM_CPU_IMAGE.
-variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[TRACK].vllm.version}" }
+variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[known_track()].vllm.version}" }
 
 // Tags of a CPU image. Local: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs)
 // on every track: one CPU path at a time on a machine. Pushed: <name>:vllm<vLLM version>-cpu-<12 hex
@@ -349,18 +355,18 @@ function "cpu_tags" {
 
 function "cpu_commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[TRACK].vllm.version}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // Registry build cache of a CPU image: <CACHE_REPO>:<name>-vllm<vLLM version> (no AITER, no GPU archs).
 function "cpu_cache_from" {
   params = [name]
-  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[TRACK].vllm.version}"])
+  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[known_track()].vllm.version}"])
 }
 
 function "cpu_cache_to" {
   params = [name]
-  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[TRACK].vllm.version},mode=max"])
+  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[known_track()].vllm.version},mode=max"])
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`

@@ -372,3 +372,15 @@ def test_each_target_is_stopped_only_by_the_pins_it_builds_from(tmp_path):
             assert bake({pin}, "validate", "cpu").returncode == 0
             for target in ROCM_TARGETS:
                 assert named_pins(stop_line(bake({pin}, target))) == {pin}
+
+
+@pytest.mark.parametrize("target", ["base", "serve", "serve-cpu"])
+def test_a_track_typo_stops_in_one_line_naming_the_known_tracks(target):
+    """TRACK=0.3 (a typo): one error line naming the setting and versions.json's tracks, not HCL's
+    'Invalid index'."""
+    proc = bake_print(target, env={**CLEAR, "TRACK": "0.3", "ALLOW_UNRESOLVED": "1"})
+    known = ", ".join(sorted(model.load()["tracks"]))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-1500:]
+    assert f"TRACK=0.3 is no release track of versions.json; the tracks: {known}" in errors[0], errors[0]
+    assert "Invalid index" not in proc.stderr
