@@ -124,6 +124,18 @@ def test_servers_run_with_the_tokenizer_on_loopback_without_the_callers_api_key(
     assert bench.server_env(vllm_aiter, {"VLLM_API_KEY": "k", "A": "1"}) == {"A": "1", "VLLM_PLUGINS": "x"}
 
 
+
+@pytest.mark.parametrize("name", ["cpu-plugin", "cpu-vllm"])
+def test_cpu_servers_get_a_kv_cache_size_unless_the_environment_sets_one(name) -> None:
+    """The documented CPU bench (BENCH_BACKENDS=cpu-plugin,cpu-vllm) with no memory setting: vLLM's
+    CPU worker would ask for 0.9 of the machine's memory and stop; each CPU server gets compose.cpu.yaml's
+    1 GiB KV cache instead, and a value the caller set wins."""
+    cpu = bench.backends([])[name]
+    assert bench.server_env(cpu, {"A": "1"})["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert bench.server_env(cpu, {"VLLM_CPU_KVCACHE_SPACE": ""})["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert bench.server_env(cpu, {"VLLM_CPU_KVCACHE_SPACE": "6"})["VLLM_CPU_KVCACHE_SPACE"] == "6"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in bench.server_env(TRITON, {"A": "1"})
+
 def test_vllm_result_file_to_metrics_and_errors() -> None:
     result = {"completed": 3, "failed": 1, "total_token_throughput": 12.5, "date": "20261130",
               "ttfts": [0.1, 0.2], "errors": ["", "HTTP 500", "HTTP 500", "timeout"], "request_goodput": None}

@@ -224,10 +224,17 @@ def server_command(serve_args: Sequence[str], backend: Backend, port: int) -> li
             "--no-skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
 
 
+# What a CPU backend's server gets unless the environment sets it (compose.cpu.yaml's default): GiB
+# for its KV cache. Unset, vLLM's CPU worker asks for --gpu-memory-utilization (0.9) of the machine's
+# memory and stops when less is free, as it is with a second process on the machine.
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
 def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:
     # The server listens on 127.0.0.1 for this benchmark only: no API key (vllm bench serve sends none).
     env = {k: v for k, v in base.items() if k != "VLLM_API_KEY"}
-    return env | dict(backend.env)
+    defaults = {} if backend.needs_gpu else {k: v for k, v in CPU_SERVER_DEFAULTS.items() if not env.get(k)}
+    return env | defaults | dict(backend.env)
 
 
 def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
