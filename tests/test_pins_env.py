@@ -6,9 +6,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ci.pins import env
 
@@ -52,4 +55,21 @@ def test_the_tool_imports_only_what_its_lock_is_made_from():
                 imported.add(node.module.split(".")[0])
     outside = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
     # jsonschema: through rocm_vllm_runtime.schema (problems), which the tool validates with
-    assert outside | {"jsonschema"} == set(env.NEEDED) == named - {""}, (outside, named)
+    assert outside | {"jsonschema"} == set(env.NEEDED) == named - {"", *env.TOOLS}, (outside, named)
+    assert set(env.TOOLS) <= named
+
+
+def test_without_uv_the_tool_runs_in_its_environment_which_has_uv(tmp_path, monkeypatch):
+    """`resolve --write` on a fresh machine (the libraries there, uv not): the tool counts uv as
+    missing and runs in its environment, whose lock installs uv beside its Python (where
+    ci/pins/locks.py looks first), instead of stopping at the PyTorch and TheRock locks."""
+    lock = (ROOT / env.LOCK).read_bytes()
+    home = tmp_path / "rocm-vllm-pins" / f"env-{hashlib.sha256(lock).hexdigest()[:16]}"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CI_PINS_ENV", str(home))  # already in it: ensure says what it lacks
+    monkeypatch.setenv("PATH", str(tmp_path / "no-uv-here"))
+    monkeypatch.setattr(env.sys, "executable", str(tmp_path / "bin" / "python3"))
+    with pytest.raises(SystemExit) as stopped:
+        env.ensure(["resolve", "--write"])
+    assert str(stopped.value) == f"error: {home} lacks uv: remove that folder and run again"
+    assert re.search(r"^uv==[0-9.]+ \\$", lock.decode(), re.M), "ci/locks/pins.txt installs no uv"

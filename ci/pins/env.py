@@ -1,5 +1,6 @@
 """The pin tool's own environment (standard library only): where jsonschema, packaging or urllib3
-is missing, `python3 -m ci.pins` makes a virtual environment from the hash lock ci/locks/pins.txt
+is missing, or uv (the resolver of the hash locks `resolve --write` and `lock` make) is neither
+beside this Python nor on PATH, `python3 -m ci.pins` makes a virtual environment from the hash lock ci/locks/pins.txt
 (pip --require-hashes) in the user's cache folder, named by the lock's sha256, once, and runs
 itself again in it."""
 from __future__ import annotations
@@ -7,12 +8,15 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from .. import runtime_modules
 
 NEEDED = ("jsonschema", "packaging", "urllib3")
+# Programs the lock installs too (uv: ci/pins/locks.py uv_command looks beside this Python, then on PATH).
+TOOLS = ("uv",)
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = Path("ci/locks/pins.txt")
 
@@ -20,6 +24,7 @@ LOCK = Path("ci/locks/pins.txt")
 def ensure(argv: list[str]) -> None:
     """Return where the libraries are here; else run the tool in its environment and exit."""
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    missing += [tool for tool in TOOLS if not (Path(sys.executable).parent / tool).is_file() and not shutil.which(tool)]
     if not missing:
         return
     try:
