@@ -8,30 +8,31 @@ padding), on deterministic inputs made to reach where AITER's decode is reported
 dense fp32 computation of the same (already quantised) inputs.
 
 The probe (``kv_lengths``, ``prepare``): six requests, one of 2,305 keys (split several times by any
-kernel; one key past a multiple of every power-of-two split up to 256, so causal rows' first future key
-falls inside a split), others of 700 and 300 keys and short ones (one whose first query row sees exactly
-one key); two requests share their first slots with the long one (a slot repeated in three requests, as
-vLLM's prefix caching does). The keys a causal row must not see are baits (a score about
-10 above the others' typical 0), so a leaking mask cannot hide. fp8 calls run under two (q_scale,
-kv_scale) pairs (``PROBE_SCALES``) whose products are neither 1 nor a power of two. Two batches (the
-second: the requests in reverse order; fp8: under the second scale pair) run twice each, alternately,
-into one set of work buffers re-planned before every call (``RUNS``): each call's second run is into
-buffers that held another batch's plan. Every output buffer is filled with NaN before the call.
-The probe's keys go to scattered slots of a private cache, or to the highest slots of a cache the caller
-gives (``cache``: e.g. a layer's real KV cache, where rows lie far from its base).
+kernel; one key past a multiple of every power-of-two split up to 256, so causal rows' first future
+key falls inside a split), others of 700 and 300 keys and short ones (one whose first query row sees
+exactly one key); two requests share their first slots with the long one (a slot read by three
+requests, as vLLM's prefix caching makes them). The keys a causal row must not see are baits (a
+score about 10 above the others' typical 0), so a leaking mask cannot hide. fp8 calls run under two
+(q_scale, kv_scale) pairs (``PROBE_SCALES``) whose products are neither 1 nor a power of two. Two
+batches (the second: the requests in reverse order; fp8: under the second scale pair) run twice
+each, alternately, into one set of work buffers re-planned before every run (``RUNS``): each
+batch's second run is into buffers that held another batch's plan. Every output buffer is filled
+with NaN before the call. The keys go to scattered slots of a private cache, or to the highest
+slots of a cache the caller gives (``cache``: e.g. a layer's real KV cache, rows far from its base).
 
-Each run is judged per request against that request's own peak (``deviation``) and by the least-squares
-fit of the whole output to the dense result (``Fit``: a scale or an offset is a systematic error, not
-rounding):
+Each run is judged per request against that request's own peak (``deviation``) and by the
+least-squares fit of the whole output to the dense result (``Fit``: a scale or an offset is a
+systematic error, not rounding):
 
 * ``correct``: every run within the band and the bound;
-* ``drops the V scale``: fp8 only; every run within both once multiplied by its own ``kv_scale`` (AITER
-  leaves V unscaled, ROCm/aiter#6732): served, with the output multiplied back;
-* ``wrong``, ``not finite`` or ``raised``: not served.
+* ``drops the V scale``: fp8 only; every run within both once multiplied by its own batch's
+  ``kv_scale`` (AITER leaves V unscaled, ROCm/aiter#6732): served, with the output multiplied back;
+* ``wrong``, ``not finite`` or ``raised``: not served (the layer goes to vLLM's built-in).
 
-The band and the bound are derived, not chosen per kernel: ``BAND_FACTOR`` times the larger of the
-pure-PyTorch reference kernel's own deviation (its own systematic error) on the same inputs and the output
-dtype's unit roundoff (bf16: a band of 3.1 % and a bound of 0.39 %), applied after any correction.
+The band is ``BAND_FACTOR`` times the larger of the pure-PyTorch reference kernel's own deviation on
+the same inputs and the output dtype's unit roundoff (bf16: 3.1 %); the bound is the larger of
+``BAND_FACTOR`` times the reference's own systematic error and the unit roundoff (bf16: 0.39 %).
+Both are derived, not chosen per kernel, and apply after any correction.
 
 Plain PyTorch; the kernels (AITER, the reference or a stand-in) are passed in.
 """
