@@ -172,9 +172,9 @@ def test_readme_cpu_commands_serve_a_completion_and_stop(h, cpu_vllm_image, tmp_
         h.note(f"readme 1: {commands[SERVE]}: served on 127.0.0.1:{port} after {serve.seconds:.1f}s")
         # the integration test's CPU vLLM image, found by its tag, not built again
         assert f"] CPU vLLM image {cpu_vllm_image}: on this engine already" in serve.stderr, serve.stderr[-2000:]
-        h.note("  " + "; ".join(line.split("] ", 1)[0].removeprefix("serve-cpu: [").strip() + "s " +
-                                line.split("] ", 1)[1][:40] for line in serve.stderr.splitlines()
-                                if line.startswith("serve-cpu: [") and "step " in line))
+        steps = [line.removeprefix("serve-cpu: [").split("] ", 1) for line in serve.stderr.splitlines()
+                 if line.startswith("serve-cpu: [") and "] step " in line]
+        h.note("  at " + "; ".join(f"{at.strip()}: {what[:40]}" for at, what in steps))
         printed = [line.split(None, 1)[1] for line in serve.stdout.splitlines() if line.startswith(("check:", "stop:"))]
         assert printed == local[CHECK:], f"the command printed {printed}, README.md says {local[CHECK:]}"
 
