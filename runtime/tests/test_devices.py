@@ -1,6 +1,7 @@
 """GPU listings of amd-smi (text and JSON) and rocminfo parse into the right targets."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,20 @@ def test_unusable_text_lists_nothing(text: str) -> None:
 ])
 def test_base_arch(target: str, arch: str) -> None:
     assert base_arch(target) == arch
+
+
+@pytest.mark.parametrize("gpu", ["²", "١", "٣", "9" * 5000, True, -1, 4096, None, [1], "1.0"])
+def test_an_amd_smi_gpu_index_that_is_no_plain_number_is_its_position(gpu) -> None:
+    """amd-smi's "gpu" is read by the one reader of numbers: a superscript (int() refuses it), an
+    Arabic-Indic digit (int() reads it), thousands of digits or no number at all stand for the GPU's
+    place in the listing, never a traceback."""
+    text = json.dumps([{"gpu": 7, "asic": {"target_graphics_version": "gfx942"}},
+                       {"gpu": gpu, "asic": {"target_graphics_version": "gfx950"}}], ensure_ascii=False)
+    assert [(g.index, g.target) for g in parse_listing(text)] == [(7, "gfx942"), (1, "gfx950")]
+
+
+@pytest.mark.parametrize("head, indexes", [("GPU: ١", []), ("GPU: " + "9" * 5000, [0])])
+def test_an_amd_smi_text_head_that_is_no_plain_number_is_no_traceback(head, indexes) -> None:
+    """A head of non-ASCII digits is no head (int() would read it); thousands of digits: the position."""
+    text = (LISTINGS / "amdsmi_gfx90a.txt").read_text().replace("GPU: 0", head, 1)
+    assert [g.index for g in parse_listing(text)] == indexes

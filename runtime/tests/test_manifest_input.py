@@ -103,3 +103,26 @@ def test_any_manifest_is_read_or_refused_in_one_line(path, value):
         mf.parse_manifest(doc)
     except mf.ManifestError as exc:
         assert "\n" not in str(exc), str(exc)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "big", "long integer", "lone surrogate"])
+def test_a_manifest_that_is_no_bounded_regular_file_is_one_line(kind, tmp_path):
+    """The manifest is read by the one JSON reader (files.read_json): a FIFO there (which would hang
+    every container start), a device (/dev/zero: a MemoryError), a file past MANIFEST_LIMIT, an
+    integer past int()'s digits, a lone surrogate: ManifestError in one line, at once."""
+    import os
+    path = tmp_path / "manifest.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = "/dev/zero"
+    elif kind == "big":
+        path.write_text(" " * (mf.MANIFEST_LIMIT + 1) + "{}")
+    elif kind == "long integer":
+        path.write_text('{"schema": ' + "1" * 4301 + "}")
+    else:
+        path.write_text('{"schema": 1, "origin": "\\udc00"}')
+    with pytest.raises(mf.ManifestError) as err:
+        mf.read_manifest(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value), str(err.value)
+    assert str(err.value).endswith(f"set {mf.MANIFEST_ENV} to the image's manifest"), str(err.value)

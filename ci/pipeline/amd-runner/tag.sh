@@ -60,13 +60,31 @@ PY
 )
 
 current_digest() {  # the digest TAG points to now; nothing when the registry has no such tag
-  local out
-  if out=$("$docker_cmd" buildx imagetools inspect --format '{{json .Manifest}}' "$1" 2>&1); then
-    python3 -c 'import json, sys; print(json.loads(sys.argv[1])["digest"])' "$out"
-  elif grep -qiE 'not found|manifest unknown|name unknown' <<<"$out"; then
+  local out err rc
+  # docker's answer (stdout, the manifest's JSON) and its messages (stderr) apart, with no file: a
+  # warning or a registry's JSON error body is never read as the manifest
+  {
+    IFS= read -r -d '' err || true
+    IFS= read -r -d '' out || true
+  } < <({ rc=0; out=$("$docker_cmd" buildx imagetools inspect --format '{{json .Manifest}}' "$1") || rc=$?
+          printf '\0%s:%s\0' "$rc" "$out"; } 2>&1)
+  rc=${out%%:*}
+  out=${out#*:}
+  if [ "$rc" = 0 ]; then
+    python3 -c '
+import json, re, sys
+try:
+    digest = json.loads(sys.stdin.read())["digest"]
+except (ValueError, KeyError, TypeError, IndexError) as exc:
+    digest = exc
+if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+    sys.exit(f"error: cannot read tag {sys.argv[1]} from its registry (the answer of docker buildx imagetools "
+             f"inspect is not a manifest with a sha256 digest: {str(digest)[:80]!r}): nothing tagged")
+print(digest)' "$1" <<<"$out"
+  elif grep -qiE 'not found|manifest unknown|name unknown' <<<"$err"; then
     return 0
   else
-    echo "error: cannot read tag $1 from its registry ($(tail -n 1 <<<"$out")): nothing tagged" >&2
+    echo "error: cannot read tag $1 from its registry ($(grep -v '^[[:space:]]*$' <<<"$err" | tail -n 1)): nothing tagged" >&2
     return 1
   fi
 }

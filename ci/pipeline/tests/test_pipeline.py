@@ -298,7 +298,13 @@ if argv[:2] == ["buildx", "bake"] and "--metadata-file" in argv:
     digests = {t: {"containerimage.digest": "sha256:" + format(i + 1, "064x")} for i, t in enumerate(targets)}
     open(argv[argv.index("--metadata-file") + 1], "w").write(json.dumps(digests))
 if argv[:3] == ["buildx", "imagetools", "inspect"]:
-    sys.exit("ERROR: " + argv[-1] + ": not found")
+    # FAKE_TAGS: the registry's tags ({tag: digest}); FAKE_INSPECT_STDERR: what docker also says
+    sys.stderr.write(os.environ.get("FAKE_INSPECT_STDERR", ""))
+    tags = json.loads(os.environ.get("FAKE_TAGS", "{}"))
+    if argv[-1] not in tags:
+        sys.exit("ERROR: " + argv[-1] + ": not found")
+    print(os.environ.get("FAKE_INSPECT_STDOUT") or json.dumps(
+        {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": tags[argv[-1]], "size": 1}))
 """
 
 
@@ -421,6 +427,48 @@ def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
     found = run([docker, "buildx", "inspect", "rocm-vllm"], env=env)
     assert found.returncode == 0 and "docker-container" in found.stdout, found.stdout + found.stderr
     run([docker, "buildx", "rm", "rocm-vllm"], env=env)
+
+
+# ------------------------------------------------------------------ tag.sh on its own
+
+PUSHED, OTHER = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+IMAGE = "ghcr.io/team/rocm-vllm/serve"
+
+
+def tag_sh(fake_docker, tmp_path: Path, tags: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """tag.sh on a graph of one target (serve, with these tags) pushed as PUSHED."""
+    graph = {"group": {"default": {"targets": ["serve"]}}, "target": {"serve": {"tags": tags}}}
+    (tmp_path / "graph.json").write_text(json.dumps(graph))
+    (tmp_path / "metadata.json").write_text(json.dumps({"serve": {"containerimage.digest": PUSHED}}))
+    return run(["bash", str(REPO / "ci/pipeline/amd-runner/tag.sh"), str(tmp_path / "graph.json"),
+                str(tmp_path / "metadata.json")], env={**fake_docker.env, **env}, cwd=tmp_path)
+
+
+def created(fake_docker) -> list[str]:
+    return [c["argv"][4] for c in fake_docker.calls() if c["argv"][:3] == ["buildx", "imagetools", "create"]]
+
+
+def test_tag_reads_the_registrys_answer_apart_from_dockers_messages(fake_docker, tmp_path: Path) -> None:
+    """docker's stderr (a warning, a registry's JSON error body) is never read as the manifest's JSON:
+    the tag that already points to the pushed digest is kept, the other refused naming both digests."""
+    noise = 'WARNING: a buildx warning\n{"errors": [{"code": "DENIED"}]}\n'
+    proc = tag_sh(fake_docker, tmp_path, [f"{IMAGE}:c1"], FAKE_TAGS=json.dumps({f"{IMAGE}:c1": PUSHED}),
+                  FAKE_INSPECT_STDERR=noise)
+    assert proc.returncode == 0 and created(fake_docker) == [f"{IMAGE}:c1"], proc.stderr
+    proc = tag_sh(fake_docker, tmp_path, [f"{IMAGE}:c1"], FAKE_TAGS=json.dumps({f"{IMAGE}:c1": OTHER}),
+                  FAKE_INSPECT_STDERR=noise)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: {IMAGE}:c1 points to {OTHER}, not {PUSHED}: nothing tagged; set PUBLISH_FORCE=1 to move them"]
+
+
+@pytest.mark.parametrize("answer", ["not json", '{"digest": ' + "1" * 5000 + "}"])
+def test_tag_refuses_an_answer_that_is_no_manifest_in_one_line(answer, fake_docker, tmp_path: Path) -> None:
+    proc = tag_sh(fake_docker, tmp_path, [f"{IMAGE}:c1"], FAKE_TAGS=json.dumps({f"{IMAGE}:c1": OTHER}),
+                  FAKE_INSPECT_STDOUT=answer)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: cannot read tag {IMAGE}:c1 "), \
+        proc.stderr
+    assert created(fake_docker) == []
 
 
 def test_publish_refuses_unresolved_pins_before_building(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import files
+from . import files, numbers
 
 ISA_PREFIX = "amdgcn-amd-amdhsa--"
 _ARCH = re.compile(r"^gfx[0-9a-z]+$")
@@ -88,11 +88,11 @@ def parse_amd_smi(text: str) -> list[Gpu]:
             gpus.append(Gpu(index, target, current.get("MARKET_NAME", "")))
 
     for line in text.splitlines():
-        head = re.match(r"^(GPU|CPU|NIC|CORE|SWITCH)\s*:\s*(\d+)\s*$", line.strip())
+        head = re.match(r"^(GPU|CPU|NIC|CORE|SWITCH)\s*:\s*([0-9]+)\s*$", line.strip())
         if head and not line[:1].isspace():
             flush()
             current = {} if head.group(1) == "GPU" else None
-            index = int(head.group(2))
+            index = _index(head.group(2), len(gpus))
             continue
         if current is None:
             continue
@@ -101,6 +101,21 @@ def parse_amd_smi(text: str) -> list[Gpu]:
             current[kv[0]] = kv[1]
     flush()
     return gpus
+
+
+# The highest GPU index read from amd-smi's listing; a larger one, or one that is not plain decimal
+# digits (a superscript "²", an Arabic-Indic "١", a bool, thousands of digits), is the GPU's position.
+MAX_GPU_INDEX = 4095
+
+
+def _index(raw: object, position: int) -> int:
+    """amd-smi's index of a GPU, read by the one reader of numbers; `position` where it is none."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        return position
+    try:
+        return numbers.whole("amd-smi's GPU index", raw, 0, MAX_GPU_INDEX)
+    except numbers.SettingError:
+        return position
 
 
 def parse_amd_smi_json(text: str) -> list[Gpu]:
@@ -122,11 +137,8 @@ def parse_amd_smi_json(text: str) -> list[Gpu]:
         target = str(asic.get("target_graphics_version", "") or "")
         if not is_arch(target):
             target = ""
-        index = entry.get("gpu", position)
-        gpus.append(
-            Gpu(int(index) if str(index).isdigit() else position, target,
-                str(asic.get("market_name", "") or ""))
-        )
+        gpus.append(Gpu(_index(entry.get("gpu", position), position), target,
+                        str(asic.get("market_name", "") or "")))
     return gpus
 
 

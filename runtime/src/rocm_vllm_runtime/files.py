@@ -14,7 +14,8 @@ tests/test_one_json_reader.py, fail on any other use). Standard library only.
   device, a FIFO, a socket or a stream such as /dev/stdout); `outputs_problem` checks the same before
   any work, and that no two outputs name one file.
 * Reading JSON (the project's own files and answers from outside): `json_value` parses text, refusing a
-  key given twice in one object (a hand merge), nesting deeper than JSON_DEPTH and text that is not UTF-8;
+  key given twice in one object (a hand merge), nesting deeper than JSON_DEPTH, text that is not UTF-8,
+  an integer longer than int() reads and a lone surrogate escape;
   `read_json` reads a file of at most a given size (never a FIFO or a device), `read_bounded` at most a
   given number of bytes of a stream (an HTTP answer that never ends). Each refusal is one line
   (`DataError`) that names where the data came from and what is wrong. What shape the data must have is
@@ -45,7 +46,7 @@ class OutputError(OSError):
 
 class DataError(ValueError):
     """Data read from a file or an answer is not what it must be; the message is one line, `where: detail`.
-    `kind` says which check refused it: utf8, json, duplicate, depth, size, regular or schema."""
+    `kind` says which check refused it: utf8, json, duplicate, depth, number, size, regular or schema."""
 
     def __init__(self, where: str, kind: str, detail: str) -> None:
         super().__init__(f"{where}: {detail}")
@@ -369,6 +370,9 @@ def write_result(prog: str, option: str, path: str, text: str) -> bool:
 JSON_DEPTH = 64
 # The most bytes read of one JSON file or answer unless its reader says otherwise.
 JSON_LIMIT = 64 << 20
+# The most digits of one JSON integer: Python's own limit of int() (sys.get_int_max_str_digits), which
+# json.loads would otherwise hit as a bare ValueError past its one-line error.
+JSON_DIGITS = 4300
 
 
 def _unique_keys(where: str):
@@ -384,34 +388,62 @@ def _unique_keys(where: str):
     return pairs
 
 
-def _depth(value: object) -> int:
-    deepest, todo = 0, [(value, 1)]
+def _integer(where: str):
+    def parse(text: str) -> int:
+        digits = len(text.lstrip("-"))
+        if digits > JSON_DIGITS:
+            raise DataError(where, "number", f"an integer of {digits} digits (more than {JSON_DIGITS}): not "
+                            "what is expected there")
+        return int(text)
+    return parse
+
+
+def _surrogate(text: str) -> int:
+    """The position of the first lone surrogate in `text` (an escape such as \\ud800 that is no
+    character: it cannot be written as UTF-8 or printed), -1 when none."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return -1
+
+
+def _checked(value: object, where: str) -> None:
+    """DataError when `value` nests deeper than JSON_DEPTH or a string (a key or a value) in it holds a
+    lone surrogate."""
+    todo = [(value, 1)]
     while todo:
         item, level = todo.pop()
+        strings = [item] if isinstance(item, str) else list(item) if isinstance(item, dict) else []
+        for text in strings:
+            at = _surrogate(text)
+            if at >= 0:
+                shown = text[:at].encode("ascii", "backslashreplace").decode()[-40:]
+                raise DataError(where, "utf8", f"a lone surrogate \\u{ord(text[at]):04x} after {shown!r} (an "
+                                "escape that is no character): write the character itself")
         if isinstance(item, (dict, list)):
-            deepest = max(deepest, level)
-            if level <= JSON_DEPTH:
-                todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
+            if level > JSON_DEPTH:
+                raise DataError(where, "depth", f"nested deeper than {JSON_DEPTH} levels")
+            todo += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
 
 
 def json_value(text: str | bytes, where: str) -> object:
     """The one reader of JSON text: its value, or DataError in one line starting with `where` when the
     text is not UTF-8, not JSON, holds a key twice in one object (naming the key) or nests deeper than
-    JSON_DEPTH."""
+    JSON_DEPTH; an integer of more than JSON_DIGITS digits or a lone surrogate (\\ud800) is refused as
+    well, so no value read here fails later, where it is used or printed."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DataError(where, "utf8", f"not UTF-8 text (byte {exc.start})") from None
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys(where))
+        value = json.loads(text, object_pairs_hook=_unique_keys(where), parse_int=_integer(where))
     except RecursionError:
         raise DataError(where, "depth", f"nested deeper than {JSON_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
         raise DataError(where, "json", f"not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
-    if _depth(value) > JSON_DEPTH:
-        raise DataError(where, "depth", f"nested deeper than {JSON_DEPTH} levels")
+    _checked(value, where)
     return value
 
 

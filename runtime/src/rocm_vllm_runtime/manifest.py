@@ -71,6 +71,8 @@ from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requ
 SCHEMA = 1
 MANIFEST_ENV = "ROCM_VLLM_MANIFEST"
 DEFAULT_MANIFEST = "/opt/rocm-vllm/manifest.json"
+# The most bytes of a manifest (or --aiter-pins) read: a real one is a few KiB.
+MANIFEST_LIMIT = 4 << 20
 BASE_IMAGE = "base-image"
 EXISTING_IMAGE = "existing-image"
 ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
@@ -255,22 +257,20 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
 
 
 def read_json(path: str | Path, what: str, fix: str) -> object:
-    """The JSON value of the file at `path` (the manifest, --aiter-pins): ManifestError in one line
-    naming `what` and `fix` when it cannot be read, is not UTF-8 or not JSON."""
+    """The JSON value of the file at `path` (the manifest, --aiter-pins), read by the one JSON reader
+    (files.read_json: a regular file of at most MANIFEST_LIMIT bytes, never a FIFO or a device):
+    ManifestError in one line naming `what` and `fix` when it cannot be read or is no such value."""
+    where = f"{what} {path}"
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ManifestError(f"{what} not readable at {path} ({exc.strerror or exc}); {fix}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{what} {path} is not UTF-8 text (byte {exc.start}): {fix}") from None
-    try:
-        return files.json_value(text, f"{what} {path}")
+        return files.read_json(path, where, MANIFEST_LIMIT)
     except files.DataError as exc:
         if exc.kind == "depth":
-            raise ManifestError(f"{what} {path} is nested too deeply to be one: {fix}") from None
+            raise ManifestError(f"{where} is nested too deeply to be one: {fix}") from None
+        if exc.kind == "utf8" and exc.detail.startswith("not UTF-8"):
+            raise ManifestError(f"{where} is {exc.detail}: {fix}") from None
         raise ManifestError(f"{exc}: {fix}") from None
+    except OSError as exc:
+        raise ManifestError(f"{what} not readable at {path} ({exc.strerror or exc}); {fix}") from None
 
 
 def read_manifest(path: str | Path) -> Manifest:
