@@ -188,7 +188,7 @@ def published(h, registry, clients, cpu_vllm_image, context_dir, tmp_path_factor
     built = json.loads(metadata.read_text())
     (results / "bake-metadata.json").write_text(json.dumps({TARGET: built}))
     tag = publisher.run(["bash", SCRIPTS / "tag.sh", results / "bake-print.json", results / "bake-metadata.json"],
-                        env={"MOVABLE_TAGS": "main"}, what="tag.sh")
+                        env={"MOVABLE_TAGS": "branch-main"}, what="tag.sh")
     digest = built["containerimage.digest"]
     h.note(f"registry 2: serve-cpu built and pushed by digest with registry cache and provenance "
            f"(publishing engine, containerd image store): {build.seconds:.1f}s, {len(executed)} steps run, "

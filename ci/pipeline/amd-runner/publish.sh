@@ -10,7 +10,7 @@
 #    (PUBLISH=print: verify without --strict).
 # 2. `docker buildx bake --print` with PUSH=1, REGISTRY, TAG (the branch or git tag name of
 #    GIT_REF) and VCS_REF=GIT_SHA: the resolved graph, written to RESULTS_DIR/bake-print.json.
-#    Tags vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ the branch or git tag name),
+#    Tags vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ branch-<branch name> or the git tag name),
 #    cache-from/cache-to type=registry (one ref per target in CACHE_REPO, keyed so that a vLLM
 #    bump reuses the AITER layers), attest type=sbom / type=provenance,mode=max.
 # 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds that graph and pushes each image by
@@ -18,7 +18,8 @@
 #    under the scratch tag <name>:unpublished-<commit tag>): no tag is set while any target may fail.
 # 4. ci/pipeline/amd-runner/tag.sh: every tag of the graph checked against the registry, then set.
 #    A tag that already points to another digest is refused (nothing tagged, one line) unless
-#    PUBLISH_FORCE=1; the branch's own tag (GIT_REF refs/heads/*) moves to the new commit.
+#    PUBLISH_FORCE=1; the branch's own tag (GIT_REF refs/heads/<name>: branch-<name>) moves to the
+#    new commit. A git tag whose name starts with branch- is refused before anything runs.
 # A registry that does not answer, or refuses the credentials (login.sh), stops the run in one line,
 # before anything is tagged.
 #
@@ -28,6 +29,7 @@
 #   GIT_SHA      commit being built, 40 hex (default: git rev-parse HEAD)
 #   GIT_REF      git ref being built, e.g. refs/tags/v1.0 or refs/heads/main (default $GITHUB_REF);
 #                its name, with characters a tag cannot have replaced by '-', tags the images too
+#                (a branch's as branch-<name>: v1.0 for the git tag, branch-main for the branch)
 #   TRACK, AITER_PIN, GPU_ARCHS   as for bake (default: versions.json default_track, its AITER pin)
 #   BUILDER      buildx builder to use; created with the docker-container driver when missing
 #                (registry cache export and attestations need it). Empty: the current builder.
@@ -76,6 +78,15 @@ case "$ref" in
 esac
 name=${name//[^A-Za-z0-9_.-]/-}
 while [[ $name == [.-]* ]]; do name=${name#?}; done
+# Branches and releases have a tag namespace each: a branch's tag is branch-<name> (it moves to each
+# new commit), a git tag's is its name (it never moves without PUBLISH_FORCE=1), and no git tag's
+# name may start with branch-: a branch named v1.0 tags branch-v1.0, never the release v1.0.
+if [ "$branch" = 1 ] && [ -n "$name" ]; then
+  name=branch-$name
+elif [[ $name == branch-* ]]; then
+  echo "error: the git tag ${ref#refs/tags/} would tag the images $name, in the namespace of branch tags (branch-<branch>, moved by every push to that branch): name the release without the branch- prefix" >&2
+  exit 1
+fi
 name=${name:0:128}
 
 # An empty setting means "the default": left to bake (an empty variable would override it).

@@ -10,8 +10,9 @@
 # (containerimage.digest). Every tag is checked against the registry before any is set:
 # - a tag that does not exist yet, or already points to the pushed digest: set (or kept);
 # - a tag that points to another digest: refused, nothing tagged, one line naming the tag and both
-#   digests; PUBLISH_FORCE=1 moves it. MOVABLE_TAGS (space-separated tag names, e.g. a branch name)
-#   move without asking: a branch's tag follows its newest commit.
+#   digests; PUBLISH_FORCE=1 moves it. MOVABLE_TAGS (space-separated tag names) move without
+#   asking: a branch's tag follows its newest commit. Only branch tags (branch-<name>, publish.sh's
+#   namespace for branches, which no release tag has) can be movable: any other name is refused.
 # A target without a pushed digest in METADATA (its build or push failed): nothing tagged.
 #
 # Settings: PUBLISH_FORCE (0|1), MOVABLE_TAGS, DOCKER (docker command, default docker).
@@ -27,6 +28,12 @@ case "$force" in
   0|1) ;;
   *) echo "error: PUBLISH_FORCE=$force: set 0 or 1" >&2; exit 1 ;;
 esac
+for name in ${MOVABLE_TAGS:-}; do
+  case "$name" in
+    branch-?*) ;;
+    *) echo "error: MOVABLE_TAGS names $name, which is no branch's tag (branch-<name>): only a branch's tag moves without PUBLISH_FORCE=1" >&2; exit 1 ;;
+  esac
+done
 
 # "<target> <image>@<digest> <tag>" per tag, from the graph and the metadata.
 plan=$(python3 - "$1" "$2" <<'PY'

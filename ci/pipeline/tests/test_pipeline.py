@@ -185,7 +185,7 @@ def test_publish_names_the_branch_as_a_tag_can_spell_it(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     serve = json.loads(proc.stdout)["target"]["serve"]
     version = data["tracks"][data["default_track"]]["vllm"]["version"]
-    assert serve["tags"][1] == "registry.example/team/serve:feature-Fix-bug-2"
+    assert serve["tags"][1] == "registry.example/team/serve:branch-feature-Fix-bug-2"  # a branch's namespace
     key = f"serve-vllm{version}-aiter{commit[:12]}-gfx942"
     assert serve["cache-from"] == [f"type=registry,ref=cache.example/c:{key}"]
     assert serve["args"]["GPU_ARCHS"] == "gfx942"
@@ -329,12 +329,19 @@ def fake_docker(tmp_path: Path):
 
 
 def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fake_docker, tmp_path: Path) -> None:
+    """Pushed by digest, then tagged. The branch is named v1.0, as a release is: its tag is branch-v1.0
+    (moved from its earlier digest), and the release tag v1.0, on another digest, is not touched."""
     _real_buildx()
     results = tmp_path / "results"
-    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm/", "GIT_SHA": SHA, "GIT_REF": "refs/heads/main",
-           "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1", "TRACK": ""}
+    earlier = {f"ghcr.io/team/rocm-vllm/{name}:{t}": OTHER for name in ("base", "serve", "ci")
+               for t in ("v1.0", "branch-v1.0")}
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm/", "GIT_SHA": SHA, "GIT_REF": "refs/heads/v1.0",
+           "BUILDER": "rocm-vllm", "RESULTS_DIR": str(results), "FAKE_INSPECT_RC": "1", "TRACK": "",
+           "FAKE_TAGS": json.dumps(earlier)}
     proc = run(["bash", str(resolved_repo / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(f"from {OTHER} to sha256:") == 3 and ":branch-v1.0 from" in proc.stderr, proc.stderr
+    assert not [c for c in fake_docker.calls() if c["argv"][-1].endswith(":v1.0")]
     data = json.loads((resolved_repo / "versions.json").read_text())
     default = data["tracks"][data["default_track"]]
     commit = data["aiter"]["pins"][default["aiter"]]["commit"]
@@ -366,11 +373,11 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
         assert resolved[name]["output"] == [f"{graph[name]['output'][0]},push-by-digest=true,name-canonical=true"]
         assert {k: v for k, v in resolved[name].items() if k != "output"} == \
             {k: v for k, v in graph[name].items() if k != "output"}, name
-    assert calls[4]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "main", "VCS_REF": SHA,
+    assert calls[4]["env"] == {"PUSH": "1", "REGISTRY": "ghcr.io/team/rocm-vllm", "TAG": "branch-v1.0", "VCS_REF": SHA,
                                "BUILDX_BUILDER": "rocm-vllm", "REGISTRY_PASSWORD": None}
     graph = json.loads((results / "bake-print.json").read_text())["target"]
     assert pushed_settings(graph) == expected_graph(data, data["default_track"], commit, "ghcr.io/team/rocm-vllm",
-                                                    SHA, "main")
+                                                    SHA, "branch-v1.0")
     assert (results / "tag.env").read_text() == f"TAG={tag}\n"
 
     # an existing builder is used as it is
@@ -404,6 +411,16 @@ def test_publish_with_the_engines_own_builder_pushes_under_a_scratch_tag(resolve
     digest = "sha256:" + format(1, "064x")
     assert created == [["--tag", f"ghcr.io/team/rocm-vllm/serve:{t}", f"ghcr.io/team/rocm-vllm/serve@{digest}"]
                        for t in (tag, "v1.0")], created
+
+
+def test_a_git_tag_in_the_branch_namespace_is_refused(fake_docker, tmp_path: Path) -> None:
+    env = {**fake_docker.env, "REGISTRY": "ghcr.io/team/rocm-vllm", "GIT_SHA": SHA, "GIT_REF": "refs/tags/branch-main",
+           "RESULTS_DIR": str(tmp_path / "results")}
+    proc = run(["bash", str(REPO / "ci/pipeline/amd-runner/publish.sh")], env=env, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "error: the git tag branch-main would tag the images branch-main, in the namespace of branch tags "
+        "(branch-<branch>, moved by every push to that branch): name the release without the branch- prefix"]
+    assert fake_docker.calls() == []
 
 
 def test_builder_commands_are_accepted_by_real_buildx(tmp_path: Path) -> None:
@@ -468,6 +485,18 @@ def test_tag_refuses_an_answer_that_is_no_manifest_in_one_line(answer, fake_dock
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: cannot read tag {IMAGE}:c1 "), \
         proc.stderr
+    assert created(fake_docker) == []
+
+
+@pytest.mark.parametrize("movable", ["v1.0", "main", "branch-"])
+def test_tag_moves_only_a_branchs_tag_without_force(movable, fake_docker, tmp_path: Path) -> None:
+    """MOVABLE_TAGS that names a release's tag (or anything outside branch-<name>) is refused: the
+    release tag v1.0 on another digest stays where it is."""
+    proc = tag_sh(fake_docker, tmp_path, [f"{IMAGE}:c1", f"{IMAGE}:{movable}"], MOVABLE_TAGS=movable,
+                  FAKE_TAGS=json.dumps({f"{IMAGE}:{movable}": OTHER}))
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: MOVABLE_TAGS names {movable}, which is no branch's tag (branch-<name>): only a branch's tag moves "
+        "without PUBLISH_FORCE=1"]
     assert created(fake_docker) == []
 
 
