@@ -10,6 +10,7 @@ import re
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -137,14 +138,31 @@ BODY_LIMIT = 64 << 20
 DOWNLOAD_LIMIT = 2 << 30
 
 
+# The most redirects one request follows (a mirror answering 302); past it, one line.
+REDIRECTS = 5
+
+
 def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
-    """(the client for url, how it connects): through the environment's proxy, as pip and git take it;
-    a loopback host (rocm_vllm_runtime.web.is_loopback) always directly."""
+    """(the client for url, how it connects): through the environment's proxy, as pip and git take it
+    (scheme optional; user:password@ in it sent as Proxy-Authorization, percent-escapes decoded, as
+    pip and curl send it); a loopback host (rocm_vllm_runtime.web.is_loopback) always directly. A
+    proxy setting urllib3 cannot use is one line, its password masked."""
     host = numbers.url("the URL", url).host
     proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
     if proxy and not web.is_loopback(host) and not urllib.request.proxy_bypass(host):
-        return urllib3.ProxyManager(proxy if "://" in proxy else f"http://{proxy}"), \
-            f" through the proxy {secrets.masked_url(proxy)}"
+        shown = secrets.masked_url(proxy)
+        try:
+            parsed = urllib3.util.parse_url(proxy if "://" in proxy else f"http://{proxy}")
+            headers = None
+            if parsed.auth:
+                user, _, password = parsed.auth.partition(":")
+                headers = urllib3.make_headers(proxy_basic_auth=f"{urllib.parse.unquote(user)}:"
+                                                                f"{urllib.parse.unquote(password)}")
+            plain = parsed._replace(auth=None).url
+            return urllib3.ProxyManager(plain, proxy_headers=headers), f" through the proxy {shown}"
+        except (urllib3.exceptions.HTTPError, ValueError) as exc:
+            raise PinError(f"the proxy setting {shown} for {url.split('://', 1)[0]} is no proxy URL urllib3 can "
+                           f"use ({type(exc).__name__}): give http://[user:password@]host:port") from None
     return urllib3.PoolManager(), ""
 
 
@@ -161,8 +179,12 @@ def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
 
     def request() -> None:
         try:
-            resp = pool.request("GET", url, preload_content=False, retries=False,
-                                timeout=urllib3.Timeout(connect=connect, read=limit, total=limit))
+            resp = pool.request("GET", url, preload_content=False, timeout=urllib3.Timeout(
+                connect=connect, read=limit, total=limit), retries=urllib3.Retry(
+                total=None, connect=0, read=0, status=0, other=0, redirect=REDIRECTS, raise_on_status=False))
+            if 300 <= resp.status < 400:  # a redirect not followed (no Location): its body is no answer
+                raise PinError(f"{shown}: HTTP {resp.status} {resp.reason} without a place to follow: check the "
+                               "mirror")
             if resp.status >= 400:
                 raise PinError(f"{shown}: HTTP {resp.status} {resp.reason}: check the name/tag/version in "
                                "versions.json")
@@ -187,6 +209,10 @@ def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
         return found
     if isinstance(found, PinError):
         raise found
+    if isinstance(found, urllib3.exceptions.MaxRetryError):  # what the request's one try met
+        if isinstance(found.reason, urllib3.exceptions.ResponseError):
+            raise PinError(f"{shown}: more than {REDIRECTS} redirects: check the mirror")
+        found = found.reason or found
     why = (f"no connection within {connect:g}s (PINS_CONNECT_TIMEOUT)"
            if isinstance(found, urllib3.exceptions.ConnectTimeoutError) else
            f"no complete answer within {limit:g}s (PINS_TIMEOUT)"
