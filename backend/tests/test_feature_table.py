@@ -104,9 +104,10 @@ def _own_measured() -> str:
 
     route = choose_route(facts(max_qlen=3))
     right = measure.Measured(measure.Outcome.CORRECT, 0.001, 0.03)
-    handed = all(not with_measurements(route, {1: right, 2: right, 3: measure.Measured(o, 1.0, 0.03)}).own
-                 for o in measure.Outcome if not o.served)
-    every = "layer_measurement(layer_calls(" in _source(backend.layer_route)
+    remedy = {1: right, 2: right, 3: right}
+    handed = all(with_measurements(route, {1: right, 2: right, 3: measure.Measured(o, 1.0, 0.03)}, remedy
+                                   ).triton_qlens == {3} for o in measure.Outcome if not o.served)
+    every = "measured_route(" in _source(backend.layer_route)
     return "own" if handed and every else "delegated"
 
 
@@ -233,7 +234,7 @@ CHECKS: dict[str, tuple[Callable[[object], bool], Callable[[], str]]] = {
         lambda: routed(max_qlen=5, builtin_triton_verify=True, **FP8)),
     "fp8 MTP output corrected where AITER leaves V unscaled (ROCm/aiter#6732, measured at start-up)": (
         lambda b: hasattr(b, "_aiter_fp8_mla_decode_drops_v_scale"), _own_v_scale_fix),
-    "every decode call measured on the GPU at start-up (a wrong one: the built-in runs the layer)": (
+    "every decode call measured on the GPU at start-up (a wrong one: served by vLLM's Triton decode)": (
         lambda b: _builtin_start_up_probes(b) > 1, _own_measured),
     "FlyDSL fp8 prefill (opt-in `mla_prefill_backend`)": (
         lambda b: hasattr(b, "AiterFlyDSLFP8PrefillBackend"), lambda: routed(builtin_flydsl_prefill=True, **FP8)),

@@ -16,6 +16,7 @@ import math
 import types
 
 import measure_standins as standins
+import remedy_standins
 import pytest
 import torch
 
@@ -339,6 +340,8 @@ def fresh(monkeypatch):
     """Measurements of this test only (the process keeps them otherwise)."""
     monkeypatch.setattr(backend, "_MEASURED", {})
     monkeypatch.setattr(backend, "_platform_fp8_dtype", lambda: FP8)
+    remedy = remedy_standins.triton_standin()  # one set of functions, as vLLM's module holds
+    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(remedy, kv_splits=splits))
 
 
 def _own_path(monkeypatch, kernels: MLAKernels, qlen: int):
@@ -390,11 +393,13 @@ def test_the_correction_is_the_kv_scale_the_kernel_was_given():
                    **{**kw, "q_scale": None, "kv_scale": None}, v_scale_dropped=True)
 
 
-def test_a_wrong_kernel_stops_an_unrouted_impl_in_one_line(monkeypatch, fresh):
-    """CPU development mode has no built-in to hand a layer to: its impl stops, naming what was measured."""
-    with pytest.raises(ValueError, match=r"measured at start-up: query length 3: wrong \(") as err:
+def test_a_wrong_kernel_and_a_wrong_remedy_stop_the_impl_in_one_line(monkeypatch, fresh):
+    """Neither AITER's call nor vLLM's Triton decode measured right: the impl stops, naming the call, both
+    measurements and the setting that avoids it."""
+    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: remedy_standins.triton_standin(1.2))
+    with pytest.raises(ValueError, match=r"query length 3: AITER wrong \(20\.\d+% off.*Triton decode wrong") as err:
         _own_path(monkeypatch, standins.at_query_lengths(standins.scaled(1.2), (3,)), 3)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "fewer num_speculative_tokens" in str(err.value)
 
 
 # ---- routing through the adapter: vLLM's layer construction never sees an exception ----
@@ -408,22 +413,27 @@ def _route_config(max_qlen: int, kv_cache_dtype: str = "fp8"):
     return config
 
 
-@pytest.mark.parametrize("kernels,own,reason", [
-    (REFERENCE, True, None),
-    (standins.at_query_lengths(standins.drops_v_scale(), (2, 3, 4)), True, None),
-    (standins.at_query_lengths(standins.scaled(1.2), (3,)), False, "query length 3: wrong"),
-    (raising((2,)), False, "query length 2: raised RuntimeError: AITER: no kernel"),
-    (nan_at((4,)), False, "query length 4: not finite"),
+@pytest.mark.parametrize("kernels,triton,reason", [
+    (REFERENCE, None, None),
+    (standins.at_query_lengths(standins.drops_v_scale(), (2, 3, 4)), None, None),
+    (standins.at_query_lengths(standins.scaled(1.2), (3,)), 3, "query length 3 (AITER's measured wrong"),
+    (raising((2,)), 2, "query length 2 (AITER's measured raised RuntimeError: AITER: no kernel"),
+    (nan_at((4,)), 4, "query length 4 (AITER's measured not finite"),
 ], ids=["right", "6732", "wrong", "raises", "nan"])
-def test_layer_route_measures_every_call(monkeypatch, fresh, caplog, kernels, own, reason):
+def test_layer_route_measures_every_call(monkeypatch, fresh, caplog, kernels, triton, reason):
+    """Both kernels measured on each call's probe; a call AITER gets wrong is served by vLLM's Triton decode
+    (here its CPU stand-in), never by the built-in; one start-up line names, per query length, the kernel
+    serving it, its deviation and both kernels' time per call."""
     monkeypatch.setattr(backend, "load_kernels", lambda: kernels)
     with caplog.at_level(logging.INFO, logger="vllm.aiter_mla"):
         route = backend.layer_route(_route_config(4), 16, 576, "fp8")
-    assert route.own is own, route.describe()
+    assert route.own and route.triton_qlens == (frozenset({triton}) if triton else frozenset()), route.describe()
     if reason:
-        assert reason in route.reasons[0], route.reasons
+        assert "AITER's decode serves query length " in route.reasons[0] and reason in route.reasons[1], route.reasons
     lines = [r.getMessage() for r in caplog.records if "measured on cpu in" in r.getMessage()]
-    assert len(lines) == 1 and "16 heads, q float8_e4m3fn / KV float8_e4m3fn, persistent" in lines[0], lines
+    assert len(lines) == 1 and "16 heads, q float8_e4m3fn / KV float8_e4m3fn" in lines[0], lines
+    served = f"query length {triton}: Triton decode_attention_fwd_verify (" if triton else "query length 4: AITER ("
+    assert served in lines[0] and lines[0].count(" ms a call") == 4, lines[0]
 
 
 def test_the_kernels_not_loading_is_a_measurement_too(monkeypatch, fresh):
@@ -444,21 +454,26 @@ def test_a_measurement_is_made_once_per_process_failed_or_not(monkeypatch, fresh
 
     monkeypatch.setattr(backend, "load_kernels", lambda: dataclasses.replace(REFERENCE, mla_decode_fwd=counting))
     for _ in range(3):  # three layers of one model
-        assert not backend.layer_route(_route_config(2), 16, 576, "fp8").own
+        assert backend.layer_route(_route_config(2), 16, 576, "fp8").triton_qlens == {1, 2}
     assert calls == [1, 2]  # each query length once, for every layer
 
 
-def test_the_routed_impl_hands_a_failing_layer_to_the_built_in(monkeypatch, fresh):
-    """The class vLLM instantiates: the built-in's impl where the own path's calls fail, no exception."""
+def test_the_routed_impl_never_hands_a_failing_layer_to_the_built_in(monkeypatch, fresh):
+    """The class vLLM instantiates: where AITER's calls fail it is the own impl, serving them with vLLM's
+    Triton decode (the built-in would make the same AITER calls); where the remedy fails too, it refuses."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
     monkeypatch.setattr(builtin.AiterMLAImpl, "__init__", lambda self, *a, **k: None)  # (it imports AITER)
     monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _route_config(3))
     monkeypatch.setattr(backend, "load_kernels", lambda: raising((1, 2, 3)))
-    impl = backend.AiterMLABackend.get_impl_cls()(
-        num_heads=16, head_size=576, scale=0.1, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
-        kv_cache_dtype="fp8", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None)
-    assert isinstance(impl, builtin.AiterMLAImpl) and not isinstance(impl, backend.AiterMLAImpl)
+    args = dict(num_heads=16, head_size=576, scale=0.1, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
+                kv_cache_dtype="fp8", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None)
+    impl = backend.AiterMLABackend.get_impl_cls()(**args)
+    assert isinstance(impl, backend.AiterMLAImpl) and impl._triton_qlens == {1, 2, 3}
+    monkeypatch.setattr(backend, "_MEASURED", {})
+    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: remedy_standins.triton_standin(0.5))
+    with pytest.raises(ValueError, match="no decode kernel was measured right .* query length 1: AITER raised"):
+        backend.AiterMLABackend.get_impl_cls()(**args)
 
 
 # ---- tensor parallelism: every rank takes the same route ----

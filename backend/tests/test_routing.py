@@ -63,16 +63,28 @@ def _measured(*outcomes: str) -> dict[int, measure.Measured]:
             for q, o in enumerate(outcomes, start=1)}
 
 
-def test_measurements_decide_an_own_route():
+def test_measurements_decide_which_kernel_serves_each_query_length():
+    """AITER where it was measured right; vLLM's Triton decode where AITER was not and it was; a refusal
+    naming the call where neither was; every rank the group's choice."""
     own = choose_route(facts(max_qlen=4, **FP8))
-    assert with_measurements(own, _measured("CORRECT", "DROPS_V_SCALE", "CORRECT", "DROPS_V_SCALE")) == own
+    right = _measured("CORRECT", "CORRECT", "CORRECT", "CORRECT")
+    assert with_measurements(own, _measured("CORRECT", "DROPS_V_SCALE", "CORRECT", "DROPS_V_SCALE"), right) == own
     for bad in ("WRONG", "NOT_FINITE", "RAISED"):
-        route = with_measurements(own, _measured("CORRECT", "CORRECT", bad, "DROPS_V_SCALE"))
-        assert not route.own and "query length 3" in route.reasons[0], route.reasons
-        assert "query length 1" not in route.reasons[0]  # only what failed is named
-    # another rank's measurement: every rank takes the built-in
-    other = with_measurements(own, _measured("CORRECT"), agreed=False)
-    assert not other.own and "another tensor-parallel rank" in other.reasons[0]
+        route = with_measurements(own, _measured("CORRECT", "CORRECT", bad, "DROPS_V_SCALE"), right)
+        assert route.own and route.triton_qlens == {3}, route.describe()
+        assert route.reasons == ("AITER's decode serves query length 1-2,4",
+                                 f"vLLM's Triton MLA decode serves query length 3 (AITER's measured "
+                                 f"{measure.Measured(measure.Outcome[bad], 0.5, 0.03).describe()})"), route.reasons
+        refused = with_measurements(own, _measured("CORRECT", "CORRECT", bad, "CORRECT"),
+                                    _measured("CORRECT", "CORRECT", "WRONG", "CORRECT"), avoid="use X")
+        assert not refused.own and refused.refusal.startswith("no decode kernel was measured right for the call "
+                                                              "with 16 heads at query length 3: AITER ")
+        assert "vLLM's Triton decode wrong (50.00% off" in refused.refusal and refused.refusal.endswith("; use X")
+    # another rank needs the remedy at query length 2: every rank serves it with Triton
+    other = with_measurements(own, right, right, (frozenset({2}), frozenset()))
+    assert other.triton_qlens == {2} and "another tensor-parallel rank" in other.reasons[1], other.reasons
+    # another rank's remedy is wrong where this rank's AITER is too: refused on every rank
+    assert with_measurements(own, right, right, (frozenset({2}), frozenset({2}))).refusal
     delegated = Route(False, ("decode context parallelism (-dcp 2)",))
     assert with_measurements(delegated, _measured("WRONG")) == delegated
 

@@ -19,8 +19,8 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 
 from __future__ import annotations
 
+import dataclasses
 import time
-
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,12 +40,13 @@ from vllm.v1.attention.backend import (
     max_decode_query_len,
 )
 
-from . import __version__, measure
+from . import __version__, measure, remedy
 from .config import check_kv_cache_dtype, check_unsupported_features, compile_threads_setting
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
+from .remedy import TritonDecode, load_triton_decode, slot_table, triton_mla_decode
 from .routing import LayerFacts, Route, choose_route, with_measurements
 
 logger = init_logger("vllm.aiter_mla")
@@ -64,6 +65,7 @@ class AiterMLADecodeMetadata(MLACommonDecodeMetadata):
     max_query_len: int = 1  # the decode rows' own (uniform) query length = max_seqlen_q
     work: PersistentWork | None = None  # persistent mode's get_mla_metadata_v1 buffers
     attn_out_dtype: torch.dtype = torch.bfloat16
+    slot_table: torch.Tensor | None = None  # the plan as a per-request table, where vLLM's Triton decode serves
 
 
 @dataclass
@@ -142,48 +144,95 @@ def _tensor_parallel_group():
 
 @dataclass(frozen=True)
 class LayerMeasurement:
-    measured: dict[int, measure.Measured]  # per query length
+    measured: dict[int, measure.Measured]  # AITER's calls, per query length
+    remedy: dict[int, measure.Measured]  # vLLM's Triton decode on the same probes, per query length
     seconds: float
-    agreed: bool  # every tensor-parallel rank measured its calls served
-
-    @property
-    def served(self) -> bool:
-        return self.agreed and not measure.unserved(self.measured)
+    flags: tuple[frozenset[int], frozenset[int]]  # the tensor-parallel group's (measure.agree_flags)
+    triton: TritonDecode | None = None  # the remedy's functions (None: they could not be loaded)
 
 
 _MEASURED: dict[tuple, LayerMeasurement] = {}
 
 
-def layer_measurement(calls: tuple[measure.DecodeCall, ...]) -> LayerMeasurement:
-    """The layer's decode calls measured on this process's GPU, once per process and set of calls
-    (a failure is remembered too), and agreed across the tensor-parallel group: every rank reaches
-    the group's one exchange for each new set of calls, whatever its own measurement did."""
+def _compute_units(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def remedy_splits(vllm_config, device: torch.device) -> int:
+    """The static split count of the remedy's calls: vLLM's TRITON_MLA rule for the longest request."""
+    return remedy.kv_splits(vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config),
+                            _compute_units(device))
+
+
+def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) -> LayerMeasurement:
+    """The layer's decode calls measured on this process's GPU, AITER's and vLLM's Triton decode's
+    (the remedy, with ``splits`` splits) on the same probes, once per process and set of calls (a
+    failure is remembered too), and agreed across the tensor-parallel group: every rank reaches the
+    group's one exchange for each new set of calls, whatever its own measurement did (the key holds no
+    failure text, so a changing message makes no extra exchange)."""
     try:
         kernels, failed = load_kernels(), ""
     except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
         kernels, failed = None, measure.one_line(exc)
+    try:
+        triton, triton_failed = load_triton_decode(splits), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising: the remedy serves nothing)
+        triton, triton_failed = None, measure.one_line(exc)
     device = _probe_device()
-    key = (kernels, failed, calls, device)
+    key = (kernels, triton, calls, device)
     if key in _MEASURED:
         return _MEASURED[key]
     if kernels is None:
         raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
-        measured, seconds = {call.qlen: raised for call in calls}, 0.0
+        measured, remedied, seconds = {call.qlen: raised for call in calls}, {}, 0.0
     else:
-        measured, seconds = measure.measure_all(kernels, calls, device)
-    agreed = measure.agree(not measure.unserved(measured), _tensor_parallel_group())
-    result = _MEASURED[key] = LayerMeasurement(measured, seconds, agreed)
+        measured, remedied, seconds = measure.measure_both(kernels, triton, calls, device)
+        if triton is None:
+            remedied = {q: dataclasses.replace(m, detail=f"loading it: {triton_failed}")
+                        for q, m in remedied.items()}
+    flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
+                                _tensor_parallel_group())
+    result = _MEASURED[key] = LayerMeasurement(measured, remedied, seconds, flags, triton)
     first = calls[0]
-    logger.info("%s: AITER MLA decode (%s kernels) with %d heads, q %s / KV %s, persistent, measured on %s in "
-                "%.2f s: %s%s", BACKEND_NAME, kernels.name if kernels else "no", first.heads,
-                measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), device, seconds,
-                measure.summary(measured), "" if agreed else "; another tensor-parallel rank measured it wrong")
+    if kernels is not None:
+        chosen = measure.serving(measured, remedied, flags)
+        logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured on %s in %.2f s (AITER's %s kernels, "
+                    "persistent, and %s): %s", BACKEND_NAME, first.heads, measure.dtype_name(first.q_dtype),
+                    measure.dtype_name(first.kv_dtype), device, seconds, kernels.name, remedy.NAME,
+                    measure.describe_serving(chosen, measured, remedied, triton.function if triton else None))
     fixed = sorted(measure.v_scale_fix_qlens(measured))
     if fixed:
         logger.info("%s: AITER's fp8 MLA decode with %d heads leaves V unscaled at query length %s "
                     "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
                     BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
     return result
+
+
+def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
+    """The settings that avoid a layer's decode calls, for a refusal's line."""
+    first = calls[0]
+    ways = []
+    if len(calls) > 1:
+        ways.append("fewer num_speculative_tokens in --speculative-config")
+    if first.fp8:
+        ways.append("--kv-cache-dtype auto")
+    ways.append("another --tensor-parallel-size (another head count)")
+    return "avoid the call with " + " or ".join(ways)
+
+
+def measured_route(vllm_config, route: Route, kv_cache_dtype: str) -> tuple[Route, LayerMeasurement | None]:
+    """``route`` (an own one) once the layer's decode calls were measured (``layer_measurement``):
+    which kernel serves which query length, or a refusal."""
+    if not route.own:
+        return route, None
+    calls = layer_calls(vllm_config, route.decode_heads, kv_cache_dtype)
+    found = layer_measurement(calls, remedy_splits(vllm_config, _probe_device()))
+    if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
+        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
+        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",)), found
+    return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls)), found
 
 
 def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
@@ -201,6 +250,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     # Speculative / MTP decode with uniform query lengths (2-4) runs as decode.
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
     _steps: int = 0  # decode steps planned (the overflow counter is read every OVERFLOW_CHECK_STEPS)
+    _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, AiterMLAMetadata)
@@ -232,6 +282,17 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             block_size=self.page_size,
             device=device,
         )
+        # Query lengths vLLM's Triton decode serves (measured: AITER wrong there): their plans are also
+        # written as per-request slot tables, into one persistent buffer (a captured graph reads it).
+        route, _ = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
+        self._triton_qlens = route.triton_qlens if route.own else frozenset()
+        self._slot_table = None
+        if self._triton_qlens:
+            triton = load_triton_decode(remedy_splits(vllm_config, torch.device(device)))
+            self._table_rows = {q: triton.rows_per_request(q) for q in self._triton_qlens}
+            self._slot_table = torch.zeros((vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values()),
+                                            vllm_config.model_config.max_model_len + longest), dtype=torch.int32,
+                                           device=device)
         # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
         self._plan_triton = None
         threads_setting = compile_threads_setting()  # checked everywhere, used where Triton plans
@@ -299,8 +360,12 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             plan = self._plan_triton(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len)
         else:
             plan = plan_decode_step(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len).plan
-        if self._work is not None:
+        if self._work is not None and qlen not in self._triton_qlens:
             plan_work(self._kernels, self._work, plan, qlen)
+        table = None
+        if qlen in self._triton_qlens:
+            table = slot_table(plan, num_decode_tokens // qlen, max(max_seq_len, 1), self._table_rows[qlen],
+                               out=self._slot_table)
         self._steps += 1
         if self._steps % OVERFLOW_CHECK_STEPS == 0:
             self._plan_buffers.check_overflow()
@@ -312,6 +377,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             max_query_len=qlen,
             work=self._work,
             attn_out_dtype=self.model_config.dtype,
+            slot_table=table,
         )
 
 
@@ -329,6 +395,8 @@ class DecodeKernelsMixin:
     _kernels: MLAKernels
     _decode_heads: int
     _v_scale_fix_qlens: frozenset[int] = frozenset()
+    _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
+    _triton: TritonDecode | None = None
     kv_lora_rank: int
     scale: float
 
@@ -342,15 +410,13 @@ class DecodeKernelsMixin:
         # Every decode call measured on this GPU (once per process; routing measured the same calls
         # where it chose this path). ROCm/aiter#6732: lengths whose fp8 output comes back short by
         # kv_scale are multiplied back.
-        found = layer_measurement(layer_calls(vllm_config, self._decode_heads, kv_cache_dtype))
-        if not found.served:
-            # only where nothing routed the layer (CPU development mode has no built-in to hand it to)
-            bad = measure.unserved(found.measured)
-            what = measure.summary(bad) if bad else "another tensor-parallel rank measured it wrong"
-            raise ValueError(f"{BACKEND_NAME}: AITER's MLA decode with {self._decode_heads} heads measured at "
-                             f"start-up: {what}; use --kv-cache-dtype auto or fewer num_speculative_tokens in "
-                             "--speculative-config")
-        self._v_scale_fix_qlens = measure.v_scale_fix_qlens(found.measured)
+        route, found = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
+        if not route.own:  # a refusal, or AITER not loaded (CPU development mode has no built-in to hand it to)
+            raise ValueError(f"{BACKEND_NAME}: {route.refusal or '; '.join(route.reasons)}")
+        self._v_scale_fix_qlens = measure.v_scale_fix_qlens(
+            {q: m for q, m in found.measured.items() if q not in route.triton_qlens})
+        self._triton_qlens = route.triton_qlens
+        self._triton = found.triton
 
     def reserve_workspace(self) -> None:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
@@ -371,7 +437,7 @@ class DecodeKernelsMixin:
         decode = attn_metadata.decode
         assert decode is not None and decode.plan is not None
         out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer,
-                           decode.work)
+                           decode.work, decode.slot_table)
         return out, None
 
     def _decode(
@@ -383,6 +449,7 @@ class DecodeKernelsMixin:
         out_dtype: torch.dtype,
         layer: AttentionLayer,
         work: PersistentWork | None = None,
+        table: torch.Tensor | None = None,
     ) -> torch.Tensor:
         q_scale = kv_scale = None
         if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
@@ -393,6 +460,10 @@ class DecodeKernelsMixin:
             q_scale, kv_scale = layer._q_scale, layer._k_scale
             if not _is_fp8(q):
                 q = (q.float() / q_scale).to(fp8_dtype)
+        if max_query_len in self._triton_qlens:  # measured: AITER wrong here, vLLM's Triton decode right
+            return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, kv_lora_rank=self.kv_lora_rank,
+                                     scale=self.scale, max_seqlen_q=max_query_len, decode_heads=self._decode_heads,
+                                     out_dtype=out_dtype, q_scale=q_scale, kv_scale=kv_scale, table=table)
         return mla_decode(
             q,
             kv_cache,
@@ -579,13 +650,16 @@ def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
 
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:
     """The layer's route: its configuration first (``routing.choose_route``), then each decode call
-    it would make measured on this GPU (``layer_measurement``). Never raises for a configuration the
-    built-in serves: whatever stops the own path hands the layer to the built-in."""
+    it would make measured on this GPU (``layer_measurement``): AITER or vLLM's Triton decode serves
+    each query length. Raises (one line) only where neither kernel was measured right for a call: the
+    server must not start with a known-wrong answer; the built-in would make the same AITER call."""
     facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
-    route = choose_route(facts)
-    if route.own:
-        found = layer_measurement(layer_calls(vllm_config, route.decode_heads, kv_cache_dtype))
-        route = with_measurements(route, found.measured, found.agreed)
+    route, _ = measured_route(vllm_config, choose_route(facts), kv_cache_dtype)
+    if route.refusal:
+        raise ValueError(f"{BACKEND_NAME}: {route.refusal}")
+    if route.triton_qlens:
+        logger.info_once("%s (vllm-aiter-mla %s): %d heads per GPU, --kv-cache-dtype %s: %s", BACKEND_NAME,
+                         __version__, num_heads, kv_cache_dtype, "; ".join(route.reasons))
     if not route.own:
         logger.info_once("%s (vllm-aiter-mla %s): vLLM's built-in %s runs this attention (%d heads per GPU, "
                          "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, builtin.AiterMLAImpl.__qualname__,

@@ -27,7 +27,10 @@ systematic error, not rounding):
 * ``correct``: every run within the band and the bound;
 * ``drops the V scale``: fp8 only; every run within both once multiplied by its own batch's
   ``kv_scale`` (AITER leaves V unscaled, ROCm/aiter#6732): served, with the output multiplied back;
-* ``wrong``, ``not finite`` or ``raised``: not served (the layer goes to vLLM's built-in).
+* ``wrong``, ``not finite`` or ``raised``: not served by AITER. Such a call is served by vLLM's own
+  Triton MLA decode (``remedy``) once that kernel, measured by the same probe (``run_probe`` takes
+  either), is ``correct``; else the server refuses to start (``refusal``). Never the built-in: it
+  makes the same AITER call.
 
 The band is ``BAND_FACTOR`` times the larger of the pure-PyTorch reference kernel's own deviation on
 the same inputs and the output dtype's unit roundoff (bf16: 3.1 %); the bound is the larger of
@@ -39,6 +42,7 @@ Plain PyTorch; the kernels (AITER, the reference or a stand-in) are passed in.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import time
@@ -51,6 +55,7 @@ from .decode import mla_decode
 from .kernels import MLAKernels
 from .persistent import allocate_work, plan_work
 from .planning import DecodePlan
+from .remedy import TritonDecode, triton_mla_decode
 
 KV_LORA_RANK = 512
 HEAD_DIM = 576  # kv_lora_rank + rope: the latent row AITER's MLA decode takes
@@ -111,6 +116,7 @@ class Measured:
     scale: float = math.nan  # least-squares output scale (after correction), the run furthest from 1
     offset: float = math.nan  # least-squares offset over the dense result's rms, the largest
     bound: float = math.nan  # the largest |scale - 1| and |offset| a right output may have
+    seconds_per_call: float = math.nan  # the probe's runs timed (synchronised), over their count
 
     def describe(self) -> str:
         if self.outcome is Outcome.RAISED:
@@ -252,13 +258,17 @@ def probe_batches(call: DecodeCall, device: torch.device | str, slots: torch.Ten
     return tuple(batches)
 
 
-def run_probe(kernels: MLAKernels, probe: Probe, runs: Iterable[int] = RUNS) -> list[tuple[ProbeBatch, torch.Tensor]]:
-    """The probe's batches, in the order ``runs`` names them, through the own path's decode function:
-    one set of work buffers (persistent calls) re-planned before every run, each output buffer filled
-    with NaN first, each batch's keys placed in the cache before its run."""
+def run_probe(kernels: MLAKernels | TritonDecode, probe: Probe,
+              runs: Iterable[int] = RUNS) -> list[tuple[ProbeBatch, torch.Tensor]]:
+    """The probe's batches, in the order ``runs`` names them, through the own path's decode function
+    (AITER's kernels, or vLLM's Triton decode: ``remedy.triton_mla_decode``): one set of work buffers
+    (persistent AITER calls) re-planned before every run, each output buffer filled with NaN first,
+    each batch's keys placed in the cache before its run."""
     call = probe.call
     batches = [probe.batches[i] for i in runs]
     work = None
+    if isinstance(kernels, TritonDecode):
+        return [(batch, _triton_run(kernels, probe, batch)) for batch in batches]
     if call.persistent:
         work = allocate_work(kernels, max(len(b.order) for b in batches), call.qlen, call.heads, call.q_dtype,
                              call.kv_dtype, probe.cache.device)
@@ -275,6 +285,16 @@ def run_probe(kernels: MLAKernels, probe: Probe, runs: Iterable[int] = RUNS) -> 
                                         out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale,
                                         work=work, out=out)))
     return found
+
+
+def _triton_run(kernels: TritonDecode, probe: Probe, batch: ProbeBatch) -> torch.Tensor:
+    call = probe.call
+    probe.cache.view(-1, HEAD_DIM)[probe.slots] = batch.keys
+    out = torch.full((batch.q.shape[0], call.heads, KV_LORA_RANK), float("nan"), dtype=call.out_dtype,
+                     device=probe.cache.device)
+    return triton_mla_decode(batch.q, probe.cache, batch.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
+                             scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen, decode_heads=call.heads,
+                             out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale, out=out)
 
 
 @dataclass(frozen=True)
@@ -387,7 +407,7 @@ def prepare(call: DecodeCall, device: torch.device | str, reference: MLAKernels 
                  bound(own.systematic, call.out_dtype))
 
 
-def measure(kernels: MLAKernels, call: DecodeCall, device: torch.device | str,
+def measure(kernels: MLAKernels | TritonDecode, call: DecodeCall, device: torch.device | str,
             reference: MLAKernels | None = None, *, probe: Probe | None = None,
             cache: torch.Tensor | None = None) -> Measured:
     """Run ``call``'s probe through ``kernels`` (``RUNS``) and classify it. Anything the call raises is
@@ -400,12 +420,22 @@ def measure(kernels: MLAKernels, call: DecodeCall, device: torch.device | str,
         except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
             return Measured(Outcome.RAISED, math.nan, math.nan, f"making the probe: {one_line(exc)}")
     try:
+        _synchronize(probe.cache)
+        started = time.perf_counter()
         found = run_probe(kernels, probe)
-        if probe.cache.is_cuda:
-            torch.cuda.synchronize(probe.cache.device)
+        _synchronize(probe.cache)
+        per_call = (time.perf_counter() - started) / max(len(found), 1)
     except Exception as exc:  # noqa: BLE001  (a refusing kernel: the call is not served)
         return Measured(Outcome.RAISED, math.nan, probe.band, one_line(exc), bound=probe.bound)
-    return classify(found, probe.band, probe.bound)
+    m = classify(found, probe.band, probe.bound)
+    if isinstance(kernels, TritonDecode) and m.outcome is Outcome.DROPS_V_SCALE:  # the remedy is never corrected
+        m = dataclasses.replace(m, outcome=Outcome.WRONG, detail="short by exactly kv_scale")
+    return dataclasses.replace(m, seconds_per_call=per_call)
+
+
+def _synchronize(cache: torch.Tensor) -> None:
+    if cache.is_cuda:
+        torch.cuda.synchronize(cache.device)
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
@@ -425,6 +455,84 @@ def measure_all(kernels: MLAKernels, calls: Iterable[DecodeCall], device: torch.
     started = clock()
     found = {call.qlen: measure(kernels, call, device, cache=cache) for call in calls}
     return found, clock() - started
+
+
+def measure_both(kernels: MLAKernels, remedy: TritonDecode | None, calls: Iterable[DecodeCall],
+                 device: torch.device | str, clock: Callable[[], float] = time.monotonic,
+                 cache: torch.Tensor | None = None) -> tuple[dict[int, Measured], dict[int, Measured], float]:
+    """AITER's kernels and the remedy (vLLM's Triton decode; None: it could not be loaded) measured on
+    each call's one probe, keyed by query length, and the seconds it all took."""
+    started = clock()
+    aiter: dict[int, Measured] = {}
+    triton: dict[int, Measured] = {}
+    for call in calls:
+        try:
+            probe = prepare(call, device, cache=cache)
+        except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
+            aiter[call.qlen] = triton[call.qlen] = Measured(Outcome.RAISED, math.nan, math.nan,
+                                                            f"making the probe: {one_line(exc)}")
+            continue
+        aiter[call.qlen] = measure(kernels, call, device, probe=probe)
+        triton[call.qlen] = (measure(remedy, call, device, probe=probe) if remedy is not None
+                             else Measured(Outcome.RAISED, math.nan, probe.band, "not loaded", bound=probe.bound))
+    return aiter, triton, clock() - started
+
+
+def serving(aiter: dict[int, Measured], triton: dict[int, Measured],
+            flags: tuple[frozenset[int], frozenset[int]] | None = None) -> dict[int, str | None]:
+    """The kernel that serves each query length: ``aiter`` where AITER's call was measured served,
+    ``triton`` where it was not and vLLM's Triton decode was measured correct, None where neither
+    (the server refuses to start). ``flags``: the tensor-parallel group's (``agree_flags``): the query
+    lengths some rank needs the remedy for, and those some rank measured the remedy wrong for; every
+    rank then serves each query length with the same kernel."""
+    need, bad = flags if flags is not None else local_flags(aiter, triton)
+    return {q: "aiter" if q not in need else (None if q in bad else "triton") for q in sorted(aiter)}
+
+
+def local_flags(aiter: dict[int, Measured], triton: dict[int, Measured]) -> tuple[frozenset[int], frozenset[int]]:
+    """This rank's flags: query lengths AITER does not serve; query lengths the remedy is not correct at."""
+    need = frozenset(q for q, m in aiter.items() if not m.outcome.served)
+    bad = frozenset(q for q in aiter if q not in triton or triton[q].outcome is not Outcome.CORRECT)
+    return need, bad
+
+
+def agree_flags(flags: tuple[frozenset[int], frozenset[int]], qlens: Iterable[int],
+                group=None) -> tuple[frozenset[int], frozenset[int]]:
+    """Each flag set united over every rank of ``group`` (a CPU ``torch.distributed`` process group;
+    None: this process alone): one exchange, whatever this rank measured."""
+    if group is None:
+        return flags
+    import torch.distributed as dist  # noqa: PLC0415
+
+    qlens = sorted(qlens)
+    vector = torch.tensor([int(q in f) for f in flags for q in qlens], dtype=torch.int32)
+    dist.all_reduce(vector, op=dist.ReduceOp.MAX, group=group)
+    values = vector.view(len(flags), len(qlens)).tolist()
+    return tuple(frozenset(q for q, v in zip(qlens, row) if v) for row in values)  # type: ignore[return-value]
+
+
+def describe_serving(chosen: dict[int, str | None], aiter: dict[int, Measured], triton: dict[int, Measured],
+                     triton_function: Callable[[int], str] | None = None) -> str:
+    """Per query length: the kernel that serves it, its deviation, and both kernels' time per call at
+    probe size, e.g. ``query length 1: AITER (0.21% off; AITER 0.31 ms, Triton 0.52 ms a call)``."""
+    parts = []
+    for q, kernel in chosen.items():
+        a, t = aiter[q], triton.get(q)
+        name = "Triton" if triton_function is None else f"Triton {triton_function(q)}"
+        times = f"AITER {_ms(a)}, {name} {_ms(t)} a call"
+        if kernel == "aiter":
+            fix = ", output x kv_scale" if a.outcome is Outcome.DROPS_V_SCALE else ""
+            parts.append(f"query length {q}: AITER ({a.deviation:.2%} off{fix}; {times})")
+        elif kernel == "triton":
+            parts.append(f"query length {q}: {name} ({t.deviation:.2%} off; AITER {a.describe()}; {times})")
+        else:
+            parts.append(f"query length {q}: none (AITER {a.describe()}; {name} "
+                         f"{t.describe() if t else 'not measured'})")
+    return "; ".join(parts)
+
+
+def _ms(m: Measured | None) -> str:
+    return "-" if m is None or math.isnan(m.seconds_per_call) else f"{m.seconds_per_call * 1e3:.2f} ms"
 
 
 def v_scale_fix_qlens(measured: dict[int, Measured]) -> frozenset[int]:

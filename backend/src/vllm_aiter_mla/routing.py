@@ -48,11 +48,17 @@ class Route:
     for ``reasons``."""
 
     own: bool
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()  # why the built-in runs the layer; for an own one: which kernel serves what
     decode_heads: int | None = None
+    triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (the rest: AITER)
+    refusal: str = ""  # no kernel was measured right for some call: the server must not start
 
     def describe(self) -> str:
-        return "own" if self.own else "vLLM's built-in: " + "; ".join(self.reasons)
+        if self.refusal:
+            return "refused: " + self.refusal
+        if self.own:
+            return "own" + (": " + "; ".join(self.reasons) if self.reasons else "")
+        return "vLLM's built-in: " + "; ".join(self.reasons)
 
 
 def delegation_reasons(facts: LayerFacts) -> list[str]:
@@ -99,18 +105,39 @@ def choose_route(facts: LayerFacts) -> Route:
     return Route(True, (), facts.decode_heads)
 
 
-def with_measurements(route: Route, measured: dict[int, measure.Measured], agreed: bool = True) -> Route:
-    """The route once each decode call of the layer was measured on this GPU (``measure``): a query
-    length measured wrong, not finite or raising sends the layer to the built-in (an output short by
-    exactly kv_scale is served, corrected: ROCm/aiter#6732); so does another tensor-parallel rank's
-    (``agreed`` False), so that every rank runs the same implementation."""
+def with_measurements(route: Route, measured: dict[int, measure.Measured],
+                      remedy: dict[int, measure.Measured] | None = None,
+                      flags: tuple[frozenset[int], frozenset[int]] | None = None,
+                      avoid: str = "") -> Route:
+    """The route once each decode call of the layer was measured on this GPU (``measure``): AITER
+    serves the query lengths it was measured right at (an output short by exactly kv_scale corrected:
+    ROCm/aiter#6732); vLLM's Triton decode the others, where it was measured right (``remedy``, keyed
+    by query length); where neither was, the route is a refusal naming the call, both measurements
+    and ``avoid`` (the setting that avoids the call). ``flags``: the tensor-parallel group's
+    (``measure.agree_flags``), so that every rank serves each query length with the same kernel."""
     if not route.own:
         return route
-    bad = measure.unserved(measured)
-    if bad:
-        return Route(False, (f"AITER's decode with {route.decode_heads} heads measured at start-up: "
-                             f"{measure.summary(bad)}",))
-    if not agreed:
-        return Route(False, ("another tensor-parallel rank measured AITER's decode wrong on its GPU (every rank "
-                             "runs the same implementation)",))
-    return route
+    remedy = remedy or {}
+    chosen = measure.serving(measured, remedy, flags)
+    local_need, _ = measure.local_flags(measured, remedy)
+    missing = [q for q, kernel in chosen.items() if kernel is None]
+    if missing:
+        q = missing[0]
+        why = (f"AITER {measured[q].describe()}, vLLM's Triton decode "
+               f"{remedy[q].describe() if q in remedy else 'not measured'}")
+        if q not in local_need or (q in remedy and remedy[q].outcome is measure.Outcome.CORRECT):
+            why += " on this rank; another tensor-parallel rank measured a kernel wrong"
+        return Route(False, (), route.decode_heads, refusal=(
+            f"no decode kernel was measured right for the call with {route.decode_heads} heads at query length "
+            f"{q}: {why}" + (f"; {avoid}" if avoid else "")))
+    triton = frozenset(q for q, kernel in chosen.items() if kernel == "triton")
+    if not triton:
+        return route
+    sentences = []
+    if len(triton) < len(chosen):
+        sentences.append(f"AITER's decode serves query length {measure._ranges(sorted(set(chosen) - triton))}")
+    for q in sorted(triton):
+        why = (f"AITER's measured {measured[q].describe()}" if q in local_need
+               else "another tensor-parallel rank measured AITER's wrong (every rank runs the same kernel)")
+        sentences.append(f"vLLM's Triton MLA decode serves query length {q} ({why})")
+    return Route(True, tuple(sentences), route.decode_heads, triton)
