@@ -466,50 +466,59 @@ def differing_paths(a: dict[str, tuple], b: dict[str, tuple], limit: int = 15) -
 
 def test_owned_layers_identical_across_cold_builds(h, images, cpu_vllm_image, context_dir, tmp_path_factory):
     """Same commit and pins, a second clone made at another time, no build cache: every layer this
-    project adds above the vLLM image is byte-identical (same diff ID), and so is the backend wheel."""
+    project adds above the vLLM image is byte-identical (same diff ID), and so is the backend wheel.
+
+    serve and ci are made of the same stages (serve-base's layers, then the runtime's, the backend's
+    and the app files' layers, each COPY --link); ci adds one layer, its tools'. So the fixture's cold
+    serve build and a cold ci build here are two cold builds of every stage serve has: serve's owned
+    layers must be ci's less one. ci is then built cold again from the second clone."""
     # The same inputs as the first build (its context copy, not the working tree, which may have
     # changed since), every file and directory dated differently.
     second = copy_context(tmp_path_factory.mktemp("context-second"), mtime=946684800 + random.randrange(10**8),
                           source=context_dir)
     targets = images["targets"]
-    # Two cold builds of each target. The fixture's serve build is cold; its ci build took the
-    # serve layers from the build cache, so ci gets a cold first build here too.
-    tag = f"{IMAGE_PREFIX}/ci:cpu-cold"
-    proc = h.run(build_command(targets["ci"], tag, ["--no-cache"]), cwd=context_dir, what="ci build (--no-cache)")
-    cold = {"serve": (images["tags"]["serve"], images["layers"]["serve"], images["cold_s"]),
-            "ci": (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)}
-    rebuilt, report = {}, []
-    for name in ("serve", "ci"):
-        tag = f"{IMAGE_PREFIX}/{name}:cpu-rebuild"
-        proc = h.run(build_command(targets[name], tag, ["--no-cache"]), cwd=second,
-                     what=f"{name} build (second clone, --no-cache)")
-        rebuilt[name] = (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)
     base = images["vllm_layers"]
+    builds = {}
+    for name, context in (("cold", context_dir), ("second clone", second)):
+        tag = f"{IMAGE_PREFIX}/ci:cpu-{name.replace(' ', '-')}"
+        proc = h.run(build_command(targets["ci"], tag, ["--no-cache"]), cwd=context,
+                     what=f"ci build ({name}, --no-cache)")
+        builds[name] = (tag, json.loads(inspect(tag, "{{json .RootFS.Layers}}")), proc.seconds)
     # Layers taken from the build cache can come out of Docker 26.1's classic image store with the
     # same files in another tar order (seen once): reported, not part of the cold-build claim.
-    cached_same = sum(x == y for x, y in zip(images["layers"]["ci"], cold["ci"][1]))
-    h.note(f"  ci from the build cache vs ci cold: {cached_same} of {len(cold['ci'][1])} layers identical")
-    failures = []
-    for name in ("serve", "ci"):
-        (first_tag, first, first_s), (tag, again, seconds) = cold[name], rebuilt[name]
-        assert first[:len(base)] == base and again[:len(base)] == base, f"{name} is not built on the vLLM image"
-        owned_a, owned_b = first[len(base):], again[len(base):]
-        same = sum(x == y for x, y in zip(owned_a, owned_b))
-        h.note(f"step 6 {name}: {same} of {len(owned_a)} owned layers identical across two builds "
-               f"(first {first_s:.1f}s, second cold {seconds:.1f}s)")
-        report.append(f"{name} {same}/{len(owned_a)}")
-        if owned_a != owned_b:
-            workdir = tmp_path_factory.mktemp(f"layers-{name}")
-            entries_a = layer_entries(h, first_tag, workdir)
-            entries_b = layer_entries(h, tag, workdir)
-            for i, (x, y) in enumerate(zip(owned_a, owned_b)):
-                if x != y:
-                    diff = differing_paths(entries_a[len(base) + i], entries_b[len(base) + i]) or [
-                        "same entries and metadata, another order in the tar"
-                        if list(entries_a[len(base) + i]) != list(entries_b[len(base) + i])
-                        else "same entries in the same order: tar headers differ"]
-                    h.note(f"  {name} layer {len(base) + i}: " + "; ".join(diff))
-                    failures.append(f"{name} layer {len(base) + i}: {diff}")
+    cached_same = sum(x == y for x, y in zip(images["layers"]["ci"], builds["cold"][1]))
+    h.note(f"  ci from the build cache vs ci cold: {cached_same} of {len(builds['cold'][1])} layers identical")
+    for name, (tag, layers, _) in builds.items():
+        assert layers[:len(base)] == base, f"ci ({name}) is not built on the vLLM image"
+    serve_owned = images["layers"]["serve"][len(base):]
+    assert images["layers"]["serve"][:len(base)] == base, "serve is not built on the vLLM image"
+    ci_owned = builds["cold"][1][len(base):]
+    serve_in_ci = len(ci_owned) == len(serve_owned) + 1 and any(
+        ci_owned[:i] + ci_owned[i + 1:] == serve_owned for i in range(len(ci_owned)))
+    h.note(f"step 6 serve: its {len(serve_owned)} owned layers "
+           f"{'are' if serve_in_ci else 'are NOT'} ci's cold-built ones less its tools' layer "
+           f"(serve cold {images['cold_s']:.1f}s, ci cold {builds['cold'][2]:.1f}s)")
+    failures = [] if serve_in_ci else [f"serve's owned layers missing from ci's cold build: "
+                                       f"{[i for i, x in enumerate(serve_owned) if x not in ci_owned]}"]
+    (first_tag, first, first_s), (tag, again, seconds) = builds["cold"], builds["second clone"]
+    owned_a, owned_b = first[len(base):], again[len(base):]
+    same = sum(x == y for x, y in zip(owned_a, owned_b))
+    h.note(f"step 6 ci: {same} of {len(owned_a)} owned layers identical across two builds "
+           f"(first {first_s:.1f}s, second clone cold {seconds:.1f}s)")
+    if owned_a != owned_b:
+        workdir = tmp_path_factory.mktemp("layers-ci")
+        entries_a = layer_entries(h, first_tag, workdir)
+        entries_b = layer_entries(h, tag, workdir)
+        for i, (x, y) in enumerate(zip(owned_a, owned_b)):
+            if x != y:
+                diff = differing_paths(entries_a[len(base) + i], entries_b[len(base) + i]) or [
+                    "same entries and metadata, another order in the tar"
+                    if list(entries_a[len(base) + i]) != list(entries_b[len(base) + i])
+                    else "same entries in the same order: tar headers differ"]
+                h.note(f"  ci layer {len(base) + i}: " + "; ".join(diff))
+                failures.append(f"ci layer {len(base) + i}: {diff}")
+        if len(owned_a) != len(owned_b):
+            failures.append(f"ci has {len(owned_a)} owned layers in one build, {len(owned_b)} in the other")
     wheels = []
     for context in (context_dir, second):
         dest = tmp_path_factory.mktemp("backend-wheel")
