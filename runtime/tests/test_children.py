@@ -343,3 +343,29 @@ def test_output_that_is_not_utf8_is_shown_not_a_traceback():
     result = children.output([sys.executable, "-c", code], 10.0)
     assert result.stdout == "gfx942 \ufffd\ufffd\n" and result.stderr == "\ufffd(\n"
     assert result.returncode == 0
+
+
+STREAMS = ("import os, sys; print(os.getcwd(), os.environ.get('STREAMS_PROBE', '-')); "
+           "print('to stderr', file=sys.stderr)")
+
+
+def test_the_childs_folder_environment_and_streams_are_the_callers_choice(tmp_path):
+    """cwd and env for each door; run's stdout, output's stderr and started's streams (no log)
+    go where the caller says (ci/cpu_serve.py: a build's stdout dropped, a log followed on stderr,
+    a long tool's progress on the terminal while its stdout is read)."""
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    env = {**os.environ, "STREAMS_PROBE": "probe"}
+    out = tmp_path / "stdout.txt"
+    with open(out, "w") as f:
+        assert children.run([sys.executable, "-c", STREAMS], env, cwd=tmp_path, stdout=f) == 0
+    assert out.read_text() == f"{tmp_path} probe\n"
+
+    result = children.output([sys.executable, "-c", STREAMS], 30.0, env=env, cwd=tmp_path,
+                             stderr=subprocess.DEVNULL)
+    assert (result.stdout, result.stderr, result.returncode) == (f"{tmp_path} probe\n", "", 0)
+
+    with open(out, "w") as f, children.started([sys.executable, "-c", STREAMS], None, env, cwd=tmp_path,
+                                               stdout=f, stderr=subprocess.DEVNULL) as proc:
+        assert proc.wait(30) == 0
+    assert out.read_text() == f"{tmp_path} probe\n"

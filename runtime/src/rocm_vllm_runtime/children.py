@@ -20,6 +20,12 @@ started is left running when it ends.
     with children.started(command, log=path) as proc: ...   # a server for the length of a block
     children.run(command)                                   # a command to its end (pytest)
     children.output(argv, timeout_s)                        # a tool's output (amd-smi, rocminfo)
+
+Each also takes `cwd` (the child's working directory) and where an output of the child goes when not
+to its default: `started` with no log takes `stdout` and `stderr`, `run` takes `stdout`, `output`
+takes `stderr`, in subprocess's forms (None: this process's own stream, the user's terminal;
+subprocess.DEVNULL; an open file), e.g. a server's log followed on this process's stderr while its
+stdout stays the command's result.
 """
 from __future__ import annotations
 
@@ -272,22 +278,30 @@ def _spawn(command: Sequence[str], env: Mapping[str, str] | None = None, **kwarg
 
 
 @contextlib.contextmanager
-def started(command: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
-            grace_s=lambda: 60.0) -> Iterator[subprocess.Popen]:
-    """A child for the length of the block, its stdout and stderr in `log`; stopped at the block's end
-    (`grace_s()`: seconds it may take, asked then), whatever ended the block."""
-    with open(log, "wb") as out:
-        proc = _spawn(command, env, stdout=out, stderr=subprocess.STDOUT)
+def started(command: Sequence[str], log: Path | None, env: Mapping[str, str] | None = None,
+            grace_s=lambda: 60.0, *, cwd: Path | str | None = None, stdout=None,
+            stderr=None) -> Iterator[subprocess.Popen]:
+    """A child for the length of the block, its stdout and stderr in `log` (with log None: where
+    `stdout` and `stderr` say, this process's own streams by default: a log followed on the user's
+    terminal); stopped at the block's end (`grace_s()`: seconds it may take, asked then), whatever
+    ended the block."""
+    if log is None:
+        proc = _spawn(command, env, stdout=stdout, stderr=stderr, cwd=cwd)
+    else:
+        with open(log, "wb") as out:
+            proc = _spawn(command, env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
     try:
         yield proc
     finally:
         stop(proc, 5.0 if _received else grace_s())
 
 
-def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0) -> int:
-    """Run a command to its end with this process's stdout and stderr; its exit status. The rest of
-    what it started is stopped when it ends, and all of it on a forwarded signal."""
-    proc = _spawn(command, env)
+def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0, *,
+        cwd: Path | str | None = None, stdout=None) -> int:
+    """Run a command to its end with this process's stdout and stderr (its stdout elsewhere with
+    `stdout`, e.g. subprocess.DEVNULL or sys.stderr); its exit status. The rest of what it started is
+    stopped when it ends, and all of it on a forwarded signal."""
+    proc = _spawn(command, env, stdout=stdout, cwd=cwd)
     try:
         return proc.wait()
     finally:
@@ -308,16 +322,21 @@ def _shown(data: bytes) -> str:
     return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
-def output(argv: Sequence[str], timeout_s: float = 60.0) -> Output:
+def output(argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, str] | None = None,
+           cwd: Path | str | None = None, stderr=subprocess.PIPE) -> Output:
     """A tool's output within `timeout_s`, reading included: at the deadline the tool and all it
     started are killed. A tool that has exited gets its output back at once; pipes a helper of its
-    still holds open are waited for 2 s at most, and the helper is stopped."""
+    still holds open are waited for 2 s at most, and the helper is stopped. `stderr` None: the tool's
+    stderr goes to this process's (a long tool's progress, seen as it comes; Output.stderr is "")."""
     deadline = time.monotonic() + timeout_s
     try:
-        proc = _spawn(argv, None, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = _spawn(argv, env, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd)
     except OSError as exc:
         return Output(error=exc.strerror or exc.__class__.__name__)
-    read: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    pipes_read = [pipe for pipe in (proc.stdout, proc.stderr) if pipe is not None]
+    read: dict[int, list[bytes]] = {pipe.fileno(): [] for pipe in pipes_read}
+    out_chunks = read[proc.stdout.fileno()]
+    err_chunks = read[proc.stderr.fileno()] if proc.stderr is not None else []
     try:
         with selectors.DefaultSelector() as pipes:
             for fd in read:
@@ -347,7 +366,7 @@ def output(argv: Sequence[str], timeout_s: float = 60.0) -> Output:
             with contextlib.suppress(BlockingIOError, OSError):
                 while data := os.read(fd, 65536):
                     chunks.append(data)
-        proc.stdout.close()
-        proc.stderr.close()
-    out, err = (_shown(b"".join(chunks)) for chunks in read.values())
-    return Output(out, err, proc.returncode, timed_out=timed_out)
+        for pipe in pipes_read:
+            pipe.close()
+    return Output(_shown(b"".join(out_chunks)), _shown(b"".join(err_chunks)), proc.returncode,
+                  timed_out=timed_out)
