@@ -85,7 +85,9 @@ def track_python(track: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="vllm-src-") as tmp:
         # a copy: the build writes into its source tree (vllm/_version.py, build/), the cache stays as unpacked
         copy = Path(shutil.copytree(src, Path(tmp) / src.name))
-        _run([*install, *local, "--no-build-isolation", copy],
+        # bytecode for the whole environment (uv compiles all of site-packages): a test process run
+        # with PYTHONDONTWRITEBYTECODE would otherwise compile vLLM and torch from source each time
+        _run([*install, *local, "--no-build-isolation", "--compile-bytecode", copy],
              f"uv pip install vLLM {src.name} (VLLM_TARGET_DEVICE=empty)",
              env={**env, "VLLM_TARGET_DEVICE": "empty"}, timeout=1800)
     marker.write_text(key + "\n")
