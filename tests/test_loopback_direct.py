@@ -104,8 +104,10 @@ def nothing() -> str:
 
 
 def test_the_fake_proxy_is_what_urllib_would_use(proxy, nothing):
-    """The stand-in is a working proxy: a plain urlopen of a loopback URL reaches it (the defect)."""
-    with urllib.request.urlopen(f"{nothing}/health", timeout=5) as resp:
+    """The stand-in is a working proxy: a plain urlopen of a loopback URL reaches it (the defect). A
+    fresh opener reads the proxy variables now (urlopen's own is made once per process, by whichever
+    test used it first)."""
+    with urllib.request.build_opener().open(f"{nothing}/health", timeout=5) as resp:
         assert resp.status == 200
     assert proxy and proxy[0][1] == f"{nothing}/health"
 

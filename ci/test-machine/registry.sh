@@ -136,7 +136,14 @@ stop() {
       kill -TERM "$pid"
       local waited=0
       while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
-      kill -0 "$pid" 2>/dev/null && die "docker-registry (pid $pid) still running after 15s"
+      # still there after its grace (seen once on a loaded 2-core machine): killed, if it is still ours
+      if kill -0 "$pid" 2>/dev/null && [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = docker-registry ]; then
+        log "docker-registry (pid $pid) still running after 15s: killing it"
+        kill -KILL "$pid" 2>/dev/null || true
+        waited=0
+        while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 5 ]; do sleep 1; waited=$((waited + 1)); done
+      fi
+      kill -0 "$pid" 2>/dev/null && die "docker-registry (pid $pid) still running after SIGTERM and SIGKILL"
     fi
     rm -f "$PIDFILE"
   else

@@ -22,7 +22,7 @@ def probe(**env: str) -> dict:
     """engine_driver.platform_choices in a process of its own, with ``env``."""
     env = engine_env(VLLM_TARGET_DEVICE="cpu", **env)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
-    code = "import json, engine_driver; print(json.dumps(engine_driver.platform_choices('float32')))"
+    code = "import json\nimport engine_driver\nprint(json.dumps(engine_driver.platform_choices('float32')))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
