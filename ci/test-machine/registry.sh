@@ -76,7 +76,10 @@ answers() {  # the registry's API root answers (401 without credentials), reache
     "http://127.0.0.1:$p/v2/" 2>/dev/null)" = 401 ]
 }
 
-running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+# a process that exited but waits for its parent to reap it (a zombie: its parent may be a test
+# process that adopted it as a subreaper) is not running
+alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]; }
+running() { [ -f "$PIDFILE" ] && alive "$(cat "$PIDFILE")"; }
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -131,19 +134,19 @@ CONFIG
 stop() {
   if [ -f "$PIDFILE" ]; then
     local pid; pid=$(cat "$PIDFILE")
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       log "stopping docker-registry (pid $pid)"
       kill -TERM "$pid"
       local waited=0
-      while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
+      while alive "$pid" && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
       # still there after its grace (seen once on a loaded 2-core machine): killed, if it is still ours
-      if kill -0 "$pid" 2>/dev/null && [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = docker-registry ]; then
+      if alive "$pid" && [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = docker-registry ]; then
         log "docker-registry (pid $pid) still running after 15s: killing it"
         kill -KILL "$pid" 2>/dev/null || true
         waited=0
-        while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 5 ]; do sleep 1; waited=$((waited + 1)); done
+        while alive "$pid" && [ "$waited" -lt 5 ]; do sleep 1; waited=$((waited + 1)); done
       fi
-      kill -0 "$pid" 2>/dev/null && die "docker-registry (pid $pid) still running after SIGTERM and SIGKILL"
+      alive "$pid" && die "docker-registry (pid $pid) still running after SIGTERM and SIGKILL"
     fi
     rm -f "$PIDFILE"
   else
