@@ -48,15 +48,18 @@ variable "ATTEST" { default = PUSH }
 variable "CACHE_FROM" { default = "" }
 variable "CACHE_TO" { default = "" }
 // vLLM image to embed the backend into instead of building vLLM (Dockerfile.rocm); empty: build it.
+// Set, the serve and ci targets build on it alone: no base target, no base or AITER pin read (the
+// build checks the image's vLLM and AITER against what the backend supports instead).
 variable "VLLM_IMAGE" { default = "" }
 // "error": the vLLM build stops when the base's AITER lacks a function vLLM calls; "warn": it reports.
 variable "AITER_CALLS_CHECK" { default = "error" }
 // CA bundle handed to builds as the secret "ca-bundle" (git and pip behind a TLS-inspecting proxy).
 variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
 
+// name:tag@digest of the base image; an unresolved field is UNRESOLVED (pins_check names it).
 function "rocm_image" {
   params = [image, allow]
-  result = image.digest != null ? "${image.name}:${image.tag}@${image.digest}" : (allow == "1" ? "${image.name}:${image.tag}" : "${image.name}:${image.tag}@sha256:UNRESOLVED")
+  result = image.digest != null ? "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}@${image.digest}" : (allow == "1" ? "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}" : "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}@sha256:UNRESOLVED")
 }
 
 // A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one.
@@ -88,11 +91,18 @@ function "aiter_short" {
   result = substr(coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED"), 0, 12)
 }
 
+// What a vLLM target is built on, in its tags and cache keys: aiter<12 hex of the AITER commit>, or
+// with VLLM_IMAGE image<12 hex of the sha256 of its reference> (the image's AITER is not this build's).
+function "built_on" {
+  params = []
+  result = VLLM_IMAGE != "" ? "image${substr(sha256(VLLM_IMAGE), 0, 12)}" : "aiter${aiter_short()}"
+}
+
 // Tag of a pushed build: what it holds (the track's vLLM version, the AITER commit) and the commit
 // it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-aiter${aiter_short()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // An empty object: reading an attribute of it stops bake with that attribute's name as the message.
@@ -172,21 +182,21 @@ function "therock_pins" {
     nulls("tracks.${TRACK}.therock.triton", tracks[known_track()].therock.triton, ["repository", "commit", "version"]))
 }
 
-// The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them, also
-// with VLLM_IMAGE), and the track's vLLM source when vLLM is built here (VLLM_IMAGE empty).
+// The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them) and the
+// track's vLLM source when vLLM is built here; none on an existing vLLM image (VLLM_IMAGE set).
 function "vllm_pins" {
   params = []
-  result = concat(base_pins(), VLLM_IMAGE != "" ? [] : concat(
+  result = VLLM_IMAGE != "" ? [] : concat(base_pins(),
     nulls("vllm", vllm, ["repository"]),
     nulls("vllm.triton_kernels", vllm.triton_kernels, ["repository", "path"]),
-    nulls("tracks.${TRACK}.vllm", tracks[known_track()].vllm, ["tag", "commit", "triton_kernels_commit"])))
+    nulls("tracks.${TRACK}.vllm", tracks[known_track()].vllm, ["tag", "commit", "triton_kernels_commit"]))
 }
 
 // Build cache key of a target, from what its layers depend on: the base's has no vLLM version (a
 // vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[known_track()].vllm.version}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[known_track()].vllm.version}-${built_on()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
@@ -272,6 +282,15 @@ target "_versions" {
   }
 }
 
+// The build args of Dockerfile.rocm's targets on an existing vLLM image (VLLM_IMAGE, the CPU path):
+// the release track and its vLLM release, which the image must hold; no pin of the base or AITER.
+target "_embed" {
+  args = {
+    VLLM_TRACK   = TRACK
+    VLLM_VERSION = tracks[known_track()].vllm.version
+  }
+}
+
 target "base" {
   inherits   = ["_common", "_versions", pins_check("base", base_pins())]
   dockerfile = "Dockerfile.rocm_base"
@@ -297,11 +316,29 @@ target "base-aiter-src" {
 }
 
 // Dockerfile.rocm's settings, shared by its targets (each names its own tags and cache).
-target "_rocm" {
-  inherits   = ["_common", "_versions"]
+target "_dockerfile_rocm" {
+  inherits   = ["_common"]
   dockerfile = "Dockerfile.rocm"
-  contexts   = { base = "target:base" }
-  args       = { VLLM_IMAGE = VLLM_IMAGE, AITER_CALLS_CHECK = AITER_CALLS_CHECK }
+  args       = { AITER_CALLS_CHECK = AITER_CALLS_CHECK }
+}
+
+// vLLM built here, on the base target, with every pin as a build arg.
+target "_vllm_built" {
+  inherits = ["_versions"]
+  contexts = { base = "target:base" }
+}
+
+// The backend embedded into VLLM_IMAGE: `base` is the image too (the stages reading it are not
+// built), so the graph holds no base target and the args no pin of the base or AITER.
+target "_vllm_image" {
+  inherits = ["_embed"]
+  contexts = { base = "docker-image://${VLLM_IMAGE}" }
+}
+
+// The ROCm targets: vLLM built here, or with VLLM_IMAGE set the existing image.
+target "_rocm" {
+  inherits   = ["_dockerfile_rocm", VLLM_IMAGE != "" ? "_vllm_image" : "_vllm_built"]
+  args       = { VLLM_IMAGE = VLLM_IMAGE }
 }
 
 // vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
@@ -370,8 +407,8 @@ function "cpu_cache_to" {
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`
-// too (the stages reading it are not built here; the ROCm base target never is). The CPU targets
-// inherit _rocm, not the serve and ci targets: they build from no ROCm pin, so no pins check.
+// too (the stages reading it are not built here; the ROCm base target never is): the serve and ci
+// targets with VLLM_IMAGE set to the CPU image. They build from no ROCm pin, so no pins check.
 // PUSH=0: no registry cache, no attestations (no release). PUSH=1: pushed like the ROCm images, with
 // registry cache and, ATTEST=1, attestations. Pushed output has no rewrite-timestamp: the engine's
 // builder with the containerd image store refuses it; the CPU layers are reproducible without it.
@@ -383,7 +420,7 @@ target "_cpu" {
 }
 
 target "serve-cpu" {
-  inherits   = ["_rocm", "_cpu"]
+  inherits   = ["_dockerfile_rocm", "_embed", "_cpu"]
   target     = "serve"
   tags       = cpu_tags("serve-cpu")
   cache-from = cpu_cache_from("serve-cpu")
@@ -391,7 +428,7 @@ target "serve-cpu" {
 }
 
 target "ci-cpu" {
-  inherits   = ["_rocm", "_cpu"]
+  inherits   = ["_dockerfile_rocm", "_embed", "_cpu"]
   target     = "ci"
   tags       = cpu_tags("ci-cpu")
   cache-from = cpu_cache_from("ci-cpu")

@@ -384,3 +384,81 @@ def test_a_track_typo_stops_in_one_line_naming_the_known_tracks(target):
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-1500:]
     assert f"TRACK=0.3 is no release track of versions.json; the tracks: {known}" in errors[0], errors[0]
     assert "Invalid index" not in proc.stderr
+
+
+# ---- an existing vLLM image (VLLM_IMAGE): no base target, no pin of the base or AITER -------------
+
+EXISTING = "registry.example/vllm/vllm-openai-rocm:v0.34.0"
+# The build args of Dockerfile.rocm on an existing image: settings, the track and its vLLM release.
+EMBED_ARGS = {"VLLM_IMAGE", "VLLM_TRACK", "VLLM_VERSION", "GPU_ARCHS", "SOURCE_DATE_EPOCH", "VCS_REF",
+              "ALLOW_UNRESOLVED", "AITER_CALLS_CHECK"}
+
+
+def every_base_pin_unresolved(data, tmp_path, track):
+    """The versions file with every pin the track's base image and vLLM source build from that
+    versions.schema.json lets be null, null (and listed unresolved): the base image's name, tag and
+    digest, AITER's repositories and its pin's commits and lock, the PyTorch or TheRock index and
+    lock, the Triton source, vLLM's commit."""
+    data, _ = unresolved(data, tmp_path)
+    own = data["tracks"][track]
+
+    def unset(node, *names):
+        for name in names:
+            node[name] = None
+            node["unresolved"] = sorted(set(node.get("unresolved") or []) | {name})
+
+    unset(own.get("base_image", data["base_image"]), "name", "tag", "digest")
+    unset(data["aiter"], "repository", "ck_submodule_path", "hipkittens_repository")
+    unset(data["aiter"]["pins"][own["aiter"]], "commit", "ck_commit", "hipkittens_commit", "requirements_lock_sha256")
+    unset(own.get("pytorch", data["pytorch"]), "index_url", "lock_sha256")
+    if "therock" in own:
+        unset(own["therock"], "index_url", "lock_sha256")
+        unset(own["therock"]["triton"], "repository", "commit", "version")
+    path = tmp_path / "base-unresolved.json"
+    path.write_text(json.dumps(data))
+    return data, path
+
+
+@pytest.mark.parametrize("track", model.built_track_names(model.load()))
+def test_an_existing_vllm_image_needs_no_pin_of_the_base_or_aiter(track, tmp_path):
+    """VLLM_IMAGE set, every base and AITER pin unresolved, ALLOW_UNRESOLVED=0: `bake --print serve ci`
+    resolves; the graph holds serve and ci only (no base target: `base` is the image itself) and
+    their build args hold no pin of the base or AITER, only the track and its vLLM release (what the
+    build checks the image against). Without VLLM_IMAGE the same file stops serve on those pins."""
+    data, path = every_base_pin_unresolved(model.load(), tmp_path, track)
+    files = ("docker-bake.hcl", str(path))
+    env = {**CLEAR, "TRACK": track, "ALLOW_UNRESOLVED": "0"}
+    pins = named_pins(stop_line(bake_print("serve", env={**env, "VLLM_IMAGE": ""}, files=files)))
+    assert f"aiter.pins.{data['tracks'][track]['aiter']}.commit" in pins and len(pins) >= 12, pins
+    proc = bake_print("serve", "ci", env={**env, "VLLM_IMAGE": EXISTING}, files=files)
+    assert proc.returncode == 0, proc.stderr
+    targets = json.loads(proc.stdout)["target"]
+    assert set(targets) == {"serve", "ci"}, set(targets)
+    for name, target in targets.items():
+        assert target["contexts"] == {"base": f"docker-image://{EXISTING}"}, name
+        args = target["args"]
+        assert set(args) == EMBED_ARGS, sorted(set(args) ^ EMBED_ARGS)
+        assert (args["VLLM_IMAGE"], args["VLLM_TRACK"]) == (EXISTING, track)
+        assert args["VLLM_VERSION"] == data["tracks"][track]["vllm"]["version"]
+        assert not [v for v in args.values() if "UNRESOLVED" in v], args
+
+
+def test_an_existing_vllm_images_tags_and_cache_name_the_image_not_an_aiter_commit(tmp_path):
+    """PUSH=1 on an existing image: the commit tag and cache key carry image<12 hex of the sha256 of
+    VLLM_IMAGE> where a built image carries its AITER commit (the image's AITER is not a pin here)."""
+    import hashlib
+
+    data = model.load()
+    track = data["default_track"]
+    _, path = every_base_pin_unresolved(data, tmp_path, track)
+    env = {**CLEAR, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA,
+           "VLLM_IMAGE": EXISTING, "ALLOW_UNRESOLVED": "0", "GPU_ARCHS": "gfx942"}
+    proc = bake_print("serve", "ci", env=env, files=("docker-bake.hcl", str(path)))
+    assert proc.returncode == 0, proc.stderr
+    image = "image" + hashlib.sha256(EXISTING.encode()).hexdigest()[:12]
+    version = data["tracks"][track]["vllm"]["version"]
+    for name, target in json.loads(proc.stdout)["target"].items():
+        assert target["tags"] == [f"registry.example/team/{name}:vllm{version}-{image}-{SHA[:12]}",
+                                  f"registry.example/team/{name}:main"], target["tags"]
+        key = f"registry.example/team/buildcache:{name}-vllm{version}-{image}-gfx942"
+        assert target["cache-from"] == [f"type=registry,ref={key}"], target["cache-from"]

@@ -55,18 +55,20 @@ def test_cpu_image_is_overridable():
         assert target["contexts"] == {"base": f"docker-image://{image}"}, name
 
 
-def test_cpu_targets_are_serve_and_ci_on_another_vllm_image():
-    """Everything but the vLLM image, tags, cache export and output is the serve and ci targets'
-    (printed with ALLOW_UNRESOLVED=1: the ROCm targets stop on versions.json's unresolved pins)."""
+def test_cpu_targets_are_serve_and_ci_on_an_existing_vllm_image():
+    """serve-cpu and ci-cpu are the serve and ci targets with VLLM_IMAGE set to the CPU image: the
+    same Dockerfile stage, build args (no pin of the base or AITER), named contexts, secrets and
+    labels; only tags, cache and output differ (printed with ALLOW_UNRESOLVED=0: on an existing image
+    no unresolved pin of versions.json stops either)."""
     track = cpu_track()
-    cpu = printed_cpu_targets(TRACK=track, ALLOW_UNRESOLVED="1")
-    rocm = printed("serve", "ci", env={**NO_OVERRIDES, "TRACK": track, "ALLOW_UNRESOLVED": "1"})
+    image = "localhost/somewhere/vllm-cpu:0.32.0@sha256:" + "a" * 64
+    cpu = printed_cpu_targets(TRACK=track, VLLM_CPU_IMAGE=image)
+    rocm = printed("serve", "ci", env={**NO_OVERRIDES, "TRACK": track, "VLLM_IMAGE": image})
     for name, base in (("serve-cpu", "serve"), ("ci-cpu", "ci")):
         target, of = cpu[name], rocm[base]
         assert target["dockerfile"] == of["dockerfile"] == "Dockerfile.rocm"
         assert target["target"] == of["target"] == base
-        assert {k: v for k, v in target["args"].items() if k != "VLLM_IMAGE"} == \
-            {k: v for k, v in of["args"].items() if k != "VLLM_IMAGE"}
+        assert target["args"] == of["args"] and target["contexts"] == of["contexts"]
         assert target.get("secret") == of.get("secret") and target.get("labels") == of.get("labels")
 
 
