@@ -15,13 +15,14 @@ import logging
 import math
 import types
 
+import child_standins
 import measure_standins as standins
 import remedy_standins
 import pytest
 import torch
 
 from mla_cases import KV_LORA_RANK, DecodeCase, dense_mla, make
-from vllm_aiter_mla import backend, measure
+from vllm_aiter_mla import backend, crash_safe, measure
 from vllm_aiter_mla.decode import mla_decode
 from vllm_aiter_mla.kernels import MLAKernels
 from vllm_aiter_mla.persistent import allocate_work, plan_work
@@ -336,12 +337,17 @@ class Impl(backend.DecodeKernelsMixin):
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """Measurements of this test only (the process keeps them otherwise)."""
+def fresh(monkeypatch, tmp_path):
+    """Measurements of this test only (the process keeps them otherwise). The first measurement's child
+    runs in this process (child_standins.in_process) with the kernels the test gives the adapter; its
+    records go to a folder of this test's."""
     monkeypatch.setattr(backend, "_MEASURED", {})
     monkeypatch.setattr(backend, "_platform_fp8_dtype", lambda: FP8)
     remedy = remedy_standins.triton_standin()  # one set of functions, as vLLM's module holds
     monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(remedy, kv_splits=splits))
+    monkeypatch.setattr(crash_safe, "run_child", child_standins.in_process(
+        lambda kind, splits: backend.load_kernels() if kind == "aiter" else backend.load_triton_decode(splits)))
+    monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
 
 def _own_path(monkeypatch, kernels: MLAKernels, qlen: int):

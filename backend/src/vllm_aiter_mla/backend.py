@@ -40,7 +40,7 @@ from vllm.v1.attention.backend import (
     max_decode_query_len,
 )
 
-from . import __version__, measure, remedy
+from . import __version__, crash_safe, measure, remedy
 from .config import check_kv_cache_dtype, check_unsupported_features, compile_threads_setting
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
@@ -168,10 +168,12 @@ def remedy_splits(vllm_config, device: torch.device) -> int:
 
 def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) -> LayerMeasurement:
     """The layer's decode calls measured on this process's GPU, AITER's and vLLM's Triton decode's
-    (the remedy, with ``splits`` splits) on the same probes, once per process and set of calls (a
-    failure is remembered too), and agreed across the tensor-parallel group: every rank reaches the
-    group's one exchange for each new set of calls, whatever its own measurement did (the key holds no
-    failure text, so a changing message makes no extra exchange)."""
+    (the remedy, with ``splits`` splits) on the same probes, crash-safely (``crash_safe``: first in a
+    child process under a time limit, or read from its record; then here where that found a call safe),
+    once per process and set of calls (a failure is remembered too), and agreed across the
+    tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
+    whatever its own measurement did (the key holds no failure text, so a changing message makes no
+    extra exchange)."""
     try:
         kernels, failed = load_kernels(), ""
     except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
@@ -186,21 +188,24 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
         return _MEASURED[key]
     if kernels is None:
         raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
-        measured, remedied, seconds = {call.qlen: raised for call in calls}, {}, 0.0
+        measured, remedied, seconds, source = {call.qlen: raised for call in calls}, {}, 0.0, ""
+        flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
+                                    _tensor_parallel_group())
     else:
-        measured, remedied, seconds = measure.measure_both(kernels, triton, calls, device)
+        found = crash_safe.measure_layer(kernels, triton, calls, splits, device, group=_tensor_parallel_group())
+        measured, remedied, seconds, flags = found.measured, found.remedy, found.seconds, found.flags
+        source = found.first
         if triton is None:
-            remedied = {q: dataclasses.replace(m, detail=f"loading it: {triton_failed}")
-                        for q, m in remedied.items()}
-    flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
-                                _tensor_parallel_group())
+            remedied = {q: dataclasses.replace(m, detail=f"loading it: {triton_failed}") if m.detail == "not loaded"
+                        else m for q, m in remedied.items()}
     result = _MEASURED[key] = LayerMeasurement(measured, remedied, seconds, flags, triton)
     first = calls[0]
     if kernels is not None:
         chosen = measure.serving(measured, remedied, flags)
         logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured on %s in %.2f s (AITER's %s kernels, "
-                    "persistent, and %s): %s", BACKEND_NAME, first.heads, measure.dtype_name(first.q_dtype),
-                    measure.dtype_name(first.kv_dtype), device, seconds, kernels.name, remedy.NAME,
+                    "persistent, and %s; the first measurement %s): %s", BACKEND_NAME, first.heads,
+                    measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), device, seconds,
+                    kernels.name, remedy.NAME, source,
                     measure.describe_serving(chosen, measured, remedied, triton.function if triton else None))
     fixed = sorted(measure.v_scale_fix_qlens(measured))
     if fixed:

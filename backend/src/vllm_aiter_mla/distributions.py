@@ -10,6 +10,7 @@ installed"), or the version. Metadata that cannot be read (not UTF-8, unreadable
 """
 from __future__ import annotations
 
+import hashlib
 from importlib import metadata
 
 NO_VERSION = ""
@@ -56,6 +57,23 @@ def version_of(*names: str) -> str | None:
     has none; ``None`` when none of them is installed. MetadataError when it cannot be read."""
     found = find(*names)
     return None if found is None else found[1]
+
+
+def build_of(*names: str) -> str | None:
+    """The first installed of ``names`` as ``name version files-digest``: the digest (sha256, 16 hex
+    digits) of its RECORD, the list of every file it installed with each file's own hash, so a rebuild
+    under the same version reads differently ("no RECORD" where it has none); None when none is
+    installed. MetadataError when its metadata cannot be read."""
+    found = find(*names)
+    if found is None:
+        return None
+    name, version = found
+    try:
+        record = metadata.distribution(name).read_text("RECORD")
+    except (OSError, ValueError) as exc:
+        raise _unreadable(name, exc) from None
+    digest = hashlib.sha256(record.encode("utf-8", "surrogateescape")).hexdigest()[:16] if record else "no RECORD"
+    return f"{name} {version or 'no version'} {digest}"
 
 
 def requires_of(name: str) -> list[str]:

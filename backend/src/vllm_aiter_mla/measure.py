@@ -84,6 +84,12 @@ class Outcome(enum.Enum):
     WRONG = "wrong"
     NOT_FINITE = "not finite"
     RAISED = "raised"
+    # Only in a child process (``crash_safe``): the call ended the process (a signal such as SIGABRT or a GPU
+    # fault, or a non-zero exit), passed the time limit, or was not reached after another call of the same
+    # kernel ended the child.
+    ENDED = "ended the process"
+    TIMED_OUT = "passed the time limit"
+    NOT_MEASURED = "not measured"
 
     @property
     def served(self) -> bool:
@@ -121,11 +127,39 @@ class Measured:
     def describe(self) -> str:
         if self.outcome is Outcome.RAISED:
             return f"raised {self.detail}"
+        if self.outcome in (Outcome.ENDED, Outcome.TIMED_OUT, Outcome.NOT_MEASURED):
+            return f"{self.outcome.value} ({self.detail})" if self.detail else self.outcome.value
         if self.outcome is Outcome.NOT_FINITE:
             return "not finite"
         fit = "" if math.isnan(self.scale) else (f"; output scale {self.scale:.4f}, offset {self.offset:+.2%}, "
                                                    f"bound {self.bound:.2%}")
         return f"{self.outcome.value} ({self.deviation:.2%} off, band {self.band:.2%}{fit})"
+
+
+MEASURED_FIELDS = ("deviation", "band", "scale", "offset", "bound", "seconds_per_call")
+
+
+def measured_data(m: Measured) -> dict[str, object]:
+    """``m`` as JSON data (a number that is not finite as null): what a measurement child reports and a
+    record holds."""
+    numbers = {name: (value if math.isfinite(value := getattr(m, name)) else None) for name in MEASURED_FIELDS}
+    return {"outcome": m.outcome.value, "detail": m.detail, **numbers}
+
+
+def measured_from(data: object) -> Measured:
+    """The ``Measured`` that ``measured_data`` wrote; ValueError (one line) for anything else."""
+    outcomes = {o.value: o for o in Outcome}
+    if not isinstance(data, dict) or set(data) != {"outcome", "detail", *MEASURED_FIELDS}:
+        raise ValueError(f"a measurement must be an object of outcome, detail and {', '.join(MEASURED_FIELDS)}")
+    if data["outcome"] not in outcomes or not isinstance(data["detail"], str):
+        raise ValueError(f"unknown outcome {str(data['outcome'])[:40]!r} or a detail that is no text")
+    numbers = {}
+    for name in MEASURED_FIELDS:
+        value = data[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{name} is neither a number nor null")
+        numbers[name] = math.nan if value is None else float(value)
+    return Measured(outcomes[data["outcome"]], detail=data["detail"], **numbers)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -459,22 +493,33 @@ def measure_all(kernels: MLAKernels, calls: Iterable[DecodeCall], device: torch.
 
 def measure_both(kernels: MLAKernels, remedy: TritonDecode | None, calls: Iterable[DecodeCall],
                  device: torch.device | str, clock: Callable[[], float] = time.monotonic,
-                 cache: torch.Tensor | None = None) -> tuple[dict[int, Measured], dict[int, Measured], float]:
+                 cache: torch.Tensor | None = None, *, aiter_at: Iterable[int] | None = None,
+                 remedy_at: Iterable[int] | None = None) -> tuple[dict[int, Measured], dict[int, Measured], float]:
     """AITER's kernels and the remedy (vLLM's Triton decode; None: it could not be loaded) measured on
-    each call's one probe, keyed by query length, and the seconds it all took."""
+    each call's one probe, keyed by query length, and the seconds it all took. ``aiter_at`` and
+    ``remedy_at``: the query lengths each kernel is measured at (None: every call's); the others are
+    left out of the answer."""
     started = clock()
     aiter: dict[int, Measured] = {}
     triton: dict[int, Measured] = {}
+    calls = list(calls)
+    aiter_at = {c.qlen for c in calls} if aiter_at is None else set(aiter_at)
+    remedy_at = {c.qlen for c in calls} if remedy_at is None else set(remedy_at)
     for call in calls:
+        if call.qlen not in aiter_at | remedy_at:
+            continue
         try:
             probe = prepare(call, device, cache=cache)
         except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
-            aiter[call.qlen] = triton[call.qlen] = Measured(Outcome.RAISED, math.nan, math.nan,
-                                                            f"making the probe: {one_line(exc)}")
+            failed = Measured(Outcome.RAISED, math.nan, math.nan, f"making the probe: {one_line(exc)}")
+            aiter.update({call.qlen: failed} if call.qlen in aiter_at else {})
+            triton.update({call.qlen: failed} if call.qlen in remedy_at else {})
             continue
-        aiter[call.qlen] = measure(kernels, call, device, probe=probe)
-        triton[call.qlen] = (measure(remedy, call, device, probe=probe) if remedy is not None
-                             else Measured(Outcome.RAISED, math.nan, probe.band, "not loaded", bound=probe.bound))
+        if call.qlen in aiter_at:
+            aiter[call.qlen] = measure(kernels, call, device, probe=probe)
+        if call.qlen in remedy_at:
+            triton[call.qlen] = (measure(remedy, call, device, probe=probe) if remedy is not None
+                                 else Measured(Outcome.RAISED, math.nan, probe.band, "not loaded", bound=probe.bound))
     return aiter, triton, clock() - started
 
 
