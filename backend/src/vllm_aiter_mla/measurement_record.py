@@ -25,6 +25,7 @@ shape check), writing through ``files.write_text`` (atomic).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -87,8 +88,10 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
 def builds() -> dict[str, str]:
-    """What the measured kernels and the measurement are built from, in this environment."""
+    """What the measured kernels and the measurement are built from, in this environment (read once per
+    process: the installed distributions' metadata)."""
     torch_build = torch.__version__ + "".join(f" {name} {v}" for name in ("hip", "cuda")
                                               if (v := getattr(torch.version, name, None)))
     return {
