@@ -59,7 +59,7 @@ variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
 // name:tag@digest of the base image; an unresolved field is UNRESOLVED (pins_check names it).
 function "rocm_image" {
   params = [image, allow]
-  result = image.digest != null ? "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}@${image.digest}" : (allow == "1" ? "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}" : "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}@sha256:UNRESOLVED")
+  result = "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}${image.digest != null ? "@${image.digest}" : (allow == "1" ? "" : "@sha256:UNRESOLVED")}"
 }
 
 // A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one.
@@ -98,8 +98,8 @@ function "built_on" {
   result = VLLM_IMAGE != "" ? "image${substr(sha256(VLLM_IMAGE), 0, 12)}" : "aiter${aiter_short()}"
 }
 
-// Tag of a pushed build: what it holds (the track's vLLM version, the AITER commit) and the commit
-// it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
+// Tag of a pushed build: what it holds (the track's vLLM version, the AITER commit or the vLLM image:
+// built_on) and the commit it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
   params = [revision]
   result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
