@@ -339,14 +339,14 @@ class Impl(backend.DecodeKernelsMixin):
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """Measurements of this test only (the process keeps them otherwise). The first measurement's child
-    runs in this process (child_standins.in_process) with the kernels the test gives the adapter; its
-    records go to a folder of this test's."""
+    finds every call safe (child_standins.all_served: test_crash_safe.py tests the child), so this
+    process's measurement of the kernels the test gives the adapter decides; its records go to a folder
+    of this test's."""
     monkeypatch.setattr(backend, "_MEASURED", {})
     monkeypatch.setattr(backend, "_platform_fp8_dtype", lambda: FP8)
     remedy = remedy_standins.triton_standin()  # one set of functions, as vLLM's module holds
     monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(remedy, kv_splits=splits))
-    monkeypatch.setattr(crash_safe, "run_child", child_standins.in_process(
-        lambda kind, splits: backend.load_kernels() if kind == "aiter" else backend.load_triton_decode(splits)))
+    monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
 
