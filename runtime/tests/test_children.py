@@ -143,14 +143,18 @@ def test_a_signal_to_selftest_stops_what_its_suite_started(tmp_path):
 
 # A process in a session of its own (setsid), as a server's helper or a daemon starts one: it writes
 # its pid and sleeps. With "daemon" it forks once more and its parent exits (the classic double fork),
-# so it is nobody's child any more when clean-up starts.
+# so it is nobody's child any more when clean-up starts. With "unmarked" it also clears the mark the
+# supervisor hands down in the environment.
 DETACH = textwrap.dedent("""
     import os, subprocess, sys, time, pathlib
-    pid_file, how, then = sys.argv[1], sys.argv[2], sys.argv[3]
+    pid_file, how, then, marked = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     sleeper = {sleeper!r}
     if how == "daemon":
         sleeper = ("import os, sys\\nif os.fork(): os._exit(0)\\nos.setsid()\\n" + sleeper)
-    subprocess.Popen([sys.executable, "-c", sleeper, pid_file], start_new_session=True)
+    env = dict(os.environ)
+    if marked == "unmarked":
+        env.pop("ROCM_VLLM_SUPERVISED")
+    subprocess.Popen([sys.executable, "-c", sleeper, pid_file], start_new_session=True, env=env)
     while not (pathlib.Path(pid_file).is_file() and pathlib.Path(pid_file).read_text()):
         time.sleep(0.05)
     print("listing", flush=True)
@@ -159,8 +163,8 @@ DETACH = textwrap.dedent("""
 """).format(sleeper=SLEEPER)
 
 
-def _detacher(pid_file: Path, how: str = "setsid", then: str = "exit") -> list[str]:
-    return [sys.executable, "-c", DETACH, str(pid_file), how, then]
+def _detacher(pid_file: Path, how: str = "setsid", then: str = "exit", marked: str = "marked") -> list[str]:
+    return [sys.executable, "-c", DETACH, str(pid_file), how, then, marked]
 
 
 def _kill_left(*pid_files: Path) -> None:
@@ -180,6 +184,71 @@ def test_run_stops_what_its_child_detached(tmp_path, how):
     try:
         assert children.run(_detacher(pid_file, how)) == 0
         assert _gone(int(pid_file.read_text()), 10.0), f"a {how} process outlived children.run"
+    finally:
+        _kill_left(pid_file)
+
+
+@pytest.mark.parametrize("how", ["setsid", "daemon"])
+def test_run_stops_what_its_child_detached_without_the_mark(tmp_path, how):
+    """A helper that clears the supervisor's mark from its environment and detaches: once its parent
+    has exited it is an orphan this process (the subreaper) adopted, so it is ended with the command
+    all the same, and reaped."""
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    pid_file = tmp_path / "detached.pid"
+    try:
+        assert children.run(_detacher(pid_file, how, "exit", "unmarked")) == 0
+        assert _gone(int(pid_file.read_text()), 5.0), f"an unmarked {how} process outlived children.run"
+        assert not Path(f"/proc/{pid_file.read_text()}").exists(), "an orphan stopped but not reaped"
+    finally:
+        _kill_left(pid_file)
+
+
+UNMARKED_BESIDE = textwrap.dedent("""
+    import sys
+    from rocm_vllm_runtime import children
+    detacher = [sys.executable, "-c", sys.argv[1], *sys.argv[2:]]
+    with children.started([sys.executable, "-c", "import time; time.sleep(600)"], None, grace_s=lambda: 5.0):
+        children.run(detacher)  # another child runs: the orphan's owner is not known yet
+""")
+
+
+def test_an_unmarked_orphan_adopted_beside_another_child_is_ended_with_the_last(tmp_path):
+    """While another child runs, an unmarked orphan cannot be told apart from that child's: it is ended
+    when the last running child stops, before the command ends."""
+    pid_file = tmp_path / "detached.pid"
+    try:
+        # its streams are not this test's pipes: a process left running would hold them open
+        proc = subprocess.run([sys.executable, "-c", UNMARKED_BESIDE, DETACH, str(pid_file), "daemon", "exit",
+                               "unmarked"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=30)
+        assert proc.returncode == 0
+        assert _gone(int(pid_file.read_text()), 5.0), "an unmarked daemon outlived the supervising command"
+    finally:
+        _kill_left(pid_file)
+
+
+# A signal between a child's start and the block that owes its stop (a moment too short to hit from
+# outside): the child is started as that leaves it, and the process exits.
+NEVER_STOPPED = textwrap.dedent("""
+    import pathlib, sys, time
+    from rocm_vllm_runtime import children
+    children._spawn([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+    while not (pathlib.Path(sys.argv[2]).is_file() and pathlib.Path(sys.argv[2]).read_text()):
+        time.sleep(0.05)
+    sys.exit(128 + 15)
+""")
+
+
+def test_a_child_whose_stop_never_ran_is_stopped_when_the_supervisor_exits(tmp_path):
+    pid_file = tmp_path / "server.pid"
+    try:
+        # its streams are not this test's pipes: a child left running would hold them open
+        proc = subprocess.run([sys.executable, "-c", NEVER_STOPPED, SLEEPER, str(pid_file)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=30)
+        assert proc.returncode == 128 + 15
+        assert _gone(int(pid_file.read_text()), 5.0), "a child outlived the supervising process's exit"
     finally:
         _kill_left(pid_file)
 
@@ -287,12 +356,21 @@ def test_a_signal_during_the_grace_period_does_not_cut_the_clean_up_short(tmp_pa
 # ------------------------------------------------------------------ children.output's deadline
 
 OUTPUT = textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     from rocm_vllm_runtime import children
     t0 = time.monotonic()
     out = children.output(json.loads(sys.argv[1]), float(sys.argv[2]))
-    print(json.dumps({"took": time.monotonic() - t0, "stdout": out.stdout, "returncode": out.returncode,
-                      "timed_out": out.timed_out}))
+    took = time.monotonic() - t0
+    def zombie_child(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            return False
+        return state == "Z" and ppid == str(os.getpid())
+    zombies = [p for p in os.listdir("/proc") if p.isdigit() and zombie_child(p)]
+    print(json.dumps({"took": took, "stdout": out.stdout, "returncode": out.returncode,
+                      "timed_out": out.timed_out, "zombies": zombies}))
 """)
 
 
@@ -334,6 +412,29 @@ def test_output_of_a_tool_that_leaves_a_helper_running(tmp_path):
         assert _gone(int(pid_file.read_text()), 5.0), "the helper outlived children.output"
     finally:
         _kill_left(pid_file)
+
+
+# A tool that starts a helper which ends at once, never waits for it, prints its answer and exits: the
+# helper is a zombie, adopted by the supervisor when the tool ends ("group": in the tool's process
+# group; "setsid": in a session of its own).
+ZOMBIE_HELPER = textwrap.dedent("""
+    import os, sys
+    if os.fork() == 0:
+        if sys.argv[1] == "setsid":
+            os.setsid()
+        os._exit(0)
+    import time
+    time.sleep(0.2)
+    print("listing", flush=True)
+""")
+
+
+@pytest.mark.parametrize("how", ["group", "setsid"])
+def test_output_returns_within_its_limit_when_a_helper_is_a_zombie(tmp_path, how):
+    result = _output([sys.executable, "-c", ZOMBIE_HELPER, how], 3.0, tmp_path / "none.pid")
+    assert result["stdout"] == "listing\n" and result["returncode"] == 0 and not result["timed_out"], result
+    assert result["took"] < 3.0, f"children.output(argv, 3) took {result['took']:.1f}s: a zombie helper held it"
+    assert not result["zombies"], f"the tool's helper was left a zombie: {result['zombies']}"
 
 
 def test_output_that_is_not_utf8_is_shown_not_a_traceback():

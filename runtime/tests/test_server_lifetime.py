@@ -118,3 +118,50 @@ def test_sigterm_stops_the_running_server(module, tmp_path):
         time.sleep(0.1)
     assert not _alive(server), "the server outlived the SIGTERM'd tool"
     assert Path(tmp_path / f"server-{'accuracy-' if module == 'accuracy' else ''}plugin.log").exists()
+
+
+# The block has ended (the server never came up) and the supervisor asks whether the server is healthy,
+# to choose its grace period: the stand-in health check marks that moment and takes a second, as a
+# real one may take up to 5 s. SIGTERM arrives inside it.
+GRACE_CHECK = textwrap.dedent("""
+    import pathlib, time
+    def blocking_health_check(base_url, timeout_s=5.0):
+        pathlib.Path({marker!r}).write_text("checking")
+        time.sleep(1.0)
+        return False
+    def never_up(backend, proc, base_url, log, timeout_s):
+        while not (out / "server.pid").is_file() or not (out / "server.pid").read_text():
+            time.sleep(0.02)
+        return "the stand-in server never comes up"
+    bench.start_problem = never_up
+    bench.healthy = blocking_health_check
+""")
+
+
+@pytest.mark.parametrize("module", list(CALLS))
+def test_sigterm_while_the_grace_period_is_chosen_stops_the_server(module, tmp_path):
+    marker = tmp_path / "checking"
+    call = GRACE_CHECK.format(marker=str(marker)) + CALLS[module]
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.format(module=module, call=call))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "server.pid"
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        server = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+        deadline = time.monotonic() + 10
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(server), f"the server outlived SIGTERM to {module} while it chose the grace period"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid_file.is_file() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

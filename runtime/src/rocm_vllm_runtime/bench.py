@@ -245,7 +245,8 @@ def healthy(base_url: str, timeout_s: float = 5.0) -> bool:
 
 def grace(finished: bool, base_url: str) -> float:
     """Seconds a server may take to stop: a minute once it served (``finished``) or while it is
-    healthy, 5 s when it never came up (children.started gives 5 s when this process is told to stop)."""
+    healthy, 5 s when it never came up (asked by children.stop with signals held; once this process is
+    told to stop it gives 5 s without asking)."""
     return 60.0 if finished or healthy(base_url) else 5.0
 
 

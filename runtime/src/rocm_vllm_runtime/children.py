@@ -6,7 +6,10 @@ leaves the group (a helper in a session of its own, a daemon that forked twice) 
 same: each child carries a mark of its own in its environment (ROCM_VLLM_SUPERVISED, handed down to
 everything it starts), its descendants are followed through /proc, and this process is the
 subreaper of what it starts (Linux's PR_SET_CHILD_SUBREAPER), so an orphan of theirs is re-parented
-to this process, not to init, and is reaped here when it is stopped.
+to this process, not to init. What this process adopts that way is its children's, mark or not (a
+helper may clear the mark): it is ended with the child that stops while no other runs, and at the
+latest when this process exits. (A child this process started some other way, in a session of its
+own, would count as such an orphan: in the product every child starts here.)
 
 `forward_signals()` (called by each command that starts children: bench, accuracy, selftest, and as
 a pytest plugin by the suites selftest runs) turns SIGTERM, SIGINT and SIGHUP into `Terminated` in
@@ -14,8 +17,10 @@ the main thread; each child's `with` block then sends
 the same signal to the child's group, waits its grace period, kills what is left, and the command
 exits with 128 + the signal's number. A signal that arrives during that clean-up does not cut it
 short: it is passed on to the child, its grace period ends at most 5 s later, and the signal takes
-its course (Terminated, KeyboardInterrupt, ...) once everything is stopped. Nothing a command
-started is left running when it ends.
+its course (Terminated, KeyboardInterrupt, ...) once everything is stopped. Signals are held while a
+child is started and while its grace period is chosen (a health check of a few seconds), so none
+comes between a child's start and its stop; a child still running when this process exits is
+stopped then. Nothing a command started is left running when it ends.
 
     with children.started(command, log=path) as proc: ...   # a server for the length of a block
     children.run(command)                                   # a command to its end (pytest)
@@ -29,6 +34,7 @@ stdout stays the command's result.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import itertools
@@ -38,7 +44,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,6 +132,8 @@ def _signal_group(pgid: int, sig: int) -> bool:
 class _Proc:
     pid: int
     ppid: int
+    group: int  # its process group
+    session: int
     start: str  # start time in clock ticks since boot: with the pid, one process
     zombie: bool
 
@@ -134,9 +142,10 @@ def _stat(pid: int) -> _Proc | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+        return _Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[19].decode(),
+                     fields[0] == b"Z")
+    except (OSError, IndexError, ValueError):
         return None
-    return _Proc(pid, int(fields[1]), fields[19].decode(), fields[0] == b"Z")
 
 
 def _processes() -> dict[int, _Proc]:
@@ -159,22 +168,34 @@ def _marked(pid: int, mark: str) -> bool:
                for entry in environ.split(b"\0") if entry.startswith(prefix))
 
 
-def _members(root: int, mark: str, known: Mapping[int, str]) -> dict[int, _Proc]:
-    """Processes of the child `root` other than itself: those carrying its mark, those known before
-    (the same process: same start time), and every descendant of these and of the root."""
+def _adopted(p: _Proc, me: _Proc) -> bool:
+    """An orphan re-parented to this process (the subreaper) from what a child started: a child of this
+    process in another session (every child starts in a session of its own, and nothing it starts can
+    come back to this one) that is not a running child itself."""
+    return p.ppid == me.pid and p.session != me.session and p.pid not in _running
+
+
+def _members(root: int | None, mark: str, known: Mapping[int, str], adopt: bool) -> dict[int, _Proc]:
+    """Processes of the child `root` other than itself: those of its process group, those carrying its
+    mark, those known before (the same process: same start time), with `adopt` every orphan this
+    process adopted (none of its other children runs, so they are the child's, mark or not), and every
+    descendant of these and of the root."""
     procs = _processes()
-    found = {pid: p for pid, p in procs.items() if (mark and _marked(pid, mark))
-             or (pid in known and p.start == known[pid])}
+    me = procs.get(os.getpid())
+    found = {pid: p for pid, p in procs.items() if (root is not None and p.group == root)
+             or (mark and _marked(pid, mark)) or (pid in known and p.start == known[pid])
+             or (adopt and me is not None and _adopted(p, me))}
     kids: dict[int, list[_Proc]] = {}
     for p in procs.values():
         kids.setdefault(p.ppid, []).append(p)
-    todo = [root, *found]
+    todo = [*([] if root is None else [root]), *found]
     while todo:
         for p in kids.get(todo.pop(), ()):
             if p.pid not in found:
                 found[p.pid] = p
                 todo.append(p.pid)
-    found.pop(root, None)
+    if root is not None:
+        found.pop(root, None)
     found.pop(os.getpid(), None)
     return found
 
@@ -209,61 +230,99 @@ def _reap(p: _Proc) -> None:
             os.waitpid(p.pid, os.WNOHANG)
 
 
-_marks: dict[int, str] = {}  # pid of a running child -> its mark
+_running: dict[int, tuple[subprocess.Popen, str]] = {}  # pid of a running child -> it, its mark
 _serial = itertools.count(1)
 _subreaper = False
 
 
 def _become_subreaper() -> None:
-    """Orphans of what this process starts are re-parented to it (Linux 3.4+), not to init."""
+    """Orphans of what this process starts are re-parented to it (Linux 3.4+), not to init, and are
+    ended when it exits."""
     global _subreaper
     if _subreaper:
         return
     _subreaper = True
+    atexit.register(_end_all)
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(ctypes.c_int(PR_SET_CHILD_SUBREAPER), ctypes.c_ulong(1), ctypes.c_ulong(0),
                    ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+def stop(proc: subprocess.Popen, grace_s: float | Callable[[], float] = 60.0) -> None:
     """Send the child's process group the signal this process received (SIGTERM when none), SIGKILL
-    to what is left of it after `grace_s`, and to all the child started outside its group; return
-    once all of it is gone (or after 30 s more). A signal meanwhile is passed on to the group, cuts
-    the grace period to 5 s at most, and takes its course at the end."""
-    mark = _marks.pop(proc.pid, "")
+    to what is left of it after `grace_s` (a number, or a function asked once signals are held: a
+    health check may tell), and to all the child started outside its group; return once all of it is
+    gone (or after 30 s more). Once this process was told to stop, or is told meanwhile, the grace
+    period is 5 s at most; such a signal is passed on to the group and takes its course at the end.
+    With no other child running, every orphan this process adopted is ended too."""
     with _signals_held() as held:
-        known = {p.pid: p.start for p in _members(proc.pid, mark, {}).values()}
-        if proc.poll() is None and _signal_group(proc.pid, _received or signal.SIGTERM):
-            deadline, passed_on = time.monotonic() + grace_s, 0
-            while proc.poll() is None:
-                if len(held) > passed_on:
-                    passed_on = len(held)
-                    _signal_group(proc.pid, held[-1])
-                    deadline = min(deadline, time.monotonic() + SIGNALLED_GRACE_S)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(min(left, 0.1))
-        # the leader gone, others of its group, and what it started outside the group, may remain
-        deadline = time.monotonic() + KILL_WITHIN_S
-        while True:
-            members = _members(proc.pid, mark, known)
-            known.update((p.pid, p.start) for p in members.values())
-            _signal_group(proc.pid, signal.SIGKILL)
-            for p in members.values():
-                _kill(p, signal.SIGKILL)
-                _reap(p)
-            if proc.returncode is None:
-                proc.wait()
-            left = [p for p in members.values() if (now := _stat(p.pid)) and now.start == p.start
-                    and not now.zombie]
-            if (not left and not _signal_group(proc.pid, 0)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        mark = _running.pop(proc.pid, (proc, ""))[1]
+        adopt = not _running
+        known = {p.pid: p.start for p in _members(proc.pid, mark, {}, adopt).values()}
+        try:
+            _terminate(proc, _grace(grace_s, held), held)
+        finally:
+            _kill_rest(proc.pid, mark, known, adopt, proc)
+
+
+def _grace(grace_s: float | Callable[[], float], held: list[int]) -> float:
+    """Seconds the child may take to stop: `grace_s`, 5 s at most once this process is told to stop
+    (a function is then not asked)."""
+    if _received or held:
+        return SIGNALLED_GRACE_S if callable(grace_s) else min(grace_s, SIGNALLED_GRACE_S)
+    grace = grace_s() if callable(grace_s) else grace_s
+    return min(grace, SIGNALLED_GRACE_S) if held else grace
+
+
+def _terminate(proc: subprocess.Popen, grace_s: float, held: list[int]) -> None:
+    """The group's signal, and up to `grace_s` for the child to end; a signal held meanwhile is passed
+    on and cuts what is left of the period to 5 s."""
+    if proc.poll() is not None or not _signal_group(proc.pid, _received or (held[0] if held else signal.SIGTERM)):
+        return
+    deadline, passed_on = time.monotonic() + grace_s, len(held)
+    while proc.poll() is None:
+        if len(held) > passed_on:
+            passed_on = len(held)
+            _signal_group(proc.pid, held[-1])
+            deadline = min(deadline, time.monotonic() + SIGNALLED_GRACE_S)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(min(left, 0.1))
+
+
+def _kill_rest(root: int | None, mark: str, known: dict[int, str], adopt: bool,
+               proc: subprocess.Popen | None = None) -> None:
+    """SIGKILL to the child `root` (its process `proc`), to what is left of its group and to all it
+    started (see _members), until a look finds none of it running (a zombie that is not this process's
+    to reap counts as ended) or 30 s have passed; what was re-parented to this process is reaped."""
+    deadline = time.monotonic() + KILL_WITHIN_S
+    while True:
+        members = _members(root, mark, known, adopt)
+        known.update((p.pid, p.start) for p in members.values())
         for p in members.values():
             _reap(p)
+        alive = [p for p in members.values() if not p.zombie]
+        if root is not None:
+            _signal_group(root, signal.SIGKILL)
+        for p in alive:
+            _kill(p, signal.SIGKILL)
+        if proc is not None and proc.returncode is None:
+            proc.wait()
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+
+def _end_all() -> None:
+    """At this process's exit: a child still running (a signal came between its start and the stop
+    its block owes) is stopped, and every orphan this process adopted is ended."""
+    for proc, _ in list(_running.values()):
+        stop(proc, SIGNALLED_GRACE_S)
+    with _signals_held():
+        _kill_rest(None, "", {}, adopt=True)
 
 
 def _spawn(command: Sequence[str], env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
@@ -273,8 +332,23 @@ def _spawn(command: Sequence[str], env: Mapping[str, str] | None = None, **kwarg
     child_env = dict(os.environ if env is None else env)
     child_env[SUPERVISED_ENV] = " ".join(filter(None, [os.environ.get(SUPERVISED_ENV, ""), mark]))
     proc = subprocess.Popen(list(command), env=child_env, start_new_session=True, **kwargs)
-    _marks[proc.pid] = mark
+    _running[proc.pid] = (proc, mark)
     return proc
+
+
+@contextlib.contextmanager
+def _supervised(command: Sequence[str], env: Mapping[str, str] | None, grace_s: float | Callable[[], float],
+                **kwargs) -> Iterator[subprocess.Popen]:
+    """The one lifetime of every child: started with signals held (none comes between its start and
+    the stop it is owed), stopped when the block ends, whatever ends it (see stop)."""
+    proc = None
+    try:
+        with _signals_held():
+            proc = _spawn(command, env, **kwargs)
+        yield proc
+    finally:
+        if proc is not None:
+            stop(proc, grace_s)
 
 
 @contextlib.contextmanager
@@ -283,17 +357,15 @@ def started(command: Sequence[str], log: Path | None, env: Mapping[str, str] | N
             stderr=None) -> Iterator[subprocess.Popen]:
     """A child for the length of the block, its stdout and stderr in `log` (with log None: where
     `stdout` and `stderr` say, this process's own streams by default: a log followed on the user's
-    terminal); stopped at the block's end (`grace_s()`: seconds it may take, asked then), whatever
-    ended the block."""
+    terminal); stopped at the block's end (`grace_s()`: seconds it may take, asked then with signals
+    held; not asked once this process is told to stop: 5 s), whatever ended the block."""
     if log is None:
-        proc = _spawn(command, env, stdout=stdout, stderr=stderr, cwd=cwd)
-    else:
-        with open(log, "wb") as out:
-            proc = _spawn(command, env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-    try:
+        with _supervised(command, env, grace_s, stdout=stdout, stderr=stderr, cwd=cwd) as proc:
+            yield proc
+        return
+    with open(log, "wb") as out, _supervised(command, env, grace_s, stdout=out, stderr=subprocess.STDOUT,
+                                             cwd=cwd) as proc:
         yield proc
-    finally:
-        stop(proc, 5.0 if _received else grace_s())
 
 
 def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0, *,
@@ -301,11 +373,8 @@ def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: f
     """Run a command to its end with this process's stdout and stderr (its stdout elsewhere with
     `stdout`, e.g. subprocess.DEVNULL or sys.stderr); its exit status. The rest of what it started is
     stopped when it ends, and all of it on a forwarded signal."""
-    proc = _spawn(command, env, stdout=stdout, cwd=cwd)
-    try:
+    with _supervised(command, env, grace_s, stdout=stdout, cwd=cwd) as proc:
         return proc.wait()
-    finally:
-        stop(proc, grace_s)
 
 
 @dataclass(frozen=True)
@@ -329,44 +398,59 @@ def output(argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, st
     still holds open are waited for 2 s at most, and the helper is stopped. `stderr` None: the tool's
     stderr goes to this process's (a long tool's progress, seen as it comes; Output.stderr is "")."""
     deadline = time.monotonic() + timeout_s
+    read: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    proc = None
     try:
-        proc = _spawn(argv, env, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd)
+        with _supervised(argv, env, 0.0, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd) as proc:
+            timed_out = _read(proc, read, deadline)
+        # stopped: its group, and what it left running (a helper holding its pipes)
     except OSError as exc:
+        if proc is not None:
+            raise
         return Output(error=exc.strerror or exc.__class__.__name__)
-    pipes_read = [pipe for pipe in (proc.stdout, proc.stderr) if pipe is not None]
-    read: dict[int, list[bytes]] = {pipe.fileno(): [] for pipe in pipes_read}
-    out_chunks = read[proc.stdout.fileno()]
-    err_chunks = read[proc.stderr.fileno()] if proc.stderr is not None else []
-    try:
-        with selectors.DefaultSelector() as pipes:
-            for fd in read:
-                pipes.register(fd, selectors.EVENT_READ)
-            ended = None
-            while pipes.get_map():
-                now = time.monotonic()
-                if ended is None and proc.poll() is not None:
-                    ended = now
-                until = deadline if ended is None else min(deadline, ended + PIPES_AFTER_EXIT_S)
-                if now >= until:
-                    break
-                for key, _ in pipes.select(min(until - now, 0.1)):
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        read[key.fd].append(data)
-                    else:
-                        pipes.unregister(key.fd)
-        if proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(deadline - time.monotonic(), 0.0))
-        timed_out = proc.returncode is None
     finally:
-        stop(proc, 0.0)  # its group, and what it left running (a helper holding its pipes)
-        for fd, chunks in read.items():  # what was written before the end, never waiting
-            os.set_blocking(fd, False)
-            with contextlib.suppress(BlockingIOError, OSError):
-                while data := os.read(fd, 65536):
-                    chunks.append(data)
-        for pipe in pipes_read:
-            pipe.close()
-    return Output(_shown(b"".join(out_chunks)), _shown(b"".join(err_chunks)), proc.returncode,
+        if proc is not None:
+            _drain(proc, read)
+    return Output(_shown(b"".join(read["stdout"])), _shown(b"".join(read["stderr"])), proc.returncode,
                   timed_out=timed_out)
+
+
+def _pipes(proc: subprocess.Popen) -> dict[str, int]:
+    return {name: pipe.fileno() for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))
+            if pipe is not None and not pipe.closed}
+
+
+def _read(proc: subprocess.Popen, read: dict[str, list[bytes]], deadline: float) -> bool:
+    """The tool's pipes read into `read` until they close, the deadline passes, or 2 s after the tool
+    ended; whether the tool was still running at the deadline."""
+    with selectors.DefaultSelector() as pipes:
+        for name, fd in _pipes(proc).items():
+            pipes.register(fd, selectors.EVENT_READ, name)
+        ended = None
+        while pipes.get_map():
+            now = time.monotonic()
+            if ended is None and proc.poll() is not None:
+                ended = now
+            until = deadline if ended is None else min(deadline, ended + PIPES_AFTER_EXIT_S)
+            if now >= until:
+                break
+            for key, _ in pipes.select(min(until - now, 0.1)):
+                data = os.read(key.fd, 65536)
+                if data:
+                    read[key.data].append(data)
+                else:
+                    pipes.unregister(key.fd)
+    if proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(deadline - time.monotonic(), 0.0))
+    return proc.returncode is None
+
+
+def _drain(proc: subprocess.Popen, read: dict[str, list[bytes]]) -> None:
+    """What the tool wrote before its end and was not read yet, never waiting; its pipes closed."""
+    for name, fd in _pipes(proc).items():
+        os.set_blocking(fd, False)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while data := os.read(fd, 65536):
+                read[name].append(data)
+        getattr(proc, name).close()
