@@ -17,7 +17,8 @@
 # --allow-http-registry.
 #
 # Settings (environment):
-#   REGISTRY_STATE       state folder (pid, port, configuration, credentials; default /var/lib/rocm-vllm-registry)
+#   REGISTRY_STATE       state folder (the registry's pid and start time, port, configuration, credentials;
+#                        default /var/lib/rocm-vllm-registry)
 #   REGISTRY_TIMEOUT     seconds to wait for the registry to answer (default 30)
 #   REGISTRY_NO_INSTALL=1  never install packages; fail if a program is absent
 #   DEBIAN_MIRROR        Debian archive for the trixie source (default: the one apt already uses)
@@ -76,10 +77,26 @@ answers() {  # the registry's API root answers (401 without credentials), reache
     "http://127.0.0.1:$p/v2/" 2>/dev/null)" = 401 ]
 }
 
-# a process that exited but waits for its parent to reap it (a zombie: its parent may be a test
-# process that adopted it as a subreaper) is not running
-alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]; }
-running() { [ -f "$PIDFILE" ] && alive "$(cat "$PIDFILE")"; }
+# A process's state and start time (clock ticks since boot): with its pid, the start time names one
+# process; a number reused since belongs to a process that started later.
+state_and_start() {
+  local stat; stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  set -f; set -- ${stat##*) }; set +f
+  [ $# -ge 20 ] && echo "$1 ${20}"
+}
+
+# The pid file holds the pid of the docker-registry this script started and its start time, recorded
+# at start. Running: that pid, that start time, and not a zombie (a process that exited and waits for
+# its parent to reap it: a test process that adopted it as a subreaper); anything else holding the
+# number is never signalled. A pid file without a start time names nothing.
+registry_pid() {
+  local pid start now
+  read -r pid start _ <"$PIDFILE" 2>/dev/null || [ -n "${pid:-}" ] || return 1
+  [[ "$pid" =~ ^[0-9]+$ && "${start:-}" =~ ^[0-9]+$ ]] || return 1
+  now=$(state_and_start "$pid") || return 1
+  [ "${now#* }" = "$start" ] && [ "${now%% *}" != Z ] && echo "$pid"
+}
+running() { [ -f "$PIDFILE" ] && registry_pid >/dev/null; }
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -119,7 +136,9 @@ auth:
 CONFIG
   log "starting docker-registry on 127.0.0.1:$p (storage $storage, log $STATE/registry.log)"
   setsid docker-registry serve "$STATE/config.yml" >>"$STATE/registry.log" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
+  local pid=$! since
+  since=$(state_and_start "$pid") || die "docker-registry exited at once (read $STATE/registry.log)"
+  echo "$pid ${since#* }" >"$PIDFILE"
   local waited=0
   until answers; do
     if ! running || [ "$waited" -ge "$TIMEOUT" ]; then
@@ -133,20 +152,22 @@ CONFIG
 
 stop() {
   if [ -f "$PIDFILE" ]; then
-    local pid; pid=$(cat "$PIDFILE")
-    if alive "$pid"; then
+    local pid
+    if pid=$(registry_pid); then
       log "stopping docker-registry (pid $pid)"
       kill -TERM "$pid"
       local waited=0
-      while alive "$pid" && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
-      # still there after its grace (seen once on a loaded 2-core machine): killed, if it is still ours
-      if alive "$pid" && [ "$(ps -p "$pid" -o comm= 2>/dev/null)" = docker-registry ]; then
+      while running && [ "$waited" -lt 15 ]; do sleep 1; waited=$((waited + 1)); done
+      # still there after its grace (seen once on a loaded 2-core machine)
+      if running; then
         log "docker-registry (pid $pid) still running after 15s: killing it"
         kill -KILL "$pid" 2>/dev/null || true
         waited=0
-        while alive "$pid" && [ "$waited" -lt 5 ]; do sleep 1; waited=$((waited + 1)); done
+        while running && [ "$waited" -lt 5 ]; do sleep 1; waited=$((waited + 1)); done
       fi
-      alive "$pid" && die "docker-registry (pid $pid) still running after SIGTERM and SIGKILL"
+      running && die "docker-registry (pid $pid) still running after SIGTERM and SIGKILL"
+    else
+      log "the registry of $PIDFILE is not running (its pid is another process's now, or none): nothing to stop"
     fi
     rm -f "$PIDFILE"
   else
