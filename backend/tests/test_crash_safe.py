@@ -355,3 +355,19 @@ def test_records_are_kept_apart_by_gpu_calls_and_kernels(tmp_path):
               measurement_record.identity("cpu", calls(2), 4, measure_child.PRODUCTION)]
     paths = {measurement_record.path_in(tmp_path, i) for i in [ident, *others]}
     assert len(paths) == 5 and all(p.parent == tmp_path for p in paths)
+
+
+def test_the_start_up_bench_times_a_first_and_a_later_start(capsys, child_env):
+    """backend/bench/crash_safe_start.py (the cost quoted in backend/README.md) runs without vLLM: a first
+    start measures in a child and records, a later one reads the record."""
+    import importlib.util
+
+    path = HERE.parent / "bench" / "crash_safe_start.py"
+    spec = importlib.util.spec_from_file_location("crash_safe_start", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--device", "cpu", "--max-qlen", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "a child that only starts: " in out and "(exit 0)" in out, out
+    assert "first start: " in out and "measured in a child process in " in out and "recorded in " in out, out
+    assert "later start: " in out and "read from its record " in out and "serving {1: 'aiter'}" in out, out
