@@ -101,15 +101,21 @@ def _impl_kwargs(num_heads: int, kv_cache_dtype: str = "auto") -> dict:
 
 
 @pytest.fixture
-def constructors(monkeypatch):
+def constructors(monkeypatch, tmp_path):
     """Both implementations' constructors recorded instead of run (the built-in's imports AITER);
-    the decode calls measured with the reference kernels (right)."""
+    the decode calls measured with the reference kernels (right), the measurement child finding every
+    call safe (child_standins.all_served; test_crash_safe.py tests the child), records in this test's
+    folder."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla import backend
+    from vllm_aiter_mla import backend, crash_safe
     from vllm_aiter_mla.kernels import load_kernels
 
+    import child_standins
+
     monkeypatch.setattr(backend, "load_kernels", lambda: load_kernels("reference"))
+    monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
+    monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
     seen = []
 
