@@ -37,6 +37,10 @@ the same inputs and the output dtype's unit roundoff (bf16: 3.1 %); the bound is
 ``BAND_FACTOR`` times the reference's own systematic error and the unit roundoff (bf16: 0.39 %).
 Both are derived, not chosen per kernel, and apply after any correction.
 
+A server measures each set of calls first in a child process (``crash_safe``, ``measure_child``): there
+a call can also end the process, pass the time limit, or not be reached (``ended the process``,
+``passed the time limit``, ``not measured``), none of them served.
+
 Plain PyTorch; the kernels (AITER, the reference or a stand-in) are passed in.
 """
 
