@@ -437,6 +437,25 @@ def test_output_returns_within_its_limit_when_a_helper_is_a_zombie(tmp_path, how
     assert not result["zombies"], f"the tool's helper was left a zombie: {result['zombies']}"
 
 
+def test_output_returns_within_its_limit_when_its_tool_cannot_be_killed(tmp_path, monkeypatch):
+    """A tool stuck where SIGKILL does not reach it (uninterruptible sleep in a driver), stood in for
+    by a supervisor whose signals do nothing: output still returns about its limit after it started,
+    and the tool is left to the clean-up at exit."""
+    from rocm_vllm_runtime import children  # noqa: PLC0415
+
+    pid_file = tmp_path / "tool.pid"
+    monkeypatch.setattr(children, "_signal_group", lambda pgid, sig: True)
+    monkeypatch.setattr(children, "_kill", lambda p, sig: None)
+    try:
+        t0 = time.monotonic()
+        result = children.output([sys.executable, "-c", SLEEPER, str(pid_file)], 1.0)
+        took = time.monotonic() - t0
+        assert result.timed_out and took < 3.0, f"output(argv, 1) took {took:.1f}s"
+    finally:
+        monkeypatch.undo()
+        _kill_left(pid_file)
+
+
 def test_output_that_is_not_utf8_is_shown_not_a_traceback():
     from rocm_vllm_runtime import children  # noqa: PLC0415
 

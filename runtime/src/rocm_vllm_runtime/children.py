@@ -56,6 +56,8 @@ SIGNALLED_GRACE_S = 5.0
 # A tool that has exited: how long its output pipes may stay open after it (a helper it left holds them).
 PIPES_AFTER_EXIT_S = 2.0
 KILL_WITHIN_S = 30.0
+# children.output at its limit: how long what it started may take to die of SIGKILL before it returns.
+UNKILLABLE_S = 1.0
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
@@ -249,11 +251,12 @@ def _become_subreaper() -> None:
                    ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
-def stop(proc: subprocess.Popen, grace_s: float | Callable[[], float] = 60.0) -> None:
+def stop(proc: subprocess.Popen, grace_s: float | Callable[[], float] = 60.0,
+         kill_within_s: float = KILL_WITHIN_S) -> None:
     """Send the child's process group the signal this process received (SIGTERM when none), SIGKILL
     to what is left of it after `grace_s` (a number, or a function asked once signals are held: a
     health check may tell), and to all the child started outside its group; return once all of it is
-    gone (or after 30 s more). Once this process was told to stop, or is told meanwhile, the grace
+    gone (or after `kill_within_s` more). Once this process was told to stop, or is told meanwhile, the grace
     period is 5 s at most; such a signal is passed on to the group and takes its course at the end.
     With no other child running, every orphan this process adopted is ended too."""
     with _signals_held() as held:
@@ -263,7 +266,7 @@ def stop(proc: subprocess.Popen, grace_s: float | Callable[[], float] = 60.0) ->
         try:
             _terminate(proc, _grace(grace_s, held), held)
         finally:
-            _kill_rest(proc.pid, mark, known, adopt, proc)
+            _kill_rest(proc.pid, mark, known, adopt, proc, kill_within_s)
 
 
 def _grace(grace_s: float | Callable[[], float], held: list[int]) -> float:
@@ -294,11 +297,13 @@ def _terminate(proc: subprocess.Popen, grace_s: float, held: list[int]) -> None:
 
 
 def _kill_rest(root: int | None, mark: str, known: dict[int, str], adopt: bool,
-               proc: subprocess.Popen | None = None) -> None:
+               proc: subprocess.Popen | None = None, within_s: float = KILL_WITHIN_S) -> None:
     """SIGKILL to the child `root` (its process `proc`), to what is left of its group and to all it
     started (see _members), until a look finds none of it running (a zombie that is not this process's
-    to reap counts as ended) or 30 s have passed; what was re-parented to this process is reaped."""
-    deadline = time.monotonic() + KILL_WITHIN_S
+    to reap counts as ended) or `within_s` have passed (a process in uninterruptible sleep, a tool
+    stuck in a driver, is left to the clean-up at exit); what was re-parented to this process is
+    reaped."""
+    deadline = time.monotonic() + within_s
     while True:
         members = _members(root, mark, known, adopt)
         known.update((p.pid, p.start) for p in members.values())
@@ -310,8 +315,9 @@ def _kill_rest(root: int | None, mark: str, known: dict[int, str], adopt: bool,
         for p in alive:
             _kill(p, signal.SIGKILL)
         if proc is not None and proc.returncode is None:
-            proc.wait()
-        if not alive or time.monotonic() > deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(deadline - time.monotonic(), 0.0))
+        if (not alive and (proc is None or proc.returncode is not None)) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
 
@@ -338,7 +344,7 @@ def _spawn(command: Sequence[str], env: Mapping[str, str] | None = None, **kwarg
 
 @contextlib.contextmanager
 def _supervised(command: Sequence[str], env: Mapping[str, str] | None, grace_s: float | Callable[[], float],
-                **kwargs) -> Iterator[subprocess.Popen]:
+                kill_within_s: float | Callable[[], float] = KILL_WITHIN_S, **kwargs) -> Iterator[subprocess.Popen]:
     """The one lifetime of every child: started with signals held (none comes between its start and
     the stop it is owed), stopped when the block ends, whatever ends it (see stop)."""
     proc = None
@@ -348,7 +354,7 @@ def _supervised(command: Sequence[str], env: Mapping[str, str] | None, grace_s: 
         yield proc
     finally:
         if proc is not None:
-            stop(proc, grace_s)
+            stop(proc, grace_s, kill_within_s() if callable(kill_within_s) else kill_within_s)
 
 
 @contextlib.contextmanager
@@ -401,7 +407,9 @@ def output(argv: Sequence[str], timeout_s: float = 60.0, *, env: Mapping[str, st
     read: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     proc = None
     try:
-        with _supervised(argv, env, 0.0, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd) as proc:
+        # what is left when the limit is reached gets 1 s to be killed; the rest is left to the exit
+        with _supervised(argv, env, 0.0, lambda: max(deadline - time.monotonic(), 0.0) + UNKILLABLE_S,
+                         stdout=subprocess.PIPE, stderr=stderr, cwd=cwd) as proc:
             timed_out = _read(proc, read, deadline)
         # stopped: its group, and what it left running (a helper holding its pipes)
     except OSError as exc:
