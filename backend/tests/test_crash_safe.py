@@ -194,6 +194,39 @@ def test_a_report_line_cut_short_or_foreign_output_is_ignored():
     assert end.failure.outcome is Outcome.ENDED and "SIGABRT" in end.failure.detail
 
 
+# ---- where the first measurement runs ----
+
+def test_cpu_development_mode_measures_in_this_process_and_starts_no_child(monkeypatch):
+    """The pure-PyTorch reference on the CPU (AITER_MLA_KERNELS=reference, the production factory) cannot
+    end the process: no child; every call and the remedy (not loadable on the CPU) are measured here."""
+    monkeypatch.setattr(crash_safe, "run_child", no_child)
+    found = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU,
+                                     environ={"AITER_MLA_KERNELS": "reference"})
+    assert found.first == crash_safe.IN_PROCESS
+    assert {q: m.outcome for q, m in found.measured.items()} == {1: Outcome.CORRECT, 2: Outcome.CORRECT}
+    assert {q: m.outcome for q, m in found.remedy.items()} == {1: Outcome.RAISED, 2: Outcome.RAISED}
+
+
+@pytest.mark.parametrize("environ, factory, device", [
+    ({}, measure_child.PRODUCTION, CPU),  # AITER's kernels (the default)
+    ({"AITER_MLA_KERNELS": "aiter"}, measure_child.PRODUCTION, CPU),
+    ({"AITER_MLA_KERNELS": "reference"}, "child_standins:right", CPU),  # a stand-in factory
+    ({"AITER_MLA_KERNELS": "reference"}, measure_child.PRODUCTION, torch.device("cuda", 0)),  # Triton on a GPU
+], ids=["aiter-default", "aiter", "stand-in", "reference-on-gpu"])
+def test_a_child_measures_first_wherever_a_kernel_could_end_the_process(monkeypatch, tmp_path, environ, factory,
+                                                                       device):
+    environ = {**environ, crash_safe.RECORDS_ENV: str(tmp_path)}
+    assert crash_safe.needs_child(factory, device, environ)
+    if device.type != "cpu":
+        return
+    started = []
+    monkeypatch.setattr(crash_safe, "run_child", lambda argv, t: started.append(argv) or children.Output(error="no"))
+    found = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(1), 4, device, factory=factory,
+                                     environ=environ)
+    assert started and found.first != crash_safe.IN_PROCESS
+    assert not found.measured[1].outcome.served, found.measured[1]
+
+
 # ---- every rank makes one exchange, whatever its measurement did ----
 
 @pytest.mark.parametrize("broken", ["setting", "runtime", "record folder", "child not started"])

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from . import measure, measure_child, measurement_record
+from .kernels import kernel_mode
 from .measure_child import KINDS, Task
 
 logger = logging.getLogger("vllm.aiter_mla")
@@ -235,6 +236,25 @@ def _failed(calls: Sequence[measure.DecodeCall], exc: Exception) -> dict[Task, m
     return {(kind, call.qlen): m for kind in KINDS for call in calls}
 
 
+IN_PROCESS = ("in this process only (CPU development mode: the pure-PyTorch reference on the CPU cannot end "
+              "the process, and vLLM's Triton decode does not run there)")
+
+
+def needs_child(factory: str, device: torch.device, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the first measurement runs in a child: wherever a measured kernel could end or hang the
+    process (AITER's, or anything on a GPU); not in CPU development mode, where the server measures the
+    pure-PyTorch reference on the CPU (``AITER_MLA_KERNELS=reference``), which raises at worst, and the
+    remedy cannot load."""
+    return not (factory == measure_child.PRODUCTION and device.type == "cpu"
+                and kernel_mode(environ) == "reference")
+
+
+def _unmeasured(calls: Sequence[measure.DecodeCall]) -> dict[Task, measure.Measured]:
+    """Every task left to this process's measurement, which measures them all (none keeps this)."""
+    m = measure.Measured(measure.Outcome.NOT_MEASURED, math.nan, math.nan, "left to the server's process")
+    return {(kind, call.qlen): m for kind in KINDS for call in calls}
+
+
 def measure_layer(kernels, triton, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
                   factory: str = measure_child.PRODUCTION, group=None, cache: torch.Tensor | None = None,
                   environ: Mapping[str, str] = os.environ) -> LayerResult:
@@ -244,12 +264,16 @@ def measure_layer(kernels, triton, calls: Sequence[measure.DecodeCall], splits: 
     loads its own (``measure_child.PRODUCTION`` in a server)."""
     calls = list(calls)
     try:
-        first, source = first_measurement(factory, calls, splits, device, records_setting(environ),
-                                          timeout_setting(environ))
+        if not needs_child(factory, device, environ):
+            first, source = _unmeasured(calls), IN_PROCESS
+        else:
+            first, source = first_measurement(factory, calls, splits, device, records_setting(environ),
+                                              timeout_setting(environ))
     except Exception as exc:  # noqa: BLE001  (an outcome: the exchange below must happen on every rank)
         first, source = _failed(calls, exc), f"not made ({measure.one_line(exc)})"
-    aiter_at = [c.qlen for c in calls if first["aiter", c.qlen].outcome.served]
-    remedy_at = [c.qlen for c in calls if first["triton", c.qlen].outcome is measure.Outcome.CORRECT]
+    everything = source == IN_PROCESS
+    aiter_at = [c.qlen for c in calls if everything or first["aiter", c.qlen].outcome.served]
+    remedy_at = [c.qlen for c in calls if everything or first["triton", c.qlen].outcome is measure.Outcome.CORRECT]
     here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache,
                                                         aiter_at=aiter_at, remedy_at=remedy_at)
     measured = {c.qlen: here.get(c.qlen, first["aiter", c.qlen]) for c in calls}
