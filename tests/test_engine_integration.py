@@ -208,14 +208,24 @@ def context_dir(h, tmp_path_factory):
 
 
 def bake_settings(h, cpu_image: str, context: Path) -> dict:
-    """The CPU path's targets (serve-cpu, ci-cpu, as "serve" and "ci") of the CPU vLLM's track
-    (TRACK), on the CPU image as VLLM_CPU_IMAGE: the documented CPU build, its base replaced."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_IMAGE", "ALLOW_UNRESOLVED")}
-    env.update({"VLLM_CPU_IMAGE": cpu_image, "TRACK": cpu_track()})
-    proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
-                  *CPU_TARGETS.values()], env=env, cwd=context, what="bake --print serve-cpu ci-cpu")
+    """The CPU path's targets of the CPU vLLM's track (TRACK): serve and ci on the CPU image as an
+    existing vLLM image (VLLM_IMAGE; serve-cpu and ci-cpu are these, tests/test_cpu_path.py), read from
+    a versions file with every pin of the base image and AITER unresolved and ALLOW_UNRESOLVED=0: the
+    existing-image path needs none of them."""
+    from test_bake import every_base_pin_unresolved  # noqa: PLC0415
+
+    from ci.pins import model  # noqa: PLC0415
+
+    folder = context.parent / f"{context.name}-base-unresolved"
+    folder.mkdir(exist_ok=True)
+    _, versions = every_base_pin_unresolved(model.load(context / "versions.json"), folder, cpu_track())
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CPU_IMAGE",)}
+    env.update({"VLLM_IMAGE": cpu_image, "TRACK": cpu_track(), "ALLOW_UNRESOLVED": "0"})
+    proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", versions, "--print",
+                  *CPU_TARGETS], env=env, cwd=context, what="bake --print serve ci (VLLM_IMAGE, base pins unresolved)")
     targets = json.loads(proc.stdout)["target"]
-    return {name: targets[target] for name, target in CPU_TARGETS.items()}
+    assert sorted(targets) == sorted(CPU_TARGETS), f"the graph holds more than serve and ci: {sorted(targets)}"
+    return {name: targets[name] for name in CPU_TARGETS}
 
 
 def build_command(target: dict, tag: str | None, extra=(), stage: str | None = None,
@@ -261,6 +271,8 @@ def images(h, cpu_vllm_image, context_dir):
                  what="serve build (cold)")
     executed, _ = steps_of(proc.stderr)
     result["cold_s"], result["cold_steps"] = proc.seconds, len(executed)
+    embedded = f"embedded: VLLM_IMAGE={cpu_vllm_image}: vLLM {CPU_VLLM} (vllm-cpu) and no AITER (track {cpu_track()};"
+    assert embedded in proc.stderr, f"the build did not say what it embedded ({embedded}...): {proc.stderr[-2000:]}"
     h.note(f"step 2a serve target, cold (--no-cache): {proc.seconds:.1f}s, {len(executed)} steps run, "
            f"context transferred {context_transferred(proc.stderr)}")
     proc = h.run(build_command(targets["ci"], tags["ci"]), cwd=context_dir, what="ci build")
