@@ -526,8 +526,9 @@ def test_owned_layers_identical_across_cold_builds(h, images, cpu_vllm_image, co
                 failures.append(f"ci has {len(owned_a)} owned layers in one build, {len(owned_b)} in the other")
                 continue
             a, b = entries_a[len(base) + i], entries_b[len(base) + i]
-            diff = differing_paths(a, b) or ["same entries and metadata, another order in the tar"
-                                             if list(a) != list(b) else "same entries in the same order: tar headers differ"]
+            diff = differing_paths(a, b) or [
+                "same entries and metadata, another order in the tar" if list(a) != list(b)
+                else "same entries in the same order: tar headers differ"]
             h.note(f"  ci layer {len(base) + i} (its tools'): " + "; ".join(diff))
             failures.append(f"ci's tools' layer {len(base) + i} differs between its two cold builds: {diff}")
     wheels = []
