@@ -333,7 +333,8 @@ def mla_decode_fwd(
     pages = kv_indices.to(torch.int64)[page_pos]
     flat_rows = torch.where(k_valid, pages * page_size + j % page_size, torch.zeros_like(pages))
 
-    kv = _dequantize(kv_buffer.reshape(-1, head_dim), kv_scale)[flat_rows]  # [B, Lk, D]
+    # the rows read, then converted (not the whole cache: vLLM's is gigabytes)
+    kv = _dequantize(kv_buffer.reshape(-1, head_dim)[flat_rows], kv_scale)  # [B, Lk, D]
     qf = _dequantize(q, q_scale)[q_idx]  # [B, Mq, H, D]
     out, lse = _attend(
         qf, kv, kv[..., :v_dim], q_valid, k_valid, q_lens, k_lens, scale, causal=True
