@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -70,9 +71,55 @@ def pytest_unconfigure(config) -> None:
 def pytest_sessionstart(session) -> None:
     time_budget()  # a bad setting stops here, before any test
     _STARTED.append(time.monotonic())
+    if session.config.pluginmanager.hasplugin("dsession"):  # the lanes' controller (pytest-xdist)
+        _COLLECTING.start(session.config)
+
+
+class _CollectionProgress:
+    """A line every COLLECT_LINE_EVERY_S seconds while the lanes collect: pytest-xdist's controller
+    prints nothing between starting its workers and their item count (each lane imports every test
+    module: about 20 s alone, a minute or more on a busy 2-core machine)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lanes: set[str] = set()
+        self._total = 1
+
+    def start(self, config) -> None:
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is None:
+            return
+        lanes = getattr(config.option, "numprocesses", None)
+        self._total = lanes if isinstance(lanes, int) and lanes > 0 else 1
+        started = time.monotonic()
+
+        def tell() -> None:
+            while not self._done.wait(COLLECT_LINE_EVERY_S):
+                reporter.write_line(f"collecting: {time.monotonic() - started:.0f}s, "
+                                    f"{len(self._lanes)} lane(s) done")
+
+        threading.Thread(target=tell, name="collection-progress", daemon=True).start()
+
+    def lane_collected(self, lane: str) -> None:
+        self._lanes.add(lane)
+        if len(self._lanes) >= self._total:
+            self._done.set()
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+COLLECT_LINE_EVERY_S = 15.0
+_COLLECTING = _CollectionProgress()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    _COLLECTING.lane_collected(node.gateway.id)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
+    _COLLECTING.stop()
     if hasattr(session.config, "workerinput"):  # a lane's worker: the controller judges the session
         return
     budget = time_budget()

@@ -70,3 +70,25 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     assert sorted(line.split()[1] for line in lanes) == ["docker", "python"], proc.stdout[-2000:]
     assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
     assert " nested section =" in proc.stdout and "\na line from a lane\n" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_line_of_progress_while_the_lanes_collect(tmp_path):
+    """pytest-xdist prints nothing between starting its workers and their item count: the controller
+    says how long collection has taken every COLLECT_LINE_EVERY_S seconds, and stops once every lane
+    has collected."""
+    conftest = (ROOT / "conftest.py").read_text()
+    assert "COLLECT_LINE_EVERY_S = 15.0" in conftest
+    (tmp_path / "conftest.py").write_text(conftest.replace("COLLECT_LINE_EVERY_S = 15.0", "COLLECT_LINE_EVERY_S = 0.5"))
+    (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_slow_import.py").write_text("import time\ntime.sleep(3)\n\ndef test_one():\n    time.sleep(2)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                           str(suite)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    progress = [i for i, line in enumerate(lines) if line.startswith("collecting: ")]
+    (items,) = [i for i, line in enumerate(lines) if line.startswith("2 workers [")]
+    assert len(progress) >= 3, proc.stdout
+    assert max(progress) < items, f"a progress line after collection ended:\n{proc.stdout}"
