@@ -96,6 +96,17 @@ def _alive(pid: int) -> bool:
         return False
     return True
 
+def sigterm_ends_both(proc: subprocess.Popen, server: int, server_s: float, why: str) -> None:
+    """SIGTERM to the tool: it exits by it, and its server is gone within ``server_s`` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    deadline = time.monotonic() + server_s
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(server), why
+
+
 
 @pytest.mark.parametrize("module", list(CALLS))
 def test_sigterm_stops_the_running_server(module, tmp_path):
@@ -110,13 +121,7 @@ def test_sigterm_stops_the_running_server(module, tmp_path):
         time.sleep(0.1)
     server = int(pid_file.read_text())
     time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    deadline = time.monotonic() + 30
-    while _alive(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(server), "the server outlived the SIGTERM'd tool"
+    sigterm_ends_both(proc, server, 30, "the server outlived the SIGTERM'd tool")
     assert Path(tmp_path / f"server-{'accuracy-' if module == 'accuracy' else ''}plugin.log").exists()
 
 
@@ -153,13 +158,7 @@ def test_sigterm_while_the_grace_period_is_chosen_stops_the_server(module, tmp_p
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.02)
         server = int(pid_file.read_text())
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-        deadline = time.monotonic() + 10
-        while _alive(server) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(server), f"the server outlived SIGTERM to {module} while it chose the grace period"
+        sigterm_ends_both(proc, server, 10, f"the server outlived SIGTERM to {module} while it chose the grace period")
     finally:
         if proc.poll() is None:
             proc.kill()
