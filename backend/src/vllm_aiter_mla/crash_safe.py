@@ -264,16 +264,13 @@ def measure_layer(kernels, triton, calls: Sequence[measure.DecodeCall], splits: 
     loads its own (``measure_child.PRODUCTION`` in a server)."""
     calls = list(calls)
     try:
-        if not needs_child(factory, device, environ):
-            first, source = _unmeasured(calls), IN_PROCESS
-        else:
-            first, source = first_measurement(factory, calls, splits, device, records_setting(environ),
-                                              timeout_setting(environ))
+        in_child = needs_child(factory, device, environ)
+        first, source = (first_measurement(factory, calls, splits, device, records_setting(environ),
+                                           timeout_setting(environ)) if in_child else (_unmeasured(calls), IN_PROCESS))
     except Exception as exc:  # noqa: BLE001  (an outcome: the exchange below must happen on every rank)
-        first, source = _failed(calls, exc), f"not made ({measure.one_line(exc)})"
-    everything = source == IN_PROCESS
-    aiter_at = [c.qlen for c in calls if everything or first["aiter", c.qlen].outcome.served]
-    remedy_at = [c.qlen for c in calls if everything or first["triton", c.qlen].outcome is measure.Outcome.CORRECT]
+        in_child, first, source = True, _failed(calls, exc), f"not made ({measure.one_line(exc)})"
+    aiter_at = [c.qlen for c in calls if not in_child or first["aiter", c.qlen].outcome.served]
+    remedy_at = [c.qlen for c in calls if not in_child or first["triton", c.qlen].outcome is measure.Outcome.CORRECT]
     here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache,
                                                         aiter_at=aiter_at, remedy_at=remedy_at)
     measured = {c.qlen: here.get(c.qlen, first["aiter", c.qlen]) for c in calls}
