@@ -36,6 +36,7 @@ DEFAULT_TIME_BUDGET_S = 2400
 _STARTED: list[float] = []
 _AREA_SECONDS: Counter[str] = Counter()
 _LANE_SECONDS: Counter[str] = Counter()
+_DOCKER_SECONDS: Counter[str] = Counter()
 _LANE_ATTR = "rocm_vllm_lane"
 
 
@@ -142,10 +143,11 @@ def _skip_reason(report: pytest.TestReport) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    # the lane, from the item's markers, where the item is: a plain attribute of the report travels
-    # with it from a lane's worker to the controller, which counts the time per lane (kept out of
-    # user_properties, which JUnit files would carry)
-    setattr(report, _LANE_ATTR, lane_of(item))
+    # the lane (the worker that ran it, and whether it was the Docker unit): a plain attribute of
+    # the report travels with it from a lane's worker to the controller, which counts the time per
+    # lane (kept out of user_properties, which JUnit files would carry)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    setattr(report, _LANE_ATTR, (worker, unit_of(item) == DOCKER_UNIT))
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     allowed = next((m for m in ALLOWED_SKIP_MARKERS if item.get_closest_marker(m)), None)
@@ -158,41 +160,56 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_runtest_logreport(report) -> None:
     """Counted where reports arrive (the controller, when the run is split into lanes)."""
     _AREA_SECONDS[area_of(report.nodeid)] += report.duration
-    _LANE_SECONDS[getattr(report, _LANE_ATTR, "python")] += report.duration
+    worker, docker = getattr(report, _LANE_ATTR, ("main", False))
+    _LANE_SECONDS[worker] += report.duration
+    if docker:
+        _DOCKER_SECONDS[worker] += report.duration
     if report.skipped and not hasattr(report, "wasxfail"):
         allowed = next((m for m in ALLOWED_SKIP_MARKERS if m in report.keywords), None)
         _SKIPS[f"{allowed or 'skip'}: {_skip_reason(report)}"] += 1
 
 
 # ------------------------------------------------------------------------------------ lanes
-# ci/test.sh runs the suite in two processes at once (pytest-xdist, -n 2 --dist loadgroup): the
-# Docker tests in one lane, in collection order (they share one engine, its images and build
-# cache, and one of them prunes it), everything else in the other. Each worker names the Docker
-# tests it collected in a file of the reports folder; the controller's scheduler reads it and
-# hands each lane to one worker. (xdist's own loadgroup reads groups from test ids, which pytest 9
-# no longer lets a plugin change.) Without xdist nothing changes.
-_LANE_FILE = "lanes-docker-{worker}.txt"
+# ci/test.sh runs the suite in several processes at once (pytest-xdist, -n N --dist loadgroup; N is
+# TEST_LANES, default 3 on the 2-core CI machine: while one lane waits on a build, a server or a
+# time limit, the others use the cores). Work goes out in units, each to one worker whole, in
+# collection order within it:
+# * the Docker tests (marked docker) are one unit, handed out first: they share one engine, its
+#   images and build cache, and one of them prunes it;
+# * tests that use a costly session fixture of their folder (SHARED_SESSION_FIXTURES) are one unit,
+#   so that one worker makes it once;
+# * every other test file is a unit of its own, handed to whichever worker is free next.
+# Each worker names each test's unit in a file of the reports folder; the controller's scheduler
+# reads them. (xdist's own loadgroup reads groups from test ids, which pytest 9 no longer lets a
+# plugin change.) Without xdist nothing changes.
+_LANE_FILE = "lanes-units-{worker}.txt"
+DOCKER_UNIT = "docker"
+# Session fixtures that start something costly (engine_runs: vLLM engines on CPU, one process per
+# backend serving every declared run): every test that uses one shares the worker that made it.
+SHARED_SESSION_FIXTURES = ("engine_runs",)
 
 
-# Markers that put a test in the Docker lane: docker (needs the engine), docker_lane (needs no
-# engine; there to even out the lanes' time, since the session lasts as long as its longer lane).
-DOCKER_LANE_MARKERS = ("docker", "docker_lane")
+def unit_of(item: pytest.Item) -> str:
+    """The unit of work a test belongs to (see above)."""
+    if item.get_closest_marker("docker"):
+        return DOCKER_UNIT
+    shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+    return f"session fixture {shared[0]}" if shared else item.nodeid.split("::", 1)[0]
 
 
-def lane_of(item: pytest.Item) -> str:
-    return "docker" if any(item.get_closest_marker(m) for m in DOCKER_LANE_MARKERS) else "python"
-
-
-def _docker_lane_ids() -> set[str]:
+def _units() -> dict[str, str]:
     folder = Path(os.environ[REPORTS_ENV])
-    return {line for path in folder.glob(_LANE_FILE.format(worker="*")) for line in path.read_text().splitlines()}
+    units = {}
+    for path in folder.glob(_LANE_FILE.format(worker="*")):
+        units.update(line.split("\t", 1) for line in path.read_text().splitlines() if "\t" in line)
+    return units
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ.get(REPORTS_ENV):
-        ids = [item.nodeid for item in items if lane_of(item) == "docker"]
-        (Path(os.environ[REPORTS_ENV]) / _LANE_FILE.format(worker=worker)).write_text("".join(f"{i}\n" for i in ids))
+        lines = "".join(f"{item.nodeid}\t{unit_of(item)}\n" for item in items)
+        (Path(os.environ[REPORTS_ENV]) / _LANE_FILE.format(worker=worker)).write_text(lines)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -202,14 +219,19 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only with xdist
 
     class LaneScheduling(LoadScopeScheduling):
-        """Two work units, the lanes; each goes to one worker whole, in collection order."""
+        """Units of work (unit_of), each to one worker whole; the Docker unit first."""
 
-        _docker: set[str] | None = None
+        _units: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self._docker is None:  # read once, after every worker has collected
-                self._docker = _docker_lane_ids()
-            return "docker" if nodeid in self._docker else "python"
+            if self._units is None:  # read once, after every worker has collected
+                self._units = _units()
+            return self._units.get(nodeid, nodeid.split("::", 1)[0])
+
+        def _assign_work_unit(self, node) -> None:
+            if DOCKER_UNIT in self.workqueue:  # the longest chain of the session starts first
+                self.workqueue.move_to_end(DOCKER_UNIT, last=False)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)
 
@@ -240,9 +262,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
         for area, seconds in sorted(_AREA_SECONDS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{seconds:8.1f}s  {area}")
         # the session's wall time is about its longest lane: the one to make faster
-        terminalreporter.section("time per lane (docker: tests marked docker or docker_lane; python: the rest)")
+        terminalreporter.section("time per lane (the worker that ran the Docker tests says how long they took)")
         for lane, seconds in sorted(_LANE_SECONDS.items(), key=lambda kv: -kv[1]):
-            terminalreporter.write_line(f"{seconds:8.1f}s  {lane}")
+            docker = f" (Docker tests {_DOCKER_SECONDS[lane]:.1f}s)" if _DOCKER_SECONDS.get(lane) else ""
+            terminalreporter.write_line(f"{seconds:8.1f}s  {lane}{docker}")
     if _STARTED:
         took, budget = time.monotonic() - _STARTED[0], time_budget()
         terminalreporter.section("time budget")

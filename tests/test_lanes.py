@@ -1,8 +1,10 @@
-"""The suite's two lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs
-it): every Docker test (marked docker, or docker_lane to even out the lanes) runs in one worker, in
-collection order, and every other test in the other worker, and the time of each lane is reported;
-skips and the tests' summary lines (tests/report_lines.py) reach the controller's summary. Driven on a small
-session of its own, with the repository's conftest.py and pytest.ini."""
+"""The suite's lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs it):
+every Docker test (marked docker) runs in one worker, in collection order, handed out first; the
+tests that use a costly session fixture (engine_runs) share one worker, which makes it once; every
+other test file goes to whichever worker is free; the time of each lane is reported, naming the one
+that ran the Docker tests; skips and the tests' summary lines (tests/report_lines.py) reach the
+controller's summary. Driven on a small session of its own, with the repository's conftest.py and
+pytest.ini."""
 from __future__ import annotations
 
 import os
@@ -32,20 +34,31 @@ def module(marked: bool | str, names: list[str]) -> str:
     return body + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
 
 
-def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
+def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_path):
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
     suite = tmp_path / "suite"
     suite.mkdir()
-    # Docker tests in three modules, the others between and after them, as in the real collection.
-    (suite / "test_a_docker.py").write_text(module(True, ["d1", "d2"]))
-    (suite / "test_b_plain.py").write_text(module(False, [f"p{i}" for i in range(6)]))
-    (suite / "test_c_docker.py").write_text(module(True, ["d3", "d4"]))
-    (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(6)]) +
+    # Docker tests in three modules, the others between and after them, as in the real collection;
+    # each test takes a moment, so that the lanes run side by side
+    pause = "\nimport time\n\n@pytest.fixture(autouse=True)\ndef _a_moment():\n    time.sleep(0.2)\n"
+    (suite / "test_a_docker.py").write_text(module(True, ["d1", "d2"]) + pause)
+    (suite / "test_b_plain.py").write_text(module(False, [f"p{i}" for i in range(3)]) + pause)
+    (suite / "test_c_docker.py").write_text(module(True, ["d3", "d4"]) + pause)
+    (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(3)]) + pause +
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
-    (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
-    # no engine needed, but put in the Docker lane to even out the lanes' time
-    (suite / "test_g_balance.py").write_text(module("docker_lane", ["d6"]))
+    (suite / "test_e_docker.py").write_text(module(True, ["d5"]) + pause)
+    (suite / "test_g_plain.py").write_text(module(False, ["g0", "g1"]) + pause)
+    # two files sharing a session fixture of their folder: made once, by one lane
+    engine = suite / "engine"
+    engine.mkdir()
+    (engine / "conftest.py").write_text(
+        "import os, pytest\n\n@pytest.fixture(scope='session')\ndef engine_runs():\n"
+        "    with open(os.environ['LANE_RECORD'], 'a') as f:\n"
+        "        f.write(f\"{os.environ.get('PYTEST_XDIST_WORKER', '-')} made-engine-runs\\n\")\n")
+    for name in ("test_h_engine", "test_i_engine"):
+        (engine / f"{name}.py").write_text(RECORDING + "".join(
+            f"\ndef test_{name[5]}{i}(engine_runs):\n    record('{name[5]}{i}')\n" for i in range(2)))
     # a summary line written in a worker, from a folder whose conftest the controller never loads
     (suite / "nested").mkdir()
     shutil.copy(ROOT / "tests/report_lines.py", suite / "nested" / "report_lines.py")
@@ -57,17 +70,23 @@ def test_docker_tests_share_one_lane_in_order_and_the_rest_the_other(tmp_path):
     record = tmp_path / "record.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
     env["LANE_RECORD"] = str(record)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
                            "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     ran = [line.split() for line in record.read_text().splitlines()]
     docker = [(w, n) for w, n in ran if n.startswith("d")]
-    plain = [(w, n) for w, n in ran if not n.startswith("d")]
-    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5", "d6"], ran  # collection order
-    assert len({w for w, _ in docker}) == 1 and len({w for w, _ in plain}) == 1, ran
-    assert {w for w, _ in docker} != {w for w, _ in plain}, ran  # two lanes, side by side
+    plain = [(w, n) for w, n in ran if n[0] in "pqg"]
+    shared = [(w, n) for w, n in ran if n[0] in "hi" or n == "made-engine-runs"]
+    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5"], ran  # collection order
+    (docker_lane,) = {w for w, _ in docker}
+    assert next(n for w, n in ran if w == docker_lane) == "d1", ran  # handed out first
+    assert docker_lane not in {w for w, _ in plain[:3]}, ran  # beside the others, not after them
+    assert len({w for w, _ in plain}) >= 2, ran  # the plain files spread over the free lanes
+    assert len({w for w, _ in shared}) == 1 and [n for _, n in shared].count("made-engine-runs") == 1, ran
     lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
-    assert sorted(line.split()[1] for line in lanes) == ["docker", "python"], proc.stdout[-2000:]
+    assert sorted(line.split()[1] for line in lanes) == sorted({w for w, _ in ran}), proc.stdout[-2000:]
+    assert [line for line in lanes if "(Docker tests " in line] == \
+        [line for line in lanes if line.split()[1] == docker_lane], proc.stdout[-2000:]
     assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
     assert " nested section =" in proc.stdout and "\na line from a lane\n" in proc.stdout, proc.stdout[-2000:]
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,6 @@ from hypothesis import strategies as st
 from ci.pins import locks, model
 from json_cases import paths, replaced
 from tests import vllm_sdist
-
-# docker_lane: evens out the two lanes (pytest.ini); it needs no Docker engine (a full CI run: python
-# lane 1,900 s, Docker lane 1,555 s before this module, about 145 s, moved)
-pytestmark = pytest.mark.docker_lane
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "ci/docker"
@@ -86,6 +83,38 @@ def test_every_lock_is_what_its_inputs_lock_to_now():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for lock in all_locks():
         assert f"lock {lock.name}: {lock.output} up to date" in proc.stdout
+
+
+PINS_PROJECT = ROOT / "ci/pins"
+
+
+def _uv(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*locks.uv_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
+    """ci/pins/uv.lock (the environment `uv run --locked --project ci/pins` makes) passes uv's own
+    check, and uv makes the same file from ci/pins/pyproject.toml alone, up to locks.json's
+    exclude_newer: the lock is reproducible from the repository's files. A dependency the lock
+    lacks fails the check."""
+    uv_or_skip()
+    project = (PINS_PROJECT / "pyproject.toml").read_text()
+    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    assert tomllib.loads(project)["tool"]["uv"]["exclude-newer"] == spec["exclude_newer"], \
+        "ci/pins/pyproject.toml exclude-newer is not ci/locks/locks.json's exclude_newer: make them one date " \
+        "and run uv lock --upgrade --project ci/pins"
+    proc = _uv("lock", "--check", "--project", "ci/pins")
+    assert proc.returncode == 0, f"run uv lock --project ci/pins: {proc.stderr[-2000:]}"
+    fresh = tmp_path / "pins"
+    fresh.mkdir()
+    (fresh / "pyproject.toml").write_text(project)
+    proc = _uv("lock", "--project", str(fresh))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (fresh / "uv.lock").read_text() == (PINS_PROJECT / "uv.lock").read_text(), \
+        "ci/pins/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project ci/pins"
+    # the check can fail
+    (fresh / "pyproject.toml").write_text(project.replace('"urllib3",', '"urllib3",\n    "idna",'))
+    assert _uv("lock", "--check", "--project", str(fresh)).returncode != 0
 
 
 def test_a_changed_input_makes_check_fail_naming_the_command(tmp_path):

@@ -148,10 +148,7 @@ def stepped_aside() -> list[str]:
     return model.stepped_aside(versions(), model.backend_supported_vllm(ROOT)[1])
 
 
-# every other track's suite in the Docker lane, which needs no Docker engine for it (conftest.py): the
-# two lanes then take about as long (a full CI run: python 2,179 s, docker 1,721 s before the move)
-@pytest.mark.parametrize("track", [pytest.param(t, marks=[pytest.mark.docker_lane] if i % 2 else [])
-                                   for i, t in enumerate(OTHER_TRACKS)])
+@pytest.mark.parametrize("track", OTHER_TRACKS)
 def test_track_suites_pass_on_the_tracks_own_vllm(track):
     python = track_python(track)
     want = versions()["tracks"][track]["vllm"]["version"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from ci.pins.locks import uv_command
+from cache_lock import held
 from ci.uv_pip import pip_settings, pip_sources, torch_sources, uv_environment
 from vllm_sdist import sdist_source, versions
 
@@ -65,8 +66,14 @@ def _run(cmd: list, what: str, **kw) -> None:
 
 
 def track_python(track: str) -> Path:
-    """The Python of the track's environment, made or refreshed first when needed."""
+    """The Python of the track's environment, made or refreshed first when needed (one lane at a
+    time: another waits, then finds it made)."""
     path = env_dir(track)
+    with held(path.parent / f".{track}.lock"):
+        return _track_python(track, path)
+
+
+def _track_python(track: str, path: Path) -> Path:
     python = path / "bin" / "python"
     marker = path / ".ready"
     key = _key(track)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cache_lock import held
 from ci.pins import discover, model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,18 +58,21 @@ def sdist_archive(track: str) -> Path:
     versions.json (as the pins job fetches a release: ci.pins.discover.fetch)."""
     sdist = discover.track_sdist(versions(), model.track_name(versions(), track))
     try:
-        return discover.fetch(sdist, cache_dir())
+        with held(cache_dir() / f".sdist-{track}.download.lock"):  # one lane at a time
+            return discover.fetch(sdist, cache_dir())
     except model.PinError as exc:
         pytest.fail(f"cannot get {sdist.url} ({exc}): this test needs PyPI, or the file in {cache_dir()}")
 
 
 def sdist_source(track: str) -> Path:
-    """The track's sdist, unpacked once (a marker file records the checked archive)."""
-    archive = sdist_archive(track)
-    sha = model.track(versions(), track)["vllm"]["sdist"]["sha256"]
-    src = cache_dir() / archive.name[: -len(".tar.gz")]
-    if not (src / ".unpacked").is_file() or (src / ".unpacked").read_text().strip() != sha:
-        with tarfile.open(archive) as tar:
-            tar.extractall(cache_dir(), filter="data")
-        (src / ".unpacked").write_text(sha + "\n")
-    return src
+    """The track's sdist, unpacked once (a marker file records the checked archive); one lane at a
+    time downloads and unpacks it."""
+    with held(cache_dir() / f".sdist-{track}.lock"):
+        archive = sdist_archive(track)
+        sha = model.track(versions(), track)["vllm"]["sdist"]["sha256"]
+        src = cache_dir() / archive.name[: -len(".tar.gz")]
+        if not (src / ".unpacked").is_file() or (src / ".unpacked").read_text().strip() != sha:
+            with tarfile.open(archive) as tar:
+                tar.extractall(cache_dir(), filter="data")
+            (src / ".unpacked").write_text(sha + "\n")
+        return src

@@ -22,8 +22,7 @@ import pytest
 
 from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pythonpath
 
-# docker_lane: evens out the two lanes (pytest.ini); it needs no Docker engine
-pytestmark = [pytest.mark.engine, pytest.mark.docker_lane]
+pytestmark = pytest.mark.engine
 
 CI_DIR = Path(__file__).resolve().parents[2] / "ci"
 TINY = CI_DIR.parent / "runtime" / "models" / "tiny-mla"
