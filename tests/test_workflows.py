@@ -128,7 +128,38 @@ def test_jobs_do_what_the_readme_says() -> None:
 
     assert "schedule" in triggers(pins)
     assert pins["permissions"] == {"contents": "write", "pull-requests": "write"}
-    assert [s["run"] for _, s in steps(pins) if "run" in s] == ["bash ci/pipeline/propose-pins.sh"]
+    assert [s["run"] for _, s in steps(pins) if "run" in s] == [f"{UV_RUN} bash ci/pipeline/propose-pins.sh"]
+
+
+# How a workflow runs the pin tool, or a script that runs it: under uv, in the environment uv makes
+# from ci/pins/uv.lock (the pin tool makes none of its own; a runner's python3 lacks its libraries).
+UV_RUN = "uv run --locked --project ci/pins"
+RUNS_THE_PIN_TOOL = re.compile(r"python3 -m ci\.pins|ci/pipeline/amd-runner/publish\.sh|ci/pipeline/propose-pins\.sh")
+
+
+def pin_tool_steps_outside_uv(docs: dict[str, dict]) -> list[str]:
+    """Each step that runs the pin tool without uv, or in a job with no setup-uv step before it."""
+    out = []
+    for name, doc in docs.items():
+        for job_name, job in doc["jobs"].items():
+            have_uv = False
+            for step in job.get("steps", []):
+                have_uv = have_uv or step.get("uses", "").startswith("astral-sh/setup-uv@")
+                for line in step.get("run", "").splitlines():
+                    if RUNS_THE_PIN_TOOL.search(line) and not (have_uv and UV_RUN in line):
+                        out.append(f"{name} {job_name}: {line.strip()}")
+    return out
+
+
+def test_workflows_run_the_pin_tool_under_uv() -> None:
+    docs = workflows()
+    assert pin_tool_steps_outside_uv(docs) == []
+    assert {n for n, doc in docs.items() for _, s in steps(doc) if RUNS_THE_PIN_TOOL.search(s.get("run", ""))} \
+        == {"ci.yml", "images.yml", "pins.yml"}
+    bare = {"jobs": {"j": {"steps": [{"run": "python3 -m ci.pins tracks --json"}]}}}
+    assert pin_tool_steps_outside_uv({"x.yml": bare}) == ["x.yml j: python3 -m ci.pins tracks --json"]
+    no_setup = {"jobs": {"j": {"steps": [{"run": f"{UV_RUN} bash ci/pipeline/propose-pins.sh"}]}}}
+    assert len(pin_tool_steps_outside_uv({"x.yml": no_setup})) == 1
 
 
 def test_every_variable_secret_and_input_is_documented() -> None:

@@ -9,16 +9,39 @@ import argparse
 import copy
 import dataclasses
 import hashlib
+import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import env
+from .. import runtime_modules
+
+# What the tool imports beyond the standard library: ci/pins/pyproject.toml's dependencies (less uv,
+# which only `resolve` and `lock` run: locks.uv_command says how to get it).
+NEEDED = ("jsonschema", "packaging", "urllib3")
+# How the tool runs where this Python lacks them: uv makes and keeps its environment from ci/pins/uv.lock.
+UV_RUN = ("uv", "run", "--locked", "--project", "ci/pins", "python", "-m", "ci.pins")
+UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
+# The characters str.splitlines breaks a line at, shown escaped: each error is one line whatever the file holds.
+_LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def libraries_or_exit(argv: list[str]) -> None:
+    """Return where this Python has the tool's libraries; else stop in one line naming the uv command."""
+    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    command = runtime_modules.module("secrets").shown([*UV_RUN, *argv]).translate(_LINE_BREAKS)
+    how = "" if shutil.which("uv") else f"install uv ({UV_INSTALL}), then "
+    sys.exit(f"error: this Python lacks {', '.join(missing)} (ci/pins/pyproject.toml): {how}run the pin tool "
+             f"with uv from the repository root: {command}")
+
 
 if __name__ == "__main__":
-    env.ensure(sys.argv[1:])  # the libraries below, from the pin tool's own environment where missing
+    libraries_or_exit(sys.argv[1:])
 
 from . import discover, locks, model, resolve, verify  # noqa: E402
 from .model import PinError  # noqa: E402
@@ -31,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", type=Path, default=model.VERSIONS_FILE, help="versions file (default: versions.json)")
     sub = parser.add_subparsers(dest="command", required=True)
     flag = {"action": "store_true"}
-    cache = {"type": Path, "default": Path.home() / ".cache" / "rocm-vllm-pins", "help": "where sdists are kept"}
+    cache = {"type": Path, "help": "where sdists are kept (default: ~/.cache/rocm-vllm-pins)"}
     for name, about, options in (
         ("verify", "check the versions file, the Dockerfiles' ARG defaults, the backend's range and the locks",
          {"--strict": {**flag, "help": "also fail on unresolved pins (release builds)"}, "--track": {},
@@ -81,10 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# The characters str.splitlines breaks a line at, shown escaped: each error is one line whatever the file holds.
-_LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
-
-
 def error(text: object) -> None:
     print(f"error: {str(text).translate(_LINE_BREAKS)}", file=sys.stderr)
 
@@ -130,7 +149,7 @@ def run(ns, parser, root: Path) -> int:
     if ns.command == "discover":
         return run_discover(ns, data, root)
     if ns.command == "lock":
-        return locks.run(root, data, ns.names, ns.check, ns.sdist_cache, ns.upgrade)
+        return locks.run(root, data, ns.names, ns.check, sdist_cache(ns), ns.upgrade)
     if ns.command == "verify":
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         if ns.file.read_bytes() != model.canonical(data).encode():
@@ -352,6 +371,17 @@ def backend_range_line(data: dict, root: Path) -> str:
     return line
 
 
+def sdist_cache(ns) -> Path:
+    """--sdist-cache, else ~/.cache/rocm-vllm-pins; a PinError where there is no home folder to take."""
+    if ns.sdist_cache is not None:
+        return ns.sdist_cache
+    try:
+        return Path.home() / ".cache" / "rocm-vllm-pins"
+    except (RuntimeError, KeyError):
+        raise PinError("no home folder to keep sdists in (HOME is unset and the user has none): set HOME or pass "
+                       "--sdist-cache DIR") from None
+
+
 def run_discover(ns, data: dict, root: Path) -> int:
     index = data["vllm"].get("index_url") or discover.DEFAULT_INDEX
     found = discover.new_releases(data, discover.pypi_sdists(index), ns.up_to)
@@ -368,9 +398,9 @@ def run_discover(ns, data: dict, root: Path) -> int:
     parts: list[str] = []
     if found:
         old_sdist = discover.track_sdist(data, newest)
-        old = discover.read_release(discover.fetch(old_sdist, ns.sdist_cache), old_sdist.version)
+        old = discover.read_release(discover.fetch(old_sdist, sdist_cache(ns)), old_sdist.version)
     for sdist in found:
-        release = discover.read_release(discover.fetch(sdist, ns.sdist_cache), sdist.version)
+        release = discover.read_release(discover.fetch(sdist, sdist_cache(ns)), sdist.version)
         proposal = discover.add_track(data, sdist, release)
         print(f"tracks.{proposal.track}: vLLM {proposal.version}, AITER {proposal.aiter_tag} "
               f"(from its {proposal.base_dockerfile})"

@@ -4,6 +4,9 @@
 #
 #   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
+# Its python3 runs the pin tool: run it under uv (uv run --locked --project ci/pins bash ...), whose
+# environment, made from ci/pins/uv.lock, has the tool's libraries.
+#
 # Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
 # what differs per run:
 # 1. `python3 -m ci.pins verify --strict`: a pushed image has every pin resolved

@@ -73,7 +73,7 @@ def project(tmp_path: Path):
         shutil.copy(REPO / name, root / name)
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
-    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", root / "runtime/src/rocm_vllm_runtime",
                     ignore=shutil.ignore_patterns("__pycache__"))  # ci.pins reads numbers and URLs through it
     data["vllm"]["repository"] = str(upstream)
