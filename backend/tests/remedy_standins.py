@@ -13,10 +13,11 @@ from vllm_aiter_mla.remedy import TritonDecode
 
 
 def _attend(q, k_buffer, table, lens, sm_scale, k_scale, o, lv):
-    rows = k_buffer.reshape(-1, k_buffer.shape[-1]).float() * (k_scale.float() if k_scale is not None else 1.0)
+    rows = k_buffer.reshape(-1, k_buffer.shape[-1])  # the rows a call reads converted, not the whole cache
+    factor = k_scale.float() if k_scale is not None else 1.0
     for r in range(q.shape[0]):
         n = int(lens[r])
-        keys = rows[table[r, :n].long()]
+        keys = rows[table[r, :n].long()].float() * factor
         p = (torch.einsum("hd,kd->hk", q[r].float(), keys) * sm_scale).softmax(-1)
         o[r] = (p @ keys[:, :lv]).to(o.dtype)
 
@@ -25,7 +26,9 @@ def _check(q, k_buffer, v_buffer, o, table, lens, page_size):
     assert k_buffer.dim() == 4 and k_buffer.shape[-2] == 1 and page_size == k_buffer.shape[1] == 1, k_buffer.shape
     assert v_buffer.shape[-1] == o.shape[-1] == 512 and v_buffer.data_ptr() == k_buffer.data_ptr()
     assert table.dtype == torch.int32 and table.dim() == 2 and lens.dtype == torch.int32
-    assert q.dtype == o.dtype and q.element_size() == 2, q.dtype  # queries reach the kernel dequantised
+    # queries reach the kernel dequantised (never fp8); float32 ones too (tl.dot takes them): the CPU
+    # development mode's float32 engine runs call it so
+    assert q.dtype == o.dtype and q.dtype in (torch.bfloat16, torch.float16, torch.float32), q.dtype
 
 
 def triton_standin(factor: float = 1.0, verify: bool = True, splits: int = 4) -> TritonDecode:

@@ -25,19 +25,33 @@ if os.environ.get("ROCM_VLLM_FAKE_AMX") == "1":
 
     torch.cpu._is_amx_tile_supported = _is_amx_tile_supported
 
-# The engine tests' decode fault (backend/tests/engine/engine_driver.py: install_fault, one slot
-# index off in the decode plan) in every process of a server, for tests that must see a wrong
-# decode fail (the accuracy gate). Active when ROCM_VLLM_TEST_FAULT=last-slot-off-by-one and
-# backend/tests/engine is on PYTHONPATH; installed once vllm_aiter_mla.backend is imported.
+# Test-only changes to this package's adapter in every process of a server (the processes a test
+# cannot reach otherwise: a tensor-parallel engine's workers, a server's engine core), installed once
+# vllm_aiter_mla.backend is imported, from modules of backend/tests/engine (on PYTHONPATH):
+# * ROCM_VLLM_TEST_FAULT=last-slot-off-by-one: the engine tests' decode fault (engine_driver.install_fault,
+#   one slot index off in the decode plan), for tests that must see a wrong decode fail (the accuracy gate);
+# * ROCM_VLLM_TEST_KERNELS=SET[|SET...]: stand-ins for AITER's decode and vLLM's Triton decode
+#   (engine_kernels.SETS), one set per tensor-parallel rank.
 _FAULT = os.environ.get("ROCM_VLLM_TEST_FAULT")
-if _FAULT:
+_KERNELS = os.environ.get("ROCM_VLLM_TEST_KERNELS")
+if _FAULT and _FAULT != "last-slot-off-by-one":
+    raise SystemExit(f"ROCM_VLLM_TEST_FAULT={_FAULT!r}: the one fault is last-slot-off-by-one")
+if _FAULT or _KERNELS:
     import importlib.abc
     import importlib.util
 
-    if _FAULT != "last-slot-off-by-one":
-        raise SystemExit(f"ROCM_VLLM_TEST_FAULT={_FAULT!r}: the one fault is last-slot-off-by-one")
+    def _install() -> None:
+        if _FAULT:
+            from engine_driver import install_fault
 
-    class _FaultAfterImport(importlib.abc.MetaPathFinder):
+            install_fault()
+            print(f"ROCM_VLLM_TEST_FAULT: {_FAULT} installed in pid {os.getpid()}", file=sys.stderr, flush=True)
+        if _KERNELS:
+            from engine_kernels import install_by_rank
+
+            install_by_rank(_KERNELS)
+
+    class _AfterImport(importlib.abc.MetaPathFinder):
         TARGET = "vllm_aiter_mla.backend"
 
         def find_spec(self, name, path, target=None):
@@ -49,12 +63,9 @@ if _FAULT:
 
             def exec_module(module):
                 real_exec(module)
-                from engine_driver import install_fault
-
-                install_fault()
-                print(f"ROCM_VLLM_TEST_FAULT: {_FAULT} installed in pid {os.getpid()}", file=sys.stderr, flush=True)
+                _install()
 
             spec.loader.exec_module = exec_module
             return spec
 
-    sys.meta_path.insert(0, _FaultAfterImport())
+    sys.meta_path.insert(0, _AfterImport())

@@ -3,14 +3,19 @@
     python engine_driver.py --backend ours|cpu_mla --plan plan.json --out result.json
 
 One process runs every configuration of one backend the tests ask for (``plan.json``: a list of
-runs, each naming its model, dtype, schedule and fault), one engine after another: vLLM, torch and
+runs, each naming its model, dtype, schedule, fault and kernels), one engine after another: vLLM, torch and
 the plugin are imported once, and the runs that share an engine's settings (model, dtype, prefix
-caching) share one engine. ``ours``: this package's CPU development mode
+caching, kernels) share one engine. ``ours``: this package's CPU development mode
 (AITER_MLA_KERNELS=reference), ``cpu_mla``: vLLM's own CPU MLA backend. The engine core runs in
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the decode-call counter and the fault
 injection act on the engine that serves the requests; a fault or a recorder is installed for its
 run (or engine) alone and removed after it. With the ``waves`` schedule requests arrive in two
 waves: the second while the first is decoding.
+
+``kernels`` (``engine_kernels.SETS``; none: the reference kernel, vLLM's Triton decode measured as it
+loads): stand-ins for AITER's decode and the remedy, installed for that engine alone; its run records
+this package's start-up lines (``startup_lines``) and how often the remedy stand-in was called while
+serving; an engine whose start is refused records the error's text (``refused``) and serves nothing.
 
 Both sides name their attention backend explicitly (``CPU_MLA``): vLLM's CPU platform
 would pick ``AMX_MLA`` on CPUs with AMX tiles, and in CPU development mode the plugin
@@ -27,6 +32,8 @@ import gc
 import json
 import os
 import random
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -135,31 +142,68 @@ def installed_aiter() -> str | None:
 
 
 MAX_TOKENS = 32
-SCHEDULES = ("waves", "sequential", "shared-prefix")
+SCHEDULES = ("waves", "sequential", "shared-prefix", "brief")
+BRIEF_PROMPTS = (0, 2)  # brief: two requests (1 and 200 prompt tokens) together, BRIEF_TOKENS each
+BRIEF_TOKENS = 8
 FAULTS = ("none", "last-slot-off-by-one")
 
 
 def read_plan(path: str) -> list[dict]:
-    """The runs of ``path``: each a dict with name, model, dtype, schedule, fault."""
+    """The runs of ``path``: each a dict with name, model, dtype, schedule, fault, kernels."""
+    from engine_kernels import SETS
+
     with open(path, encoding="utf-8") as f:
         runs = json.load(f)
     for run in runs:
-        if run["schedule"] not in SCHEDULES or run["fault"] not in FAULTS:
-            raise SystemExit(f"run {run['name']}: schedule must be one of {SCHEDULES}, fault one of {FAULTS}")
+        kernels = run["kernels"].split("|") if run["kernels"] else []
+        if run["schedule"] not in SCHEDULES or run["fault"] not in FAULTS or not set(kernels) <= set(SETS):
+            raise SystemExit(f"run {run['name']}: schedule must be one of {SCHEDULES}, fault one of {FAULTS}, "
+                             f"kernels one of {SETS} (or one per tensor-parallel rank, | between them)")
     return runs
 
 
-def engine_settings(run: dict) -> tuple[str, str, bool]:
-    """What one engine serves a run with: model, dtype, and whether prefix caching is on."""
-    return run["model"], run["dtype"], run["schedule"] == "shared-prefix"
+def engine_settings(run: dict) -> tuple[str, str, bool, str | None]:
+    """What one engine serves a run with: model, dtype, whether prefix caching is on, kernel set."""
+    return run["model"], run["dtype"], run["schedule"] == "shared-prefix", run["kernels"]
 
 
-def make_engine(model: str, dtype: str, shared: bool):
+class StartupLines:
+    """This package's log records (logger ``vllm.aiter_mla``) of level INFO and above while installed.
+    Recorded where the logger hands a record on, not by a handler: vLLM configures logging again as an
+    engine starts, which drops its child loggers' handlers."""
+
+    def __init__(self):
+        import logging
+
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("vllm.aiter_mla")
+        real = self.logger.handle
+
+        def handle(record):
+            if record.levelno >= logging.INFO:
+                self.lines.append(record.getMessage())
+            return real(record)
+
+        self.logger.handle = handle
+
+    def remove(self) -> None:
+        del self.logger.handle
+
+
+# A tensor-parallel engine (a kernel set per rank, ``a|b``): its measurement children's time limit,
+# long enough for a child to start and measure the remedy on a busy 2-core machine before AITER's call
+# hangs.
+TP_MEASURE_TIMEOUT_S = "20"
+
+
+def make_engine(model: str, dtype: str, shared: bool, tensor_parallel: int = 1):
     from vllm import LLM
 
     extra = {}
     if shared:
         extra = {"enable_prefix_caching": True, "num_gpu_blocks_override": SHARED_CACHE_BLOCKS, "block_size": 16}
+    if tensor_parallel > 1:
+        extra.update(tensor_parallel_size=tensor_parallel, distributed_executor_backend="mp")
     return LLM(
         model=model,
         load_format="safetensors",
@@ -179,7 +223,8 @@ def serve_schedule(engine, schedule: str) -> dict[str, dict]:
     """Greedy tokens and their logprobs of every request of ``schedule``, by request id."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=0.0, max_tokens=BRIEF_TOKENS if schedule == "brief" else MAX_TOKENS,
+                            logprobs=0, ignore_eos=True, detokenize=False)
     results: dict[str, dict] = {}
 
     def collect(outputs) -> None:
@@ -204,6 +249,10 @@ def serve_schedule(engine, schedule: str) -> dict[str, dict]:
         for i in range(1, SHARED_REQUESTS):
             engine.add_request(str(i), {"prompt_token_ids": prefix + [6 + i]}, params)
         drain()
+    elif schedule == "brief":
+        for i in BRIEF_PROMPTS:
+            engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
+        drain()
     elif schedule == "sequential":
         for i, prompt in enumerate(all_prompts):
             engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
@@ -227,25 +276,74 @@ def decode_calls(backend: str) -> int | None:
     return cpu_dev._decode_calls
 
 
+def set_environ(**values: str) -> Callable[[], None]:
+    """Set these variables of this process (its engine's workers and their children inherit them).
+    Returns what restores them."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    return restore
+
+
+def remedy_calls() -> int:
+    """Calls of the remedy's stand-in in this process (0 where no kernel set was installed)."""
+    module = sys.modules.get("engine_kernels")
+    return module.remedy_calls() if module else 0
+
+
 def run_engine(backend: str, runs: list[dict]) -> dict[str, dict]:
     """Every run of ``runs`` (one engine's settings) on one engine, each with its own fault."""
-    model, dtype, shared = engine_settings(runs[0])
+    model, dtype, shared, kernels = engine_settings(runs[0])
     undo = [keep_prefix_caching()] if shared else []
     step_keys: list[int] = []
     if shared and backend == "ours":
         undo.append(record_step_keys(step_keys))
+    lines = StartupLines()
+    undo.append(lines.remove)
+    ranks = len(kernels.split("|")) if kernels else 1
+    if ranks > 1:  # the workers install their rank's set (tests/fake_amx/sitecustomize.py)
+        records = tempfile.TemporaryDirectory(prefix="aiter-mla-measured-")  # every start measures in children
+        undo.append(records.cleanup)
+        undo.append(set_environ(ROCM_VLLM_TEST_KERNELS=kernels, AITER_MLA_MEASURE_TIMEOUT_S=TP_MEASURE_TIMEOUT_S,
+                                AITER_MLA_MEASURED_DIR=records.name,
+                                VLLM_CPU_OMP_THREADS_BIND="|".join(map(str, range(ranks)))))
+    elif kernels:
+        import engine_kernels
+
+        undo.append(engine_kernels.install(kernels))
+    llm = None
     try:
         t0 = time.monotonic()
-        llm = make_engine(model, dtype, shared)
+        try:
+            llm = make_engine(model, dtype, shared, ranks)
+        except Exception as exc:  # noqa: BLE001  (a refused start is the run's result)
+            if not kernels:
+                raise
+            refused = {"refused": f"{type(exc).__name__}: {exc}", "engine_start_s": time.monotonic() - t0,
+                       "startup_lines": lines.lines}
+            return {run["name"]: refused for run in runs}
         start_s = time.monotonic() - t0
         cache = llm.llm_engine.vllm_config.cache_config
         common = {"engine_start_s": start_s, "kv_cache_slots": (cache.num_gpu_blocks or 0) * 16,
                   "prefix_caching": cache.enable_prefix_caching,
                   "attention_impls": sorted({c for w in llm.collective_rpc(attention_impls) for c in w}),
-                  "platform_choices": platform_choices(dtype), "aiter_version": installed_aiter()}
+                  "platform_choices": platform_choices(dtype), "aiter_version": installed_aiter(),
+                  "startup_lines": list(lines.lines)}
+        if ranks > 1:
+            import engine_kernels
+
+            common["ranks"] = sorted(llm.collective_rpc(engine_kernels.rank_report), key=lambda r: r["rank"])
         found = {}
         for run in runs:
             calls_before = decode_calls(backend)
+            remedy_before = remedy_calls()
             remove_fault = install_fault() if run["fault"] != "none" else None
             try:
                 t1 = time.monotonic()
@@ -256,7 +354,13 @@ def run_engine(backend: str, runs: list[dict]) -> dict[str, dict]:
             calls = decode_calls(backend)
             found[run["name"]] = {**common, "results": results, "serve_s": time.monotonic() - t1,
                                   "decode_calls": None if calls is None else calls - calls_before,
+                                  "remedy_calls": remedy_calls() - remedy_before,
                                   "max_step_keys": max(step_keys, default=0)}
+            if ranks > 1:
+                import engine_kernels
+
+                found[run["name"]]["ranks_served"] = sorted(llm.collective_rpc(engine_kernels.rank_report),
+                                                            key=lambda r: r["rank"])
         return found
     finally:
         for step in reversed(undo):
@@ -275,11 +379,14 @@ def main() -> None:
                     f"({'|'.join(SCHEDULES)}), fault ({'|'.join(FAULTS)}); waves: the second half arrives "
                     "while the first decodes; sequential: one request at a time (what a client sending one "
                     "request after another sees); shared-prefix: requests on one cached prefix, prefix caching "
-                    "on, a small KV cache")
+                    "on, a small KV cache; brief: two requests together, a few tokens each")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # this folder's modules where a tensor-parallel engine's workers and measurement children import them
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.backend == "ours":
         os.environ["AITER_MLA_KERNELS"] = "reference"

@@ -47,6 +47,9 @@ class Run:
     # the AITER distribution installed in the engine's process (package metadata only: the CPU
     # development mode imports no AITER); this package's runs see the default track's, as in the image
     aiter: str | None = None
+    # stand-ins for AITER's decode and vLLM's Triton decode (engine_kernels.SETS); None: the reference
+    # kernel, and vLLM's Triton decode as it loads (on the CPU it cannot run: measured as raising)
+    kernels: str | None = None
 
     @property
     def name(self) -> str:
@@ -65,4 +68,17 @@ RUNS = (
     our_run(schedule="shared-prefix"), Run("cpu_mla", schedule="shared-prefix"),
     our_run(heads=8), Run("cpu_mla", heads=8),
     our_run(aiter=NOT_YET_RELEASED_AITER),
+    # the start-up measurement's outcomes in the engine: AITER's call wrong and served by the remedy;
+    # both wrong, the start refused (last: its engine never finishes starting)
+    our_run(kernels="aiter-x0.97"),
+    our_run(kernels="both-x0.97"),
 )
+
+# Two tensor-parallel ranks whose AITER stand-ins end their measurement child (SIGABRT) and hang in it:
+# both must start on the remedy. Two worker processes, two measurement children and a wait of the
+# children's time limit: 3 to 4 minutes on the 2-core machine (measured under load), so it runs only
+# where ENGINE_TP_ENV is 1 (its engine then joins this package's other engine runs' process).
+ENGINE_TP_ENV = "ROCM_VLLM_TEST_ENGINE_TP"
+TP_RUN = our_run(kernels="aborts|hangs", schedule="brief")
+if os.environ.get(ENGINE_TP_ENV) == "1":
+    RUNS = (*RUNS[:-1], TP_RUN, RUNS[-1])  # the refused start stays last
