@@ -20,6 +20,7 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -149,9 +150,15 @@ class LayerMeasurement:
     seconds: float
     flags: tuple[frozenset[int], frozenset[int]]  # the tensor-parallel group's (measure.agree_flags)
     triton: TritonDecode | None = None  # the remedy's functions (None: they could not be loaded)
+    cache: str = ""  # where the last measurement in this process ran, once on a layer's real KV cache
 
 
 _MEASURED: dict[tuple, LayerMeasurement] = {}
+# Cache geometries (set of calls, shape, strides, dtype, device) measured on a layer's real KV cache.
+_ON_CACHE: set[tuple] = set()
+# Counts the measurements on a layer's real KV cache that replaced an entry of _MEASURED: an impl or
+# builder that applied an older count takes the route again before its next decode call.
+_GENERATION = 0
 
 
 def _compute_units(device: torch.device) -> int:
@@ -174,15 +181,7 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
     tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
     whatever its own measurement did (the key holds no failure text, so a changing message makes no
     extra exchange)."""
-    try:
-        kernels, failed = load_kernels(), ""
-    except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
-        kernels, failed = None, measure.one_line(exc)
-    try:
-        triton, triton_failed = load_triton_decode(splits), ""
-    except Exception as exc:  # noqa: BLE001  (measured as raising: the remedy serves nothing)
-        triton, triton_failed = None, measure.one_line(exc)
-    device = _probe_device()
+    kernels, failed, triton, triton_failed, device = _loaded(splits)
     key = (kernels, triton, calls, device)
     if key in _MEASURED:
         return _MEASURED[key]
@@ -213,6 +212,117 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
                     "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
                     BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
     return result
+
+
+def _loaded(splits: int):
+    """This process's kernels (AITER's, None where they could not be loaded, and why), the remedy's
+    (likewise) and the device they are measured on."""
+    try:
+        kernels, failed = load_kernels(), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
+        kernels, failed = None, measure.one_line(exc)
+    try:
+        triton, triton_failed = load_triton_decode(splits), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising: the remedy serves nothing)
+        triton, triton_failed = None, measure.one_line(exc)
+    return kernels, failed, triton, triton_failed, _probe_device()
+
+
+def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, cache: torch.Tensor) -> LayerMeasurement:
+    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype),
+    once vLLM allocated it and before CUDA-graph capture (``crash_safe.measure_on_cache``: every call
+    still served, the probe's keys in the cache's highest rows, restored afterwards), once per process and
+    cache geometry: caches of one shape, strides and dtype put the keys at the same offsets from their
+    bases, so one measurement answers for every layer sharing it. Its outcome replaces the set of calls'
+    measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
+    there with the remedy, or refuses; one start-up line says what the cache measurement found."""
+    global _GENERATION
+    kernels, _, triton, _, device = _loaded(splits)
+    found = layer_measurement(calls, splits)
+    key = (kernels, triton, calls, device)
+    geometry = (key, tuple(cache.shape), tuple(cache.stride()), cache.dtype, cache.device)
+    if kernels is None or geometry in _ON_CACHE:
+        return found
+    _ON_CACHE.add(geometry)
+    result = crash_safe.measure_on_cache(kernels, triton, calls, cache, found.measured, found.remedy,
+                                         _tensor_parallel_group())
+    updated = _MEASURED[key] = LayerMeasurement(result.measured, result.remedy, result.seconds, result.flags,
+                                                found.triton, result.cache)
+    _GENERATION += 1
+    first = calls[0]
+    chosen = measure.serving(updated.measured, updated.remedy, updated.flags)
+    logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured again in %.2f s on %s: %s", BACKEND_NAME,
+                first.heads, measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), result.seconds,
+                result.cache, measure.describe_serving(chosen, updated.measured, updated.remedy,
+                                                       triton.function if triton else None))
+    return updated
+
+
+def _warmup_hook():
+    """vLLM's registry of warm-ups that depend on the allocated KV cache (``JitWarmupRegistry`` in
+    ``vllm.model_executor.warmup.jit_warmup``: registrations made while it is active, run once the
+    cache is bound and before CUDA-graph capture) and the base class of what it runs, where the running
+    release has them with that interface; else None."""
+    try:
+        from vllm.model_executor.warmup import jit_warmup  # noqa: PLC0415
+    except ImportError:
+        return None
+    registry = getattr(jit_warmup, "JitWarmupRegistry", None)
+    base = getattr(jit_warmup, "VllmJitKernel", None)
+    if registry is None or base is None:
+        return None
+    if not all(callable(getattr(registry, name, None)) for name in ("register", "activate", "warmup")):
+        return None
+    if not all(callable(getattr(base, name, None)) for name in ("get_warmup_keys", "compile", "compile_many",
+                                                                 "register_warmup")):
+        return None
+    return registry, base
+
+
+@functools.cache
+def real_cache_warmup():
+    """The warm-up an own impl registers with vLLM's registry (``_warmup_hook``), one per process, or None
+    where the release has none: run by vLLM's JIT warm-up, it measures each registered impl's decode
+    calls on its layer's bound KV cache (``DecodeKernelsMixin.measure_bound_cache``)."""
+    hook = _warmup_hook()
+    if hook is None:
+        return None
+    _, base = hook
+
+    class RealCacheMeasurement(base):  # type: ignore[misc, valid-type]
+        """Each own layer's decode calls measured on its allocated KV cache: one warm-up key per impl."""
+
+        def get_warmup_keys(self, impl):
+            return [impl]
+
+        def compile(self, impl) -> None:
+            impl.measure_bound_cache()
+
+    return RealCacheMeasurement()
+
+
+def _bound_cache(vllm_config, impl) -> torch.Tensor | None:
+    """The KV cache vLLM bound to the layer whose impl is ``impl`` (a tensor, or the first of a list of
+    them), None where there is none yet."""
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    for layer in context.values():
+        if getattr(layer, "impl", None) is impl:
+            cache = getattr(layer, "kv_cache", None)
+            if isinstance(cache, (list, tuple)):
+                cache = cache[0] if cache else None
+            return cache if isinstance(cache, torch.Tensor) and cache.numel() else None
+    return None
+
+
+def _cache_committed_later(vllm_config) -> bool:
+    """Whether the running vLLM reserves the KV cache as address space and maps (commits) its blocks
+    later (0.34's ``ExtensibleKVCache``, ``cache_config.enable_extensible_kv_cache``): rows past the
+    committed blocks are not memory yet."""
+    return bool(getattr(getattr(vllm_config, "cache_config", None), "enable_extensible_kv_cache", False))
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
@@ -256,6 +366,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
     _steps: int = 0  # decode steps planned (the overflow counter is read every OVERFLOW_CHECK_STEPS)
     _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
+    _route_generation: int | None = None  # the _GENERATION its route was taken at (None: not measured)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, AiterMLAMetadata)
@@ -287,17 +398,9 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             block_size=self.page_size,
             device=device,
         )
-        # Query lengths vLLM's Triton decode serves (measured: AITER wrong there): their plans are also
-        # written as per-request slot tables, into one persistent buffer (a captured graph reads it).
-        route, _ = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
-        self._triton_qlens = route.triton_qlens if route.own else frozenset()
+        self._route_args = (vllm_config, kv_cache_dtype, torch.device(device))
         self._slot_table = None
-        if self._triton_qlens:
-            triton = load_triton_decode(remedy_splits(vllm_config, torch.device(device)))
-            self._table_rows = {q: triton.rows_per_request(q) for q in self._triton_qlens}
-            self._slot_table = torch.zeros((vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values()),
-                                            vllm_config.model_config.max_model_len + longest), dtype=torch.int32,
-                                           device=device)
+        self._take_route()
         # GPUs plan with one fused Triton kernel; the CPU development mode with PyTorch.
         self._plan_triton = None
         threads_setting = compile_threads_setting()  # checked everywhere, used where Triton plans
@@ -338,6 +441,22 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 AITER_PREFILL_BACKEND,
             )
 
+    def _take_route(self) -> None:
+        """Query lengths vLLM's Triton decode serves (measured: AITER wrong there; the latest measurement,
+        on the layers' real KV cache once made): their plans are also written as per-request slot tables,
+        into one persistent buffer (a captured graph reads it), allocated when first needed."""
+        vllm_config, kv_cache_dtype, device = self._route_args
+        self._route_generation = _GENERATION
+        route, _ = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
+        self._triton_qlens = route.triton_qlens if route.own else frozenset()
+        if self._triton_qlens:
+            triton = load_triton_decode(remedy_splits(vllm_config, device))
+            self._table_rows = {q: triton.rows_per_request(q) for q in self._triton_qlens}
+            shape = (vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values()),
+                     vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config))
+            if self._slot_table is None or tuple(self._slot_table.shape) != shape:
+                self._slot_table = torch.zeros(shape, dtype=torch.int32, device=device)
+
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False) -> AiterMLAMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         prefill = metadata.prefill
@@ -361,6 +480,8 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         # max_query_len is min(longest query of the whole batch, reorder threshold): prefill
         # rows count too. AITER needs the decode rows' own uniform length.
         qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
+        if self._route_generation not in (None, _GENERATION):  # the layers' real KV cache was measured since
+            self._take_route()
         if self._plan_triton is not None:
             plan = self._plan_triton(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len)
         else:
@@ -402,6 +523,8 @@ class DecodeKernelsMixin:
     _v_scale_fix_qlens: frozenset[int] = frozenset()
     _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
     _triton: TritonDecode | None = None
+    _real_cache_pending: bool = False  # its calls not yet measured on the layer's real KV cache
+    _route_generation: int | None = None  # the _GENERATION its route was taken at (None: not measured)
     kv_lora_rank: int
     scale: float
 
@@ -415,13 +538,71 @@ class DecodeKernelsMixin:
         # Every decode call measured on this GPU (once per process; routing measured the same calls
         # where it chose this path). ROCm/aiter#6732: lengths whose fp8 output comes back short by
         # kv_scale are multiplied back.
-        route, found = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
+        self._take_route()
+        # The same calls measured again on the layer's real KV cache once vLLM allocated it: by vLLM's
+        # warm-up of kernels that depend on the allocated cache where the release has one (this
+        # registration is kept where it is active, around the model's construction and the cache's
+        # allocation), else at the first decode call outside CUDA-graph capture.
+        self._real_cache_pending = True
+        warmup = real_cache_warmup()
+        if warmup is not None:
+            warmup.register_warmup(self)
+
+    def _take_route(self) -> None:
+        """The layer's route from its calls' measurement (the latest, on the real cache once made)."""
+        generation = _GENERATION
+        route, found = measured_route(self._vllm_config, Route(True, (), self._decode_heads),
+                                      self._decode_kv_cache_dtype)
         if not route.own:  # a refusal, or AITER not loaded (CPU development mode has no built-in to hand it to)
             raise ValueError(f"{BACKEND_NAME}: {route.refusal or '; '.join(route.reasons)}")
         self._v_scale_fix_qlens = measure.v_scale_fix_qlens(
             {q: m for q, m in found.measured.items() if q not in route.triton_qlens})
         self._triton_qlens = route.triton_qlens
         self._triton = found.triton
+        self._route_generation = generation
+
+    def measure_real_cache(self, kv_cache: torch.Tensor) -> None:
+        """The layer's calls measured on ``kv_cache`` (its real KV cache, as the decode reads it: an fp8
+        cache in the platform's fp8 dtype), once; then the route taken again (a call measured wrong there
+        is served by the remedy, or the layer refuses in one line)."""
+        self._real_cache_pending = False
+        vllm_config = self._vllm_config
+        if _cache_committed_later(vllm_config):
+            logger.warning_once(
+                "%s: vLLM reserves the KV cache as address space and maps its highest blocks only after "
+                "CUDA-graph capture (enable_extensible_kv_cache), so the decode calls stand as measured on the "
+                "probe's own cache, not on the real one; set --no-enable-extensible-kv-cache to measure there",
+                BACKEND_NAME)
+            return
+        real_cache_measurement(layer_calls(vllm_config, self._decode_heads, self._decode_kv_cache_dtype),
+                               remedy_splits(vllm_config, _probe_device()), kv_cache)
+        self._take_route()
+
+    def measure_bound_cache(self) -> None:
+        """vLLM's warm-up (``real_cache_warmup``): the layer's calls measured on the KV cache vLLM bound to
+        it; where none is bound yet, left to the first decode call outside capture."""
+        if not self._real_cache_pending:
+            return
+        cache = _bound_cache(self._vllm_config, self)
+        if cache is not None:
+            self.measure_real_cache(_fp8_view(cache, _platform_fp8_dtype()))
+
+    def _before_decode(self, kv_cache: torch.Tensor) -> None:
+        """At a decode call: the real-cache measurement where vLLM's warm-up did not make it (at the first
+        call outside CUDA-graph capture: nothing it does may be captured), or the route taken again where
+        another layer's measurement changed it."""
+        if self._real_cache_pending:
+            if not _capturing(kv_cache):
+                self.measure_real_cache(kv_cache)
+                return
+            self._real_cache_pending = False  # a route changed after capture would not reach the graphs
+            logger.warning_once(
+                "%s: CUDA-graph capture began before this layer's decode calls were measured on its KV cache "
+                "(vLLM ran neither its JIT warm-up nor an eager step first): they stand as measured on the "
+                "probe's own cache; set --kernel-config.enable_jit_warmup=true to measure on the real cache",
+                BACKEND_NAME)
+        if self._route_generation != _GENERATION:
+            self._take_route()
 
     def reserve_workspace(self) -> None:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
@@ -465,6 +646,8 @@ class DecodeKernelsMixin:
             q_scale, kv_scale = layer._q_scale, layer._k_scale
             if not _is_fp8(q):
                 q = (q.float() / q_scale).to(fp8_dtype)
+        if self._real_cache_pending or self._route_generation not in (None, _GENERATION):
+            self._before_decode(kv_cache)
         if max_query_len in self._triton_qlens:  # measured: AITER wrong here, vLLM's Triton decode right
             return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, kv_lora_rank=self.kv_lora_rank,
                                      scale=self.scale, max_seqlen_q=max_query_len, decode_heads=self._decode_heads,

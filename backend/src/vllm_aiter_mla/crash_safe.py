@@ -21,8 +21,14 @@ only where the child found the call safe; then agreed across the tensor-parallel
   found served (AITER: ``correct`` or ``drops the V scale``; the remedy: ``correct``) is measured again
   here, through the same function, and this measurement decides; a task it found not served keeps that
   outcome and never runs here (a call that ended or hung the child would end or hang the server).
-  ``cache``: where the in-process probe's keys go (``measure.prepare``); a layer's real KV cache,
-  once vLLM allocated it, is the seam for measuring there (not done yet: the private probe cache).
+  The in-process measurement at start-up runs on the probe's private cache.
+* **On the layer's real KV cache** (``measure_on_cache``), once vLLM allocated it and before CUDA-graph
+  capture: every task still served (AITER's, the remedy's) measured again in this process with the
+  probe's keys in the cache's highest rows, past 4 GiB from its base where the cache is that large (a
+  kernel that reads the cache through a 32-bit offset, ROCm/aiter#5765, is right in the private cache
+  and wrong there). The rows it overwrites hold what they held before once it returns. A task found
+  not served keeps that outcome; a later start that reads the record still measures here, on the
+  real cache. Then one more exchange.
 * **Agreement**: one ``measure.agree_flags`` exchange per set of calls on every rank, whatever its own
   measurement did: a failure anywhere before it (a bad setting, a record folder that cannot be
   written, a child that could not start) is an outcome, never an exception that skips the exchange.
@@ -229,6 +235,7 @@ class LayerResult:
     seconds: float  # in this process
     flags: tuple[frozenset[int], frozenset[int]]  # the tensor-parallel group's (measure.agree_flags)
     first: str  # where the first measurement came from, in words
+    cache: str = ""  # where this process's last measurement ran (``measure_on_cache``), in words
 
 
 def _failed(calls: Sequence[measure.DecodeCall], exc: Exception) -> dict[Task, measure.Measured]:
@@ -277,3 +284,77 @@ def measure_layer(kernels, triton, calls: Sequence[measure.DecodeCall], splits: 
     remedied = {c.qlen: remedied_here.get(c.qlen, first["triton", c.qlen]) for c in calls}
     flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls), group)
     return LayerResult(measured, remedied, seconds, flags, source)
+
+
+# ------------------------------------------------------------------------------ the layer's real cache
+
+def cache_unusable(cache: torch.Tensor, calls: Sequence[measure.DecodeCall]) -> str:
+    """Why the probe's keys cannot go to ``cache`` ('' where they can): another dtype than the calls
+    read, not a contiguous [rows, ..., 576] tensor, or fewer rows than the probe writes (then it lies
+    inside the private cache's reach)."""
+    call = calls[0]
+    if cache.dtype != call.kv_dtype:
+        return f"it holds {measure.dtype_name(cache.dtype)}, the calls read {measure.dtype_name(call.kv_dtype)}"
+    if cache.dim() < 2 or cache.shape[-1] != measure.HEAD_DIM or not cache.is_contiguous():
+        return f"it is no contiguous [rows, ..., {measure.HEAD_DIM}] tensor"
+    rows, needed = cache.numel() // measure.HEAD_DIM, measure.probe_rows(calls)
+    if rows < needed:
+        return f"its {rows} rows are fewer than the probe's {needed}"
+    return ""
+
+
+def describe_cache(cache: torch.Tensor, rows: int) -> str:
+    """Where a measurement in ``cache`` put its keys: its size and how far past its base its highest
+    ``rows`` rows begin."""
+    size = cache.numel() * cache.element_size()
+    start = size - rows * measure.HEAD_DIM * cache.element_size()
+    return (f"the layer's KV cache ({_bytes(size)}, the probe's keys in its highest {rows} rows, "
+            f"{_bytes(start)} and more past its base)")
+
+
+def _bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} GiB" if shift == 30 else f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache: torch.Tensor,
+                     measured: Mapping[int, measure.Measured], remedied: Mapping[int, measure.Measured],
+                     group=None) -> LayerResult:
+    """The layer's calls measured again in this process with the probe's keys in the highest rows of
+    ``cache`` (the layer's real KV cache, in the calls' KV dtype): AITER's where ``measured`` has them
+    served, the remedy's where ``remedied`` has them correct (a task found not served never runs: it may
+    have ended the measurement child); these outcomes replace those. The rows written hold what they held
+    before once this returns (at a first eager step they may hold a request's keys). Where the keys cannot
+    go to the cache, the given outcomes stand and ``cache`` of the result says why. One
+    ``measure.agree_flags`` exchange across ``group`` whatever happened."""
+    calls = list(calls)
+    measured, remedied = dict(measured), dict(remedied)
+    seconds = 0.0
+    try:
+        why = cache_unusable(cache, calls)
+        if why:
+            where = f"not on the layer's KV cache ({why}): the private cache's measurement stands"
+        else:
+            rows = measure.probe_rows(calls)
+            written = cache.view(-1, measure.HEAD_DIM)[-rows:]
+            saved = written.clone()
+            try:
+                here, remedied_here, seconds = measure.measure_both(
+                    kernels, triton, calls, cache.device, cache=cache,
+                    aiter_at=[q for q, m in measured.items() if m.outcome.served],
+                    remedy_at=[q for q, m in remedied.items() if m.outcome is measure.Outcome.CORRECT])
+            finally:
+                written.copy_(saved)
+            measured.update(here)
+            remedied.update(remedied_here)
+            where = describe_cache(cache, rows)
+    except Exception as exc:  # noqa: BLE001  (an outcome: the exchange below must happen on every rank)
+        failed = measure.Measured(measure.Outcome.RAISED, math.nan, math.nan,
+                                  f"measuring on the layer's KV cache: {measure.one_line(exc)}")
+        measured = {q: failed if m.outcome.served else m for q, m in measured.items()}
+        remedied = {q: failed if m.outcome is measure.Outcome.CORRECT else m for q, m in remedied.items()}
+        where = f"the layer's KV cache ({measure.one_line(exc)})"
+    flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls), group)
+    return LayerResult(measured, remedied, seconds, flags, "", where)

@@ -216,6 +216,12 @@ class Probe:
     bound: float
 
 
+def probe_rows(calls: Iterable[DecodeCall]) -> int:
+    """The most cache rows the probes of ``calls`` write (each call's distinct keys): in a given cache,
+    its highest rows of that count are the only ones a measurement overwrites."""
+    return max((key_ids(call.qlen)[1] for call in calls), default=0)
+
+
 def highest_slots(rows: int, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """``count`` slot ids among the highest of a cache of ``rows`` slots, scattered (a layer's real
     cache: the rows furthest from its base)."""
