@@ -71,14 +71,10 @@ RUNS = (
     # the start-up measurement's outcomes in the engine: AITER's call wrong and served by the remedy;
     # both wrong, the start refused (last: its engine never finishes starting)
     our_run(kernels="aiter-x0.97"),
+    # two tensor-parallel ranks whose AITER stand-ins end their measurement child (SIGABRT) and hang in
+    # it: both must start on the remedy (two worker processes, two measurement children and a wait of
+    # the children's time limit: the costliest engine of the set)
+    our_run(kernels="aborts|hangs", schedule="brief"),
     our_run(kernels="both-x0.97"),
 )
-
-# Two tensor-parallel ranks whose AITER stand-ins end their measurement child (SIGABRT) and hang in it:
-# both must start on the remedy. Two worker processes, two measurement children and a wait of the
-# children's time limit: 3 to 4 minutes on the 2-core machine (measured under load), so it runs only
-# where ENGINE_TP_ENV is 1 (its engine then joins this package's other engine runs' process).
-ENGINE_TP_ENV = "ROCM_VLLM_TEST_ENGINE_TP"
-TP_RUN = our_run(kernels="aborts|hangs", schedule="brief")
-if os.environ.get(ENGINE_TP_ENV) == "1":
-    RUNS = (*RUNS[:-1], TP_RUN, RUNS[-1])  # the refused start stays last
+TP_RUN = RUNS[-2]

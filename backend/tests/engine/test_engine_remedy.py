@@ -8,19 +8,18 @@ stand-ins for AITER's decode and for vLLM's Triton MLA decode (``engine_kernels`
   and the setting that avoids it.
 
 Both engines run in the process of this package's other engine runs (``engine_setup.RUNS``): each adds
-one engine start to it, not a process. Where ``ROCM_VLLM_TEST_ENGINE_TP=1``: two tensor-parallel ranks
-whose AITER stand-ins abort and hang in the measurement child both start on the remedy."""
+one engine start to it, not a process; so does the third: two tensor-parallel ranks whose AITER stand-ins
+abort and hang in the measurement child both start on the remedy."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import engine_driver
 import pytest
 
 from engine_report import REPORT
-from engine_setup import ENGINE_TP_ENV, TP_RUN
+from engine_setup import TP_RUN
 from test_engine_cpu import compare
 
 pytestmark = pytest.mark.engine
@@ -80,8 +79,6 @@ TP_ENDS = ("ended the process (the measurement child was killed by SIGABRT)",
            f"{engine_driver.TP_MEASURE_TIMEOUT_S} s and was killed)")
 
 
-@pytest.mark.skipif(os.environ.get(ENGINE_TP_ENV) != "1",
-                    reason=f"3 to 4 minutes on 2 cores: set {ENGINE_TP_ENV}=1 to run it")
 def test_two_ranks_whose_aiter_call_aborts_and_hangs_both_start_on_the_remedy(engine_runs):
     run = engine_runs.get("ours", kernels=TP_RUN.kernels, schedule=TP_RUN.schedule)
     assert "refused" not in run, run.get("refused")
@@ -91,7 +88,8 @@ def test_two_ranks_whose_aiter_call_aborts_and_hangs_both_start_on_the_remedy(en
         assert m, line
         assert m[2] == ("abort", "hang")[rank["rank"]] and m[5] == end and float(m[4]) < 0.01, line
     # each rank served the decode steps with the remedy after it started
-    served = [after["remedy_calls"] - before["remedy_calls"] for before, after in zip(run["ranks"], run["ranks_served"])]
+    served = [after["remedy_calls"] - before["remedy_calls"]
+              for before, after in zip(run["ranks"], run["ranks_served"])]
     assert all(n >= 2 * (engine_driver.BRIEF_TOKENS - 1) for n in served), served
     assert all(len(r["token_ids"]) == engine_driver.BRIEF_TOKENS for r in run["results"].values())
     REPORT.append(f"two ranks, AITER aborting and hanging: both on the remedy, engine start "
