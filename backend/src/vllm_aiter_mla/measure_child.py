@@ -12,7 +12,8 @@ order given, each as the server measures it (``measure.prepare`` and ``measure.m
 per call, shared by both kernels). Before each task it prints ``LINE {"begin": [kind, qlen]}`` and
 after it ``LINE {"done": [kind, qlen], "measured": ...}`` (``measure.measured_data``), each line
 flushed at once, so that whatever ends the child, the tasks it finished and the one it was in are
-known. Everything else it prints is the kernels' own output.
+known. Everything else it prints is the kernels' own output. Once its reports are out it ends at
+once (``end``: no interpreter teardown for the parent to wait for).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -143,5 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def end(code: int) -> None:
+    """End the child at once once its reports are out: no interpreter teardown (module finalisation,
+    the GPU context's destruction, atexit handlers), which the parent would wait for and which reports
+    nothing (about half a second on an NVIDIA H100)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())
