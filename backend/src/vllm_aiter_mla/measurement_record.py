@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import math
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from .plugin import VLLM_DISTRIBUTIONS
 FORMAT = 1
 RECORD_LIMIT = 1 << 20  # bytes: a record is a few KiB
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "triton-rocm")
+AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")  # the names AITER's wheels have (rocm_vllm_runtime.manifest's)
 
 _TEXTS = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 400}}
 SCHEMA = {
@@ -95,12 +97,31 @@ def builds() -> dict[str, str]:
     torch_build = torch.__version__ + "".join(f" {name} {v}" for name in ("hip", "cuda")
                                               if (v := getattr(torch.version, name, None)))
     return {
-        "aiter": build_of(*providers_of("aiter")) or "not installed",  # whatever the wheel is named
+        "aiter": aiter_build(),
         "vllm": build_of(*VLLM_DISTRIBUTIONS) or "not installed",
         "torch": torch_build,
         "triton": version_of(*TRITON_DISTRIBUTIONS) or "not installed",
         "plugin": f"{__version__} {source_digest()}",
     }
+
+
+def aiter_build() -> str:
+    """AITER's distribution as ``build_of`` names it, or "not installed": looked up by the names its
+    wheels have, else by the distributions that provide the ``aiter`` package (whatever the wheel is
+    named), a scan of every installed distribution's file list that is only made where ``aiter`` can
+    be imported at all (a scan takes a few tenths of a second in a large environment, on every start)."""
+    found = build_of(*AITER_DISTRIBUTIONS)
+    if found is None and _importable("aiter"):
+        found = build_of(*providers_of("aiter"))
+    return found or "not installed"
+
+
+def _importable(name: str) -> bool:
+    """Whether the top-level package ``name`` can be found on the import path (nothing is imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def path_in(folder: Path, ident: dict[str, object]) -> Path:
