@@ -146,7 +146,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # the lane (the worker that ran it, and whether it was the Docker unit): a plain attribute of
     # the report travels with it from a lane's worker to the controller, which counts the time per
     # lane (kept out of user_properties, which JUnit files would carry)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # not the environment: a
+    # session started by a test inherits its worker's PYTEST_XDIST_WORKER
     setattr(report, _LANE_ATTR, (worker, unit_of(item) == DOCKER_UNIT))
     if not report.skipped or hasattr(report, "wasxfail"):
         return
