@@ -101,9 +101,20 @@ def test_only_the_tests_that_reach_vllm_run_again_per_track():
         assert dependent in files
     assert not [f for f in files if "/engine/" in f]  # the CPU track's
     assert imports_vllm(ROOT / "backend/tests/engine/test_cpu_selection.py")  # through the child Python it runs
-    for independent in ("backend/tests/test_planning.py", "backend/tests/test_reference.py"):
+    for independent in ("backend/tests/test_planning.py", "backend/tests/test_reference.py",
+                        "backend/tests/test_crash_safe.py"):
         assert independent not in files
     assert len(files) < len(list((ROOT / "backend/tests").rglob("test_*.py"))) + 1
+
+
+def test_the_start_up_measurement_reads_nothing_of_vllm():
+    """The measurement (probes, children, records, the remedy's calls) holds the same on every vLLM
+    release, so its tests run once: vLLM's kernels reach it through upstream_kernels, named by a
+    string, and the adapters in backend.py."""
+    package = ROOT / "backend/src/vllm_aiter_mla"
+    for module in ("measure", "crash_safe", "measure_child", "measurement_record", "remedy"):
+        assert not imports_vllm(package / f"{module}.py"), module
+    assert imports_vllm(package / "upstream_kernels.py") and imports_vllm(package / "backend.py")
 
 
 def test_a_file_reaching_vllm_through_a_helper_counts(tmp_path, monkeypatch):
@@ -148,6 +159,7 @@ def stepped_aside() -> list[str]:
     return model.stepped_aside(versions(), model.backend_supported_vllm(ROOT)[1])
 
 
+@pytest.mark.long  # minutes: the backend's vLLM-dependent tests in the track's own environment
 @pytest.mark.parametrize("track", OTHER_TRACKS)
 def test_track_suites_pass_on_the_tracks_own_vllm(track):
     python = track_python(track)

@@ -1,6 +1,6 @@
 """Kernel factories for the measurement child (``vllm_aiter_mla.measure_child``) in tests, named
 ``child_standins:NAME`` (this folder on the child's PYTHONPATH), each ``(kind, splits)`` -> kernels as
-``measure_child.production`` is: the reference kernel standing in for AITER, the remedy's CPU stand-in
+``upstream_kernels.production`` is: the reference kernel standing in for AITER, the remedy's CPU stand-in
 (``remedy_standins``) for vLLM's Triton decode, and AITER's call at some query lengths replaced by one
 that raises, aborts the process (``os.abort``: SIGABRT, as AITER's missing-kernel checks and a GPU
 memory fault end it) or hangs.

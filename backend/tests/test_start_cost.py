@@ -13,7 +13,7 @@ from pathlib import Path
 import child_standins
 import pytest
 import torch
-from rocm_vllm_runtime import children, manifest
+from rocm_vllm_runtime import children
 
 import vllm_aiter_mla
 from vllm_aiter_mla import crash_safe, measure, measure_child, measurement_record
@@ -80,7 +80,3 @@ def test_aiter_under_another_wheel_name_is_found_by_the_scan(monkeypatch, fresh_
         else real(*names)))
     monkeypatch.setattr(measurement_record, "providers_of", lambda name: ["rocm-aiter"] if name == "aiter" else [])
     assert measurement_record.builds()["aiter"] == "rocm-aiter 2.0 fedcba9876543210"
-
-
-def test_the_aiter_wheel_names_are_the_image_manifests():
-    assert measurement_record.AITER_DISTRIBUTIONS == manifest.AITER_DISTRIBUTIONS

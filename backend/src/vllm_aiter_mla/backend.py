@@ -47,7 +47,8 @@ from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
-from .remedy import TritonDecode, load_triton_decode, slot_table, triton_mla_decode
+from .remedy import TritonDecode, slot_table, triton_mla_decode
+from .upstream_kernels import load_triton_decode
 from .routing import LayerFacts, Route, choose_route, with_measurements
 
 logger = init_logger("vllm.aiter_mla")

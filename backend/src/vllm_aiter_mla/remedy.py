@@ -15,8 +15,8 @@ causal limit itself); else ``decode_attention_fwd`` with the table repeated per 
 row's own extent ``seq_len - qlen + 1 + t``. fp8 caches: queries in bf16 (an fp8 query is
 dequantised by ``q_scale``), the cache dequantised in the kernel by ``kv_scale``.
 
-Plain PyTorch; the Triton functions are passed in (``TritonDecode``). ``load_triton_decode`` is the
-one place they are imported from vLLM, lazily.
+Plain PyTorch; the Triton functions are passed in (``TritonDecode``).
+``upstream_kernels.load_triton_decode`` is the one place they are imported from vLLM, lazily.
 """
 
 from __future__ import annotations
@@ -150,9 +150,3 @@ def triton_mla_decode(
                                      1, k_scale=kv_scale, v_scale=kv_scale, is_mla=True)
     return o[:, :num_heads]
 
-
-def load_triton_decode(splits: int) -> TritonDecode:
-    """vLLM's Triton MLA decode functions of the running release (the one place they are imported)."""
-    from vllm.v1.attention.ops import triton_decode_attention as ops  # noqa: PLC0415  (vLLM: lazily, here only)
-
-    return TritonDecode(NAME, ops.decode_attention_fwd, getattr(ops, "decode_attention_fwd_verify", None), splits)

@@ -102,7 +102,7 @@ def _check(name: str) -> None:
 
 
 def factory(name: str) -> Callable[[str, int], object]:
-    """``(kind, splits) -> kernels`` of set ``name``, as ``measure_child.production`` is."""
+    """``(kind, splits) -> kernels`` of set ``name``, as ``upstream_kernels.production`` is."""
     _check(name)
     return lambda kind, splits: _aiter(name) if kind == "aiter" else _remedy(name, splits)
 
