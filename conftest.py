@@ -179,7 +179,9 @@ def pytest_runtest_logreport(report) -> None:
 #   images and build cache, and one of them prunes it;
 # * tests that use a costly session fixture of their folder (SHARED_SESSION_FIXTURES) are one unit,
 #   so that one worker makes it once;
-# * every other test file is a unit of its own, handed to whichever worker is free next.
+# * every other test file is a unit of its own, handed to whichever worker is free next; units with a
+#   test that takes minutes (marked engine or long) before the others, so that no lane ends the
+#   session on one.
 # Each worker names each test's unit in a file of the reports folder; the controller's scheduler
 # reads them. (xdist's own loadgroup reads groups from test ids, which pytest 9 no longer lets a
 # plugin change.) Without xdist nothing changes.
@@ -198,18 +200,30 @@ def unit_of(item: pytest.Item) -> str:
     return f"session fixture {shared[0]}" if shared else item.nodeid.split("::", 1)[0]
 
 
-def _units() -> dict[str, str]:
+LONG_MARKERS = ("engine", "long")
+
+
+def is_long(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) for m in LONG_MARKERS)
+
+
+def _units() -> tuple[dict[str, str], set[str]]:
+    """Each test's unit, and the units that hold a long test (as the workers wrote them)."""
     folder = Path(os.environ[REPORTS_ENV])
-    units = {}
+    units, long = {}, set()
     for path in folder.glob(_LANE_FILE.format(worker="*")):
-        units.update(line.split("\t", 1) for line in path.read_text().splitlines() if "\t" in line)
-    return units
+        for line in path.read_text().splitlines():
+            nodeid, unit, is_long = line.split("\t")
+            units[nodeid] = unit
+            if is_long == "1":
+                long.add(unit)
+    return units, long
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ.get(REPORTS_ENV):
-        lines = "".join(f"{item.nodeid}\t{unit_of(item)}\n" for item in items)
+        lines = "".join(f"{item.nodeid}\t{unit_of(item)}\t{int(is_long(item))}\n" for item in items)
         (Path(os.environ[REPORTS_ENV]) / _LANE_FILE.format(worker=worker)).write_text(lines)
 
 
@@ -223,15 +237,19 @@ def pytest_xdist_make_scheduler(config, log):
         """Units of work (unit_of), each to one worker whole; the Docker unit first."""
 
         _units: dict[str, str] | None = None
+        _long: set[str] = set()
 
         def _split_scope(self, nodeid: str) -> str:
             if self._units is None:  # read once, after every worker has collected
-                self._units = _units()
+                self._units, self._long = _units()
             return self._units.get(nodeid, nodeid.split("::", 1)[0])
 
         def _assign_work_unit(self, node) -> None:
-            if DOCKER_UNIT in self.workqueue:  # the longest chain of the session starts first
-                self.workqueue.move_to_end(DOCKER_UNIT, last=False)
+            # the longest chain of the session (the Docker tests) first, then the units with a long test
+            first = DOCKER_UNIT if DOCKER_UNIT in self.workqueue else next(
+                (unit for unit in self.workqueue if unit in self._long), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

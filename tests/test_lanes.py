@@ -1,7 +1,7 @@
 """The suite's lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs it):
 every Docker test (marked docker) runs in one worker, in collection order, handed out first; the
 tests that use a costly session fixture (engine_runs) share one worker, which makes it once; every
-other test file goes to whichever worker is free; the time of each lane is reported, naming the one
+other test file goes to whichever worker is free, those with a long test first; the time of each lane is reported, naming the one
 that ran the Docker tests; skips and the tests' summary lines (tests/report_lines.py) reach the
 controller's summary. Driven on a small session of its own, with the repository's conftest.py and
 pytest.ini."""
@@ -49,6 +49,8 @@ def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]) + pause)
     (suite / "test_g_plain.py").write_text(module(False, ["g0", "g1"]) + pause)
+    # collected last, but a test that takes minutes: handed out before the short files
+    (suite / "test_z_long.py").write_text(module("long", ["z0"]) + pause)
     # two files sharing a session fixture of their folder: made once, by one lane
     engine = suite / "engine"
     engine.mkdir()
@@ -75,7 +77,7 @@ def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     ran = [line.split() for line in record.read_text().splitlines()]
     docker = [(w, n) for w, n in ran if n.startswith("d")]
-    plain = [(w, n) for w, n in ran if n[0] in "pqg"]
+    plain = [(w, n) for w, n in ran if n[0] in "pqg"]  # z0 aside
     shared = [(w, n) for w, n in ran if n[0] in "hi" or n == "made-engine-runs"]
     assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5"], ran  # collection order
     (docker_lane,) = {w for w, _ in docker}
@@ -83,6 +85,8 @@ def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_
     assert docker_lane not in {w for w, _ in plain[:3]}, ran  # beside the others, not after them
     assert len({w for w, _ in plain}) >= 2, ran  # the plain files spread over the free lanes
     assert len({w for w, _ in shared}) == 1 and [n for _, n in shared].count("made-engine-runs") == 1, ran
+    (long_lane,) = {w for w, n in ran if n == "z0"}
+    assert next(n for w, n in ran if w == long_lane) == "z0", ran  # the first its lane ran
     lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
     assert sorted(line.split()[1] for line in lanes) == sorted({w for w, _ in ran}), proc.stdout[-2000:]
     assert [line for line in lanes if "(Docker tests " in line] == \

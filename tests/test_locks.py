@@ -23,6 +23,9 @@ from ci.pins import locks, model
 from json_cases import paths, replaced
 from tests import vllm_sdist
 
+# about 2 minutes in all (locks made again from their inputs)
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "ci/docker"
 

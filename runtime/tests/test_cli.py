@@ -103,6 +103,7 @@ def test_pytest_args_after_options(ci_dir: Path, suites: Path, tmp_path: Path) -
     assert json.loads((tmp_path / "r.json").read_text())["suites"][0]["counts"] == {"passed": 1}
 
 
+@pytest.mark.long  # about 100 s on 2 cores: the selector suite in a child pytest
 def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_path: Path) -> None:
     """The repository's suites copied as the image lays them out (/opt/rocm-vllm/ci/suites, no
     pytest.ini above them, no ci/ package): `selftest selector` imports its helpers and passes."""
