@@ -1,10 +1,10 @@
 """The suite's lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs it):
 every Docker test (marked docker) runs in one worker, in collection order, handed out first; the
 tests that use a costly session fixture (engine_runs) share one worker, which makes it once; every
-other test file goes to whichever worker is free, those with a long test first; the time of each lane is reported, naming the one
-that ran the Docker tests; skips and the tests' summary lines (tests/report_lines.py) reach the
-controller's summary. Driven on a small session of its own, with the repository's conftest.py and
-pytest.ini."""
+other test file goes to whichever worker is free, those with a long test first; the time of each
+lane is reported, naming the one that ran the Docker tests; skips and the tests' summary lines
+(tests/report_lines.py) reach the controller's summary. Driven on a small session of its own, with
+the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
 
 import os
