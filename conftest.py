@@ -213,9 +213,9 @@ def _units() -> tuple[dict[str, str], set[str]]:
     units, long = {}, set()
     for path in folder.glob(_LANE_FILE.format(worker="*")):
         for line in path.read_text().splitlines():
-            nodeid, unit, is_long = line.split("\t")
+            nodeid, unit, flag = line.rsplit("\t", 2)  # the last two fields: a test id may hold a tab
             units[nodeid] = unit
-            if is_long == "1":
+            if flag == "1":
                 long.add(unit)
     return units, long
 
