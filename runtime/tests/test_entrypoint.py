@@ -317,19 +317,24 @@ def test_jit_dir_not_exported_when_the_cache_cannot_be_prepared(box) -> None:
     assert len(warnings) == 1 and "AITER_JIT_DIR not set" in warnings[0]
 
 
-def test_triton_cache_is_made_on_the_volume_and_exported(box) -> None:
-    """Triton's kernel cache lives on the JIT cache volume (the planner's warm-up and vLLM's
-    Triton kernels are compiled once per volume); where it cannot be made it is not exported."""
+def test_triton_and_vllm_caches_are_made_on_the_volume_and_exported(box) -> None:
+    """Triton's kernel cache and vLLM's cache folder live on the JIT cache volume (the planner's warm-up,
+    vLLM's Triton kernels, torch.compile's artifacts and what vLLM learns of a model class in a child
+    process are made once per volume); where one cannot be made it is not exported."""
+    show = "echo triton=${TRITON_CACHE_DIR-unset} vllm=${VLLM_CACHE_ROOT-unset}"
     box.tool("amd-smi", "amdsmi_gfx942.txt")
-    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}")
+    proc = box.run("sh", "-c", show)
     assert proc.returncode == 0, proc.stderr
-    cache = box.root / "jit-cache" / "triton"
-    assert f"triton={cache}" in proc.stdout and cache.is_dir()
+    caches = box.root / "jit-cache"
+    assert f"triton={caches / 'triton'} vllm={caches / 'vllm'}" in proc.stdout
+    assert (caches / "triton").is_dir() and (caches / "vllm").is_dir()
+    assert f"Triton kernels in {caches / 'triton'}, vLLM's caches in {caches / 'vllm'}" in proc.stderr
     blocker = box.root / "file"
     blocker.write_text("")
-    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}",
-                   ROCM_VLLM_JIT_CACHE=str(blocker / "sub"))
+    proc = box.run("sh", "-c", show, ROCM_VLLM_JIT_CACHE=str(blocker / "sub"))
     assert proc.returncode == 0, proc.stderr
-    assert "triton=unset" in proc.stdout and "TRITON_CACHE_DIR not set" in proc.stderr
-    proc = box.run("sh", "-c", "echo triton=${TRITON_CACHE_DIR-unset}", TRITON_CACHE_DIR="/mine")
-    assert "triton=/mine" in proc.stdout
+    assert "triton=unset vllm=unset" in proc.stdout
+    assert "TRITON_CACHE_DIR not set" in proc.stderr and "VLLM_CACHE_ROOT not set" in proc.stderr
+    (box.root / "vllm-file").write_text("")
+    proc = box.run("sh", "-c", show, TRITON_CACHE_DIR="/mine", VLLM_CACHE_ROOT=str(box.root / "vllm-file" / "x"))
+    assert f"triton=/mine vllm={box.root / 'vllm-file' / 'x'}" in proc.stdout  # as given, never prepared

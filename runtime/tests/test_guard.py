@@ -156,13 +156,15 @@ def test_jit_dir_defaults_to_cache_keyed_by_aiter_commit() -> None:
     assert decision.jit_mount == "/var/cache/aiter-jit"
 
 
-def test_triton_cache_on_the_jit_cache_volume_unless_set() -> None:
+@pytest.mark.parametrize(("name", "folder"), [("TRITON_CACHE_DIR", "triton"), ("VLLM_CACHE_ROOT", "vllm")])
+def test_triton_and_vllm_caches_on_the_jit_cache_volume_unless_set(name, folder) -> None:
     decision = decide(inputs([smi("amdsmi_gfx942.txt")]))
-    assert decision.env["TRITON_CACHE_DIR"] == "/var/cache/aiter-jit/triton"
+    assert decision.env[name] == f"/var/cache/aiter-jit/{folder}"
     decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"ROCM_VLLM_JIT_CACHE": "/c"}))
-    assert decision.env["TRITON_CACHE_DIR"] == "/c/triton"
-    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={"TRITON_CACHE_DIR": "/mine"}))
-    assert "TRITON_CACHE_DIR" not in decision.env and not decision.triton_dir
+    assert decision.env[name] == f"/c/{folder}"
+    decision = decide(inputs([smi("amdsmi_gfx942.txt")], env={name: "/mine"}))
+    assert name not in decision.env and name not in decision.cache_dirs
+    assert len(decision.cache_dirs) == 1  # the other one still goes to the volume
 
 
 def test_jit_dir_root_and_user_override() -> None:

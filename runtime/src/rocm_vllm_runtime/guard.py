@@ -21,6 +21,7 @@ Settings (environment; a value outside the listed ones stops the container with 
   TMPDIR                 where those per-run build directories live (default /tmp); must be
                          the container's own
   TRITON_CACHE_DIR       used as given when set; unset: triton/ under ROCM_VLLM_JIT_CACHE
+  VLLM_CACHE_ROOT        used as given when set; unset: vllm/ under ROCM_VLLM_JIT_CACHE
   VLLM_ROCM_USE_AITER    as vLLM reads it: 1 or true (any case) on, 0 or false off; kept when
                          set; unset or empty: 1 on gfx942/gfx950, 0 elsewhere
   VLLM_ROCM_USE_AITER_MLA  as vLLM reads it (1/true on, 0/false off, any case; unset: on); any
@@ -100,7 +101,9 @@ class Decision:
     jit_dir: str = ""
     jit_mount: str = ""  # where a volume keeps the JIT cache
     jit_build: str = ""  # the container-local root of AITER's build directory per run
-    triton_dir: str = ""  # Triton's kernel cache on that volume (empty: the user's TRITON_CACHE_DIR)
+    # the other caches on that volume (jitcache.VOLUME_CACHES): variable -> folder, for those the user
+    # did not set
+    cache_dirs: dict[str, str] = field(default_factory=dict)
     jit_problem: str = ""  # why there is no JIT cache directory (a manifest commit that is no name)
 
     @property
@@ -201,9 +204,8 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
     decision.jit_build = jitcache.build_root_for(inputs.env)
     if not by_user:
         decision.env[jitcache.JIT_DIR_ENV] = path
-    triton = jitcache.triton_dir_for(inputs.env)
-    if triton:
-        decision.triton_dir = decision.env[jitcache.TRITON_CACHE_ENV] = triton
+    decision.cache_dirs = jitcache.volume_cache_dirs(inputs.env)
+    decision.env.update(decision.cache_dirs)
 
 
 def decide(inputs: GuardInputs) -> Decision:
@@ -369,6 +371,23 @@ def _jit_cache_problem(decision: Decision, level: str, message: str) -> None:
     decision.log.append(f"warning: {message}")
 
 
+def _prepare_volume_caches(decision: Decision) -> str:
+    """Side effect: create the other caches' folders on the volume; one that cannot be made is not exported
+    (its program then uses its own default in the container: made again at each start), with a warning.
+    Returns what the cache line says of those made."""
+    made = ""
+    for name, path in decision.cache_dirs.items():
+        what = jitcache.VOLUME_CACHES[name][1]
+        try:
+            jitcache.prepare(path, None)
+            made += f", {what} in {path}"
+        except OSError as exc:
+            decision.env.pop(name, None)
+            decision.log.append(f"warning: cannot create the folder of {what} {path} ({exc.strerror or exc}); "
+                                f"{name} not set (its default in the container is used, made again at each start)")
+    return made
+
+
 def apply_jit_cache(decision: Decision, level: str) -> None:
     """Side effect: create the JIT cache directory, link the prebuilt modules into it and point
     AITER's build directory in it at this container run's own (jitcache.link_build_dir)."""
@@ -377,16 +396,7 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
         return
     if not decision.jit_dir:
         return
-    triton = ""
-    if decision.triton_dir:
-        try:
-            jitcache.prepare(decision.triton_dir, None)
-            triton = f", Triton kernels in {decision.triton_dir}"
-        except OSError as exc:
-            # Triton then uses its default (~/.triton/cache): kernels are compiled again each start.
-            decision.env.pop(jitcache.TRITON_CACHE_ENV, None)
-            decision.log.append(f"warning: cannot create the Triton cache {decision.triton_dir} "
-                                f"({exc.strerror or exc}); TRITON_CACHE_DIR not set (Triton uses ~/.triton/cache)")
+    caches = _prepare_volume_caches(decision)
     prebuilt = jitcache.aiter_prebuilt_dir()
     # AITER run from its own package directory builds in the container already.
     in_package = prebuilt is not None and Path(decision.jit_dir).resolve() == prebuilt.resolve()
@@ -416,7 +426,7 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
         return
     builds = f"; AITER builds, with their lock files, in {build} (this container run's own)" if build else ""
     decision.log.append(
-        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{triton}{builds}; "
+        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{caches}{builds}; "
         f"mount a volume at {decision.jit_mount} to keep modules compiled at run time)"
     )
 

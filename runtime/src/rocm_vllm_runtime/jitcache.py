@@ -10,10 +10,13 @@ real files and survive container restarts when the directory is a volume.
 The default directory is keyed by the AITER commit of the image, so a cache
 volume kept across image upgrades never feeds an old module to a new AITER.
 
-Triton's kernel cache (`TRITON_CACHE_DIR`: the backend's decode planner, which compiles every
-launch shape at start, and vLLM's own Triton kernels) goes to `triton/` on the same volume
-unless set: Triton keys its entries by its version and each kernel's source, so one directory
-serves every image.
+Two more caches go to the same volume unless their variable is set (`VOLUME_CACHES`): Triton's
+kernel cache (`TRITON_CACHE_DIR`, in `triton/`: the backend's decode planner, which compiles every
+launch shape at start, and vLLM's own Triton kernels) and vLLM's cache folder (`VLLM_CACHE_ROOT`,
+in `vllm/`: torch.compile's artifacts, what vLLM learns of a model class in a child process at every
+start, and, from vLLM 0.34, its start-up plans). Both name each entry by a hash of what it was made
+from (Triton: its version and the kernel's source; vLLM: the model's code, the configuration), so
+one folder serves every image, and a restart reuses what the last start made.
 
 AITER compiles in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) and serialises its
 builds with lock files there (`build_module` -> `mp_lock` -> `FileBaton`; `<module>/build/lock`
@@ -39,6 +42,9 @@ from . import files
 
 JIT_DIR_ENV = "AITER_JIT_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+VLLM_CACHE_ENV = "VLLM_CACHE_ROOT"
+# The other programs' caches on the volume: variable -> folder under the cache root, and what it holds.
+VOLUME_CACHES = {TRITON_CACHE_ENV: ("triton", "Triton kernels"), VLLM_CACHE_ENV: ("vllm", "vLLM's caches")}
 CACHE_ROOT_ENV = "ROCM_VLLM_JIT_CACHE"
 DEFAULT_CACHE_ROOT = "/var/cache/aiter-jit"
 # AITER's build directory inside AITER_JIT_DIR (aiter/jit/core.py: bd_dir).
@@ -68,11 +74,10 @@ def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
     return root, False
 
 
-def triton_dir_for(env: Mapping[str, str]) -> str | None:
-    """Triton's cache directory on the JIT cache volume, or None when TRITON_CACHE_DIR is set."""
-    if env.get(TRITON_CACHE_ENV):
-        return None
-    return str(Path(env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT) / "triton")
+def volume_cache_dirs(env: Mapping[str, str]) -> dict[str, str]:
+    """Each of VOLUME_CACHES whose variable is not set: its variable -> its folder on the JIT cache volume."""
+    root = Path(env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT)
+    return {name: str(root / folder) for name, (folder, _) in VOLUME_CACHES.items() if not env.get(name)}
 
 
 def build_root_for(env: Mapping[str, str]) -> str:
