@@ -181,6 +181,9 @@ def test_no_aiter_no_jit_dir_and_serve_on_cdna3_is_fatal() -> None:
     decision = decide(inputs([smi("amdsmi_gfx942.txt")], aiter=False,
                              env={"VLLM_ROCM_USE_AITER": "0"}))
     assert decision.ok
+    # Triton's and vLLM's caches still go to the volume (vLLM's Triton kernels, torch.compile)
+    assert decision.env["TRITON_CACHE_DIR"] == "/var/cache/aiter-jit/triton"
+    assert decision.env["VLLM_CACHE_ROOT"] == "/var/cache/aiter-jit/vllm"
 
 
 def test_missing_manifest_is_fatal_for_serve_with_setting_named() -> None:
@@ -353,3 +356,15 @@ def test_a_device_tool_that_prints_bytes_that_are_not_utf8_is_one_line(tmp_path:
     assert proc.returncode == 1
     error = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(error) == 1 and "amd-smi: exit 1 amdsmi: bad \ufffd\ufffd byte" in error[0], proc.stderr
+
+
+def test_an_image_without_aiter_makes_triton_and_vllm_caches_on_the_volume(tmp_path) -> None:
+    from rocm_vllm_runtime.guard import GuardInputs, apply_jit_cache  # noqa: PLC0415
+
+    volume = tmp_path / "volume"
+    env = {"ROCM_VLLM_JIT_CACHE": str(volume), "ROCM_VLLM_REQUIRE_GPU": "0"}
+    decision = decide(GuardInputs(mode="exec", listings=(), env=env, has_kfd=False, aiter_installed=False))
+    apply_jit_cache(decision, "off")
+    assert (volume / "triton").is_dir() and (volume / "vllm").is_dir() and "AITER_JIT_DIR" not in decision.env
+    assert decision.log[-1] == (f"caches: Triton kernels in {volume / 'triton'}, vLLM's caches in {volume / 'vllm'} "
+                                f"(no AITER in this image; mount a volume at {volume} to keep them)")

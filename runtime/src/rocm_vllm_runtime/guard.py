@@ -190,6 +190,10 @@ def _problem(decision: Decision, level: str, message: str, env: Mapping[str, str
 
 
 def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
+    # Triton's and vLLM's caches serve an image without AITER too (vLLM's Triton kernels, torch.compile).
+    decision.cache_dirs = jitcache.volume_cache_dirs(inputs.env)
+    decision.env.update(decision.cache_dirs)
+    decision.jit_mount = jitcache.cache_root(inputs.env)
     if not inputs.aiter_installed:
         return
     commit = inputs.manifest.aiter_commit if inputs.manifest else ""
@@ -199,13 +203,11 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
         decision.jit_problem = str(exc)
         return
     decision.jit_dir = path
-    decision.jit_mount = path if by_user else (
-        inputs.env.get(jitcache.CACHE_ROOT_ENV) or jitcache.DEFAULT_CACHE_ROOT)
+    if by_user:
+        decision.jit_mount = path
     decision.jit_build = jitcache.build_root_for(inputs.env)
     if not by_user:
         decision.env[jitcache.JIT_DIR_ENV] = path
-    decision.cache_dirs = jitcache.volume_cache_dirs(inputs.env)
-    decision.env.update(decision.cache_dirs)
 
 
 def decide(inputs: GuardInputs) -> Decision:
@@ -391,12 +393,15 @@ def _prepare_volume_caches(decision: Decision) -> str:
 def apply_jit_cache(decision: Decision, level: str) -> None:
     """Side effect: create the JIT cache directory, link the prebuilt modules into it and point
     AITER's build directory in it at this container run's own (jitcache.link_build_dir)."""
+    caches = _prepare_volume_caches(decision)
     if decision.jit_problem:
         _jit_cache_problem(decision, level, decision.jit_problem)
         return
     if not decision.jit_dir:
+        if caches:
+            decision.log.append(f"caches: {caches.removeprefix(', ')} (no AITER in this image; mount a volume at "
+                                f"{decision.jit_mount} to keep them)")
         return
-    caches = _prepare_volume_caches(decision)
     prebuilt = jitcache.aiter_prebuilt_dir()
     # AITER run from its own package directory builds in the container already.
     in_package = prebuilt is not None and Path(decision.jit_dir).resolve() == prebuilt.resolve()

@@ -62,7 +62,7 @@ def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
     directory outside the cache root."""
     if env.get(JIT_DIR_ENV):
         return env[JIT_DIR_ENV], True
-    root = env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT
+    root = cache_root(env)
     if aiter_commit:
         try:
             return str(files.inside(root, f"aiter-{aiter_commit[:12]}")), False
@@ -74,9 +74,14 @@ def jit_dir_for(env: Mapping[str, str], aiter_commit: str) -> tuple[str, bool]:
     return root, False
 
 
+def cache_root(env: Mapping[str, str]) -> str:
+    """The JIT cache volume's mount point."""
+    return env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT
+
+
 def volume_cache_dirs(env: Mapping[str, str]) -> dict[str, str]:
     """Each of VOLUME_CACHES whose variable is not set: its variable -> its folder on the JIT cache volume."""
-    root = Path(env.get(CACHE_ROOT_ENV) or DEFAULT_CACHE_ROOT)
+    root = Path(cache_root(env))
     return {name: str(root / folder) for name, (folder, _) in VOLUME_CACHES.items() if not env.get(name)}
 
 
