@@ -112,12 +112,13 @@ def _own_measured() -> str:
 
 
 def _own_head_count() -> str:
-    from vllm_aiter_mla import backend
+    from vllm_aiter_mla import vllm_builtin
 
     helper = builtin().AiterMLAHelper
-    same = all(backend.decode_heads(n) == helper.get_actual_mla_num_heads(n) for n in range(1, 129))
-    return "own" if same and all(choose_route(facts(num_heads=n, decode_heads=backend.decode_heads(n))).decode_heads
-                                 == backend.decode_heads(n) for n in (8, 16, 24, 100, 128)) else "delegated"
+    heads = vllm_builtin.decode_heads
+    same = all(heads(n) == helper.get_actual_mla_num_heads(n) for n in range(1, 129))
+    return "own" if same and all(choose_route(facts(num_heads=n, decode_heads=heads(n))).decode_heads
+                                 == heads(n) for n in (8, 16, 24, 100, 128)) else "delegated"
 
 
 def _builtin_start_up_probes(b) -> int:

@@ -17,12 +17,13 @@ import types
 
 import child_standins
 import measure_standins as standins
+from adapter_kernels import use_kernels
 import remedy_standins
 import pytest
 import torch
 
 from mla_cases import KV_LORA_RANK, DecodeCase, dense_mla, make
-from vllm_aiter_mla import backend, crash_safe, measure
+from vllm_aiter_mla import backend, crash_safe, measure, measure_state, vllm_builtin
 from vllm_aiter_mla.decode import mla_decode
 from vllm_aiter_mla.kernels import MLAKernels
 from vllm_aiter_mla.persistent import allocate_work, plan_work
@@ -342,10 +343,10 @@ def fresh(monkeypatch, tmp_path):
     finds every call safe (child_standins.all_served: test_crash_safe.py tests the child), so this
     process's measurement of the kernels the test gives the adapter decides; its records go to a folder
     of this test's."""
-    monkeypatch.setattr(backend, "_MEASURED", {})
-    monkeypatch.setattr(backend, "_platform_fp8_dtype", lambda: FP8)
+    monkeypatch.setattr(measure_state, "_MEASURED", {})
+    monkeypatch.setattr(vllm_builtin, "platform_fp8_dtype", lambda: FP8)
     remedy = remedy_standins.triton_standin()  # one set of functions, as vLLM's module holds
-    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(remedy, kv_splits=splits))
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(remedy, kv_splits=splits))
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
@@ -354,7 +355,7 @@ def _own_path(monkeypatch, kernels: MLAKernels, qlen: int):
     """The own path's decode of an fp8 cache with kv_scale 0.01 at query length ``qlen`` -> (its
     output projected like the dense computation, the dense computation, the impl)."""
     monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _config(qlen))
-    monkeypatch.setattr(backend, "load_kernels", lambda: kernels)
+    use_kernels(monkeypatch, load_kernels=lambda: kernels)
     case = make(DecodeCase([qlen] * 3, [9, 64, 33], 16, 16, torch.float32), seed=4)
     impl = Impl(case)
     q_scale, k_scale = torch.tensor([0.05]), torch.tensor([0.01])
@@ -402,7 +403,7 @@ def test_the_correction_is_the_kv_scale_the_kernel_was_given():
 def test_a_wrong_kernel_and_a_wrong_remedy_stop_the_impl_in_one_line(monkeypatch, fresh):
     """Neither AITER's call nor vLLM's Triton decode measured right: the impl stops, naming the call, both
     measurements and the setting that avoids it."""
-    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: remedy_standins.triton_standin(1.2))
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: remedy_standins.triton_standin(1.2))
     with pytest.raises(ValueError, match=r"query length 3: AITER wrong \(20\.\d+% off.*Triton decode wrong") as err:
         _own_path(monkeypatch, standins.at_query_lengths(standins.scaled(1.2), (3,)), 3)
     assert "\n" not in str(err.value) and "fewer num_speculative_tokens" in str(err.value)
@@ -430,7 +431,7 @@ def test_layer_route_measures_every_call(monkeypatch, fresh, caplog, kernels, tr
     """Both kernels measured on each call's probe; a call AITER gets wrong is served by vLLM's Triton decode
     (here its CPU stand-in), never by the built-in; one start-up line names, per query length, the kernel
     serving it, its deviation and both kernels' time per call."""
-    monkeypatch.setattr(backend, "load_kernels", lambda: kernels)
+    use_kernels(monkeypatch, load_kernels=lambda: kernels)
     with caplog.at_level(logging.INFO, logger="vllm.aiter_mla"):
         route = backend.layer_route(_route_config(4), 16, 576, "fp8")
     assert route.own and route.triton_qlens == (frozenset({triton}) if triton else frozenset()), route.describe()
@@ -446,7 +447,7 @@ def test_the_kernels_not_loading_is_a_measurement_too(monkeypatch, fresh):
     def unavailable():
         raise RuntimeError("import aiter failed")
 
-    monkeypatch.setattr(backend, "load_kernels", unavailable)
+    use_kernels(monkeypatch, load_kernels=unavailable)
     route = backend.layer_route(_route_config(2, "auto"), 16, 576, "auto")
     assert not route.own and "loading the kernels: RuntimeError: import aiter failed" in route.reasons[0]
 
@@ -458,7 +459,7 @@ def test_a_measurement_is_made_once_per_process_failed_or_not(monkeypatch, fresh
         calls.append(args[7])
         raise RuntimeError("no kernel")
 
-    monkeypatch.setattr(backend, "load_kernels", lambda: dataclasses.replace(REFERENCE, mla_decode_fwd=counting))
+    use_kernels(monkeypatch, load_kernels=lambda: dataclasses.replace(REFERENCE, mla_decode_fwd=counting))
     for _ in range(3):  # three layers of one model
         assert backend.layer_route(_route_config(2), 16, 576, "fp8").triton_qlens == {1, 2}
     assert calls == [1, 2]  # each query length once, for every layer
@@ -471,13 +472,13 @@ def test_the_routed_impl_never_hands_a_failing_layer_to_the_built_in(monkeypatch
 
     monkeypatch.setattr(builtin.AiterMLAImpl, "__init__", lambda self, *a, **k: None)  # (it imports AITER)
     monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _route_config(3))
-    monkeypatch.setattr(backend, "load_kernels", lambda: raising((1, 2, 3)))
+    use_kernels(monkeypatch, load_kernels=lambda: raising((1, 2, 3)))
     args = dict(num_heads=16, head_size=576, scale=0.1, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
                 kv_cache_dtype="fp8", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None)
     impl = backend.AiterMLABackend.get_impl_cls()(**args)
     assert isinstance(impl, backend.AiterMLAImpl) and impl._triton_qlens == {1, 2, 3}
-    monkeypatch.setattr(backend, "_MEASURED", {})
-    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: remedy_standins.triton_standin(0.5))
+    monkeypatch.setattr(measure_state, "_MEASURED", {})
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: remedy_standins.triton_standin(0.5))
     with pytest.raises(ValueError, match="no decode kernel was measured right .* query length 1: AITER raised"):
         backend.AiterMLABackend.get_impl_cls()(**args)
 
@@ -557,7 +558,7 @@ def test_a_layer_routes_and_measures_alike_with_any_installed_aiter(monkeypatch,
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert metadata.version("amd-aiter") == version
-    monkeypatch.setattr(backend, "load_kernels", lambda: REFERENCE)
+    use_kernels(monkeypatch, load_kernels=lambda: REFERENCE)
     for kv, qlen in (("auto", 1), ("fp8", 2)):
         route = backend.layer_route(_route_config(qlen, kv), 16, 576, kv)
         assert route.own and route.decode_heads == 16, route.describe()

@@ -19,7 +19,7 @@ import pytest
 from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadata, MLACommonMetadataBuilder
 from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-from vllm_aiter_mla import backend
+from vllm_aiter_mla import vllm_builtin
 from vllm_aiter_mla.backend import AiterMLAImpl, AiterMLAMetadata, AiterMLAMetadataBuilder, DecodeKernelsMixin
 
 # What the own impl defines itself: the decode entry, the profile-run reservation of its decode
@@ -91,10 +91,10 @@ def test_the_fused_gather_predicate_is_the_builtins():
     (True, "auto", 1, True), (True, "fp8", 1, True), (True, "fp8_ds_mla", 1, False), (True, "auto", 2, False),
     (False, "auto", 1, False)])
 def test_fused_gather_where_the_builtin_builder_would(monkeypatch, gfx950, kv, dcp, fused):
-    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
-    monkeypatch.setattr(backend, "_on_gfx950", lambda: gfx950)
+    monkeypatch.setattr(vllm_builtin, "on_rocm", lambda: True)
+    monkeypatch.setattr(vllm_builtin, "_on_gfx950", lambda: gfx950)
     has_method = hasattr(builtin.AiterMLAMetadataBuilder, "_build_context_chunk_kv_indices")
-    assert backend.builtin_fused_context_gather(kv, dcp) == (fused and has_method)
+    assert vllm_builtin.builtin_fused_context_gather(kv, dcp) == (fused and has_method)
 
 
 def _built(monkeypatch, fused: bool, chunked: bool):
@@ -123,9 +123,9 @@ def test_the_gather_indices_are_the_context_slots_in_the_interpreter(monkeypatch
     prefill code are the context's KV slots, by the release's own kernel in Triton's interpreter.
     On a release without it: no configuration turns it on, not even gfx950 with a bf16 cache."""
     if not hasattr(builtin.AiterMLAMetadataBuilder, "_build_context_chunk_kv_indices"):
-        monkeypatch.setattr(backend, "_on_rocm", lambda: True)
-        monkeypatch.setattr(backend, "_on_gfx950", lambda: True)
-        assert not backend.builtin_fused_context_gather("auto", 1)
+        monkeypatch.setattr(vllm_builtin, "on_rocm", lambda: True)
+        monkeypatch.setattr(vllm_builtin, "_on_gfx950", lambda: True)
+        assert not vllm_builtin.builtin_fused_context_gather("auto", 1)
         return
     path = [str(SCRIPT.parents[1] / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(path)}
@@ -145,7 +145,7 @@ def test_the_builtins_constructor_accepts_every_head_count_the_own_path_serves(m
     for native_h24 in (False, True):
         monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda native_h24=native_h24: native_h24)
         own = [n for n in range(1, 300) for kv in ({}, FP8)
-               if choose_route(facts(num_heads=n, decode_heads=backend.decode_heads(n), **kv)).own]
+               if choose_route(facts(num_heads=n, decode_heads=vllm_builtin.decode_heads(n), **kv)).own]
         assert own and 16 in own and 128 in own and 24 in own
         refused = sorted({n for n in own if not builtin.AiterMLAHelper.is_valid_num_heads(n)})
         assert refused == [], f"the built-in's constructor refuses {refused} heads, which the own path would take"

@@ -16,12 +16,13 @@ import types
 
 import child_standins
 import measure_standins as standins
+from adapter_kernels import use_kernels
 import pytest
 import remedy_standins
 import torch
 
 from mla_cases import DecodeCase, dense_mla, make
-from vllm_aiter_mla import backend, crash_safe, measure
+from vllm_aiter_mla import backend, crash_safe, measure, measure_state
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode
 from vllm_aiter_mla.remedy import TritonDecode
 
@@ -138,15 +139,15 @@ class Impl(backend.DecodeKernelsMixin):
 def own(monkeypatch, tmp_path):
     """Measurements of this test only; the first measurement's child finds every call safe; AITER is the
     window stand-in, vLLM's Triton decode its CPU stand-in; the layers' forward context is ``context``."""
-    monkeypatch.setattr(backend, "_MEASURED", {})
-    monkeypatch.setattr(backend, "_ON_CACHE", set())
-    monkeypatch.setattr(backend, "_GENERATION", 0)
+    monkeypatch.setattr(measure_state, "_MEASURED", {})
+    monkeypatch.setattr(measure_state, "_ON_CACHE", set())
+    monkeypatch.setattr(measure_state, "generation", 0)
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
     window = standins.address_window(WINDOW)  # one set of kernels, as AITER's module holds
-    monkeypatch.setattr(backend, "load_kernels", lambda: window)
+    use_kernels(monkeypatch, load_kernels=lambda: window)
     remedy = remedy_standins.triton_standin()
-    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(remedy, kv_splits=splits))
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(remedy, kv_splits=splits))
     measured = []
     real = crash_safe.measure_on_cache
     monkeypatch.setattr(crash_safe, "measure_on_cache", lambda *a, **k: measured.append(a[3]) or real(*a, **k))
@@ -206,7 +207,7 @@ def test_the_first_eager_decode_call_measures_the_real_cache_once(own, caplog):
 
 def test_a_remedy_wrong_on_the_real_cache_too_refuses_in_one_line(own, monkeypatch):
     wrong = windowed(remedy_standins.triton_standin(), WINDOW)
-    monkeypatch.setattr(backend, "load_triton_decode", lambda splits: dataclasses.replace(wrong, kv_splits=splits))
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(wrong, kv_splits=splits))
     impl = Impl(0.1)
     assert impl._triton_qlens == frozenset()
     with pytest.raises(ValueError, match=r"query length 1: AITER wrong .*Triton decode wrong") as err:
@@ -243,7 +244,7 @@ def test_vllms_warmup_registry_measures_each_layer_on_its_bound_cache(own):
     layer's cache, measures them there, once for caches of one geometry, and every layer and builder
     serves the window's call with vLLM's Triton decode before any decode call."""
     jit_warmup = pytest.importorskip("vllm.model_executor.warmup.jit_warmup")
-    assert backend._warmup_hook() is not None, "this vLLM has no JitWarmupRegistry with register/activate/warmup"
+    assert measure_state._warmup_hook() is not None, "this vLLM has no JitWarmupRegistry with register/activate/warmup"
     registry = jit_warmup.JitWarmupRegistry(_config(own.context))
     with registry.activate():
         impls = [Impl(0.1) for _ in range(3)]

@@ -112,8 +112,9 @@ def constructors(monkeypatch, tmp_path):
     from vllm_aiter_mla.kernels import load_kernels
 
     import child_standins
+    from adapter_kernels import use_kernels
 
-    monkeypatch.setattr(backend, "load_kernels", lambda: load_kernels("reference"))
+    use_kernels(monkeypatch, load_kernels=lambda: load_kernels("reference"))
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
@@ -206,7 +207,7 @@ def test_the_builder_class_vllm_reads_is_the_built_ins():
 def test_predicates_of_newer_built_ins_are_read_where_they_exist(monkeypatch):
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla import backend
+    from vllm_aiter_mla import vllm_builtin
 
     asked = []
 
@@ -214,11 +215,12 @@ def test_predicates_of_newer_built_ins_are_read_where_they_exist(monkeypatch):
         asked.append((heads, qlen, kv_cache_dtype, dcp))
         return qlen > 4
 
-    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
+    monkeypatch.setattr(vllm_builtin, "on_rocm", lambda: True)
     if not hasattr(builtin, "_asm_causal_verify_unsupported"):  # releases before 0.34: never
-        assert backend._builtin_triton_verify(16, 5, "fp8", 1) is False
+        assert vllm_builtin._builtin_triton_verify(16, 5, "fp8", 1) is False
     monkeypatch.setattr(builtin, "_asm_causal_verify_unsupported", unsupported, raising=False)
-    assert backend._builtin_triton_verify(16, 5, "fp8", 1) and not backend._builtin_triton_verify(16, 4, "fp8", 1)
+    verify = vllm_builtin._builtin_triton_verify
+    assert verify(16, 5, "fp8", 1) and not verify(16, 4, "fp8", 1)
     assert asked == [(16, 5, "fp8", 1), (16, 4, "fp8", 1)]
 
     class FlyDSL:
@@ -231,11 +233,11 @@ def test_predicates_of_newer_built_ins_are_read_where_they_exist(monkeypatch):
         return types.SimpleNamespace(attention_config=types.SimpleNamespace(mla_prefill_backend=member))
 
     if not hasattr(builtin, "AiterFlyDSLFP8PrefillBackend"):
-        assert backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8")) is False
+        assert vllm_builtin._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8")) is False
     monkeypatch.setattr(builtin, "AiterFlyDSLFP8PrefillBackend", FlyDSL, raising=False)
-    assert backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8"))
-    assert not backend._builtin_flydsl_prefill(chosen("ROCM_AITER_FA"))
-    assert not backend._builtin_flydsl_prefill(chosen(None))
+    assert vllm_builtin._builtin_flydsl_prefill(chosen("ROCM_AITER_FLYDSL_FP8"))
+    assert not vllm_builtin._builtin_flydsl_prefill(chosen("ROCM_AITER_FA"))
+    assert not vllm_builtin._builtin_flydsl_prefill(chosen(None))
 
 
 def test_fp8_prefill_head_counts_follow_the_built_ins_own_predicate(monkeypatch):
@@ -243,15 +245,15 @@ def test_fp8_prefill_head_counts_follow_the_built_ins_own_predicate(monkeypatch)
     then keeps the layer; earlier releases decide by is_valid_num_heads."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla import backend
+    from vllm_aiter_mla import vllm_builtin
 
-    monkeypatch.setattr(backend, "_on_rocm", lambda: True)
+    monkeypatch.setattr(vllm_builtin, "on_rocm", lambda: True)
     monkeypatch.setattr(builtin, "_fp8_mla_prefill_supported", lambda: True)
     monkeypatch.setattr(builtin.AiterMLAHelper, "is_valid_num_heads", staticmethod(lambda n: True))
     monkeypatch.setattr(builtin.AiterMLAHelper, "is_valid_fp8_prefill_num_heads", staticmethod(lambda n: n > 8),
                         raising=False)
-    assert not backend._builtin_fp8_prefill("fp8", 8) and backend._builtin_fp8_prefill("fp8", 16)
-    assert not backend._builtin_fp8_prefill("auto", 16)
+    assert not vllm_builtin._builtin_fp8_prefill("fp8", 8) and vllm_builtin._builtin_fp8_prefill("fp8", 16)
+    assert not vllm_builtin._builtin_fp8_prefill("auto", 16)
 
 
 @pytest.mark.parametrize("native_h24", [False, True])
@@ -261,12 +263,12 @@ def test_the_own_decode_head_count_is_the_built_ins(monkeypatch, native_h24):
     none where the built-in refuses the count itself."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla import backend
+    from vllm_aiter_mla import vllm_builtin
 
     monkeypatch.setattr(builtin, "_aiter_mla_native_h24_supported", lambda: native_h24)
     helper = builtin.AiterMLAHelper
     for heads in range(1, 300):
         expected = helper.get_actual_mla_num_heads(heads) if helper.is_valid_num_heads(heads) else None
-        assert backend.decode_heads(heads) == expected, heads
-    assert backend.decode_heads(24) == (24 if native_h24 else 32)
-    assert backend.decode_heads(8) == 16 and backend.decode_heads(128) == 128
+        assert vllm_builtin.decode_heads(heads) == expected, heads
+    assert vllm_builtin.decode_heads(24) == (24 if native_h24 else 32)
+    assert vllm_builtin.decode_heads(8) == 16 and vllm_builtin.decode_heads(128) == 128

@@ -9,18 +9,18 @@ non-causal drafts, ...). Each layer then runs one of two implementations, chosen
 * this package's own path (``AiterMLAImpl``, ``AiterMLAMetadataBuilder``): thin classes
   over vLLM's MLA common classes, making the decode calls the built-in makes for the layer (its
   head count, query lengths, dtypes, persistent work buffers), each measured on the GPU at
-  start-up (``measure``); the work is done by plain functions,
+  start-up (``measure``, kept in ``measure_state``); the work is done by plain functions,
   ``planning.plan_decode_step`` / ``planning_triton`` (block table -> AITER's index tensors,
   on persistent buffers) and ``decode.mla_decode`` (the kernel call). Prefill uses vLLM's
   MLA prefill-backend mechanism (on ROCm with AITER: ``aiter.flash_attn_varlen_func``);
 * vLLM's built-in implementation of the running vLLM, for every configuration the own path
   does not implement or does less well (one start-up line names it and why).
+
+What is read of vLLM's built-in (head count, decode calls, predicates) is in ``vllm_builtin``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -41,21 +41,22 @@ from vllm.v1.attention.backend import (
     max_decode_query_len,
 )
 
-from . import __version__, crash_safe, measure, remedy
+from . import __version__, measure, measure_state, vllm_builtin
 from .config import check_kv_cache_dtype, check_unsupported_features, compile_threads_setting
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
+from .measure_state import (bound_cache, cache_committed_later, measured_route, probe_device, real_cache_measurement,
+                            real_cache_warmup, remedy_splits)
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
 from .remedy import TritonDecode, slot_table, triton_mla_decode
 from .upstream_kernels import load_triton_decode
-from .routing import LayerFacts, Route, choose_route, with_measurements
+from .routing import Route, choose_route
+from .vllm_builtin import (AITER_PREFILL_BACKEND, BACKEND_NAME, builtin_fused_context_gather, layer_calls, layer_facts,
+                           own_decode_heads, prefill_backend_name, work_dtype)
 
 logger = init_logger("vllm.aiter_mla")
 
-BACKEND_NAME = "ROCM_AITER_MLA"
-# vLLM's MLA prefill backend that calls aiter.flash_attn_varlen_func.
-AITER_PREFILL_BACKEND = "ROCM_AITER_FA"
 # How often (decode steps) the builder reads the planners' overflow counter back (one small
 # device-to-host copy; no plan can overflow the capacity the builder allocates).
 OVERFLOW_CHECK_STEPS = 1024
@@ -81,280 +82,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _is_fp8_cache(kv_cache_dtype: str) -> bool:
-    return kv_cache_dtype.startswith("fp8")
-
-
-def decode_heads(num_heads: int) -> int | None:
-    """The head count vLLM's built-in of the running release calls AITER's decode with for a layer
-    of ``num_heads`` heads per GPU (``AiterMLAHelper.get_actual_mla_num_heads``: the next multiple
-    of 16, or 24 natively where AITER has H24 kernels); None where it has no answer."""
-    helper = getattr(builtin, "AiterMLAHelper", None)
-    actual = getattr(helper, "get_actual_mla_num_heads", None)
-    valid = getattr(helper, "is_valid_num_heads", lambda n: True)
-    if actual is None:
-        return None
-    try:
-        if not valid(num_heads):  # the built-in refuses the layer itself, in its own words
-            return None
-        heads = int(actual(num_heads))
-    except Exception:  # noqa: BLE001  (the built-in's own probe failed: it has no answer)
-        return None
-    return heads if heads >= num_heads else None
-
-
-def own_decode_heads(num_heads: int) -> int:
-    """``decode_heads`` for a layer the own path runs; ValueError where the built-in names none
-    (routing gives such layers to the built-in)."""
-    heads = decode_heads(num_heads)
-    if heads is None:
-        raise ValueError(f"{BACKEND_NAME}: vLLM's built-in names no decode head count for {num_heads} heads per GPU; "
-                         "change --tensor-parallel-size")
-    return heads
-
-
-def work_dtype(vllm_config, kv_cache_dtype: str) -> torch.dtype:
-    """The q/KV dtype of the decode calls and their persistent-mode work buffers: the platform's fp8
-    with an fp8 cache (vLLM hands decode fp8 queries there, as to the built-in), else the model's."""
-    return _platform_fp8_dtype() if _is_fp8_cache(kv_cache_dtype) else vllm_config.model_config.dtype
-
-
-def layer_calls(vllm_config, heads: int, kv_cache_dtype: str) -> tuple[measure.DecodeCall, ...]:
-    """The decode calls the own path makes for a layer run with ``heads`` heads (the built-in's)."""
-    dtype = work_dtype(vllm_config, kv_cache_dtype)
-    return measure.layer_calls(heads, max_decode_query_len(vllm_config), dtype, dtype, vllm_config.model_config.dtype)
-
-
-def _probe_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _tensor_parallel_group():
-    """vLLM's tensor-parallel CPU group where it has more than one rank, else None."""
-    try:
-        from vllm.distributed import parallel_state  # noqa: PLC0415
-
-        if not parallel_state.model_parallel_is_initialized():
-            return None
-        group = parallel_state.get_tp_group()
-    except Exception:  # noqa: BLE001  (no distributed state: this process alone)
-        return None
-    return group.cpu_group if group.world_size > 1 else None
-
-
-@dataclass(frozen=True)
-class LayerMeasurement:
-    measured: dict[int, measure.Measured]  # AITER's calls, per query length
-    remedy: dict[int, measure.Measured]  # vLLM's Triton decode on the same probes, per query length
-    seconds: float
-    flags: tuple[frozenset[int], frozenset[int]]  # the tensor-parallel group's (measure.agree_flags)
-    triton: TritonDecode | None = None  # the remedy's functions (None: they could not be loaded)
-    cache: str = ""  # where the last measurement in this process ran, once on a layer's real KV cache
-
-
-_MEASURED: dict[tuple, LayerMeasurement] = {}
-# Cache geometries (set of calls, shape, strides, dtype, device) measured on a layer's real KV cache.
-_ON_CACHE: set[tuple] = set()
-# Counts the measurements on a layer's real KV cache that replaced an entry of _MEASURED: an impl or
-# builder that applied an older count takes the route again before its next decode call.
-_GENERATION = 0
-
-
-def _compute_units(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 1
-
-
-def remedy_splits(vllm_config, device: torch.device) -> int:
-    """The static split count of the remedy's calls: vLLM's TRITON_MLA rule for the longest request."""
-    return remedy.kv_splits(vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config),
-                            _compute_units(device))
-
-
-def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) -> LayerMeasurement:
-    """The layer's decode calls measured on this process's GPU, AITER's and vLLM's Triton decode's
-    (the remedy, with ``splits`` splits) on the same probes, crash-safely (``crash_safe``: first in a
-    child process under a time limit, or read from its record; then here where that found a call safe),
-    once per process and set of calls (a failure is remembered too), and agreed across the
-    tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
-    whatever its own measurement did (the key holds no failure text, so a changing message makes no
-    extra exchange)."""
-    kernels, failed, triton, triton_failed, device = _loaded(splits)
-    key = (kernels, triton, calls, device)
-    if key in _MEASURED:
-        return _MEASURED[key]
-    if kernels is None:
-        raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
-        measured, remedied, seconds, source = {call.qlen: raised for call in calls}, {}, 0.0, ""
-        flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
-                                    _tensor_parallel_group())
-    else:
-        found = crash_safe.measure_layer(kernels, triton, calls, splits, device, group=_tensor_parallel_group())
-        measured, remedied, seconds, flags = found.measured, found.remedy, found.seconds, found.flags
-        source = found.first
-        if triton is None:
-            remedied = {q: dataclasses.replace(m, detail=f"loading it: {triton_failed}") if m.detail == "not loaded"
-                        else m for q, m in remedied.items()}
-    result = _MEASURED[key] = LayerMeasurement(measured, remedied, seconds, flags, triton)
-    first = calls[0]
-    if kernels is not None:
-        chosen = measure.serving(measured, remedied, flags)
-        logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured on %s in %.2f s (AITER's %s kernels, "
-                    "persistent, and %s; the first measurement %s): %s", BACKEND_NAME, first.heads,
-                    measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), device, seconds,
-                    kernels.name, remedy.NAME, source,
-                    measure.describe_serving(chosen, measured, remedied, triton.function if triton else None))
-    fixed = sorted(measure.v_scale_fix_qlens(measured))
-    if fixed:
-        logger.info("%s: AITER's fp8 MLA decode with %d heads leaves V unscaled at query length %s "
-                    "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
-                    BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
-    return result
-
-
-def _loaded(splits: int):
-    """This process's kernels (AITER's, None where they could not be loaded, and why), the remedy's
-    (likewise) and the device they are measured on."""
-    try:
-        kernels, failed = load_kernels(), ""
-    except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
-        kernels, failed = None, measure.one_line(exc)
-    try:
-        triton, triton_failed = load_triton_decode(splits), ""
-    except Exception as exc:  # noqa: BLE001  (measured as raising: the remedy serves nothing)
-        triton, triton_failed = None, measure.one_line(exc)
-    return kernels, failed, triton, triton_failed, _probe_device()
-
-
-def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, cache: torch.Tensor) -> LayerMeasurement:
-    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype),
-    once vLLM allocated it and before CUDA-graph capture (``crash_safe.measure_on_cache``: every call
-    still served, the probe's keys in the cache's highest rows, restored afterwards), once per process and
-    cache geometry: caches of one shape, strides and dtype put the keys at the same offsets from their
-    bases, so one measurement answers for every layer sharing it. Its outcome replaces the set of calls'
-    measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
-    there with the remedy, or refuses; one start-up line says what the cache measurement found."""
-    global _GENERATION
-    kernels, _, triton, _, device = _loaded(splits)
-    found = layer_measurement(calls, splits)
-    key = (kernels, triton, calls, device)
-    geometry = (key, tuple(cache.shape), tuple(cache.stride()), cache.dtype, cache.device)
-    if kernels is None or geometry in _ON_CACHE:
-        return found
-    _ON_CACHE.add(geometry)
-    result = crash_safe.measure_on_cache(kernels, triton, calls, cache, found.measured, found.remedy,
-                                         _tensor_parallel_group())
-    updated = _MEASURED[key] = LayerMeasurement(result.measured, result.remedy, result.seconds, result.flags,
-                                                found.triton, result.cache)
-    _GENERATION += 1
-    first = calls[0]
-    chosen = measure.serving(updated.measured, updated.remedy, updated.flags)
-    logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured again in %.2f s on %s: %s", BACKEND_NAME,
-                first.heads, measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), result.seconds,
-                result.cache, measure.describe_serving(chosen, updated.measured, updated.remedy,
-                                                       triton.function if triton else None))
-    return updated
-
-
-def _warmup_hook():
-    """vLLM's registry of warm-ups that depend on the allocated KV cache (``JitWarmupRegistry`` in
-    ``vllm.model_executor.warmup.jit_warmup``: registrations made while it is active, run once the
-    cache is bound and before CUDA-graph capture) and the base class of what it runs, where the running
-    release has them with that interface; else None."""
-    try:
-        from vllm.model_executor.warmup import jit_warmup  # noqa: PLC0415
-    except ImportError:
-        return None
-    registry = getattr(jit_warmup, "JitWarmupRegistry", None)
-    base = getattr(jit_warmup, "VllmJitKernel", None)
-    if registry is None or base is None:
-        return None
-    if not all(callable(getattr(registry, name, None)) for name in ("register", "activate", "warmup")):
-        return None
-    if not all(callable(getattr(base, name, None)) for name in ("get_warmup_keys", "compile", "compile_many",
-                                                                 "register_warmup")):
-        return None
-    return registry, base
-
-
-@functools.cache
-def real_cache_warmup():
-    """The warm-up an own impl registers with vLLM's registry (``_warmup_hook``), one per process, or None
-    where the release has none: run by vLLM's JIT warm-up, it measures each registered impl's decode
-    calls on its layer's bound KV cache (``DecodeKernelsMixin.measure_bound_cache``)."""
-    hook = _warmup_hook()
-    if hook is None:
-        return None
-    _, base = hook
-
-    class RealCacheMeasurement(base):  # type: ignore[misc, valid-type]
-        """Each own layer's decode calls measured on its allocated KV cache: one warm-up key per impl."""
-
-        def get_warmup_keys(self, impl):
-            return [impl]
-
-        def compile(self, impl) -> None:
-            impl.measure_bound_cache()
-
-    return RealCacheMeasurement()
-
-
-def _bound_cache(vllm_config, impl) -> torch.Tensor | None:
-    """The KV cache vLLM bound to the layer whose impl is ``impl`` (a tensor, or the first of a list of
-    them), None where there is none yet."""
-    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
-    for layer in context.values():
-        if getattr(layer, "impl", None) is impl:
-            cache = getattr(layer, "kv_cache", None)
-            if isinstance(cache, (list, tuple)):
-                cache = cache[0] if cache else None
-            return cache if isinstance(cache, torch.Tensor) and cache.numel() else None
-    return None
-
-
-def _cache_committed_later(vllm_config) -> bool:
-    """Whether the running vLLM reserves the KV cache as address space and maps (commits) its blocks
-    later (0.34's ``ExtensibleKVCache``, ``cache_config.enable_extensible_kv_cache``): rows past the
-    committed blocks are not memory yet."""
-    return bool(getattr(getattr(vllm_config, "cache_config", None), "enable_extensible_kv_cache", False))
-
-
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
-
-def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
-    """The settings that avoid a layer's decode calls, for a refusal's line."""
-    first = calls[0]
-    ways = []
-    if len(calls) > 1:
-        ways.append("fewer num_speculative_tokens in --speculative-config")
-    if first.fp8:
-        ways.append("--kv-cache-dtype auto")
-    ways.append("another --tensor-parallel-size (another head count)")
-    return "avoid the call with " + " or ".join(ways)
-
-
-def measured_route(vllm_config, route: Route, kv_cache_dtype: str) -> tuple[Route, LayerMeasurement | None]:
-    """``route`` (an own one) once the layer's decode calls were measured (``layer_measurement``):
-    which kernel serves which query length, or a refusal."""
-    if not route.own:
-        return route, None
-    calls = layer_calls(vllm_config, route.decode_heads, kv_cache_dtype)
-    found = layer_measurement(calls, remedy_splits(vllm_config, _probe_device()))
-    if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
-        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
-        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",)), found
-    return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls)), found
-
-
-def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
-    layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
-    backend = getattr(layer, "prefill_backend", None)
-    return backend.get_name() if backend is not None else "none"
 
 
 class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
@@ -367,7 +97,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
     _steps: int = 0  # decode steps planned (the overflow counter is read every OVERFLOW_CHECK_STEPS)
     _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
-    _route_generation: int | None = None  # the _GENERATION its route was taken at (None: not measured)
+    _route_generation: int | None = None  # the measure_state.generation its route was taken at (None: not measured)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, AiterMLAMetadata)
@@ -432,7 +162,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             prefill,
             "on" if self._fused_context_gather else "off",
         )
-        if _on_rocm() and prefill != AITER_PREFILL_BACKEND:
+        if vllm_builtin.on_rocm() and prefill != AITER_PREFILL_BACKEND:
             logger.warning_once(
                 "%s: MLA prefill runs on %s, not AITER's flash_attn_varlen_func (%s). Set "
                 "VLLM_ROCM_USE_AITER=1 (and leave --attention-config.mla_prefill_backend unset) "
@@ -447,7 +177,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         on the layers' real KV cache once made): their plans are also written as per-request slot tables,
         into one persistent buffer (a captured graph reads it), allocated when first needed."""
         vllm_config, kv_cache_dtype, device = self._route_args
-        self._route_generation = _GENERATION
+        self._route_generation = measure_state.generation
         route, _ = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
         self._triton_qlens = route.triton_qlens if route.own else frozenset()
         if self._triton_qlens:
@@ -481,7 +211,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         # max_query_len is min(longest query of the whole batch, reorder threshold): prefill
         # rows count too. AITER needs the decode rows' own uniform length.
         qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
-        if self._route_generation not in (None, _GENERATION):  # the layers' real KV cache was measured since
+        if self._route_generation not in (None, measure_state.generation):  # the real KV cache was measured since
             self._take_route()
         if self._plan_triton is not None:
             plan = self._plan_triton(self._plan_buffers, block_table_tensor, seq_lens_device, qlen, max_seq_len)
@@ -525,7 +255,7 @@ class DecodeKernelsMixin:
     _triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (measured)
     _triton: TritonDecode | None = None
     _real_cache_pending: bool = False  # its calls not yet measured on the layer's real KV cache
-    _route_generation: int | None = None  # the _GENERATION its route was taken at (None: not measured)
+    _route_generation: int | None = None  # the measure_state.generation its route was taken at (None: not measured)
     kv_lora_rank: int
     scale: float
 
@@ -551,7 +281,7 @@ class DecodeKernelsMixin:
 
     def _take_route(self) -> None:
         """The layer's route from its calls' measurement (the latest, on the real cache once made)."""
-        generation = _GENERATION
+        generation = measure_state.generation
         route, found = measured_route(self._vllm_config, Route(True, (), self._decode_heads),
                                       self._decode_kv_cache_dtype)
         if not route.own:  # a refusal, or AITER not loaded (CPU development mode has no built-in to hand it to)
@@ -568,7 +298,7 @@ class DecodeKernelsMixin:
         is served by the remedy, or the layer refuses in one line)."""
         self._real_cache_pending = False
         vllm_config = self._vllm_config
-        if _cache_committed_later(vllm_config):
+        if cache_committed_later(vllm_config):
             logger.warning_once(
                 "%s: vLLM reserves the KV cache as address space and maps its highest blocks only after "
                 "CUDA-graph capture (enable_extensible_kv_cache), so the decode calls stand as measured on the "
@@ -576,7 +306,7 @@ class DecodeKernelsMixin:
                 BACKEND_NAME)
             return
         real_cache_measurement(layer_calls(vllm_config, self._decode_heads, self._decode_kv_cache_dtype),
-                               remedy_splits(vllm_config, _probe_device()), kv_cache)
+                               remedy_splits(vllm_config, probe_device()), kv_cache)
         self._take_route()
 
     def measure_bound_cache(self) -> None:
@@ -584,9 +314,9 @@ class DecodeKernelsMixin:
         it; where none is bound yet, left to the first decode call outside capture."""
         if not self._real_cache_pending:
             return
-        cache = _bound_cache(self._vllm_config, self)
+        cache = bound_cache(self._vllm_config, self)
         if cache is not None:
-            self.measure_real_cache(_fp8_view(cache, _platform_fp8_dtype()))
+            self.measure_real_cache(_fp8_view(cache, vllm_builtin.platform_fp8_dtype()))
 
     def _before_decode(self, kv_cache: torch.Tensor) -> None:
         """At a decode call: the real-cache measurement where vLLM's warm-up did not make it (at the first
@@ -602,7 +332,7 @@ class DecodeKernelsMixin:
                 "(vLLM ran neither its JIT warm-up nor an eager step first): they stand as measured on the "
                 "probe's own cache; set --kernel-config.enable_jit_warmup=true to measure on the real cache",
                 BACKEND_NAME)
-        if self._route_generation != _GENERATION:
+        if self._route_generation != measure_state.generation:
             self._take_route()
 
     def reserve_workspace(self) -> None:
@@ -642,12 +372,12 @@ class DecodeKernelsMixin:
         if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
             if isinstance(q, tuple):
                 q = torch.cat(q, dim=-1)
-            fp8_dtype = q.dtype if _is_fp8(q) else _platform_fp8_dtype()
+            fp8_dtype = q.dtype if _is_fp8(q) else vllm_builtin.platform_fp8_dtype()
             kv_cache = _fp8_view(kv_cache, fp8_dtype)
             q_scale, kv_scale = layer._q_scale, layer._k_scale
             if not _is_fp8(q):
                 q = (q.float() / q_scale).to(fp8_dtype)
-        if self._real_cache_pending or self._route_generation not in (None, _GENERATION):
+        if self._real_cache_pending or self._route_generation not in (None, measure_state.generation):
             self._before_decode(kv_cache)
         if max_query_len in self._triton_qlens:  # measured: AITER wrong here, vLLM's Triton decode right
             return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, kv_lora_rank=self.kv_lora_rank,
@@ -668,18 +398,6 @@ class DecodeKernelsMixin:
             work=work,
             v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens,
         )
-
-
-def _platform_fp8_dtype() -> torch.dtype:
-    from vllm.platforms import current_platform  # noqa: PLC0415
-
-    return current_platform.fp8_dtype()
-
-
-def _on_rocm() -> bool:
-    from vllm.platforms import current_platform  # noqa: PLC0415
-
-    return current_platform.is_rocm()
 
 
 class AiterMLAImpl(DecodeKernelsMixin, builtin.AiterMLAImpl):
@@ -731,110 +449,6 @@ class AiterMLAImpl(DecodeKernelsMixin, builtin.AiterMLAImpl):
 
 # ---- the ROCM_AITER_MLA entry: vLLM's built-in backend, each layer routed to own or built-in ----
 
-
-def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
-    """Whether vLLM's built-in prefills this layer in fp8 (mla_prefill_ps_asm_fwd + mla_reduce_v1;
-    gfx950 with an AITER that has them), by the built-in's own predicates. Only on ROCm: the
-    predicate imports AITER."""
-    if not (_on_rocm() and _is_fp8_cache(kv_cache_dtype)):
-        return False
-    helper = builtin.AiterMLAHelper
-    # vLLM 0.34 keeps 1-8 heads in bf16 prefill (is_valid_fp8_prefill_num_heads); earlier releases
-    # prefill every valid head count in fp8.
-    valid = getattr(helper, "is_valid_fp8_prefill_num_heads", helper.is_valid_num_heads)
-    return bool(builtin._fp8_mla_prefill_supported() and valid(num_heads))
-
-
-def builtin_fused_context_gather(kv_cache_dtype: str, dcp_size: int) -> bool:
-    """Whether vLLM's built-in builder flattens chunked-prefill context for the fused gather
-    (``gather_kv_b_proj``) its prefill code runs: vLLM 0.34's predicate (gfx950, any KV dtype but
-    ``fp8_ds_mla``, no DCP; held against each release's source by the tests). Releases without
-    the method have no fused gather."""
-    if not hasattr(builtin.AiterMLAMetadataBuilder, "_build_context_chunk_kv_indices") or not _on_rocm():
-        return False
-    return kv_cache_dtype != "fp8_ds_mla" and dcp_size == 1 and _on_gfx950()
-
-
-def _on_gfx950() -> bool:
-    from vllm.platforms.rocm import on_gfx950  # noqa: PLC0415  (reads the GPU: ROCm only)
-
-    return bool(on_gfx950())
-
-
-def _builtin_non_persistent(num_heads: int, heads: int | None, max_qlen: int, kv_cache_dtype: str) -> bool:
-    """Whether vLLM's built-in decodes some query length of this layer without persistent work
-    buffers (its builder's gate, 0.32-0.34: a padded bf16 layer of fewer than
-    ``_AITER_MIN_MLA_HEADS`` heads past ``_ASM_PADDED_MAX_PS_QLEN``), read from the built-in's own
-    constants; where a release lacks them, every padded bf16 multi-token layer counts."""
-    if max_qlen == 1 or _is_fp8_cache(kv_cache_dtype):
-        return False
-    helper = builtin.AiterMLAHelper
-    min_heads = getattr(helper, "_AITER_MIN_MLA_HEADS", None)
-    max_ps_qlen = getattr(helper, "_ASM_PADDED_MAX_PS_QLEN", None)
-    if min_heads is None or max_ps_qlen is None:
-        return heads != num_heads
-    return num_heads < min_heads and max_qlen > max_ps_qlen
-
-
-def _builtin_triton_verify(num_heads: int, max_qlen: int, kv_cache_dtype: str, dcp_size: int) -> bool:
-    """Whether vLLM's built-in verifies this layer's drafts with its Triton verify kernel where
-    AITER's asm decode has no correct kernel (vLLM 0.34, gfx942, query length past 4), by the
-    built-in's own predicate; releases without it have none."""
-    unsupported = getattr(builtin, "_asm_causal_verify_unsupported", None)
-    if unsupported is None or not _on_rocm():
-        return False
-    return bool(unsupported(num_heads, max_qlen, kv_cache_dtype, dcp_size))
-
-
-def _builtin_flydsl_prefill(vllm_config) -> bool:
-    """Whether the configured MLA prefill backend is the built-in's opt-in FlyDSL fp8 prefill
-    (vLLM 0.34), which the built-in prepares fp8 inputs for."""
-    flydsl = getattr(builtin, "AiterFlyDSLFP8PrefillBackend", None)
-    chosen = getattr(getattr(vllm_config, "attention_config", None), "mla_prefill_backend", None)
-    if flydsl is None or chosen is None:
-        return False
-    return str(getattr(chosen, "name", chosen)) == flydsl.get_name()
-
-
-def _builtin_unpadded_small_heads(num_heads: int, max_qlen: int, kv_cache_dtype: str) -> bool:
-    """Whether vLLM's built-in runs fewer than 16 heads without padding (its Gluon decode or
-    verify, gfx950), by the built-in's own predicates."""
-    if not _on_rocm():
-        return False
-    helper = builtin.AiterMLAHelper
-    if max_qlen == 1:
-        return bool(helper.use_gluon_decode(num_heads, 1, kv_cache_dtype))
-    return bool(helper.use_gluon_verify(num_heads, max_qlen, kv_cache_dtype))
-
-
-def _builtin_varlen_verify(vllm_config) -> bool:
-    """Whether vLLM's built-in verifies drafts of variable length (0.33's adaptive verification,
-    ``QueryLenSupport.VARLEN``); releases without it have no such predicate."""
-    enabled = getattr(builtin, "_adaptive_varlen_verify_enabled", None)
-    return bool(enabled(vllm_config)) if enabled is not None else False
-
-
-def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> LayerFacts:
-    """What routing needs to know of one MLA layer, read from vLLM's config and built-in."""
-    longest = max_decode_query_len(vllm_config)
-    heads = decode_heads(num_heads)
-    dcp_size = vllm_config.parallel_config.decode_context_parallel_size
-    return LayerFacts(
-        num_heads=num_heads,
-        latent_size=latent_size,
-        model_dtype=str(vllm_config.model_config.dtype).removeprefix("torch."),
-        kv_cache_dtype=kv_cache_dtype,
-        max_qlen=longest,
-        decode_heads=heads,
-        dcp_size=dcp_size,
-        non_causal=bool(getattr(vllm_config.attention_config, "use_non_causal", False)),
-        builtin_varlen_verify=_builtin_varlen_verify(vllm_config),
-        builtin_fp8_prefill=_builtin_fp8_prefill(kv_cache_dtype, num_heads),
-        builtin_unpadded_small_heads=_builtin_unpadded_small_heads(num_heads, longest, kv_cache_dtype),
-        builtin_triton_verify=_builtin_triton_verify(num_heads, longest, kv_cache_dtype, dcp_size),
-        builtin_flydsl_prefill=_builtin_flydsl_prefill(vllm_config),
-        builtin_non_persistent=_builtin_non_persistent(num_heads, heads, longest, kv_cache_dtype),
-    )
 
 
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:

@@ -8,7 +8,7 @@ built-in would not make. A layer runs the own path where that path implements th
 the way the built-in does, and every one of its decode calls was measured right on this GPU at
 start-up (``measure``); everywhere else it is handed to the built-in, with the reasons in one
 start-up line. Plain functions on plain data: the facts about vLLM and its built-in
-(``LayerFacts``) are read by the adapter (``backend.py``).
+(``LayerFacts``) are read by ``vllm_builtin.py``.
 """
 
 from __future__ import annotations

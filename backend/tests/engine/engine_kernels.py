@@ -132,8 +132,7 @@ def install(name: str) -> Callable[[], None]:
     _check(name)
     import functools
 
-    import vllm_aiter_mla.backend as backend
-    from vllm_aiter_mla import crash_safe
+    from vllm_aiter_mla import backend, crash_safe, measure_state
 
     aiter = _aiter(name)  # one object per engine: the adapter keys its measurement by the kernels
     remedies: dict[int, object] = {}
@@ -141,15 +140,19 @@ def install(name: str) -> Callable[[], None]:
     def load_triton_decode(splits: int):
         return remedies.setdefault(splits, _remedy(name, splits))
 
-    real = (backend.load_kernels, backend.load_triton_decode, crash_safe.measure_layer)
-    backend.load_kernels = lambda mode=None: aiter
-    backend.load_triton_decode = load_triton_decode
+    loaders = (backend, measure_state)  # the adapters' loads and the start-up measurement's
+    real = [(m.load_kernels, m.load_triton_decode) for m in loaders], crash_safe.measure_layer
+    for module in loaders:
+        module.load_kernels = lambda mode=None: aiter
+        module.load_triton_decode = load_triton_decode
     in_child = child_factory(name)
     if in_child:
-        crash_safe.measure_layer = functools.partial(real[2], factory=in_child)
+        crash_safe.measure_layer = functools.partial(real[1], factory=in_child)
 
     def undo() -> None:
-        backend.load_kernels, backend.load_triton_decode, crash_safe.measure_layer = real
+        for module, (kernels, triton) in zip(loaders, real[0]):
+            module.load_kernels, module.load_triton_decode = kernels, triton
+        crash_safe.measure_layer = real[1]
 
     return undo
 
@@ -163,7 +166,7 @@ def install_by_rank(value: str) -> None:
         _check(name)
     import logging
 
-    import vllm_aiter_mla.backend as backend
+    from vllm_aiter_mla import backend, measure_state
 
     logger = logging.getLogger("vllm.aiter_mla")  # this process's start-up lines, for rank_report
     real_handle = logger.handle
@@ -187,5 +190,6 @@ def install_by_rank(value: str) -> None:
             return getattr(backend, attr)(*args, **kwargs)
         return load
 
-    backend.load_kernels = first_load("load_kernels")
-    backend.load_triton_decode = first_load("load_triton_decode")
+    for module in (backend, measure_state):  # whichever loads first installs the set in both
+        module.load_kernels = first_load("load_kernels")
+        module.load_triton_decode = first_load("load_triton_decode")

@@ -1,0 +1,254 @@
+"""The start-up measurement's state in this process, for the adapters (``backend.py``).
+
+Each set of decode calls a layer makes is measured once per process (AITER's kernels and the
+remedy, vLLM's Triton decode, on the same probes: ``crash_safe``, ``measure``), agreed across the
+tensor-parallel group, and measured again on a layer's real KV cache once vLLM allocated it (through
+vLLM's warm-up registry of kernels that depend on the allocated cache, where the release has one).
+``measured_route`` turns the latest measurement into the route a layer takes; ``generation`` counts
+the real-cache measurements that changed it, so impls and builders take their route again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import max_decode_query_len
+
+from . import crash_safe, measure, remedy
+from .kernels import load_kernels
+from .remedy import TritonDecode
+from .routing import Route, with_measurements
+from .upstream_kernels import load_triton_decode
+from .vllm_builtin import BACKEND_NAME, layer_calls
+
+logger = init_logger("vllm.aiter_mla")
+
+
+def probe_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _tensor_parallel_group():
+    """vLLM's tensor-parallel CPU group where it has more than one rank, else None."""
+    try:
+        from vllm.distributed import parallel_state  # noqa: PLC0415
+
+        if not parallel_state.model_parallel_is_initialized():
+            return None
+        group = parallel_state.get_tp_group()
+    except Exception:  # noqa: BLE001  (no distributed state: this process alone)
+        return None
+    return group.cpu_group if group.world_size > 1 else None
+
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    measured: dict[int, measure.Measured]  # AITER's calls, per query length
+    remedy: dict[int, measure.Measured]  # vLLM's Triton decode on the same probes, per query length
+    seconds: float
+    flags: tuple[frozenset[int], frozenset[int]]  # the tensor-parallel group's (measure.agree_flags)
+    triton: TritonDecode | None = None  # the remedy's functions (None: they could not be loaded)
+    cache: str = ""  # where the last measurement in this process ran, once on a layer's real KV cache
+
+
+_MEASURED: dict[tuple, LayerMeasurement] = {}
+# Cache geometries (set of calls, shape, strides, dtype, device) measured on a layer's real KV cache.
+_ON_CACHE: set[tuple] = set()
+# Counts the measurements on a layer's real KV cache that replaced an entry of _MEASURED: an impl or
+# builder that applied an older count takes the route again before its next decode call.
+generation = 0
+
+
+def _compute_units(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def remedy_splits(vllm_config, device: torch.device) -> int:
+    """The static split count of the remedy's calls: vLLM's TRITON_MLA rule for the longest request."""
+    return remedy.kv_splits(vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config),
+                            _compute_units(device))
+
+
+def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) -> LayerMeasurement:
+    """The layer's decode calls measured on this process's GPU, AITER's and vLLM's Triton decode's
+    (the remedy, with ``splits`` splits) on the same probes, crash-safely (``crash_safe``: first in a
+    child process under a time limit, or read from its record; then here where that found a call safe),
+    once per process and set of calls (a failure is remembered too), and agreed across the
+    tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
+    whatever its own measurement did (the key holds no failure text, so a changing message makes no
+    extra exchange)."""
+    kernels, failed, triton, triton_failed, device = _loaded(splits)
+    key = (kernels, triton, calls, device)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    if kernels is None:
+        raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
+        measured, remedied, seconds, source = {call.qlen: raised for call in calls}, {}, 0.0, ""
+        flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
+                                    _tensor_parallel_group())
+    else:
+        found = crash_safe.measure_layer(kernels, triton, calls, splits, device, group=_tensor_parallel_group())
+        measured, remedied, seconds, flags = found.measured, found.remedy, found.seconds, found.flags
+        source = found.first
+        if triton is None:
+            remedied = {q: dataclasses.replace(m, detail=f"loading it: {triton_failed}") if m.detail == "not loaded"
+                        else m for q, m in remedied.items()}
+    result = _MEASURED[key] = LayerMeasurement(measured, remedied, seconds, flags, triton)
+    first = calls[0]
+    if kernels is not None:
+        chosen = measure.serving(measured, remedied, flags)
+        logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured on %s in %.2f s (AITER's %s kernels, "
+                    "persistent, and %s; the first measurement %s): %s", BACKEND_NAME, first.heads,
+                    measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), device, seconds,
+                    kernels.name, remedy.NAME, source,
+                    measure.describe_serving(chosen, measured, remedied, triton.function if triton else None))
+    fixed = sorted(measure.v_scale_fix_qlens(measured))
+    if fixed:
+        logger.info("%s: AITER's fp8 MLA decode with %d heads leaves V unscaled at query length %s "
+                    "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
+                    BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
+    return result
+
+
+def _loaded(splits: int):
+    """This process's kernels (AITER's, None where they could not be loaded, and why), the remedy's
+    (likewise) and the device they are measured on."""
+    try:
+        kernels, failed = load_kernels(), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising; the route goes to the built-in)
+        kernels, failed = None, measure.one_line(exc)
+    try:
+        triton, triton_failed = load_triton_decode(splits), ""
+    except Exception as exc:  # noqa: BLE001  (measured as raising: the remedy serves nothing)
+        triton, triton_failed = None, measure.one_line(exc)
+    return kernels, failed, triton, triton_failed, probe_device()
+
+
+def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, cache: torch.Tensor) -> LayerMeasurement:
+    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype),
+    once vLLM allocated it and before CUDA-graph capture (``crash_safe.measure_on_cache``: every call
+    still served, the probe's keys in the cache's highest rows, restored afterwards), once per process and
+    cache geometry: caches of one shape, strides and dtype put the keys at the same offsets from their
+    bases, so one measurement answers for every layer sharing it. Its outcome replaces the set of calls'
+    measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
+    there with the remedy, or refuses; one start-up line says what the cache measurement found."""
+    global generation
+    kernels, _, triton, _, device = _loaded(splits)
+    found = layer_measurement(calls, splits)
+    key = (kernels, triton, calls, device)
+    geometry = (key, tuple(cache.shape), tuple(cache.stride()), cache.dtype, cache.device)
+    if kernels is None or geometry in _ON_CACHE:
+        return found
+    _ON_CACHE.add(geometry)
+    result = crash_safe.measure_on_cache(kernels, triton, calls, cache, found.measured, found.remedy,
+                                         _tensor_parallel_group())
+    updated = _MEASURED[key] = LayerMeasurement(result.measured, result.remedy, result.seconds, result.flags,
+                                                found.triton, result.cache)
+    generation += 1
+    first = calls[0]
+    chosen = measure.serving(updated.measured, updated.remedy, updated.flags)
+    logger.info("%s: MLA decode with %d heads, q %s / KV %s, measured again in %.2f s on %s: %s", BACKEND_NAME,
+                first.heads, measure.dtype_name(first.q_dtype), measure.dtype_name(first.kv_dtype), result.seconds,
+                result.cache, measure.describe_serving(chosen, updated.measured, updated.remedy,
+                                                       triton.function if triton else None))
+    return updated
+
+
+def _warmup_hook():
+    """vLLM's registry of warm-ups that depend on the allocated KV cache (``JitWarmupRegistry`` in
+    ``vllm.model_executor.warmup.jit_warmup``: registrations made while it is active, run once the
+    cache is bound and before CUDA-graph capture) and the base class of what it runs, where the running
+    release has them with that interface; else None."""
+    try:
+        from vllm.model_executor.warmup import jit_warmup  # noqa: PLC0415
+    except ImportError:
+        return None
+    registry = getattr(jit_warmup, "JitWarmupRegistry", None)
+    base = getattr(jit_warmup, "VllmJitKernel", None)
+    if registry is None or base is None:
+        return None
+    if not all(callable(getattr(registry, name, None)) for name in ("register", "activate", "warmup")):
+        return None
+    if not all(callable(getattr(base, name, None)) for name in ("get_warmup_keys", "compile", "compile_many",
+                                                                 "register_warmup")):
+        return None
+    return registry, base
+
+
+@functools.cache
+def real_cache_warmup():
+    """The warm-up an own impl registers with vLLM's registry (``_warmup_hook``), one per process, or None
+    where the release has none: run by vLLM's JIT warm-up, it measures each registered impl's decode
+    calls on its layer's bound KV cache (``DecodeKernelsMixin.measure_bound_cache``)."""
+    hook = _warmup_hook()
+    if hook is None:
+        return None
+    _, base = hook
+
+    class RealCacheMeasurement(base):  # type: ignore[misc, valid-type]
+        """Each own layer's decode calls measured on its allocated KV cache: one warm-up key per impl."""
+
+        def get_warmup_keys(self, impl):
+            return [impl]
+
+        def compile(self, impl) -> None:
+            impl.measure_bound_cache()
+
+    return RealCacheMeasurement()
+
+
+
+def bound_cache(vllm_config, impl) -> torch.Tensor | None:
+    """The KV cache vLLM bound to the layer whose impl is ``impl`` (a tensor, or the first of a list of
+    them), None where there is none yet."""
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    for layer in context.values():
+        if getattr(layer, "impl", None) is impl:
+            cache = getattr(layer, "kv_cache", None)
+            if isinstance(cache, (list, tuple)):
+                cache = cache[0] if cache else None
+            return cache if isinstance(cache, torch.Tensor) and cache.numel() else None
+    return None
+
+
+def cache_committed_later(vllm_config) -> bool:
+    """Whether the running vLLM reserves the KV cache as address space and maps (commits) its blocks
+    later (0.34's ``ExtensibleKVCache``, ``cache_config.enable_extensible_kv_cache``): rows past the
+    committed blocks are not memory yet."""
+    return bool(getattr(getattr(vllm_config, "cache_config", None), "enable_extensible_kv_cache", False))
+
+
+
+def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
+    """The settings that avoid a layer's decode calls, for a refusal's line."""
+    first = calls[0]
+    ways = []
+    if len(calls) > 1:
+        ways.append("fewer num_speculative_tokens in --speculative-config")
+    if first.fp8:
+        ways.append("--kv-cache-dtype auto")
+    ways.append("another --tensor-parallel-size (another head count)")
+    return "avoid the call with " + " or ".join(ways)
+
+
+def measured_route(vllm_config, route: Route, kv_cache_dtype: str) -> tuple[Route, LayerMeasurement | None]:
+    """``route`` (an own one) once the layer's decode calls were measured (``layer_measurement``):
+    which kernel serves which query length, or a refusal."""
+    if not route.own:
+        return route, None
+    calls = layer_calls(vllm_config, route.decode_heads, kv_cache_dtype)
+    found = layer_measurement(calls, remedy_splits(vllm_config, probe_device()))
+    if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
+        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
+        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",)), found
+    return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls)), found
+
