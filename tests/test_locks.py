@@ -108,8 +108,9 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
         "and run uv lock --upgrade --project ci/pins"
     proc = _uv("lock", "--check", "--project", "ci/pins")
     assert proc.returncode == 0, f"run uv lock --project ci/pins: {proc.stderr[-2000:]}"
-    fresh = tmp_path / "pins"
-    fresh.mkdir()
+    fresh = tmp_path / "ci" / "pins"  # where its path source, ../../runtime, is the runtime as in the checkout
+    fresh.mkdir(parents=True)
+    (tmp_path / "runtime").symlink_to(ROOT / "runtime")
     (fresh / "pyproject.toml").write_text(project)
     proc = _uv("lock", "--project", str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -26,7 +26,9 @@ PROJECT = ROOT / "ci/pins/pyproject.toml"
 
 
 def declared() -> set[str]:
-    return {name.split(";")[0].strip() for name in tomllib.loads(PROJECT.read_text())["project"]["dependencies"]}
+    """The project's dependencies by import name."""
+    return {name.split(";")[0].strip().replace("-", "_") for name in
+            tomllib.loads(PROJECT.read_text())["project"]["dependencies"]}
 
 
 def test_the_tool_imports_only_what_its_project_declares():
@@ -41,6 +43,13 @@ def test_the_tool_imports_only_what_its_project_declares():
     # jsonschema: through rocm_vllm_runtime.schema, which the tool validates with
     assert outside | {"jsonschema"} == set(cli.NEEDED) == declared() - {"uv"}, (outside, declared())
     assert "uv" in declared()  # the resolver of `resolve --write` and `lock`, beside the environment's Python
+
+
+def test_the_runtime_is_this_checkouts_editable_one():
+    """The tool's owners (numbers, secrets, files, ...) come from the runtime beside it: a path source."""
+    sources = tomllib.loads(PROJECT.read_text())["tool"]["uv"]["sources"]
+    assert sources == {"rocm-vllm-runtime": {"path": "../../runtime", "editable": True}}
+    assert (PROJECT.parent / sources["rocm-vllm-runtime"]["path"] / "pyproject.toml").is_file()
 
 
 def test_the_tool_makes_no_environment_of_its_own():
@@ -59,12 +68,14 @@ def test_the_tool_makes_no_environment_of_its_own():
 
 
 def bare(tmp_path: Path, *args: str, uv_on_path: bool) -> subprocess.CompletedProcess:
-    """python -S (no site-packages: none of the tool's libraries) -m ci.pins ARGS, with uv on PATH or not."""
+    """python -S (no site-packages, no PYTHONPATH: none of the tool's libraries) -m ci.pins ARGS, with uv on PATH or
+    not."""
     home, cache, empty = tmp_path / "home", tmp_path / "cache", tmp_path / "empty"
     for folder in (home, cache, empty):
         folder.mkdir(exist_ok=True)
     path = str(Path(locks.uv_command()[0]).parent) if uv_on_path else str(empty)
-    env = {**os.environ, "PATH": path, "HOME": str(home), "XDG_CACHE_HOME": str(cache)}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PATH": path, "HOME": str(home),
+           "XDG_CACHE_HOME": str(cache)}
     return subprocess.run([sys.executable, "-S", "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=env)
 
@@ -73,8 +84,9 @@ def test_a_python_without_the_libraries_stops_in_one_line_naming_the_uv_command(
     proc = bare(tmp_path, "tracks", "--json", uv_on_path=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "error: this Python lacks jsonschema, packaging, urllib3 (ci/pins/pyproject.toml): run the pin tool with uv "
-        "from the repository root: uv run --locked --project ci/pins python -m ci.pins tracks --json"], proc.stderr
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (ci/pins/pyproject.toml): run the "
+        "pin tool with uv from the repository root: uv run --locked --project ci/pins python -m ci.pins with the same "
+        "arguments"], proc.stderr
     # nothing made: no environment in the cache or home folder
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
 
@@ -84,12 +96,25 @@ def test_without_uv_the_line_says_how_to_install_it(tmp_path):
     proc = bare(tmp_path, "--file", str(tmp_path / "none.json"), "resolve", "--registry",
                 "https://user:hunter2@mirror.example\nx", uv_on_path=False)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    line = proc.stderr.strip()
-    assert line.startswith("error: this Python lacks jsonschema, packaging, urllib3 (ci/pins/pyproject.toml): "
-                           f"install uv ({cli.UV_INSTALL}), then run the pin tool with uv from the repository root: "
-                           "uv run --locked --project ci/pins python -m ci.pins --file "), line
-    assert " resolve --registry " in line and "hunter2" not in line and line.endswith("\\nx'")
+    assert proc.stderr.strip() == (
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (ci/pins/pyproject.toml): "
+        f"install uv ({cli.UV_INSTALL}), then run the pin tool with uv from the repository root: "
+        "uv run --locked --project ci/pins python -m ci.pins with the same arguments"), proc.stderr
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
+
+
+def test_with_the_runtime_the_line_shows_the_arguments_masked(monkeypatch):
+    """Where only a library other than the runtime is missing, the command is shown whole, each URL's
+    credentials masked by the runtime and every line break escaped: one line."""
+    monkeypatch.setattr(cli, "NEEDED", (*cli.NEEDED, "no_such_library_here"))
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/uv")
+    with pytest.raises(SystemExit) as stopped:
+        cli.libraries_or_exit(["resolve", "--registry", "https://user:hunter2@mirror.example\nx"])
+    line = str(stopped.value)
+    assert line.startswith("error: this Python lacks no_such_library_here (ci/pins/pyproject.toml): run the pin tool "
+                           "with uv from the repository root: uv run --locked --project ci/pins python -m ci.pins "
+                           "resolve --registry "), line
+    assert "hunter2" not in line and "\n" not in line and line.endswith("\\nx'"), line
 
 
 def test_resolve_and_lock_without_uv_say_how_to_install_it(tmp_path, monkeypatch):

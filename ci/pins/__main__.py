@@ -17,11 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import runtime_modules
-
-# What the tool imports beyond the standard library: ci/pins/pyproject.toml's dependencies (less uv,
-# which only `resolve` and `lock` run: locks.uv_command says how to get it).
-NEEDED = ("jsonschema", "packaging", "urllib3")
+# What the tool imports beyond the standard library, by import name: ci/pins/pyproject.toml's dependencies
+# (less uv, which only `resolve` and `lock` run: locks.uv_command says how to get it).
+NEEDED = ("jsonschema", "packaging", "rocm_vllm_runtime", "urllib3")
 # How the tool runs where this Python lacks them: uv makes and keeps its environment from ci/pins/uv.lock.
 UV_RUN = ("uv", "run", "--locked", "--project", "ci/pins", "python", "-m", "ci.pins")
 UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
@@ -34,10 +32,21 @@ def libraries_or_exit(argv: list[str]) -> None:
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if not missing:
         return
-    command = runtime_modules.module("secrets").shown([*UV_RUN, *argv]).translate(_LINE_BREAKS)
-    how = "" if shutil.which("uv") else f"install uv ({UV_INSTALL}), then "
-    sys.exit(f"error: this Python lacks {', '.join(missing)} (ci/pins/pyproject.toml): {how}run the pin tool "
-             f"with uv from the repository root: {command}")
+    sys.exit(f"error: this Python lacks {', '.join(missing)} (ci/pins/pyproject.toml): {_install_uv()}run the pin "
+             f"tool with uv from the repository root: {_uv_command(argv, 'rocm_vllm_runtime' not in missing)}")
+
+
+def _install_uv() -> str:
+    return "" if shutil.which("uv") else f"install uv ({UV_INSTALL}), then "
+
+
+def _uv_command(argv: list[str], can_mask: bool) -> str:
+    """The uv command for these arguments, their credentials masked by the runtime's secrets; where this
+    Python lacks the runtime too, the arguments are not shown (nothing could mask them)."""
+    if not can_mask:
+        return f"{' '.join(UV_RUN)} with the same arguments"
+    from rocm_vllm_runtime import secrets
+    return secrets.shown([*UV_RUN, *argv]).translate(_LINE_BREAKS)
 
 
 if __name__ == "__main__":

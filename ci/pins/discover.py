@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
+from rocm_vllm_runtime import files, schema
 
-from .. import runtime_modules
 from . import model, resolve
 from .model import PinError
 
-files = runtime_modules.module("files")
-schema = runtime_modules.module("schema")
 # PyPI's JSON API answer (https://docs.pypi.org/api/json/) as pypi_sdists reads it.
 PYPI_LIMIT = 64 << 20
 PYPI_SCHEMA = {"type": "object", "required": ["releases"], "properties": {"releases": {

@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
+from rocm_vllm_runtime import files, schema
 
-from .. import runtime_modules
 from ..docker import pinned_dists
 from . import discover, model, resolve
 from .model import PinError
-
-schema = runtime_modules.module("schema")
-files = runtime_modules.module("files")
 
 LOCKS_FILE = Path("ci/locks/locks.json")
 SCHEMA_FILE = model.REPO_ROOT / "ci/locks/locks.schema.json"  # its shape and patterns (JSON Schema)

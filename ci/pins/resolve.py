@@ -15,15 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import urllib3
+from rocm_vllm_runtime import files, numbers, secrets, web
 
-from .. import runtime_modules
 from . import model
 from .model import PinError
-
-numbers = runtime_modules.module("numbers")
-secrets = runtime_modules.module("secrets")
-files = runtime_modules.module("files")
-web = runtime_modules.module("web")
 
 
 def seconds(name: str, default: str) -> float:

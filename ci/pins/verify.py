@@ -6,15 +6,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .. import runtime_modules
+from rocm_vllm_runtime import files, numbers, schema, secrets
 from ..docker import lock_lines
 from . import model
 from .model import PinError
 
-secrets = runtime_modules.module("secrets")
-numbers = runtime_modules.module("numbers")
-schema = runtime_modules.module("schema")
-files = runtime_modules.module("files")
 SCHEMA_FILE = model.REPO_ROOT / "versions.schema.json"
 
 
