@@ -3,7 +3,8 @@
 vLLM calls :func:`register` once in every process (API server, engine core,
 workers). It points vLLM's ``ROCM_AITER_MLA`` registry entry at this package's
 backend, so vLLM's own ROCm selection picks it exactly where it would pick the
-built-in one, and ``--attention-backend ROCM_AITER_MLA`` selects it.
+built-in one, and ``--attention-backend ROCM_AITER_MLA`` selects it. Where the release turns its
+extensible KV cache on by default, it is turned off for MLA models on ROCm (``extensible_cache``).
 
 Leaving ``aiter_mla`` out of ``VLLM_PLUGINS`` runs vLLM's built-in implementation
 instead (for side-by-side comparison).
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import SUPPORTED_VLLM, __version__
+from . import SUPPORTED_VLLM, __version__, extensible_cache
 from .distributions import NO_VERSION, VLLM_DISTRIBUTIONS, MetadataError, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
 
@@ -95,6 +96,7 @@ def _register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: PLC0415
 
     register_backend(AttentionBackendEnum.ROCM_AITER_MLA, ROCM_BACKEND_PATH)
+    extensible_cache.install()  # before vLLM settles its config: the real KV cache mapped before capture
     if kernel_mode() == "reference":
         from vllm.platforms import current_platform  # noqa: PLC0415
 
