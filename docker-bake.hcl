@@ -1,32 +1,38 @@
-// Build graph of the images. Pins come from versions.json, passed as a second file:
+// Build graph of the images. Pins come from docker-bake.pins.json, which the pin tool renders from
+// versions.json (python3 -m ci.pins render; verify fails while it is stale), passed as a second file:
 //
-//   docker buildx bake -f docker-bake.hcl -f versions.json base      # the base image
-//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve  # another release track
-//   docker buildx bake -f docker-bake.hcl -f versions.json validate  # print-only check targets
+//   docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json base      # the base image
+//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json serve  # another release track
+//   docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json validate  # print-only check targets
 //
 // Images for a registry (what CI runs; --print shows the tags, cache refs and attestations):
 //
 //   PUSH=1 REGISTRY=ghcr.io/org/rocm-vllm TAG=main VCS_REF=$(git rev-parse HEAD) \
-//     docker buildx bake -f docker-bake.hcl -f versions.json base serve ci
+//     docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json base serve ci
 //
-// versions.json's top-level keys (tracks, aiter, vllm, base_image, gpu_archs, ...) become bake
-// variables; without it every target fails with "There is no variable named ...".
-// Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
+// docker-bake.pins.json's top-level keys become bake variables: build_args ("<track>/<ARG>"), aiter_pin_args
+// ("<pin>/<ARG>"), the unresolved lists ("<track>/<target>", "<pin>/<target>"), tracks and default_track.
+// This file reads them and computes no pin; without that file every target fails with "There is no
+// variable named ...". Settings below can be overridden from the environment, e.g. GPU_ARCHS=gfx942.
 
 variable "REGISTRY" { default = "localhost/rocm-vllm" }
 variable "TAG" { default = "dev" }
-// Release track to build: a key of tracks in versions.json (default: default_track, the newest).
+// Release track to build: one of tracks (default: default_track, the newest).
 variable "TRACK" { default = default_track }
-// TRACK when versions.json has it; else bake stops in one line naming it and the known tracks
+// TRACK when the pins file renders it; else bake stops in one line naming it and the known tracks
 // (base64decode's error carries the text: no string with a space is base64).
 function "known_track" {
   params = []
-  result = contains(keys(tracks), TRACK) ? TRACK : base64decode("TRACK=${TRACK} is no release track of versions.json; the tracks: ${join(", ", sort(keys(tracks)))}")
+  result = contains(tracks, TRACK) ? TRACK : base64decode("TRACK=${TRACK} is no release track of versions.json; the tracks: ${join(", ", tracks)}")
 }
 // AITER pin to build: a key of aiter.pins in versions.json (default: the track's).
-variable "AITER_PIN" { default = tracks[known_track()].aiter }
-// GPU archs to build kernels for, ';'-separated; default from versions.json gpu_archs.
-variable "GPU_ARCHS" { default = join(";", gpu_archs) }
+variable "AITER_PIN" { default = track_aiter_pins[known_track()] }
+function "known_aiter_pin" {
+  params = []
+  result = contains(aiter_pins, AITER_PIN) ? AITER_PIN : base64decode("AITER_PIN=${AITER_PIN} is no pin of aiter.pins in versions.json; the pins: ${join(", ", aiter_pins)}")
+}
+// GPU archs to build kernels for, ';'-separated; default: versions.json's gpu_archs.
+variable "GPU_ARCHS" { default = track_args().GPU_ARCHS }
 // "1" accepts UNRESOLVED pins (development images, never a release); "0": pins_check stops bake.
 variable "ALLOW_UNRESOLVED" { default = "0" }
 // Empty: derived from the builder's CPUs and memory at build time.
@@ -56,16 +62,24 @@ variable "AITER_CALLS_CHECK" { default = "error" }
 // CA bundle handed to builds as the secret "ca-bundle" (git and pip behind a TLS-inspecting proxy).
 variable "CA_BUNDLE" { default = "/etc/ssl/certs/ca-certificates.crt" }
 
-// name:tag@digest of the base image; an unresolved field is UNRESOLVED (pins_check names it).
-function "rocm_image" {
-  params = [image, allow]
-  result = "${coalesce(image.name, "UNRESOLVED")}:${coalesce(image.tag, "UNRESOLVED")}${image.digest != null ? "@${image.digest}" : (allow == "1" ? "" : "@sha256:UNRESOLVED")}"
+// The values of a flat object of the pins file whose keys are "<prefix>/<NAME>", by NAME.
+function "under" {
+  params = [flat, prefix]
+  result = { for key, value in flat : element(split("/", key), 1) => value if element(split("/", key), 0) == prefix }
 }
 
-// A shared section (rocm, base_image, pytorch) as the track sees it: its own, else the shared one.
-function "track_section" {
-  params = [name, shared]
-  result = lookup(tracks[known_track()], name, shared)
+// The track's build args as rendered: its own AITER pin and ALLOW_UNRESOLVED=0.
+function "track_args" {
+  params = []
+  result = under(build_args, known_track())
+}
+
+// Every pin's build arg for the track and AITER_PIN; with ALLOW_UNRESOLVED=1 the image without its
+// missing digest. Settings (GPU_ARCHS, ...) are bake variables of their own.
+function "pin_args" {
+  params = []
+  result = merge(track_args(), under(aiter_pin_args, known_aiter_pin()),
+    ALLOW_UNRESOLVED == "1" ? under(build_args_unresolved_allowed, known_track()) : {})
 }
 
 // Tags of a target. Local (PUSH=0): <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default
@@ -88,7 +102,7 @@ function "pushed_tags" {
 // The 12 hex of the AITER commit the build compiles (UNRESOLVED while the pin has none).
 function "aiter_short" {
   params = []
-  result = substr(coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED"), 0, 12)
+  result = substr(pin_args().AITER_COMMIT, 0, 12)
 }
 
 // What a vLLM target is built on, in its tags and cache keys: aiter<12 hex of the AITER commit>, or
@@ -102,7 +116,7 @@ function "built_on" {
 // built_on) and the commit it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_args().VLLM_VERSION}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // An empty object: reading an attribute of it stops bake with that attribute's name as the message.
@@ -128,75 +142,21 @@ function "pins_check" {
 // The track's ROCm stack: rocm-image or therock, the stages Dockerfile.rocm_base's ROCM_STACK picks.
 function "stack" {
   params = []
-  result = lookup(tracks[known_track()], "stack", "rocm-image")
+  result = track_args().ROCM_STACK
 }
 
-// versions.json paths (path.key) of the keys of node that are null.
-function "nulls" {
-  params = [path, node, keys]
-  result = [for key, value in node : "${path}.${key}" if value == null && contains(keys, key)]
-}
-
-// Where versions.json holds a shared section (rocm, base_image, pytorch) for the track.
-function "section_path" {
-  params = [name]
-  result = contains(keys(tracks[known_track()]), name) ? "tracks.${TRACK}.${name}" : name
-}
-
-// The pins the verified AITER source (base-aiter-src) builds from.
-function "aiter_source_pins" {
-  params = []
-  result = concat(
-    nulls(section_path("base_image"), track_section("base_image", base_image), ["name", "tag", "digest"]),
-    nulls("aiter", aiter, ["repository", "ck_submodule_path"]),
-    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["tag", "commit", "ck_commit"]))
-}
-
-// The pins the base image builds from: the AITER source's, HipKittens, AITER's requirements lock,
-// and the stack's PyTorch lock (rocm-image) or TheRock lock and Triton source (therock). An unresolved
-// TheRock lock stops even with ALLOW_UNRESOLVED=1 (never installed unhashed): the build step names it.
-function "base_pins" {
-  params = []
-  result = concat(
-    aiter_source_pins(),
-    nulls("aiter", aiter, ["hipkittens_repository", "required_modules"]),
-    nulls("aiter.pins.${AITER_PIN}", aiter.pins[AITER_PIN], ["hipkittens_commit", "requirements_lock_sha256"]),
-    stack() == "therock" ? therock_pins() : pytorch_pins())
-}
-
-function "pytorch_pins" {
-  params = []
-  result = nulls(section_path("pytorch"), track_section("pytorch", pytorch), ["index_url", "lock_sha256"])
-}
-
-// The track's PyTorch lock in ci/locks/, named after its pytorch section (model.py pytorch_lock_name).
-function "pytorch_lock" {
-  params = []
-  result = contains(keys(tracks[known_track()]), "pytorch") ? "pytorch-${TRACK}.txt" : "pytorch.txt"
-}
-
-function "therock_pins" {
-  params = []
-  result = concat(
-    nulls("tracks.${TRACK}.therock", tracks[known_track()].therock, ["index_url", "lock_sha256"]),
-    nulls("tracks.${TRACK}.therock.triton", tracks[known_track()].therock.triton, ["repository", "commit", "version"]))
-}
-
-// The pins of Dockerfile.rocm's targets: the base image's (bake builds target:base for them) and the
-// track's vLLM source when vLLM is built here; none on an existing vLLM image (VLLM_IMAGE set).
-function "vllm_pins" {
-  params = []
-  result = VLLM_IMAGE != "" ? [] : concat(base_pins(),
-    nulls("vllm", vllm, ["repository"]),
-    nulls("vllm.triton_kernels", vllm.triton_kernels, ["repository", "path"]),
-    nulls("tracks.${TRACK}.vllm", tracks[known_track()].vllm, ["tag", "commit", "triton_kernels_commit"]))
+// The unresolved pins a ROCm target builds from, as rendered: base-aiter-src (the verified AITER source),
+// base (the base image) or vllm (vLLM built here: vllm, serve, ci); the track's and AITER_PIN's.
+function "unresolved" {
+  params = [target]
+  result = concat(unresolved_pins["${known_track()}/${target}"], aiter_pin_unresolved["${known_aiter_pin()}/${target}"])
 }
 
 // Build cache key of a target, from what its layers depend on: the base's has no vLLM version (a
 // vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${tracks[known_track()].vllm.version}-${built_on()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${track_args().VLLM_VERSION}-${built_on()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
@@ -223,7 +183,7 @@ group "validate" { targets = ["base-aiter-src"] }
 target "_common" {
   context = "."
   args = {
-    SOURCE_DATE_EPOCH = source_date_epoch
+    SOURCE_DATE_EPOCH = track_args().SOURCE_DATE_EPOCH
     ALLOW_UNRESOLVED  = ALLOW_UNRESOLVED
     GPU_ARCHS         = GPU_ARCHS
     VCS_REF           = VCS_REF
@@ -238,48 +198,9 @@ target "_common" {
   }
 }
 
-// One build arg per pin, as python3 -m ci.pins args prints them: null is UNRESOLVED, the other stack's "".
+// One build arg per pin, as docker-bake.pins.json renders them (python3 -m ci.pins args prints the same).
 target "_versions" {
-  args = {
-    VLLM_TRACK     = TRACK
-    VLLM_VERSION   = tracks[known_track()].vllm.version
-    ROCM_STACK     = stack()
-    ROCM_IMAGE     = rocm_image(track_section("base_image", base_image), ALLOW_UNRESOLVED)
-    ROCM_VERSION   = track_section("rocm", rocm).version
-    PYTHON_VERSION = python.version
-    // aiter's shared fields and the track's pin (AITER_PIN); its requirements' hash lock in ci/locks/
-    AITER_REPOSITORY               = coalesce(aiter.repository, "UNRESOLVED")
-    AITER_TAG                      = coalesce(aiter.pins[AITER_PIN].tag, "UNRESOLVED")
-    AITER_COMMIT                   = coalesce(aiter.pins[AITER_PIN].commit, "UNRESOLVED")
-    CK_COMMIT                      = coalesce(aiter.pins[AITER_PIN].ck_commit, "UNRESOLVED")
-    CK_SUBMODULE_PATH              = coalesce(aiter.ck_submodule_path, "UNRESOLVED")
-    HIPKITTENS_REPOSITORY          = coalesce(aiter.hipkittens_repository, "UNRESOLVED")
-    HIPKITTENS_COMMIT              = coalesce(aiter.pins[AITER_PIN].hipkittens_commit, "UNRESOLVED")
-    AITER_REQUIRED_MODULES         = aiter.required_modules == null ? "UNRESOLVED" : join(" ", aiter.required_modules)
-    AITER_REQUIREMENTS_LOCK        = "aiter-${aiter.pins[AITER_PIN].tag}.txt"
-    AITER_REQUIREMENTS_LOCK_SHA256 = coalesce(aiter.pins[AITER_PIN].requirements_lock_sha256, "UNRESOLVED")
-    // the track's pytorch section and its lock (rocm-image; "" on therock: PyTorch is in the TheRock lock)
-    PYTORCH_INDEX_URL   = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).index_url, "UNRESOLVED")
-    PYTORCH_LOCK        = stack() == "therock" ? "" : pytorch_lock()
-    PYTORCH_LOCK_SHA256 = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).lock_sha256, "UNRESOLVED")
-    TORCH_VERSION       = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torch, "UNRESOLVED")
-    TORCHVISION_VERSION = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchvision, "UNRESOLVED")
-    TORCHAUDIO_VERSION  = stack() == "therock" ? "" : coalesce(track_section("pytorch", pytorch).torch.torchaudio, "UNRESOLVED")
-    // a therock track's TheRock section, its lock and the Triton source ("" on rocm-image)
-    THEROCK_INDEX_URL   = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.index_url, "UNRESOLVED")
-    THEROCK_LOCK        = stack() != "therock" ? "" : "therock-${TRACK}.txt"
-    THEROCK_LOCK_SHA256 = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.lock_sha256, "UNRESOLVED")
-    TRITON_REPOSITORY   = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.repository, "UNRESOLVED")
-    TRITON_COMMIT       = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.commit, "UNRESOLVED")
-    TRITON_VERSION      = stack() != "therock" ? "" : coalesce(tracks[known_track()].therock.triton.version, "UNRESOLVED")
-    // vllm's shared repository and triton_kernels, and the track's release
-    VLLM_REPOSITORY           = coalesce(vllm.repository, "UNRESOLVED")
-    VLLM_TAG                  = coalesce(tracks[known_track()].vllm.tag, "UNRESOLVED")
-    VLLM_COMMIT               = coalesce(tracks[known_track()].vllm.commit, "UNRESOLVED")
-    TRITON_KERNELS_REPOSITORY = coalesce(vllm.triton_kernels.repository, "UNRESOLVED")
-    TRITON_KERNELS_COMMIT     = coalesce(tracks[known_track()].vllm.triton_kernels_commit, "UNRESOLVED")
-    TRITON_KERNELS_PATH       = coalesce(vllm.triton_kernels.path, "UNRESOLVED")
-  }
+  args = merge(pin_args(), { GPU_ARCHS = GPU_ARCHS })
 }
 
 // The build args of Dockerfile.rocm's targets on an existing vLLM image (VLLM_IMAGE, the CPU path):
@@ -287,12 +208,12 @@ target "_versions" {
 target "_embed" {
   args = {
     VLLM_TRACK   = TRACK
-    VLLM_VERSION = tracks[known_track()].vllm.version
+    VLLM_VERSION = track_args().VLLM_VERSION
   }
 }
 
 target "base" {
-  inherits   = ["_common", "_versions", pins_check("base", base_pins())]
+  inherits   = ["_common", "_versions", pins_check("base", unresolved("base"))]
   dockerfile = "Dockerfile.rocm_base"
   target     = "final"
   args = {
@@ -307,7 +228,7 @@ target "base" {
 
 // The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
 target "base-aiter-src" {
-  inherits   = ["_common", "_versions", pins_check("base-aiter-src", aiter_source_pins())]
+  inherits   = ["_common", "_versions", pins_check("base-aiter-src", unresolved("base-aiter-src"))]
   dockerfile = "Dockerfile.rocm_base"
   target     = "aiter-verified"
   output     = ["type=cacheonly"]
@@ -343,7 +264,7 @@ target "_rocm" {
 
 // vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
 target "vllm" {
-  inherits   = ["_rocm", pins_check("vllm", vllm_pins())]
+  inherits   = ["_rocm", pins_check("vllm", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
   target     = "vllm"
   tags       = image_tags("vllm")
   cache-from = cache_from("vllm")
@@ -352,7 +273,7 @@ target "vllm" {
 
 // OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
 target "serve" {
-  inherits   = ["_rocm", pins_check("serve", vllm_pins())]
+  inherits   = ["_rocm", pins_check("serve", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
   target     = "serve"
   tags       = image_tags("serve")
   cache-from = cache_from("serve")
@@ -361,7 +282,7 @@ target "serve" {
 
 // serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
 target "ci" {
-  inherits   = ["_rocm", pins_check("ci", vllm_pins())]
+  inherits   = ["_rocm", pins_check("ci", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
   target     = "ci"
   tags       = image_tags("ci")
   cache-from = cache_from("ci")
@@ -372,12 +293,12 @@ target "ci" {
 // serve and ci on a CPU build of the track's vLLM, in the backend's CPU development mode
 // (compose.cpu.yaml); for a laptop or a CI machine, never for production:
 //
-//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f versions.json serve-cpu
+//   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json serve-cpu
 //   RENDER_GID=0 docker compose -f compose.yaml -f compose.cpu.yaml up -d --wait
 //
 // The CPU vLLM image must hold the track's vLLM release (else the build stops). Default: vLLM's CPU
 // release image on Docker Hub (x86_64, arm64), by tag; another (by digest, local): VLLM_CPU_IMAGE.
-variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${tracks[known_track()].vllm.version}" }
+variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${track_args().VLLM_VERSION}" }
 
 // Tags of a CPU image. Local: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs)
 // on every track: one CPU path at a time on a machine. Pushed: <name>:vllm<vLLM version>-cpu-<12 hex
@@ -392,18 +313,18 @@ function "cpu_tags" {
 
 function "cpu_commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${tracks[known_track()].vllm.version}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_args().VLLM_VERSION}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // Registry build cache of a CPU image: <CACHE_REPO>:<name>-vllm<vLLM version> (no AITER, no GPU archs).
 function "cpu_cache_from" {
   params = [name]
-  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[known_track()].vllm.version}"])
+  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_args().VLLM_VERSION}"])
 }
 
 function "cpu_cache_to" {
   params = [name]
-  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${tracks[known_track()].vllm.version},mode=max"])
+  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_args().VLLM_VERSION},mode=max"])
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`

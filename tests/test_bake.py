@@ -1,4 +1,5 @@
-"""docker-bake.hcl: `docker buildx bake --print` resolves and agrees with versions.json."""
+"""docker-bake.hcl: `docker buildx bake --print` resolves and passes what docker-bake.pins.json renders from
+versions.json (the rendering itself: tests/test_pins_render.py)."""
 import json
 import os
 import shutil
@@ -7,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from ci.pins import model, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bake_print(*targets, env=None, files=("docker-bake.hcl", "versions.json")):
+PINS = str(render.BAKE_PINS)
+
+
+def bake_print(*targets, env=None, files=("docker-bake.hcl", PINS)):
     if not shutil.which("docker"):
         pytest.skip("no docker client in PATH")
     if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode != 0:
@@ -40,9 +44,16 @@ SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", 
 DEV = {"ALLOW_UNRESOLVED": "1"}
 
 
+def pins_file(data, path):
+    """The bake pins file `python3 -m ci.pins render` writes for a versions file of `data`, at path."""
+    path.write_text(render.bake_text(data))
+    return path
+
+
 def resolved(data, tmp_path, keep=()):
-    """A versions file with every unresolved pin given a well-formed value (as `ci.pins resolve`
-    writes them), but the dotted paths in keep, which stay null."""
+    """The bake pins file of a versions file with every unresolved pin given a well-formed value (as
+    `ci.pins resolve` writes them), but the dotted paths in keep, which stay null; that versions
+    file is versions.json beside it."""
     data = json.loads(json.dumps(data))
 
     def fill(node, path):
@@ -57,16 +68,15 @@ def resolved(data, tmp_path, keep=()):
                 fill(value, f"{path}{key}.")
 
     fill(data, "")
-    path = tmp_path / "versions.json"
-    path.write_text(json.dumps(data))
-    return path
+    (tmp_path / "versions.json").write_text(json.dumps(data))
+    return pins_file(data, tmp_path / PINS)
 
 
 @pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_base_args_equal_versions_file(track, tmp_path):
-    """bake's _versions and ci.pins build_args are one mapping: the same args, one per pin, byte for
-    byte, for every track: unresolved pins (UNRESOLVED, the image without its digest under
-    ALLOW_UNRESOLVED=1), and resolved ones."""
+    """bake passes the rendered args unchanged: ci.pins build_args, one per pin, byte for byte, for every
+    track: unresolved pins (UNRESOLVED, the image without its digest under ALLOW_UNRESOLVED=1), and
+    resolved ones."""
     data = model.load()
     for name, target in printed("base", "serve", env={"TRACK": track, **DEV}).items():
         args = target["args"]
@@ -79,7 +89,7 @@ def test_base_args_equal_versions_file(track, tmp_path):
     assert proc.returncode == 0, proc.stderr
     for name, target in json.loads(proc.stdout)["target"].items():
         args = {k: v for k, v in target["args"].items() if k not in SETTINGS}
-        assert args == model.build_args(json.loads(path.read_text()), track_name_=track), name
+        assert args == model.build_args(model.load(tmp_path / "versions.json"), track_name_=track), name
 
 
 def test_base_target_settings():
@@ -113,15 +123,18 @@ def test_validate_group_resolves():
     assert targets and all(t["dockerfile"] == "Dockerfile.rocm_base" for t in targets.values())
 
 
-def test_fails_loudly_without_versions_file():
+def test_fails_loudly_without_the_pins_file():
     proc = bake_print("base", files=("docker-bake.hcl",))
     assert proc.returncode != 0
     assert "variable" in proc.stderr.lower()
 
 
-def test_unknown_aiter_pin_fails():
+def test_unknown_aiter_pin_fails_in_one_line_naming_the_pins():
     proc = bake_print("base", env={"AITER_PIN": "v0.0.0"})
-    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr
+    known = ", ".join(sorted(model.load()["aiter"]["pins"]))
+    assert f"AITER_PIN=v0.0.0 is no pin of aiter.pins in versions.json; the pins: {known}" in errors[0], errors[0]
 
 
 def test_image_targets_use_dockerfile_rocm():
@@ -209,8 +222,7 @@ def test_an_unresolved_aiter_commit_is_named_in_the_pushed_tag(tmp_path):
     data = model.load()
     own = data["tracks"][data["default_track"]]
     data["aiter"]["pins"][own["aiter"]]["commit"] = None
-    path = tmp_path / "versions.json"
-    path.write_text(json.dumps(data))
+    path = pins_file(data, tmp_path / PINS)
     env = {**CLEAR, **DEV, "PUSH": "1", "REGISTRY": "registry.example/team", "VCS_REF": SHA}
     proc = bake_print("serve", env=env, files=("docker-bake.hcl", str(path)))
     assert proc.returncode == 0, proc.stderr
@@ -248,8 +260,8 @@ def named_pins(line: str) -> set[str]:
 
 
 def unresolved(data, tmp_path):
-    """The versions file with every pin `ci.pins resolve` finds (commits, the image digest, the
-    locks' sha256) unresolved again: null, and named in its object's unresolved list."""
+    """(data, its bake pins file): the versions file with every pin `ci.pins resolve` finds (commits,
+    the image digest, the locks' sha256) unresolved again: null, and named in its object's unresolved list."""
     data = json.loads(json.dumps(data))
 
     def unset(node, *names):
@@ -270,9 +282,7 @@ def unresolved(data, tmp_path):
         if "therock" in own:
             unset(own["therock"], "lock_sha256")
             unset(own["therock"]["triton"], "commit")
-    path = tmp_path / "unresolved.json"
-    path.write_text(json.dumps(data))
-    return data, path
+    return data, pins_file(data, tmp_path / "unresolved.bake.json")
 
 
 @pytest.mark.parametrize("track", model.built_track_names(model.load()))
@@ -395,8 +405,8 @@ EMBED_ARGS = {"VLLM_IMAGE", "VLLM_TRACK", "VLLM_VERSION", "GPU_ARCHS", "SOURCE_D
 
 
 def every_base_pin_unresolved(data, tmp_path, track):
-    """The versions file with every pin the track's base image and vLLM source build from that
-    versions.schema.json lets be null, null (and listed unresolved): the base image's name, tag and
+    """(data, its bake pins file): the versions file with every pin the track's base image and vLLM source
+    build from that versions.schema.json lets be null, null (and listed unresolved): the base image's name, tag and
     digest, AITER's repositories and its pin's commits and lock, the PyTorch or TheRock index and
     lock, the Triton source, vLLM's commit."""
     data, _ = unresolved(data, tmp_path)
@@ -414,9 +424,7 @@ def every_base_pin_unresolved(data, tmp_path, track):
     if "therock" in own:
         unset(own["therock"], "index_url", "lock_sha256")
         unset(own["therock"]["triton"], "repository", "commit", "version")
-    path = tmp_path / "base-unresolved.json"
-    path.write_text(json.dumps(data))
-    return data, path
+    return data, pins_file(data, tmp_path / "base-unresolved.bake.json")
 
 
 @pytest.mark.parametrize("track", model.built_track_names(model.load()))

@@ -133,7 +133,7 @@ def test_documented_cpu_path_is_the_tested_one(doc):
     assert build and serve, f"{doc}: no CPU build or serve command"
     for line in build:
         assert f"TRACK={cpu_track()} " in line, f"{doc}: {line!r} builds another track than the tests"
-        assert "-f docker-bake.hcl -f versions.json" in line and "VLLM_CPU_IMAGE" not in line, line
+        assert "-f docker-bake.hcl -f docker-bake.pins.json" in line and "VLLM_CPU_IMAGE" not in line, line
         assert set(re.findall(r"\b(?:serve|ci)-cpu\b", line)) <= set(TESTED_TARGETS.values()), line
     shipped = [name for name in COMPOSE_FILES if not name.startswith("tests/")]
     for line in serve:

@@ -166,7 +166,8 @@ def test_readme_gives_the_command_and_the_line_the_build_prints():
     """README.md's existing-image section: the command as the bake tests run it (serve and ci with
     VLLM_IMAGE), and the line the build prints, for an image with AITER and for one without."""
     readme = (ROOT / "README.md").read_text()
-    assert "\n    VLLM_IMAGE=<image> docker buildx bake -f docker-bake.hcl -f versions.json serve ci\n" in readme
+    command = "VLLM_IMAGE=<image> docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json serve ci"
+    assert f"\n    {command}\n" in readme
     quoted = re.search(r"`(embedded: [^`]*)` \(`and no AITER`\)", readme)
     assert quoted, "README.md: the existing-image section quotes no `embedded: ...` line"
     rocm = embed_check.embedded(TRACK, lookup(vllm="0.34.0", **{"amd-aiter": "0.1.12"}))

@@ -49,7 +49,8 @@ PROJECT = "rocm-vllm-it"
 CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME": "rocm-vllm-it-aiter-jit"}
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
-CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "versions.json", "backend", "runtime", "ci")
+CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "docker-bake.pins.json", "versions.json", "backend", "runtime",
+                 "ci")
 # The CPU path's bake targets (docker-bake.hcl) of Dockerfile.rocm's serve and ci targets.
 CPU_TARGETS = {"serve": "serve-cpu", "ci": "ci-cpu"}
 # The shipped CPU override and what the tests add to it.
@@ -210,18 +211,18 @@ def context_dir(h, tmp_path_factory):
 def bake_settings(h, cpu_image: str, context: Path) -> dict:
     """The CPU path's targets of the CPU vLLM's track (TRACK): serve and ci on the CPU image as an
     existing vLLM image (VLLM_IMAGE; serve-cpu and ci-cpu are these, tests/test_cpu_path.py), read from
-    a versions file with every pin of the base image and AITER unresolved and ALLOW_UNRESOLVED=0: the
-    existing-image path needs none of them."""
+    the bake pins file of a versions file with every pin of the base image and AITER unresolved and
+    ALLOW_UNRESOLVED=0: the existing-image path needs none of them."""
     from test_bake import every_base_pin_unresolved  # noqa: PLC0415
 
     from ci.pins import model  # noqa: PLC0415
 
     folder = context.parent / f"{context.name}-base-unresolved"
     folder.mkdir(exist_ok=True)
-    _, versions = every_base_pin_unresolved(model.load(context / "versions.json"), folder, cpu_track())
+    _, pins = every_base_pin_unresolved(model.load(context / "versions.json"), folder, cpu_track())
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CPU_IMAGE",)}
     env.update({"VLLM_IMAGE": cpu_image, "TRACK": cpu_track(), "ALLOW_UNRESOLVED": "0"})
-    proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", versions, "--print",
+    proc = h.run(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", pins, "--print",
                   *CPU_TARGETS], env=env, cwd=context, what="bake --print serve ci (VLLM_IMAGE, base pins unresolved)")
     targets = json.loads(proc.stdout)["target"]
     assert sorted(targets) == sorted(CPU_TARGETS), f"the graph holds more than serve and ci: {sorted(targets)}"

@@ -1,4 +1,4 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | tracks | therock | format |
+"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | render | tracks | therock | format |
 discover [--write] | lock [NAME...] [--check] [--upgrade]
 
 --track NAME: one release track of versions.json (default: every track; args: default_track; therock:
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
           "--built": {**flag, "help": "only the tracks whose images this repository builds"}}),
         ("therock", "print what a therock track installs (the input of its hash lock)", {"--track": {}}),
         ("format", "rewrite the versions file in its canonical layout", {}),
+        ("render", "write the build files' pins from the versions file: docker-bake.pins.json (what bake reads) "
+                   "and the Dockerfiles' ARG defaults", {}),
         ("discover", "add vLLM releases newer than the newest track as tracks (needs network)",
          {"--write": {**flag, "help": "write the new tracks"}, "--list": {**flag, "help": "only list the releases"},
           "--release": {"help": "add only this release"}, "--up-to": {"help": "leave out releases after this one"},
@@ -154,6 +156,13 @@ def run(ns, parser, root: Path) -> int:
     if ns.command == "format":
         written = model.write_files({ns.file: model.canonical(data)})
         print(f"{ns.file.name}: {'rewritten in' if written else 'already in'} the canonical layout")
+        return 0
+    if ns.command == "render":
+        changes, texts = model.global_arg_updates(data, root)
+        model.write_files(texts)
+        for line in changes:
+            print(line)
+        print(f"the build files are what {ns.file.name} renders to")
         return 0
     if ns.command == "discover":
         return run_discover(ns, data, root)

@@ -303,7 +303,7 @@ def aiter_pin(data: dict, name: str | None = None, track_name_: str | None = Non
 def image_ref(base: dict, allow_unresolved: bool = False) -> str:
     """name:tag@digest. An unresolved digest gives name:tag@sha256:UNRESOLVED (an invalid
     reference, so a build fails at FROM) unless allow_unresolved, which drops the digest."""
-    ref = f"{base['name']}:{base['tag']}"
+    ref = f"{render(base['name'])}:{render(base['tag'])}"
     if base.get("digest"):
         return f"{ref}@{base['digest']}"
     return ref if allow_unresolved else f"{ref}@sha256:{UNRESOLVED}"
@@ -425,7 +425,10 @@ def _quote(value: str) -> str:
 
 
 def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
-    """(what changes, {path: new text}) of the Dockerfiles' global ARG defaults; every other byte stays."""
+    """(what changes, {path: new text}) of the build files' pins: the Dockerfiles' global ARG defaults (every
+    other byte stays) and docker-bake.pins.json, rendered again (ci/pins/render.py)."""
+    from . import render  # noqa: PLC0415  (render reads this module)
+
     expected = build_args(data)
     changes: list[str] = []
     texts: dict[Path, str] = {}
@@ -445,4 +448,6 @@ def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], d
                     lines[i] = f"{m.group(1)}{m.group(2)}={_quote(new)}{m.group(4)}"
                     changes.append(f"{name}:{i + 1}: ARG {m.group(2)}={new}")
         texts[path] = "".join(lines)
-    return changes, texts
+    rendered = render.update(data, root)
+    changes += [f"{render.BAKE_PINS}: rendered from versions.json" for _ in rendered]
+    return changes, texts | rendered

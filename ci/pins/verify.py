@@ -1,4 +1,5 @@
-"""`verify`: the versions file is well formed and every global Dockerfile ARG default agrees with it."""
+"""`verify`: the versions file is well formed, and every global Dockerfile ARG default and docker-bake.pins.json
+agree with it."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +9,7 @@ from packaging.version import Version
 
 from rocm_vllm_runtime import files, numbers, schema, secrets
 from ..docker import lock_lines
-from . import model
+from . import model, render
 from .model import PinError
 
 SCHEMA_FILE = model.REPO_ROOT / "versions.schema.json"
@@ -197,6 +198,7 @@ def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
     if track is not None and track not in data["tracks"]:
         return [f"track {track!r} is not a key of tracks ({', '.join(model.track_names(data))})"], []
     errors += check_dockerfiles(data, root)
+    errors += render.check(data, root)
     errors += check_backend_range(data, root)
     errors += check_locks(data, root)
     if track is None and aiter_name is None:

@@ -38,7 +38,7 @@ base=${PINS_BASE:-main}
 remote=${PINS_REMOTE:-origin}
 author=${PINS_AUTHOR:-github-actions[bot] <41898282+github-actions[bot]@users.noreply.github.com>}
 results=${RESULTS_DIR:-pins-results}
-files=(versions.json Dockerfile.rocm_base Dockerfile.rocm backend/src/vllm_aiter_mla/__init__.py)
+files=(versions.json docker-bake.pins.json Dockerfile.rocm_base Dockerfile.rocm backend/src/vllm_aiter_mla/__init__.py)
 
 if [ "$branch" = "$base" ]; then
   echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2

@@ -125,7 +125,7 @@ results=$(cd "$results" && pwd)
 export PUSH=1 REGISTRY=${registry%/} TAG=$name VCS_REF=$sha RESULTS_DIR=$results
 if [ -n "${CACHE_REPO:-}" ]; then export CACHE_REPO=${CACHE_REPO%/}; fi
 graph=$results/bake-print.json
-"$docker_cmd" buildx bake -f docker-bake.hcl -f versions.json --print "$@" >"$graph"
+"$docker_cmd" buildx bake -f docker-bake.hcl -f docker-bake.pins.json --print "$@" >"$graph"
 # The commit tag is each target's first tag (docker-bake.hcl, pushed_tags).
 tag=$(python3 - "$graph" <<'PY'
 import json, sys

@@ -125,18 +125,18 @@ def test_selftest_without_kfd_or_render_node_fails_clearly(host, ci_dir: Path) -
 
 
 def test_build_bakes_targets(host, ci_dir: Path) -> None:
-    """The whole argv: bake file, versions file, metadata file, extra arguments, targets."""
+    """The whole argv: bake file, pins file, metadata file, extra arguments, targets."""
     proc = host.run(ci_dir / "pipeline/amd-runner/build.sh", TAG="t2")
     assert proc.returncode == 0, proc.stderr
     metadata = str(host.root / "results/bake-metadata.json")
-    assert host.calls() == [["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+    assert host.calls() == [["buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json",
                              "--metadata-file", metadata, "--load", "ci", "serve"]]
     host.run(ci_dir / "pipeline/amd-runner/build.sh", "base", BAKE_ARGS="--push --progress plain")
-    assert host.calls()[1] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+    assert host.calls()[1] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json",
                                "--metadata-file", metadata, "--push", "--progress", "plain", "base"]
     # PUSH=1: bake pushes (docker-bake.hcl's output), so the images are not also loaded
     host.run(ci_dir / "pipeline/amd-runner/build.sh", "serve", PUSH="1")
-    assert host.calls()[2] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+    assert host.calls()[2] == ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json",
                                "--metadata-file", metadata, "serve"]
 
 
@@ -187,8 +187,8 @@ def test_build_resolves_the_graph_with_real_bake(tmp_path: Path, ci_dir: Path) -
     assert serve["args"] | model.build_args(data, track_name_=other, allow_unresolved=True) == serve["args"]
 
 
-def test_build_without_versions_file_fails_through_real_bake(tmp_path: Path, ci_dir: Path) -> None:
-    """What the script used to do (bake without -f versions.json) is refused by the real bake."""
+def test_build_without_the_pins_file_fails_through_real_bake(tmp_path: Path, ci_dir: Path) -> None:
+    """Bake without the pins file (-f docker-bake.pins.json) is refused by the real bake."""
     docker = _real_buildx()
     proc = subprocess.run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "--print", "ci", "serve"],
                           cwd=ci_dir.parent, capture_output=True, text=True, timeout=120)

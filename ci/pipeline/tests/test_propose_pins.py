@@ -16,6 +16,9 @@ from ci.pins import locks, model
 from vllm_sdist import cache_dir, sdist_archive, track_names
 
 REPO = Path(__file__).resolve().parents[3]
+# The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
+# in the pin tool's environment that uv makes (uv run --locked --project ci/pins puts its bin first on PATH).
+TOOLS_BIN = str(Path(sys.executable).parent)
 NEWEST = model.load(REPO / "versions.json")["tracks"][model.track_names(model.load(REPO / "versions.json"))[0]][
     "vllm"]["version"]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main",
@@ -69,13 +72,12 @@ def project(tmp_path: Path):
     # this repository, with vLLM pointed at that upstream and its commit unresolved
     root = tmp_path / "project"
     root.mkdir()
-    for name in ("versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl"):
+    for name in ("versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl",
+                 "docker-bake.pins.json"):
         shutil.copy(REPO / name, root / name)
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
     shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
-    shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", root / "runtime/src/rocm_vllm_runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # ci.pins reads numbers and URLs through it
     data["vllm"]["repository"] = str(upstream)
     for own in data["tracks"].values():
         own["vllm"].update(commit=None, unresolved=["commit"])
@@ -109,7 +111,8 @@ def project(tmp_path: Path):
         @staticmethod
         def run(**env: str) -> subprocess.CompletedProcess[str]:
             # releases after the newest track's are left out: what PyPI publishes later changes nothing here
-            full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
+            # python3 is this test environment's, as under uv it is the pin tool's (with the runtime package)
+            full = {**os.environ, "PATH": f"{bin_dir}:{TOOLS_BIN}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
                     "PINS_WHAT": "vllm", "RESULTS_DIR": str(tmp_path / "pins-results"),
                     "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "PINS_UP_TO": NEWEST,
                     "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m ci.pins verify",
