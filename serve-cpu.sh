@@ -24,4 +24,5 @@ for plugin in buildx compose; do
     exit 1
   fi
 done
-exec python3 -m ci.cpu_serve "$@"
+# ci/cpu_serve.py imports the runtime package (standard library only) from this checkout
+PYTHONPATH=runtime/src${PYTHONPATH:+:$PYTHONPATH} exec python3 -m ci.cpu_serve "$@"

@@ -13,10 +13,11 @@ Docker tests build with (tests/test_engine_integration.py), so the two share the
    network, still on VLLM_BIND_ADDRESS:VLLM_PORT);
 4. the `curl` check and the stop command, printed.
 
-Standard library only, and the runtime's files and children modules (ci/runtime_modules.py: the
-installed rocm_vllm_runtime, else this checkout's runtime/src): it runs with the machine's python3.
-Every child goes through children (each in a group of its own, all of them stopped on Ctrl-C or
-SIGTERM); the builds' progress and the server's log still come to the terminal as they are made."""
+Standard library only, and the runtime package's files and children modules (rocm_vllm_runtime, itself
+standard library only): serve-cpu.sh runs it with the machine's python3 and this checkout's runtime/src
+on PYTHONPATH; the test environment has the runtime installed. Every child goes through children
+(each in a group of its own, all of them stopped on Ctrl-C or SIGTERM); the builds' progress and the
+server's log still come to the terminal as they are made."""
 from __future__ import annotations
 
 import hashlib
@@ -30,10 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import runtime_modules
-
-files = runtime_modules.module("files")  # the one reader of JSON, the one writer of files
-children = runtime_modules.module("children")  # the one starter of child processes
+# files: the one reader of JSON, the one writer of files; children: the one starter of child processes
+from rocm_vllm_runtime import children, files
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DOCKERFILE = ROOT / "tests/docker/vllm-cpu.Dockerfile"
@@ -158,8 +157,8 @@ def cpu_vllm_build_command(base: str, tag: str, wheels_dir: str, env=os.environ,
 
 def bake_print(targets, env: dict, cwd: Path = ROOT) -> dict:
     """The targets as `docker buildx bake --print` resolves them (a bad setting: its one line)."""
-    proc = asked(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json", "--print",
-                  *targets], env=env, cwd=cwd)
+    proc = asked(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", *targets],
+                 env=env, cwd=cwd)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise Stop("docker buildx bake --print failed: " + (lines[-1] if lines else f"rc={proc.returncode}"))

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import runtime_modules
+from rocm_vllm_runtime import files  # the one reader of JSON
 
 # The line the smoke suite prints ("backends selected: ['X']; ...").
 PRINTED_SELECTED = re.compile(r"backends selected: \[([^\]]*)\]")
@@ -30,7 +30,6 @@ class SummaryError(Exception):
 
 
 def _read_json(path: Path):
-    files = runtime_modules.module("files")  # the one reader of JSON
     try:
         return files.read_json(path)
     except FileNotFoundError:
