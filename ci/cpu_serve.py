@@ -157,8 +157,8 @@ def cpu_vllm_build_command(base: str, tag: str, wheels_dir: str, env=os.environ,
 
 def bake_print(targets, env: dict, cwd: Path = ROOT) -> dict:
     """The targets as `docker buildx bake --print` resolves them (a bad setting: its one line)."""
-    proc = asked(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", *targets],
-                 env=env, cwd=cwd)
+    proc = asked(["docker", "buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json", "--print",
+                  *targets], env=env, cwd=cwd)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise Stop("docker buildx bake --print failed: " + (lines[-1] if lines else f"rc={proc.returncode}"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from ci.pins import model, render
 
 REPO = Path(__file__).resolve().parents[3]
 # The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
@@ -45,7 +45,8 @@ def pipeline(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def copy_repo(dest: Path) -> Path:
     """The files the pin, tag and bake tools read, in a directory of their own."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("docker-bake.hcl", "versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm"):
+    for name in ("docker-bake.hcl", "docker-bake.pins.json", "versions.json", "versions.schema.json",
+                 "Dockerfile.rocm_base", "Dockerfile.rocm"):
         shutil.copy(REPO / name, dest / name)
     shutil.copytree(REPO / "ci", dest / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", dest / "runtime/src/rocm_vllm_runtime",
@@ -201,18 +202,19 @@ def test_publish_names_the_branch_as_a_tag_can_spell_it(tmp_path: Path) -> None:
 
 
 def _bake_graph(path: Path, tmp_path: Path, **env: str) -> dict:
-    """bake --print as publish.sh runs it (PUSH=1), on another versions file."""
+    """bake --print as publish.sh runs it (PUSH=1), on the pins file of another versions file."""
     docker = _real_buildx()
     root = tmp_path / f"repo-{path.stem}"
     root.mkdir(exist_ok=True)
     shutil.copy(REPO / "docker-bake.hcl", root / "docker-bake.hcl")
     shutil.copy(path, root / "versions.json")
+    (root / "docker-bake.pins.json").write_text(render.bake_text(model.load(path)))
     full = {**os.environ, "PUSH": "1", "REGISTRY": "registry.example/team", "TAG": "main", "VCS_REF": SHA,
             "AITER_PIN": KNOWN_PIN, "ALLOW_UNRESOLVED": "1", **env}  # the file's other pins are unresolved
     for name in ("CACHE_REPO", "GPU_ARCHS", "TRACK", "ATTEST", "CACHE_FROM", "CACHE_TO"):
         if name not in env:
             full.pop(name, None)
-    proc = run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print",
+    proc = run([docker, "buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json", "--print",
                 "base", "serve", "ci"], cwd=root, env=full)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["target"]
@@ -358,11 +360,11 @@ def test_publish_pushes_with_a_docker_container_builder(resolved_repo: Path, fak
     tags = [(name, t) for name in sorted(graph) for t in graph[name]["tags"]]
     digest = {name: "sha256:" + format(i + 1, "064x") for i, name in enumerate(("base", "serve", "ci"))}
     assert [c["argv"] for c in calls] == [
-        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json", "--print", "base", "serve", "ci"],
+        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json", "--print", "base", "serve", "ci"],
         ["buildx", "inspect", "rocm-vllm"],
         ["buildx", "create", "--name", "rocm-vllm", "--driver", "docker-container"],
         ["buildx", "inspect", "rocm-vllm"],  # its driver: docker-container pushes by digest
-        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "versions.json",
+        ["buildx", "bake", "-f", "docker-bake.hcl", "-f", "docker-bake.pins.json",
          "--metadata-file", str(results / "bake-metadata.json"), *by_digest, "base", "serve", "ci"],
         *[["buildx", "imagetools", "inspect", "--format", "{{json .Manifest}}", t] for _, t in tags],
         *[["buildx", "imagetools", "create", "--tag", t, f"{t.rsplit(':', 1)[0]}@{digest[name]}"] for name, t in tags],

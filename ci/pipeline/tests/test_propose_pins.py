@@ -72,7 +72,8 @@ def project(tmp_path: Path):
     # this repository, with vLLM pointed at that upstream and its commit unresolved
     root = tmp_path / "project"
     root.mkdir()
-    for name in ("versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl"):
+    for name in ("versions.json", "versions.schema.json", "Dockerfile.rocm_base", "Dockerfile.rocm", "docker-bake.hcl",
+                 "docker-bake.pins.json"):
         shutil.copy(REPO / name, root / name)
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
