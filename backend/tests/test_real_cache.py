@@ -22,7 +22,7 @@ import remedy_standins
 import torch
 
 from mla_cases import DecodeCase, dense_mla, make
-from vllm_aiter_mla import backend, crash_safe, measure, measure_state
+from vllm_aiter_mla import backend, crash_safe, measure, measure_state, persistent, remedy
 from vllm_aiter_mla.planning import DecodePlanBuffers, plan_decode
 from vllm_aiter_mla.remedy import TritonDecode
 
@@ -142,12 +142,14 @@ def own(monkeypatch, tmp_path):
     monkeypatch.setattr(measure_state, "_MEASURED", {})
     monkeypatch.setattr(measure_state, "_ON_CACHE", set())
     monkeypatch.setattr(measure_state, "generation", 0)
+    monkeypatch.setattr(remedy, "_RESERVED_TABLES", {})
+    monkeypatch.setattr(persistent, "_RESERVED", {})
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
     window = standins.address_window(WINDOW)  # one set of kernels, as AITER's module holds
     use_kernels(monkeypatch, load_kernels=lambda: window)
-    remedy = remedy_standins.triton_standin()
-    use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(remedy, kv_splits=splits))
+    triton = remedy_standins.triton_standin()
+    use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(triton, kv_splits=splits))
     measured = []
     real = crash_safe.measure_on_cache
     monkeypatch.setattr(crash_safe, "measure_on_cache", lambda *a, **k: measured.append(a[3]) or real(*a, **k))
@@ -203,6 +205,22 @@ def test_the_first_eager_decode_call_measures_the_real_cache_once(own, caplog):
                                40, qsl, qsl, 2, 1, None)
     assert steps._triton_qlens == {1} and meta.slot_table.data_ptr() == steps._slot_table.data_ptr()
     assert meta.slot_table[0, :40].tolist() == list(range(40))
+
+
+def test_the_remedy_found_on_the_real_cache_fills_the_table_claimed_before_it_was_sized(own):
+    """vLLM's profiling run (reserve_workspace) claims the remedy's slot table before the KV cache is sized;
+    the real cache's measurement later gives the remedy a call, and the builder fills that table rather
+    than one allocated after the cache."""
+    impl = Impl(0.1)
+    impl.reserve_workspace()
+    (reserved,) = remedy._RESERVED_TABLES.values()
+    steps = builder(backend.load_kernels())
+    _decode(impl, real_cache())
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    meta = steps._build_decode(torch.arange(8, dtype=torch.int32).view(2, 4), torch.tensor([40, 9], dtype=torch.int32),
+                               40, qsl, qsl, 2, 1, None)
+    assert steps._triton_qlens == {1} and steps._slot_table.data_ptr() == reserved.data_ptr()
+    assert meta.slot_table.data_ptr() == reserved.data_ptr() and not remedy._RESERVED_TABLES
 
 
 def test_a_remedy_wrong_on_the_real_cache_too_refuses_in_one_line(own, monkeypatch):

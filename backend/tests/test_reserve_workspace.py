@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from vllm_aiter_mla import persistent
+import remedy_standins
+from vllm_aiter_mla import persistent, remedy
 from vllm_aiter_mla.backend import DecodeKernelsMixin
 from vllm_aiter_mla.kernels import load_kernels
 from vllm_aiter_mla.persistent import allocate_work, largest_specs
@@ -40,8 +41,10 @@ class Impl(DecodeKernelsMixin):
 @pytest.fixture(autouse=True)
 def no_reservations():
     persistent._RESERVED.clear()
+    remedy._RESERVED_TABLES.clear()
     yield
     persistent._RESERVED.clear()
+    remedy._RESERVED_TABLES.clear()
 
 
 def test_reserved_buffers_are_the_ones_the_builder_takes(monkeypatch):
@@ -95,3 +98,32 @@ def test_work_buffers_are_sized_by_the_largest_need_over_every_query_length():
     assert work.reduce_partial_map.shape == (105, 3)
     with pytest.raises(ValueError, match="different ranks or dtypes"):
         largest_specs([(((4,), torch.int32),), (((4, 2), torch.int32),)])
+
+
+@pytest.mark.parametrize("verify,rows", [(True, 1), (False, 4)], ids=["verify-kernel", "rows-per-query-row"])
+def test_the_remedys_slot_table_is_claimed_in_the_profiling_run(verify, rows):
+    """Where the remedy loaded, the profiling run also claims its slot table, for the longest query length's
+    rows (one a request with vLLM's verify kernel, one a query row without) x max_model_len + qlen columns:
+    the real-cache measurement may give the remedy any query length after the KV cache is sized."""
+    cfg = config(max_num_seqs=8, num_speculative_tokens=3)
+    cfg.model_config.max_model_len = 100
+    impl = Impl(cfg)
+    impl._triton = remedy_standins.triton_standin(verify=verify)
+    impl.reserve_workspace()
+    impl.reserve_workspace()  # every layer's impl calls it: one table
+    (reserved,) = remedy._RESERVED_TABLES.values()
+    assert tuple(reserved.shape) == (8 * rows, 104) and reserved.dtype == torch.int32
+    # a builder asking for fewer rows (fewer query lengths served) of the same width takes it, once
+    taken = remedy.take_slot_table(8, 104, "cpu")
+    assert taken.data_ptr() == reserved.data_ptr() and not remedy._RESERVED_TABLES
+    assert remedy.take_slot_table(8, 104, "cpu").data_ptr() != reserved.data_ptr()
+
+
+def test_no_table_without_the_remedy_nor_for_another_shape():
+    impl = Impl(config(max_num_seqs=8))
+    impl.reserve_workspace()  # the remedy did not load: nothing could use a table
+    assert not remedy._RESERVED_TABLES
+    reserved = remedy.reserve_slot_table(8, 104, "cpu")
+    for rows, width in ((9, 104), (8, 105), (8, 103)):
+        assert remedy.take_slot_table(rows, width, "cpu").data_ptr() != reserved.data_ptr()
+    assert len(remedy._RESERVED_TABLES) == 1

@@ -49,7 +49,7 @@ from .measure_state import (bound_cache, cache_committed_later, measured_route, 
                             real_cache_warmup, remedy_splits)
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
-from .remedy import TritonDecode, slot_table, triton_mla_decode
+from .remedy import TritonDecode, reserve_slot_table, slot_table, take_slot_table, triton_mla_decode
 from .upstream_kernels import load_triton_decode
 from .routing import Route, choose_route
 from .vllm_builtin import (AITER_PREFILL_BACKEND, BACKEND_NAME, builtin_fused_context_gather, layer_calls, layer_facts,
@@ -183,10 +183,11 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         if self._triton_qlens:
             triton = load_triton_decode(remedy_splits(vllm_config, device))
             self._table_rows = {q: triton.rows_per_request(q) for q in self._triton_qlens}
-            shape = (vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values()),
-                     vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config))
-            if self._slot_table is None or tuple(self._slot_table.shape) != shape:
-                self._slot_table = torch.zeros(shape, dtype=torch.int32, device=device)
+            rows = vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values())
+            width = vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config)
+            table = self._slot_table
+            if table is None or table.shape[0] < rows or table.shape[1] != width:
+                self._slot_table = take_slot_table(rows, width, device)  # the one reserved in profiling, if any
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False) -> AiterMLAMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -337,12 +338,18 @@ class DecodeKernelsMixin:
 
     def reserve_workspace(self) -> None:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
-        sized: the persistent-mode work buffers are allocated here, so that memory is counted; the
-        metadata builder takes them over."""
+        sized: the persistent-mode work buffers and, where the remedy loaded, its slot table (for any
+        query length, as the real-cache measurement may give it one) are allocated here, so that memory
+        is counted; the metadata builder takes them over."""
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
-        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, max_decode_query_len(vllm_config),
+        longest = max_decode_query_len(vllm_config)
+        reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, longest,
                      self._decode_heads, dtype, dtype, vllm_config.device_config.device)
+        if self._triton is not None:  # the remedy may serve any query length once the real cache is measured
+            rows = max(self._triton.rows_per_request(q) for q in range(1, longest + 1))
+            reserve_slot_table(vllm_config.scheduler_config.max_num_seqs * rows,
+                               vllm_config.model_config.max_model_len + longest, vllm_config.device_config.device)
 
     def forward_mqa(
         self,

@@ -86,6 +86,37 @@ def slot_table(plan: DecodePlan, requests: int, width: int, repeat: int = 1,
     return view
 
 
+# Slot tables claimed in vLLM's memory-profiling run (the impl's reserve_workspace(), vLLM 0.33 and later), so
+# the KV cache is sized around them; a metadata builder whose calls the remedy serves takes one over
+# (take_slot_table) instead of allocating it after the KV cache.
+_RESERVED_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _device_key(device: torch.device | str) -> tuple:
+    dev = torch.device(device)
+    index = dev.index
+    if index is None and dev.type == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    return dev.type, index
+
+
+def reserve_slot_table(rows: int, width: int, device: torch.device | str) -> torch.Tensor:
+    """A persistent [rows, width] int32 slot table, allocated now (once per process, shape and device) and
+    kept for :func:`take_slot_table`."""
+    key = (rows, width, _device_key(device))
+    if key not in _RESERVED_TABLES:
+        _RESERVED_TABLES[key] = torch.zeros((rows, width), dtype=torch.int32, device=device)
+    return _RESERVED_TABLES[key]
+
+
+def take_slot_table(rows: int, width: int, device: torch.device | str) -> torch.Tensor:
+    """A table :func:`reserve_slot_table` made with at least ``rows`` rows and ``width`` columns on ``device``
+    (handed out once), else a new [rows, width] one."""
+    for key in [k for k in _RESERVED_TABLES if k[0] >= rows and k[1] == width and k[2] == _device_key(device)]:
+        return _RESERVED_TABLES.pop(key)
+    return torch.zeros((rows, width), dtype=torch.int32, device=device)
+
+
 def triton_mla_decode(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache: torch.Tensor,
