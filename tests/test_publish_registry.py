@@ -33,6 +33,7 @@ import random
 import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,11 @@ class Client:
 
     @property
     def env(self) -> dict[str, str]:
-        keep = ("PATH", "HOME", "LANG", "TMPDIR", "CA_BUNDLE")
+        """The scripts' python3 is this test environment's (the runtime package installed), as under
+        uv run --locked --project ci/pins it is the pin tool's."""
+        keep = ("HOME", "LANG", "TMPDIR", "CA_BUNDLE")
         return {**{k: v for k, v in os.environ.items() if k in keep},
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                 "DOCKER_HOST": self.host, "DOCKER_CONFIG": str(self.config)}
 
     def run(self, cmd, **kw):

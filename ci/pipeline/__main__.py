@@ -1,6 +1,11 @@
-"""python3 -m ci.pipeline summary
+"""python3 -m ci.pipeline summary | commit-tag | push-settings | tag
 
-  summary    RESULTS_DIR                           Markdown table of a self-test run
+  summary        RESULTS_DIR                       Markdown table of a self-test run
+  commit-tag     GRAPH                             the commit tag the graph's targets share (publish.sh)
+  push-settings  GRAPH DRIVER TAG                  bake's --set arguments that push each target by digest
+                                                   (DRIVER docker: under <name>:unpublished-TAG) (publish.sh)
+  tag            GRAPH METADATA                    every tag of the graph checked against the registry, then
+                                                   set (tag.sh; PUBLISH_FORCE, MOVABLE_TAGS, DOCKER)
 
 (The images' tags, build cache refs and attestations are declared in docker-bake.hcl: PUSH=1.)
 """
@@ -10,21 +15,45 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import summary
+from . import publish, summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m ci.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("summary", help="Markdown summary of a self-test results directory")
     p.add_argument("results", type=Path)
     p.add_argument("--title", default="Self-test")
-    ns = parser.parse_args(argv)
-    try:
+    p = sub.add_parser("commit-tag", help="the commit tag the targets of a resolved graph share")
+    p.add_argument("graph")
+    p = sub.add_parser("push-settings", help="bake's --set arguments that push each target by digest only")
+    p.add_argument("graph")
+    p.add_argument("driver")
+    p.add_argument("tag")
+    p = sub.add_parser("tag", help="set the graph's tags on the pushed digests, each checked first")
+    p.add_argument("graph")
+    p.add_argument("metadata")
+    return parser
+
+
+def run(ns: argparse.Namespace) -> None:
+    if ns.command == "summary":
         print(summary.render(ns.results, ns.title))
+    elif ns.command == "commit-tag":
+        print(publish.commit_tag(publish.read_graph(ns.graph), ns.graph))
+    elif ns.command == "push-settings":
+        print(" ".join(publish.push_settings(publish.read_graph(ns.graph), ns.driver, ns.tag, ns.graph)))
+    elif ns.command == "tag":
+        publish.tag(ns.graph, ns.metadata)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        run(ns)
         return 0
-    except summary.SummaryError as exc:
+    except (summary.SummaryError, publish.PublishError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -4,8 +4,9 @@
 #
 #   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
-# Its python3 runs the pin tool: run it under uv (uv run --locked --project ci/pins bash ...), whose
-# environment, made from ci/pins/uv.lock, has the tool's libraries.
+# Its python3 runs the pin tool and the pipeline's Python (python3 -m ci.pipeline: the commit tag and
+# push settings read from the graph, tag.sh's checks): run it under uv (uv run --locked --project ci/pins
+# bash ...), whose environment, made from ci/pins/uv.lock, has their libraries and the runtime package.
 #
 # Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
 # what differs per run:
@@ -127,18 +128,7 @@ if [ -n "${CACHE_REPO:-}" ]; then export CACHE_REPO=${CACHE_REPO%/}; fi
 graph=$results/bake-print.json
 "$docker_cmd" buildx bake -f docker-bake.hcl -f docker-bake.pins.json --print "$@" >"$graph"
 # The commit tag is each target's first tag (docker-bake.hcl, pushed_tags).
-tag=$(python3 - "$graph" <<'PY'
-import json, sys
-try:
-    targets = json.load(open(sys.argv[1]))["target"]
-    tags = {t["tags"][0].rsplit(":", 1)[1] for t in targets.values() if t.get("tags")}
-except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-    sys.exit(f"error: {sys.argv[1]} is not the graph docker buildx bake --print writes ({exc!r}): see the bake output above")
-if len(tags) != 1:
-    sys.exit(f"error: the targets of {sys.argv[1]} do not share one commit tag: {sorted(tags)}")
-print(tags.pop())
-PY
-)
+tag=$(python3 -m ci.pipeline commit-tag "$graph")
 echo "== images: $REGISTRY/{$(IFS=,; echo "$*")}:$tag (every tag, cache ref and attestation: $graph)" >&2
 echo "TAG=$tag" >"$results/tag.env"
 if [ -n "${GITHUB_OUTPUT:-}" ]; then
@@ -161,17 +151,7 @@ fi
 # The engine's own builder (docker driver) cannot push by digest: there each image is pushed under one
 # scratch tag, <name>:unpublished-<commit tag>, which no consumer takes, and tagged the same way.
 driver=$("$docker_cmd" buildx inspect ${BUILDER:+"$BUILDER"} 2>/dev/null | sed -n 's/^Driver: *//p' | head -n 1 || true)
-read -r -a unpublished < <(python3 - "$graph" "$driver" "$tag" <<'PY'
-import json, sys
-targets, driver, tag = json.load(open(sys.argv[1]))["target"], sys.argv[2], sys.argv[3]
-if driver == "docker":
-    print(" ".join(f"--set={name}.tags={target['tags'][0].rsplit(':', 1)[0]}:unpublished-{tag}"
-                   for name, target in sorted(targets.items())))
-else:
-    print(" ".join(f"--set={name}.output={','.join(target['output'])},push-by-digest=true,name-canonical=true"
-                   for name, target in sorted(targets.items())))
-PY
-)
+read -r -a unpublished < <(python3 -m ci.pipeline push-settings "$graph" "$driver" "$tag")
 if [ "${#unpublished[@]}" -eq 0 ]; then
   echo "error: no push settings could be made from $graph (see above): nothing built, nothing tagged" >&2
   exit 1
