@@ -7,6 +7,7 @@ what the project locks to."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import pwd
 import subprocess
@@ -197,3 +198,13 @@ def test_an_environment_whose_python_is_gone_is_made_again(tmp_path):
     proc = uv_run(env_dir, "tracks", "--json")
     assert proc.returncode == 0 and proc.stdout == direct("tracks", "--json"), proc.stderr[-2000:]
     assert python.resolve().is_file()
+
+
+def test_track_names_one_a_line_are_the_json_lists(monkeypatch, capsys):
+    """`tracks --names [--built]` (what propose-pins.sh reads) holds the names of `tracks --json`, in order."""
+    monkeypatch.chdir(ROOT)
+    for extra in ([], ["--built"]):
+        assert cli.main(["tracks", "--json", *extra]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert cli.main(["tracks", "--names", *extra]) == 0
+        assert capsys.readouterr().out.splitlines() == listed and listed

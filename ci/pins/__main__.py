@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "--allow-unresolved": flag}),
         ("tracks", "print the release tracks, newest first, and the backend's vLLM range",
          {"--json": {**flag, "help": "the track names as a JSON list"},
+          "--names": {**flag, "help": "the track names, one a line (for scripts)"},
           "--built": {**flag, "help": "only the tracks whose images this repository builds"}}),
         ("therock", "print what a therock track installs (the input of its hash lock)", {"--track": {}}),
         ("format", "rewrite the versions file in its canonical layout", {}),
@@ -144,6 +145,9 @@ def run(ns, parser, root: Path) -> int:
         names = built if ns.built else model.track_names(data)
         if ns.json:
             print(json.dumps(names))
+            return 0
+        if ns.names:
+            print("\n".join(names))
             return 0
         for name in names:
             own = data["tracks"][name]

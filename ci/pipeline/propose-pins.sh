@@ -97,8 +97,11 @@ for version in $releases; do
   fi
   cat "$out/discover.log"
   # the track discover added: the newest (the default only where its stack is built here)
-  track=$(python3 -m ci.pins tracks --json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0])')
-  built=$(python3 -m ci.pins tracks --json --built | python3 -c 'import json, sys; print(int(sys.argv[1] in json.load(sys.stdin)))' "$track")
+  names=$(python3 -m ci.pins tracks --names)
+  track=${names%%$'\n'*}
+  built_names=$(python3 -m ci.pins tracks --names --built)
+  built=0
+  if grep -qxF -- "$track" <<<"$built_names"; then built=1; fi
   set +e
   python3 -m ci.pins resolve "${release_items[@]}" --track "$track" --write >"$out/resolve.log" 2>&1
   resolve_status=$?
