@@ -290,7 +290,9 @@ def test_ray_install_script_pins_hashes_and_holds_the_image():
     for option in ("--require-hashes", "--no-compile", '--root "$root"', '--constraint "$work/constraints.txt"'):
         assert option in pip, option
     assert "--no-deps" not in pip and "--ignore-installed" not in pip and "--upgrade" not in pip
-    assert "md.distributions()" in script and "only" in script
+    layer = (ROOT / "ci/docker/ray_layer.py").read_text()  # its decisions: what is held, what may be installed
+    assert '"$here/ray_layer.py" plan' in script and '"$here/ray_layer.py" check' in script
+    assert "md.distributions()" in layer and "only" in layer
 
 
 @pytest.mark.parametrize("lock_text", [None, "msgpack==1.2.4 \\\n    --hash=sha256:" + "a" * 64 + "\n",

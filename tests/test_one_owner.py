@@ -67,6 +67,9 @@ KNOWN = {
     ("ci/runtime_modules.py", "join"): (1, "the runtime module the tool itself names (numbers, secrets), found in "
                                            "this checkout's runtime/src: a name from the code, not from data"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
+    ("ci/docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
+    ("ci/docker/ray_layer.py", "write"): (2, "the constraints and requirements pip installs the Ray layer with, in "
+                                             "install_ray.sh's own work folder"),
     ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
     ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
