@@ -15,15 +15,13 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-
-from .. import runtime_modules
+from rocm_vllm_runtime import files, numbers, secrets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "versions.json"
 DOCKERFILES = ("Dockerfile.rocm_base", "Dockerfile.rocm")
 
 UNRESOLVED = "UNRESOLVED"
-files = runtime_modules.module("files")
 # Keys whose values are git repositories, and https URLs (patterns: versions.schema.json).
 REPOSITORY_KEYS = ("repository", "hipkittens_repository")
 URL_KEYS = ("index_url", "url")
@@ -52,8 +50,7 @@ def therock_index_problem(url: str) -> str | None:
     import unicodedata  # noqa: PLC0415
     import urllib.parse  # noqa: PLC0415
 
-    numbers = runtime_modules.module("numbers")
-    if runtime_modules.module("secrets").userinfo_spans(url):
+    if secrets.userinfo_spans(url):
         return "an index with credentials (a committed file never holds them)"
     try:
         parts = numbers.url("index_url", url, schemes=("https",))
