@@ -1,7 +1,7 @@
-"""The runtime's standard-library modules for the repository's own tools (ci.pins): the one reading
-of numbers and URLs (rocm_vllm_runtime.numbers) and the one masking of secrets
-(rocm_vllm_runtime.secrets). The installed rocm_vllm_runtime when there is one, else this
-checkout's runtime/src: the tools run from a checkout with a plain python3."""
+"""The runtime's modules for ci/uv_pip.py alone: ci/test.sh runs it with the test environment's Python
+before that environment has the runtime package (uv_pip installs what the runtime's own install needs).
+The installed rocm_vllm_runtime when there is one, else this checkout's runtime/src. Every other tool
+imports rocm_vllm_runtime plainly; this goes once ci/test.sh runs uv_pip with the runtime importable."""
 from __future__ import annotations
 
 import importlib

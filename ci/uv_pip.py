@@ -18,8 +18,8 @@ environment).
 * cert, timeout (a whole number of seconds for uv, rounded up) and proxy: SSL_CERT_FILE,
   UV_HTTP_TIMEOUT and HTTPS_PROXY/HTTP_PROXY, each where uv's own is unset.
 
-Standard library only, and the runtime's numbers and children modules from this checkout: ci/test.sh runs
-it before the test environment has the repository's packages.
+Standard library only, and the runtime's children, numbers and secrets modules, loaded by
+ci/runtime_modules.py: ci/test.sh runs it before the test environment has the repository's packages.
 
     python3 ci/uv_pip.py [--torch] UV pip install ARGS...
 

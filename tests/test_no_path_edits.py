@@ -1,0 +1,73 @@
+"""No product code edits Python's import path: a module imports what its package declares, the import
+graph sees it, and the environment (ci/test.sh's, uv's for ci/pins, the image's) provides it. The
+product's Python (runtime/src, backend/src, ci/, without tests) is read as syntax trees; these fail:
+sys.path.insert/append/extend/remove, an assignment to sys.path or sys.path[...], site.addsitedir.
+
+What remains is counted in ALLOWED, per file with its reason, so that a further one fails, and an entry
+whose uses are gone fails until it is removed. The scanner is checked against planted forms."""
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EDITS = {"insert", "append", "extend", "remove"}
+
+# file -> (how many, why)
+ALLOWED = {
+    "ci/uv_pip.py": (1, "run as a script by ci/test.sh, which puts ci/ on the path, not the repository root"),
+    "ci/runtime_modules.py": (1, "ci/uv_pip.py's runtime modules from this checkout: ci/test.sh runs uv_pip before "
+                                 "the test environment has the runtime"),
+    "ci/docker/vllm_requirements.py": (1, "its siblings lock_lines.py and pinned_dists.py, also where the tests "
+                                          "import it as ci.docker.vllm_requirements"),
+}
+
+
+def uses(source: str) -> list[int]:
+    """The lines that edit the import path."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if owner == "sys.path" and node.func.attr in EDITS or owner == "site" and node.func.attr == "addsitedir":
+                found.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t).startswith("sys.path") for t in targets):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def counted() -> Counter:
+    count: Counter = Counter()
+    for base in ("runtime/src", "backend/src", "ci"):
+        for path in sorted((ROOT / base).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if "/tests/" in rel or path.name.startswith("test_") or path.name == "conftest.py":
+                continue
+            count[rel] += len(uses(path.read_text()))
+    return +count
+
+
+def test_no_product_module_edits_the_import_path() -> None:
+    count = counted()
+    wrong = [f"{path}: {n} edit(s) of the import path, {ALLOWED.get(path, (0, ''))[0]} allowed"
+             for path, n in sorted(count.items()) if n > ALLOWED.get(path, (0, ""))[0]]
+    assert not wrong, "import what the package declares instead:\n" + "\n".join(wrong)
+    stale = [f"{path}: {n} allowed, {count[path]} found" for path, (n, _) in ALLOWED.items() if count[path] != n]
+    assert not stale, "\n".join(stale)
+
+
+def test_the_scanner_catches_each_form() -> None:
+    planted = """
+import site, sys
+sys.path.insert(0, "x")
+sys.path.append("x")
+sys.path += ["x"]
+sys.path[:0] = ["x"]
+site.addsitedir("x")
+print(sys.path)
+path = list(sys.path)
+"""
+    assert uses(planted) == [3, 4, 5, 6, 7]
