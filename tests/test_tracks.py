@@ -97,12 +97,12 @@ def vllm_dependent_tests() -> list[str]:
 def test_only_the_tests_that_reach_vllm_run_again_per_track():
     files = vllm_dependent_tests()
     for dependent in ("ci/suites/test_selector.py", "backend/tests/test_routing.py",
-                      "backend/tests/test_feature_table.py", "backend/tests/test_measure.py"):
+                      "backend/tests/test_feature_table.py", "backend/tests/test_measured_route.py"):
         assert dependent in files
     assert not [f for f in files if "/engine/" in f]  # the CPU track's
     assert imports_vllm(ROOT / "backend/tests/engine/test_cpu_selection.py")  # through the child Python it runs
     for independent in ("backend/tests/test_planning.py", "backend/tests/test_reference.py",
-                        "backend/tests/test_crash_safe.py"):
+                        "backend/tests/test_crash_safe.py", "backend/tests/test_measure.py"):
         assert independent not in files
     assert len(files) < len(list((ROOT / "backend/tests").rglob("test_*.py"))) + 1
 
