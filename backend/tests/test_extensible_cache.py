@@ -75,6 +75,13 @@ def test_asked_for_this_backend_by_name_it_is_turned_off(config_cls):
     assert settled(config_cls, None, backend="ROCM_AITER_MLA") is False
 
 
+def test_a_config_without_a_model_is_left_as_the_release_settled_it(config_cls):
+    config = config_cls(None)
+    config.model_config = None  # vLLM builds such configs too (no model: nothing the own path serves)
+    config._resolve_extensible_kv_cache()
+    assert getattr(config.cache_config, FLAG) is True
+
+
 def test_not_on_rocm_it_stays_on(config_cls, monkeypatch):
     from vllm.platforms import current_platform
 

@@ -37,7 +37,8 @@ def _facts(vllm_config) -> tuple[bool, bool, bool, bool]:
 
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     chosen = getattr(backend, "name", backend)
-    return (bool(current_platform.is_rocm()), bool(getattr(vllm_config.model_config, "use_mla", False)),
+    model_config = getattr(vllm_config, "model_config", None)  # None in a config built without a model
+    return (bool(current_platform.is_rocm()), bool(getattr(model_config, "use_mla", False)),
             chosen is not None and str(chosen) != BACKEND_NAME,
             getattr(vllm_config, "kv_transfer_config", None) is not None)
 
@@ -54,7 +55,8 @@ def keep_cache_mapped(config_cls: type) -> bool:
         cache_config = self.cache_config
         requested = getattr(cache_config, FLAG, None)  # None until settled: the user left it unset
         resolve(self)
-        if turned_off(requested, bool(getattr(cache_config, FLAG, False)), *_facts(self)):
+        enabled = bool(getattr(cache_config, FLAG, False))
+        if requested is None and enabled and turned_off(requested, enabled, *_facts(self)):
             setattr(cache_config, FLAG, False)
             logger.info("%s (vllm-aiter-mla): the extensible KV cache is off: it maps the cache's blocks only "
                         "after CUDA-graph capture, and each decode call is measured in the highest rows of its "
