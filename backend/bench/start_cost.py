@@ -14,6 +14,10 @@ Prints, in this order:
 * **first start**: each call set as a server's first start measures it (``crash_safe.measure_layer``
   with an empty record folder: a child, its record, then this process), in this process (the GPU
   initialised first, as vLLM's is), with Triton's own cache empty; the whole, and this process's part;
+* **begun ahead**: a first start again (records and Triton's cache empty), every call set's first
+  measurement begun at once (``crash_safe.begin``, as a server begins its layer's at model
+  construction) and then collected (``crash_safe.measure_layer``): when each was collected, and this
+  process's part;
 * **later start**: the same in a fresh process reading the records (in-process checks only), Triton's
   cache as the first start left it, and once more in that process (its kernels warm);
 * **breakdown**: one call set's in-process measurement cut into its steps (the probe's inputs and
@@ -113,6 +117,25 @@ def first_and_later(sets, kernels, triton, splits, device, factory_name, folder:
     print(f"first    whole ({len(sets)} call sets): {whole:.2f} s, {here:.2f} s of it in this process", flush=True)
 
 
+def begun_ahead(sets, kernels, triton, splits, device, factory_name, folder: str) -> None:
+    """A first start whose first measurements are begun ahead (``crash_safe.begin``, as a server does at
+    model construction), every call set's at once, then collected by ``measure_layer``."""
+    env = {**os.environ, crash_safe.RECORDS_ENV: folder}
+    began = time.perf_counter()
+    for _, calls in sets:
+        crash_safe.begin(factory_name, calls, splits, device, environ=env)
+    here = 0.0
+    for label, calls in sets:
+        found = crash_safe.measure_layer(kernels, triton, calls, splits, device, factory_name, environ=env)
+        here += found.seconds
+        chosen = measure.serving(found.measured, found.remedy, found.flags)
+        print(f"ahead    {label}: collected {time.perf_counter() - began:5.2f} s after the begin, "
+              f"{found.seconds:5.2f} s in this process; {found.first.split(',')[0]}; "
+              f"serving {sorted(set(chosen.values()), key=str)}", flush=True)
+    print(f"ahead    whole ({len(sets)} call sets begun together): {time.perf_counter() - began:.2f} s, "
+          f"{here:.2f} s of it in this process", flush=True)
+
+
 def later(sets, kernels, triton, splits, device, factory_name, folder: str, runs: int = 2) -> None:
     env = {**os.environ, crash_safe.RECORDS_ENV: folder}
     for run in range(runs):
@@ -166,8 +189,7 @@ def breakdown(label: str, calls, kernels, triton, device: torch.device) -> Steps
             unjudged = measure.Probe(call, batches, cache, slots, math.nan, math.nan)
             ran = steps.run("probe: reference kernel's runs (band)", measure.run_probe, reference, unjudged,
                             range(len(batches)))
-            own = steps.run("probe: fit of the reference (band)",
-                            lambda: measure.Fit.worst(measure.fit(o, b.expected, len(b.order)) for b, o in ran))
+            own = steps.run("probe: fit of the reference (band)", measure.worst_fit, ran)
             probe = measure.Probe(call, batches, cache, slots, measure.band(own.deviation, call.out_dtype),
                                   measure.bound(own.systematic, call.out_dtype))
             for name, chosen in (("AITER (reference)", kernels), ("Triton", triton)):
@@ -197,8 +219,10 @@ def child_timeline(device: torch.device, factory_name: str, calls, splits: int, 
     end = time.perf_counter() - began
     parts, last = [], 0.0
     for at, data in stamps:
-        if "begin" in data and not parts:
+        if ("begin" in data or "warm" in data) and not parts:
             parts.append(f"start, imports, device {at:.2f} s")
+        elif "warmed" in data:
+            parts.append(f"the remedy's kernels compiled side by side {at - last:.2f}")
         elif "done" in data:
             kind, qlen = data["done"]
             parts.append(f"{kind}@{qlen} {at - last:.2f}")
@@ -267,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = os.path.join(scratch, "records")
         process_costs(device, factory_name, sets[0][1], splits)
         first_and_later(sets, kernels, triton, splits, device, factory_name, folder)
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton-ahead")  # nothing compiled yet
+        begun_ahead(sets, kernels, triton, splits, device, factory_name, os.path.join(scratch, "records-ahead"))
+        os.environ["TRITON_CACHE_DIR"] = triton_cold
         again = [sys.executable, *([] if __spec__ is None else ["-m", __spec__.name]),
                  *([os.path.abspath(__file__)] if __spec__ is None else []),
                  "--device", str(device), "--sets", args.sets, "--later-only", folder,

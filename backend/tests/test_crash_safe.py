@@ -9,6 +9,7 @@ aborting (os.abort) and hanging past a small limit. What the parent makes of a c
 records, are tested with children run in this process (child_standins.in_process) or answers made here."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import vllm_aiter_mla
 from vllm_aiter_mla import crash_safe, measure, measure_child, measurement_record
 from vllm_aiter_mla.kernels import MLAKernels
 from vllm_aiter_mla.measure import Outcome
+from vllm_aiter_mla.remedy import TritonDecode
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -404,3 +406,156 @@ def test_the_start_up_bench_times_a_first_and_a_later_start(capsys, child_env):
     assert "a child that only starts: " in out and "(exit 0)" in out, out
     assert "first start: " in out and "measured in a child process in " in out and "recorded in " in out, out
     assert "later start: " in out and "read from its record " in out and "serving {1: 'aiter'}" in out, out
+
+
+# ---- the remedy in this process only where it would serve ----
+
+
+def counting_remedy(counted: list) -> TritonDecode:
+    """The remedy's CPU stand-in, noting the query length of each call made to it (six requests a call)."""
+    right = remedy_standins.triton_standin()
+
+    def wrap(function):
+        def call(q, *args, **kwargs):
+            counted.append(q.shape[0] // 6)
+            return function(q, *args, **kwargs)
+        return call
+
+    return dataclasses.replace(right, decode_attention_fwd=wrap(right.decode_attention_fwd),
+                               decode_attention_fwd_verify=wrap(right.decode_attention_fwd_verify))
+
+
+@pytest.fixture
+def exchanges(monkeypatch):
+    """Each exchange's flags; the group answers with this rank's, plus ``exchanges.others_need``."""
+    seen: list = []
+    seen_need: set[int] = set()
+
+    def agree(flags, qlens, group):
+        seen.append(flags)
+        return (flags[0] | frozenset(seen_need), *flags[1:])
+
+    monkeypatch.setattr(measure, "agree_flags", agree)
+    monkeypatch.setattr(crash_safe, "run_child", reporting(ALL_RIGHT))
+    return seen, seen_need
+
+
+@pytest.mark.parametrize("aiter, others_need, remedy_here, count", [
+    (child_standins.REFERENCE, set(), set(), 1),  # AITER serves everywhere: the child's remedy outcome stands
+    (child_standins.aiter_with({2: "raise"}), set(), {2}, 1),  # measured here where this rank needs it
+    (child_standins.REFERENCE, {1}, {1}, 2),  # another rank needs it at 1: measured here too, a second exchange
+], ids=["aiter-right", "aiter-raises-here", "another-rank-needs-it"])
+def test_the_remedy_runs_here_only_where_some_rank_needs_it(tmp_path, exchanges, aiter, others_need, remedy_here,
+                                                            count):
+    seen, need = exchanges
+    need.update(others_need)
+    counted: list[int] = []
+    found = crash_safe.measure_layer(aiter, counting_remedy(counted), calls(2), 4, CPU, "f:g",
+                                     environ={crash_safe.RECORDS_ENV: str(tmp_path)})
+    assert set(counted) == remedy_here, counted
+    assert len(seen) == count, seen  # the second exchange: only where the agreed flags call for it
+    assert all(found.remedy[q].outcome is Outcome.CORRECT for q in (1, 2)), found.remedy
+    assert {q for q in (1, 2) if found.remedy[q] != RIGHT} == remedy_here  # the rest: the child's outcome
+    chosen = measure.serving(found.measured, found.remedy, found.flags)
+    assert {q for q, kernel in chosen.items() if kernel == "triton"} == remedy_here, chosen
+
+
+def test_a_remedy_measured_wrong_where_another_rank_needs_it_refuses_on_every_rank(tmp_path, exchanges):
+    seen, need = exchanges
+    need.add(1)
+    found = crash_safe.measure_layer(child_standins.REFERENCE, remedy_standins.triton_standin(factor=0.9), calls(2),
+                                     4, CPU, "f:g", environ={crash_safe.RECORDS_ENV: str(tmp_path)})
+    assert found.remedy[1].outcome is Outcome.WRONG and found.remedy[2] == RIGHT, found.remedy
+    assert len(seen) == 2 and found.flags == (frozenset({1}), frozenset({1})), (seen, found.flags)
+    assert measure.serving(found.measured, found.remedy, found.flags) == {1: None, 2: "aiter"}
+
+
+# ---- a first measurement begun ahead ----
+
+
+def test_a_first_measurement_begun_ahead_is_collected_once(monkeypatch, tmp_path, exchanges):
+    seen, _ = exchanges
+    child = reporting(ALL_RIGHT)
+    monkeypatch.setattr(crash_safe, "run_child", child)
+    environ = {crash_safe.RECORDS_ENV: str(tmp_path)}
+    assert crash_safe.begin("f:g", calls(2), 4, CPU, environ)
+    assert not crash_safe.begin("f:g", calls(2), 4, CPU, environ)  # begun already
+    found = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU, "f:g", environ=environ)
+    assert child.started == 1 and found.first.startswith("measured in a child") and "begun ahead" in found.first
+    assert all(m.outcome is Outcome.CORRECT for m in found.measured.values()) and len(seen) == 1
+    again = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU, "f:g", environ=environ)
+    assert child.started == 1 and again.first.startswith("read from its record"), again.first  # nothing begun
+
+
+def test_a_first_measurement_begun_under_other_settings_is_not_taken(monkeypatch, tmp_path, exchanges):
+    child = reporting(ALL_RIGHT)
+    monkeypatch.setattr(crash_safe, "run_child", child)
+    assert crash_safe.begin("f:g", calls(2), 4, CPU, {crash_safe.RECORDS_ENV: str(tmp_path / "a")})
+    found = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU, "f:g",
+                                     environ={crash_safe.RECORDS_ENV: str(tmp_path / "b")})
+    assert "begun ahead" not in found.first and child.started >= 1
+    late = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU, "f:g",
+                                    environ={crash_safe.RECORDS_ENV: str(tmp_path / "a")})
+    assert "begun ahead" in late.first, late.first
+
+
+def test_a_first_measurement_begun_ahead_that_fails_is_an_outcome(monkeypatch, tmp_path, exchanges):
+    seen, _ = exchanges
+
+    def broken(argv, timeout_s):
+        raise RuntimeError("the child's supervisor broke")
+
+    monkeypatch.setattr(crash_safe, "run_child", broken)
+    environ = {crash_safe.RECORDS_ENV: str(tmp_path)}
+    assert crash_safe.begin("f:g", calls(2), 4, CPU, environ)
+    found = crash_safe.measure_layer(child_standins.REFERENCE, None, calls(2), 4, CPU, "f:g", environ=environ)
+    assert len(seen) == 1 and not any(m.outcome.served for m in found.measured.values()), found
+    assert "the child's supervisor broke" in found.measured[1].describe(), found.measured[1].describe()
+
+
+def test_nothing_is_begun_where_no_child_measures(monkeypatch):
+    monkeypatch.setattr(crash_safe, "run_child", no_child)
+    assert not crash_safe.begin(measure_child.PRODUCTION, calls(1), 4, CPU, {"AITER_MLA_KERNELS": "reference"})
+    assert not crash_safe.begin(measure_child.PRODUCTION, calls(1), 4, CPU, {"AITER_MLA_KERNELS": "nonsense"})
+
+
+# ---- the remedy's kernels compiled side by side in the child ----
+
+
+def _warming(tasks) -> str:
+    return measure_child.LINE + json.dumps({"warm": [list(t) for t in tasks]})
+
+
+def test_a_child_that_ends_compiling_side_by_side_is_measured_again_one_at_a_time(monkeypatch):
+    started = []
+    tasks = [("triton", 1), ("triton", 2)]
+
+    def run(argv, timeout_s):
+        started.append(argv)
+        if len(started) == 1:
+            return children.Output(_warming(tasks), "", -11)
+        return reporting(ALL_RIGHT)(argv, timeout_s)
+
+    run.started = 0
+    monkeypatch.setattr(crash_safe, "run_child", run)
+    found, _ = crash_safe.measure_in_children(measure_child.PRODUCTION, calls(2), 4, CPU, 5.0)
+    assert len(started) == 2 and "--no-warm" not in started[0] and "--no-warm" in started[1], started
+    assert found == ALL_RIGHT, found
+
+
+def test_compiles_side_by_side_that_pass_the_limit_leave_aiters_calls_to_a_second_child(monkeypatch):
+    started = []
+
+    def run(argv, timeout_s):
+        started.append(argv)
+        if len(started) == 1:
+            return children.Output(_warming([("triton", 1), ("triton", 2)]), "", None, timed_out=True)
+        return reporting({t: m for t, m in ALL_RIGHT.items() if t[0] == "aiter"})(argv, timeout_s)
+
+    run.started = 0
+    monkeypatch.setattr(crash_safe, "run_child", run)
+    found, _ = crash_safe.measure_in_children(measure_child.PRODUCTION, calls(2), 4, CPU, 5.0)
+    assert len(started) == 2 and started[1].count("--task") == 2 and "aiter:1" in started[1], started
+    assert {t: m.outcome for t, m in found.items()} == {
+        ("triton", 1): Outcome.TIMED_OUT, ("triton", 2): Outcome.TIMED_OUT,
+        ("aiter", 1): Outcome.CORRECT, ("aiter", 2): Outcome.CORRECT}, found

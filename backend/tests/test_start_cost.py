@@ -8,6 +8,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import child_standins
@@ -17,6 +19,7 @@ from rocm_vllm_runtime import children
 
 import vllm_aiter_mla
 from vllm_aiter_mla import crash_safe, measure, measure_child, measurement_record
+from vllm_aiter_mla.remedy import TritonDecode
 
 HERE = Path(__file__).resolve().parent
 TEARDOWN = "TEARDOWN RAN"
@@ -80,3 +83,32 @@ def test_aiter_under_another_wheel_name_is_found_by_the_scan(monkeypatch, fresh_
         else real(*names)))
     monkeypatch.setattr(measurement_record, "providers_of", lambda name: ["rocm-aiter"] if name == "aiter" else [])
     assert measurement_record.builds()["aiter"] == "rocm-aiter 2.0 fedcba9876543210"
+
+
+# ---- the measurement child compiles the remedy's Triton kernels side by side, launching nothing ----
+
+
+def test_the_remedys_kernels_are_compiled_side_by_side_and_nothing_is_launched():
+    from triton.runtime.jit import KernelInterface
+
+    seen: list[tuple[bool, int]] = []
+
+    class Kernel(KernelInterface):
+        def run(self, *args, grid, warmup, **kwargs):
+            seen.append((warmup, threading.get_ident()))
+            time.sleep(0.2)  # a compile: each thread waits here at the same time
+
+    kernel = Kernel()
+
+    def decode(q, k_buffer, v_buffer, o, *args, **kwargs):
+        kernel[(1,)](q, o)
+
+    remedy = TritonDecode("a Triton stand-in", decode, decode, 4)
+    probes = [measure.prepare(measure.DecodeCall(16, qlen, torch.bfloat16, torch.bfloat16), "cpu")
+              for qlen in (1, 2, 3)]
+    assert measure_child.warm_up(remedy, probes)
+    assert len(seen) == 3 and all(warmup for warmup, _ in seen), seen  # compiled, never launched
+    assert len({thread for _, thread in seen}) == 3, seen  # one thread a probe
+    seen.clear()
+    kernel[(1,)](None, None)
+    assert seen[0][0] is False  # launches launch again after it

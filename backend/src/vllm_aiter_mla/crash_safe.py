@@ -5,25 +5,37 @@ only where the child found the call safe; then agreed across the tensor-parallel
 * **First measurement, in a child** (``measure_child``, started through the image runtime's one
   supervisor of child processes, ``rocm_vllm_runtime.children.output``, which kills the child and all
   it started at the deadline): the remedy's tasks first (vLLM's Triton decode at each query length),
-  then AITER's. The child reports each task as it begins and ends; when it ends otherwise, the task it
+  then AITER's. On a GPU the child first compiles the remedy's Triton kernels for all its tasks side
+  by side, launching nothing (``measure_child.warm_up``); a child that ends during those compiles is
+  started again to measure one task at a time without them, and where they pass the time limit the
+  remedy's tasks are so measured and AITER's go to the next child. The child reports each task as it
+  begins and ends; when it ends otherwise, the task it
   was in is measured as ``ended the process`` (a signal: SIGABRT from a missing kernel, a GPU memory
   fault; or a non-zero exit) or ``passed the time limit`` (``AITER_MLA_MEASURE_TIMEOUT_S``, default
   300 s), that kernel's remaining tasks as ``not measured``, and the other kernel's remaining tasks run
-  in a second child. So at most two children run, each under the limit. None of these outcomes is
+  in a second child. So at most two children run under the limit (a third only after one that ended
+  at once). None of these outcomes is
   served: AITER's call goes to the remedy where the remedy measured right, else the server refuses to
   start in one line.
+* **Begun ahead** (``begin``): a server may begin a set of calls' first measurement (its record read,
+  else its children run) in a thread while it goes on constructing the model and loading weights;
+  ``measure_layer`` collects it, waiting only for what is left.
 * **The record** (``measurement_record``), in ``AITER_MLA_MEASURED_DIR`` (default:
   ``aiter-mla-measured`` in the image's persistent cache, ``$ROCM_VLLM_JIT_CACHE`` or
   ``/var/cache/aiter-jit``, where that folder exists; else no record is kept and each start measures
   in a child): a later start of the same image on the same GPU with the same calls reads it and starts
   no child. A record that cannot be trusted is measured again and replaced.
-* **In this process**: the server's own kernels are what serve, so each task the first measurement
-  found served (AITER: ``correct`` or ``drops the V scale``; the remedy: ``correct``) is measured again
-  here, through the same function, and this measurement decides; a task it found not served keeps that
-  outcome and never runs here (a call that ended or hung the child would end or hang the server).
-  The in-process measurement at start-up runs on the probe's private cache.
+* **In this process**: the server's own kernels are what serve, so each of AITER's tasks the first
+  measurement found served (``correct`` or ``drops the V scale``) is measured again here, through the
+  same function, and this measurement decides; so is the remedy's (found ``correct``) wherever it
+  would serve: where AITER is not served on this rank, and where the group needs it (another rank's
+  AITER is not served there: ``measure_and_agree``). Elsewhere the first measurement's outcome of the
+  remedy stands (it serves nothing there). A task found not served keeps that outcome and never runs
+  here (a call that ended or hung the child would end or hang the server). The in-process
+  measurement at start-up runs on the probe's private cache.
 * **On the layer's real KV cache** (``measure_on_cache``), once vLLM allocated it and before CUDA-graph
-  capture: every task still served (AITER's, the remedy's) measured again in this process with the
+  capture: every task still served (AITER's; the remedy's where it would serve, as above) measured
+  again in this process with the
   probe's keys in the cache's highest rows, past 4 GiB from its base where the cache is that large (a
   kernel that reads the cache through a 32-bit offset, ROCm/aiter#5765, is right in the private cache
   and wrong there). The rows it overwrites hold what they held before once it returns. A task found
@@ -32,6 +44,8 @@ only where the child found the call safe; then agreed across the tensor-parallel
 * **Agreement**: one ``measure.agree_flags`` exchange per set of calls on every rank, whatever its own
   measurement did: a failure anywhere before it (a bad setting, a record folder that cannot be
   written, a child that could not start) is an outcome, never an exception that skips the exchange.
+  It also tells where a rank left the remedy unmeasured here; where the group needs the remedy at
+  such a query length, a second exchange follows on every rank (decided by the agreed flags alone).
 """
 
 from __future__ import annotations
@@ -40,15 +54,17 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import measure, measure_child, measurement_record
-from .kernels import kernel_mode
+from .kernels import KERNELS_ENV, kernel_mode
 from .measure_child import KINDS, Task
 
 logger = logging.getLogger("vllm.aiter_mla")
@@ -104,6 +120,7 @@ class ChildEnd:
     done: dict[Task, measure.Measured]
     running: Task | None  # the task it had begun and not finished
     failure: measure.Measured | None  # ended the process or passed the time limit; None: it finished
+    warming: bool = False  # it ended while compiling the remedy's kernels side by side (before any task)
 
 
 def run_child(argv: Sequence[str], timeout_s: float):
@@ -123,12 +140,15 @@ def child_end(output, timeout_s: float) -> ChildEnd:
     _, files, _, _ = _runtime()
     done: dict[Task, measure.Measured] = {}
     running: Task | None = None
+    warming = False
     for line in output.stdout.splitlines():
         if not line.startswith(measure_child.LINE):
             continue  # the kernels' own output
         try:
             data = files.json_value(line[len(measure_child.LINE):], "the measurement child's report")
-            if isinstance(data, dict) and "begin" in data:
+            if isinstance(data, dict) and ("warm" in data or "warmed" in data):
+                warming = "warm" in data
+            elif isinstance(data, dict) and "begin" in data:
                 running = (str(data["begin"][0]), int(data["begin"][1]))
             elif isinstance(data, dict) and "done" in data:
                 task = (str(data["done"][0]), int(data["done"][1]))
@@ -141,17 +161,17 @@ def child_end(output, timeout_s: float) -> ChildEnd:
     if output.error:
         how = f"could not be started ({output.error})"
         return ChildEnd(done, running, measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                        f"the measurement child {how}"))
+                                                        f"the measurement child {how}"), warming)
     if output.timed_out:
         return ChildEnd(done, running, measure.Measured(
             measure.Outcome.TIMED_OUT, math.nan, math.nan,
-            f"the measurement child passed {TIMEOUT_ENV}={timeout_s:g} s and was killed"))
+            f"the measurement child passed {TIMEOUT_ENV}={timeout_s:g} s and was killed"), warming)
     if output.returncode == 0:
-        return ChildEnd(done, running, None)
+        return ChildEnd(done, running, None, warming)
     code = output.returncode
     how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
     return ChildEnd(done, running, measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                    f"the measurement child was {how}{said}"))
+                                                    f"the measurement child was {how}{said}"), warming)
 
 
 def _signal_name(number: int) -> str:
@@ -174,13 +194,23 @@ def measure_in_children(factory: str, calls: Sequence[measure.DecodeCall], split
     started = time.monotonic()
     remaining: list[Task] = [(kind, call.qlen) for kind in reversed(KINDS) for call in calls]
     found: dict[Task, measure.Measured] = {}
+    warm = True
     while remaining:
-        argv = measure_child.command(factory, calls, remaining, splits, device)
+        argv = measure_child.command(factory, calls, remaining, splits, device, warm)
         end = child_end(run_child(argv, timeout_s), timeout_s)
         found.update((task, m) for task, m in end.done.items() if task in remaining)
         remaining = [task for task in remaining if task not in found]
         if not remaining:
             break
+        if end.warming and warm and (end.failure is None or end.failure.outcome is not measure.Outcome.TIMED_OUT):
+            warm = False  # it ended compiling side by side (not by the limit): measured again, one at a time
+            continue
+        if end.warming:  # the remedy's compiles passed the limit: its tasks so measured, AITER's to the next child
+            failure = end.failure or measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
+                                                      "the measurement child ended without measuring it")
+            found.update((task, failure) for task in remaining if task[0] == "triton")
+            remaining = [task for task in remaining if task not in found]
+            continue
         failure = end.failure or measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
                                                   "the measurement child ended without measuring it")
         if end.running is None or end.running not in remaining:  # before its first call: nothing more can run
@@ -262,28 +292,132 @@ def _unmeasured(calls: Sequence[measure.DecodeCall]) -> dict[Task, measure.Measu
     return {(kind, call.qlen): m for kind in KINDS for call in calls}
 
 
+def _first(factory: str, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
+           environ: Mapping[str, str]) -> tuple[bool, dict[Task, measure.Measured], str]:
+    """The first measurement (``first_measurement``), or every task left to this process where no child
+    is needed: whether it ran in a child, its outcomes and where they came from. Never raises: a failure
+    is an outcome of every task."""
+    try:
+        in_child = needs_child(factory, device, environ)
+        if not in_child:
+            return False, _unmeasured(calls), IN_PROCESS
+        first, source = first_measurement(factory, calls, splits, device, records_setting(environ),
+                                          timeout_setting(environ))
+        return True, first, source
+    except Exception as exc:  # noqa: BLE001  (an outcome: the exchange after it must happen on every rank)
+        return True, _failed(calls, exc), f"not made ({measure.one_line(exc)})"
+
+
+# ------------------------------------------------------------------------------ begun ahead
+
+# The settings a first measurement reads (the third: the runtime's jitcache.CACHE_ROOT_ENV, where the
+# record folder is by default), part of what a measurement begun ahead is kept under.
+SETTINGS = (RECORDS_ENV, TIMEOUT_ENV, "ROCM_VLLM_JIT_CACHE", KERNELS_ENV)
+_BEGUN: dict[tuple, Future] = {}
+_BEGUN_LOCK = threading.Lock()
+
+
+def _begun_key(factory: str, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
+               environ: Mapping[str, str]) -> tuple:
+    return factory, tuple(calls), splits, str(device), tuple(environ.get(name, "") for name in SETTINGS)
+
+
+def begin(factory: str, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
+          environ: Mapping[str, str] = os.environ) -> bool:
+    """Begin the first measurement of ``calls`` now (its record read, else its children run), in a thread
+    of this process, while the server goes on (constructing the model, loading its weights);
+    ``measure_layer`` with the same calls, splits, device, factory and settings collects it, waiting for
+    what is left. Whether a measurement was begun: not where none runs in a child (CPU development mode)
+    or one of these was begun already and not collected yet. Nothing is exchanged with other ranks here:
+    the agreement stays in ``measure_layer``."""
+    calls = list(calls)
+    environ = dict(environ)
+    try:
+        if not needs_child(factory, device, environ):
+            return False
+    except ValueError:
+        return False  # a bad setting: measure_layer makes it an outcome
+    key = _begun_key(factory, calls, splits, device, environ)
+    with _BEGUN_LOCK:
+        if key in _BEGUN:
+            return False
+        future: Future = Future()
+        _BEGUN[key] = future
+    thread = threading.Thread(target=_run_begun, args=(future, factory, calls, splits, device, environ),
+                              name="aiter-mla-first-measurement", daemon=True)
+    thread.start()
+    return True
+
+
+def _run_begun(future: Future, factory: str, calls: list[measure.DecodeCall], splits: int, device: torch.device,
+               environ: Mapping[str, str]) -> None:
+    future.set_running_or_notify_cancel()
+    try:
+        future.set_result(_first(factory, calls, splits, device, environ))
+    except BaseException as exc:  # noqa: BLE001  (handed to whoever collects it)
+        future.set_exception(exc)
+
+
+def _collect(factory: str, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
+             environ: Mapping[str, str]) -> tuple[bool, dict[Task, measure.Measured], str] | None:
+    """The outcome of a measurement ``begin`` started for these (waiting for it), or None where none was."""
+    with _BEGUN_LOCK:
+        future = _BEGUN.pop(_begun_key(factory, calls, splits, device, environ), None)
+    if future is None:
+        return None
+    try:
+        in_child, first, source = future.result()
+    except Exception as exc:  # noqa: BLE001  (an outcome: the exchange after it must happen on every rank)
+        return True, _failed(calls, exc), f"not made ({measure.one_line(exc)})"
+    return in_child, first, f"{source}, begun ahead"
+
+
 def measure_layer(kernels, triton, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
                   factory: str = measure_child.PRODUCTION, group=None, cache: torch.Tensor | None = None,
                   environ: Mapping[str, str] = os.environ) -> LayerResult:
     """The layer's calls measured crash-safely (first in a child or from its record, then here where
-    that found them served) and agreed across ``group`` in one exchange. ``kernels``/``triton``: this
-    process's (what serves; ``triton`` None where it could not be loaded); ``factory``: how the child
-    loads its own (``measure_child.PRODUCTION`` in a server)."""
+    that found them served) and agreed across ``group``. ``kernels``/``triton``: this process's (what
+    serves; ``triton`` None where it could not be loaded); ``factory``: how the child loads its own
+    (``measure_child.PRODUCTION`` in a server). A first measurement ``begin`` started for these is
+    collected instead of starting another."""
     calls = list(calls)
-    try:
-        in_child = needs_child(factory, device, environ)
-        first, source = (first_measurement(factory, calls, splits, device, records_setting(environ),
-                                           timeout_setting(environ)) if in_child else (_unmeasured(calls), IN_PROCESS))
-    except Exception as exc:  # noqa: BLE001  (an outcome: the exchange below must happen on every rank)
-        in_child, first, source = True, _failed(calls, exc), f"not made ({measure.one_line(exc)})"
+    in_child, first, source = (_collect(factory, calls, splits, device, environ)
+                               or _first(factory, calls, splits, device, environ))
     aiter_at = [c.qlen for c in calls if not in_child or first["aiter", c.qlen].outcome.served]
     remedy_at = [c.qlen for c in calls if not in_child or first["triton", c.qlen].outcome is measure.Outcome.CORRECT]
-    here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache,
-                                                        aiter_at=aiter_at, remedy_at=remedy_at)
-    measured = {c.qlen: here.get(c.qlen, first["aiter", c.qlen]) for c in calls}
-    remedied = {c.qlen: remedied_here.get(c.qlen, first["triton", c.qlen]) for c in calls}
-    flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls), group)
+    measured, remedied, seconds, flags = measure_and_agree(
+        kernels, triton, calls, device, cache, aiter_at, remedy_at, {c.qlen: first["aiter", c.qlen] for c in calls},
+        {c.qlen: first["triton", c.qlen] for c in calls}, group, remedy_where_needed=in_child)
     return LayerResult(measured, remedied, seconds, flags, source)
+
+
+def measure_and_agree(kernels, triton, calls: Sequence[measure.DecodeCall], device: torch.device,
+                      cache: torch.Tensor | None, aiter_at: Sequence[int], remedy_at: Sequence[int],
+                      measured: Mapping[int, measure.Measured], remedied: Mapping[int, measure.Measured],
+                      group, remedy_where_needed: bool = True):
+    """AITER's calls measured in this process at ``aiter_at``; the remedy at ``remedy_at`` where this
+    process needs it (AITER not served here), or everywhere there without ``remedy_where_needed``; the
+    outcomes replace those given (``measured``, ``remedied``: what stands where a kernel is not measured
+    here), and the group agrees. The first exchange also says where a rank left the remedy unmeasured;
+    where the group needs the remedy at such a query length (another rank's AITER is not served there)
+    those ranks measure it there too and every rank makes a second exchange: whether it does depends
+    on the agreed flags alone, so each rank makes as many as the others. Returns the outcomes, the
+    seconds the measuring took and the group's (need, bad) flags."""
+    measured, remedied = dict(measured), dict(remedied)
+    qlens = [c.qlen for c in calls]
+    here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=aiter_at,
+                                                        remedy_at=remedy_at, remedy_where_needed=remedy_where_needed)
+    measured.update(here)
+    remedied.update(remedied_here)
+    left = frozenset(q for q in remedy_at if q not in remedied_here)
+    need, bad, left_somewhere = measure.agree_flags((*measure.local_flags(measured, remedied), left), qlens, group)
+    if need & left_somewhere:
+        _, more, more_seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=(),
+                                                     remedy_at=need & left)
+        remedied.update(more)
+        seconds += more_seconds
+        need, bad = measure.agree_flags(measure.local_flags(measured, remedied), qlens, group)
+    return measured, remedied, seconds, (need, bad)
 
 
 # ------------------------------------------------------------------------------ the layer's real cache
@@ -327,8 +461,10 @@ def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache
     served, the remedy's where ``remedied`` has them correct (a task found not served never runs: it may
     have ended the measurement child); these outcomes replace those. The rows written hold what they held
     before once this returns (at a first eager step they may hold a request's keys). Where the keys cannot
-    go to the cache, the given outcomes stand and ``cache`` of the result says why. One
-    ``measure.agree_flags`` exchange across ``group`` whatever happened."""
+    go to the cache, the given outcomes stand and ``cache`` of the result says why. The remedy is
+    measured there only where it would serve (``measure_and_agree``). One ``measure.agree_flags``
+    exchange across ``group`` whatever happened (a second where the group needs the remedy at a query
+    length a rank left unmeasured)."""
     calls = list(calls)
     measured, remedied = dict(measured), dict(remedied)
     seconds = 0.0
@@ -341,15 +477,12 @@ def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache
             written = cache.view(-1, measure.HEAD_DIM)[-rows:]
             saved = written.clone()
             try:
-                here, remedied_here, seconds = measure.measure_both(
-                    kernels, triton, calls, cache.device, cache=cache,
-                    aiter_at=[q for q, m in measured.items() if m.outcome.served],
-                    remedy_at=[q for q, m in remedied.items() if m.outcome is measure.Outcome.CORRECT])
+                measured, remedied, seconds, flags = measure_and_agree(
+                    kernels, triton, calls, cache.device, cache, [q for q, m in measured.items() if m.outcome.served],
+                    [q for q, m in remedied.items() if m.outcome is measure.Outcome.CORRECT], measured, remedied, group)
             finally:
                 written.copy_(saved)
-            measured.update(here)
-            remedied.update(remedied_here)
-            where = describe_cache(cache, rows)
+            return LayerResult(measured, remedied, seconds, flags, "", describe_cache(cache, rows))
     except Exception as exc:  # noqa: BLE001  (an outcome: the exchange below must happen on every rank)
         failed = measure.Measured(measure.Outcome.RAISED, math.nan, math.nan,
                                   f"measuring on the layer's KV cache: {measure.one_line(exc)}")

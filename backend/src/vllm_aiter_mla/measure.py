@@ -59,7 +59,7 @@ from .decode import mla_decode
 from .kernels import MLAKernels
 from .persistent import allocate_work, plan_work
 from .planning import DecodePlan
-from .remedy import TritonDecode, triton_mla_decode
+from .remedy import TritonDecode, slot_table, triton_mla_decode
 
 KV_LORA_RANK = 512
 HEAD_DIM = 576  # kv_lora_rank + rope: the latent row AITER's MLA decode takes
@@ -336,9 +336,12 @@ def _triton_run(kernels: TritonDecode, probe: Probe, batch: ProbeBatch) -> torch
     probe.cache.view(-1, HEAD_DIM)[probe.slots] = batch.keys
     out = torch.full((batch.q.shape[0], call.heads, KV_LORA_RANK), float("nan"), dtype=call.out_dtype,
                      device=probe.cache.device)
+    # the table as the server passes it (made on the device): its width, the longest request, is known here
+    table = slot_table(batch.plan, len(batch.order), max(kv_lengths(call.qlen)), kernels.rows_per_request(call.qlen))
     return triton_mla_decode(batch.q, probe.cache, batch.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
                              scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen, decode_heads=call.heads,
-                             out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale, out=out)
+                             out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale, out=out,
+                             table=table)
 
 
 @dataclass(frozen=True)
@@ -363,8 +366,15 @@ class Fit:
                    max((f.offset for f in fits), key=abs))
 
 
-def fit(out: torch.Tensor, expected: torch.Tensor, requests: int, factor: float = 1.0) -> Fit:
+def fit(out: torch.Tensor, expected: torch.Tensor, requests: int, factor: float | torch.Tensor = 1.0) -> Fit:
     """``out`` (times ``factor``) against ``expected``, both [requests * qlen, heads, 512]."""
+    return Fit(*fit_numbers(out, expected, requests, factor).tolist())
+
+
+def fit_numbers(out: torch.Tensor, expected: torch.Tensor, requests: int,
+                factor: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """``fit``'s deviation, scale and offset as a float64 tensor on ``out``'s device (nothing read back to
+    the host: a caller reads the numbers of all its outputs in one transfer)."""
     y = out.double() * factor
     x = expected.double()
     worst = (y - x).abs().view(requests, -1).amax(1) / x.abs().view(requests, -1).amax(1)
@@ -372,8 +382,13 @@ def fit(out: torch.Tensor, expected: torch.Tensor, requests: int, factor: float 
     xc = x - x.mean()
     scale = (xc * (y - y.mean())).sum() / xc.square().sum()
     offset = (y.mean() - scale * x.mean()) / x.square().mean().sqrt()
-    dev, scale_, offset_ = torch.stack([worst.max(), scale, offset]).tolist()
-    return Fit(dev, scale_, offset_)
+    return torch.stack([worst.max(), scale, offset])
+
+
+def worst_fit(found: Iterable[tuple[ProbeBatch, torch.Tensor]]) -> Fit:
+    """``Fit.worst`` of each output's fit against its batch's dense result, read in one transfer."""
+    numbers = torch.stack([fit_numbers(out, b.expected, len(b.order)) for b, out in found]).tolist()
+    return Fit.worst(Fit(*row) for row in numbers)
 
 
 def deviation(out: torch.Tensor, expected: torch.Tensor, requests: int = 1) -> float:
@@ -403,15 +418,24 @@ def _unit_roundoff(dtype: torch.dtype) -> float:
 def classify(found: list[tuple[ProbeBatch, torch.Tensor]], band_: float, bound_: float) -> Measured:
     """What the outputs of a call's runs are, given each batch's dense result: right, right once each
     multiplied by its own batch's kv_scale (the #6732 pattern; fp8 only, under every scale pair
-    alike), not finite or wrong. The band and the bound apply after correction."""
-    if not all(bool(torch.isfinite(out).all()) for _, out in found):
+    alike), not finite or wrong. The band and the bound apply after correction. Every number is read
+    back to the host in one transfer."""
+    scaled = all(b.kv_scale is not None for b, _ in found)
+    parts = [torch.stack([torch.isfinite(out).all().double() for _, out in found]),
+             *(fit_numbers(out, b.expected, len(b.order)) for b, out in found)]
+    if scaled:
+        parts += [b.kv_scale.double().reshape(1) for b, _ in found]
+        parts += [fit_numbers(out, b.expected, len(b.order), b.kv_scale.double()) for b, out in found]
+    numbers = torch.cat(parts).tolist()
+    n = len(found)
+    if not all(numbers[:n]):
         return Measured(Outcome.NOT_FINITE, math.nan, band_, bound=bound_)
-    plain = Fit.worst(fit(out, b.expected, len(b.order)) for b, out in found)
+    plain = Fit.worst(Fit(*numbers[n + 3 * i:n + 3 * i + 3]) for i in range(n))
     if plain.within(band_, bound_):
         return Measured(Outcome.CORRECT, plain.deviation, band_, "", plain.scale, plain.offset, bound_)
-    kv_scales = [None if b.kv_scale is None else float(b.kv_scale.item()) for b, _ in found]
-    if all(k is not None and k != 1.0 for k in kv_scales):
-        fixed = Fit.worst(fit(out, b.expected, len(b.order), k) for (b, out), k in zip(found, kv_scales))
+    kv_scales = numbers[4 * n:5 * n]
+    if scaled and all(k != 1.0 for k in kv_scales):
+        fixed = Fit.worst(Fit(*numbers[5 * n + 3 * i:5 * n + 3 * i + 3]) for i in range(n))
         if fixed.within(band_, bound_):
             return Measured(Outcome.DROPS_V_SCALE, fixed.deviation, band_, "", fixed.scale, fixed.offset, bound_)
     return Measured(Outcome.WRONG, plain.deviation, band_, "", plain.scale, plain.offset, bound_)
@@ -430,6 +454,7 @@ def prepare(call: DecodeCall, device: torch.device | str, reference: MLAKernels 
     device = torch.device(device)
     _, count = key_ids(call.qlen)
     gen = torch.Generator(device).manual_seed(PROBE_SEED)
+    given = slots is not None  # checked; those made here are distinct rows of the cache by construction
     if cache is None:
         cache = torch.zeros((count, 1, HEAD_DIM), dtype=call.kv_dtype, device=device)
         slots = torch.randperm(count, generator=gen, device=device)
@@ -438,13 +463,13 @@ def prepare(call: DecodeCall, device: torch.device | str, reference: MLAKernels 
                          f"tensor, got {list(cache.shape)} {dtype_name(cache.dtype)}")
     rows = cache.numel() // HEAD_DIM
     if slots is None:
-        slots = highest_slots(rows, count, gen)
+        slots = highest_slots(rows, count, gen)  # distinct and inside the cache (or ValueError)
     slots = slots.to(device=device, dtype=torch.int64)
-    if slots.shape != (count,) or int(slots.min()) < 0 or int(slots.max()) >= rows or len(slots.unique()) != count:
+    if given and (slots.shape != (count,) or int(slots.min()) < 0 or int(slots.max()) >= rows
+                  or len(slots.unique()) != count):
         raise ValueError(f"the probe needs {count} distinct slots of the cache's {rows}")
     unjudged = Probe(call, probe_batches(call, device, slots), cache, slots, math.nan, math.nan)
-    own = Fit.worst(fit(out, b.expected, len(b.order))
-                    for b, out in run_probe(reference, unjudged, range(len(unjudged.batches))))
+    own = worst_fit(run_probe(reference, unjudged, range(len(unjudged.batches))))
     if not math.isfinite(own.deviation):
         raise ValueError(f"the reference kernel's own output is {own.deviation} off the dense result")
     return Probe(call, unjudged.batches, cache, slots, band(own.deviation, call.out_dtype),
@@ -504,11 +529,13 @@ def measure_all(kernels: MLAKernels, calls: Iterable[DecodeCall], device: torch.
 def measure_both(kernels: MLAKernels, remedy: TritonDecode | None, calls: Iterable[DecodeCall],
                  device: torch.device | str, clock: Callable[[], float] = time.monotonic,
                  cache: torch.Tensor | None = None, *, aiter_at: Iterable[int] | None = None,
-                 remedy_at: Iterable[int] | None = None) -> tuple[dict[int, Measured], dict[int, Measured], float]:
+                 remedy_at: Iterable[int] | None = None,
+                 remedy_where_needed: bool = False) -> tuple[dict[int, Measured], dict[int, Measured], float]:
     """AITER's kernels and the remedy (vLLM's Triton decode; None: it could not be loaded) measured on
     each call's one probe, keyed by query length, and the seconds it all took. ``aiter_at`` and
     ``remedy_at``: the query lengths each kernel is measured at (None: every call's); the others are
-    left out of the answer."""
+    left out of the answer. ``remedy_where_needed``: the remedy only where AITER is not measured here
+    or is measured not served (where it would serve this process)."""
     started = clock()
     aiter: dict[int, Measured] = {}
     triton: dict[int, Measured] = {}
@@ -527,7 +554,8 @@ def measure_both(kernels: MLAKernels, remedy: TritonDecode | None, calls: Iterab
             continue
         if call.qlen in aiter_at:
             aiter[call.qlen] = measure(kernels, call, device, probe=probe)
-        if call.qlen in remedy_at:
+        served_here = call.qlen in aiter and aiter[call.qlen].outcome.served
+        if call.qlen in remedy_at and not (remedy_where_needed and served_here):
             triton[call.qlen] = (measure(remedy, call, device, probe=probe) if remedy is not None
                                  else Measured(Outcome.RAISED, math.nan, probe.band, "not loaded", bound=probe.bound))
     return aiter, triton, clock() - started

@@ -3,14 +3,17 @@ that aborts the process, faults the GPU or hangs ends this child, not the server
 starts it and reads what it reports).
 
     python -m vllm_aiter_mla.measure_child --factory MODULE:FUNCTION --device cuda:0 --splits 4 \\
-        --call HEADS,QLEN,Q_DTYPE,KV_DTYPE,OUT_DTYPE,PERSISTENT ... --task KIND:QLEN ...
+        --call HEADS,QLEN,Q_DTYPE,KV_DTYPE,OUT_DTYPE,PERSISTENT ... --task KIND:QLEN ... [--no-warm]
 
 It loads the kernels through the factory (``PRODUCTION``, ``upstream_kernels.production``: AITER's
 kernels as ``kernels.load_kernels`` loads them, vLLM's Triton decode as
 ``upstream_kernels.load_triton_decode`` does; a test names a stand-in of its own), then measures
 each task, a kernel (``aiter`` or ``triton``) at a query length, in the order given, each as the
 server measures it (``measure.prepare`` and ``measure.measure``: one probe per call, shared by both
-kernels). Before each task it prints ``LINE {"begin": [kind, qlen]}`` and after it ``LINE {"done":
+kernels). On a GPU it first compiles the remedy's Triton kernels for all its tasks side by side, one
+thread a task, launching nothing (``warm_up``: Triton compiles in parallel that way, and they are most
+of a first measurement), between ``LINE {"warm": [...]}`` and ``LINE {"warmed": [...]}``; ``--no-warm``
+leaves that out. Before each task it prints ``LINE {"begin": [kind, qlen]}`` and after it ``LINE {"done":
 [kind, qlen], "measured": ...}`` (``measure.measured_data``), each line flushed at once, so that
 whatever ends the child, the tasks it finished and the one it was in are known. Everything else it
 prints is the kernels' own output. Once its reports are out it ends at once (``end``: no interpreter
@@ -20,12 +23,15 @@ teardown for the parent to wait for).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import inspect
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -74,9 +80,12 @@ def task_from(text: str) -> Task:
 
 
 def command(factory: str, calls: Sequence[measure.DecodeCall], tasks: Sequence[Task], splits: int,
-            device: torch.device | str) -> list[str]:
-    """The child's command line: this Python, this module."""
+            device: torch.device | str, warm: bool = True) -> list[str]:
+    """The child's command line: this Python, this module. ``warm``: the remedy's Triton kernels compiled
+    side by side first (``warm_up``)."""
     argv = [sys.executable, "-m", __name__, "--factory", factory, "--device", str(device), "--splits", str(splits)]
+    if not warm:
+        argv.append("--no-warm")
     for call in calls:
         argv += ["--call", call_text(call)]
     for kind, qlen in tasks:
@@ -84,27 +93,92 @@ def command(factory: str, calls: Sequence[measure.DecodeCall], tasks: Sequence[T
     return argv
 
 
+def _load(loaded: dict, factory: Factory, kind: str, splits: int):
+    if kind not in loaded:
+        try:
+            loaded[kind] = factory(kind, splits)
+        except Exception as exc:  # noqa: BLE001  (measured as raising: nothing it loads serves)
+            loaded[kind] = exc
+    return loaded[kind]
+
+
+def _probe(probes: dict, call: measure.DecodeCall, device: torch.device | str):
+    if call.qlen not in probes:
+        try:
+            probes[call.qlen] = measure.prepare(call, device)
+        except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
+            probes[call.qlen] = exc
+    return probes[call.qlen]
+
+
+@contextlib.contextmanager
+def triton_compile_only() -> Iterator[bool]:
+    """For the length of the block, every Triton kernel launch (``kernel[grid](...)``) in this process
+    compiles the kernel for its arguments and launches nothing (Triton's own ``warmup``); yields whether
+    that could be arranged (False: no Triton, or one without that interface)."""
+    try:
+        from triton.runtime.jit import KernelInterface  # noqa: PLC0415
+    except ImportError:
+        yield False
+        return
+    launch = KernelInterface.__dict__.get("__getitem__")
+    if launch is None or "warmup" not in inspect.signature(KernelInterface.run).parameters:
+        yield False
+        return
+
+    def compile_only(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    KernelInterface.__getitem__ = compile_only
+    try:
+        yield True
+    finally:
+        KernelInterface.__getitem__ = launch
+
+
+def warm_up(remedy: TritonDecode, probes: Sequence[measure.Probe]) -> bool:
+    """The remedy's Triton kernels for each probe compiled side by side, one thread a probe (Triton's
+    compiles run in parallel that way; in sequence they are most of a first measurement), launching
+    nothing: no kernel runs before its measurement, whose first call stays its first. Whether it could
+    be done (``triton_compile_only``). A call that raises here raises again when measured."""
+    with triton_compile_only() as compiling:
+        if not compiling:
+            return False
+        threads = [threading.Thread(target=_compile, args=(remedy, probe), daemon=True) for probe in probes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return True
+
+
+def _compile(remedy: TritonDecode, probe: measure.Probe) -> None:
+    with contextlib.suppress(Exception):  # measured (as raising) in its turn
+        measure.run_probe(remedy, probe, runs=(0,))
+
+
 def run_tasks(factory: Factory, calls: Sequence[measure.DecodeCall], tasks: Sequence[Task], splits: int,
-              device: torch.device | str, report: Callable[[dict], None]) -> None:
+              device: torch.device | str, report: Callable[[dict], None], warm: bool = True) -> None:
     """Measure each task in order, reporting its beginning and its outcome. A kernel that cannot be
-    loaded, a probe that cannot be made and a call that raises are outcomes (``raised``)."""
+    loaded, a probe that cannot be made and a call that raises are outcomes (``raised``). ``warm``: on
+    a GPU, the remedy's kernels for its tasks are first compiled side by side (``warm_up``), between a
+    ``warm`` and a ``warmed`` report (where the child ends in between, the parent measures those tasks
+    again in a child that does not warm up)."""
     by_qlen = {call.qlen: call for call in calls}
     loaded: dict[str, MLAKernels | TritonDecode | Exception] = {}
     probes: dict[int, measure.Probe | Exception] = {}
+    remedy_tasks = [(kind, qlen) for kind, qlen in tasks if kind == "triton"]
+    if warm and torch.device(device).type == "cuda" and len(remedy_tasks) > 1:
+        report({"warm": [list(task) for task in remedy_tasks]})
+        remedy = _load(loaded, factory, "triton", splits)
+        ready = [_probe(probes, by_qlen[q], device) for _, q in remedy_tasks]
+        if isinstance(remedy, TritonDecode):
+            warm_up(remedy, [p for p in ready if not isinstance(p, Exception)])
+        report({"warmed": [list(task) for task in remedy_tasks]})
     for kind, qlen in tasks:
         report({"begin": [kind, qlen]})
         call = by_qlen[qlen]
-        if kind not in loaded:
-            try:
-                loaded[kind] = factory(kind, splits)
-            except Exception as exc:  # noqa: BLE001  (measured as raising: nothing it loads serves)
-                loaded[kind] = exc
-        if qlen not in probes:
-            try:
-                probes[qlen] = measure.prepare(call, device)
-            except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
-                probes[qlen] = exc
-        kernels, probe = loaded[kind], probes[qlen]
+        kernels, probe = _load(loaded, factory, kind, splits), _probe(probes, call, device)
         if isinstance(kernels, Exception):
             found = measure.Measured(measure.Outcome.RAISED, math.nan, math.nan,
                                      f"loading it: {measure.one_line(kernels)}")
@@ -129,6 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--splits", type=int, required=True)
     parser.add_argument("--call", action="append", default=[], type=call_from)
     parser.add_argument("--task", action="append", default=[], type=task_from)
+    parser.add_argument("--no-warm", dest="warm", action="store_false")
     return parser.parse_args(argv)
 
 
@@ -137,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    run_tasks(factory_of(args.factory), args.call, args.task, args.splits, device, _print)
+    run_tasks(factory_of(args.factory), args.call, args.task, args.splits, device, _print, args.warm)
     return 0
 
 
