@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 import threading
 import urllib.parse
@@ -15,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import urllib3
-from rocm_vllm_runtime import files, numbers, secrets, web
+from rocm_vllm_runtime import children, files, numbers, secrets, web
 
 from . import model
 from .model import PinError
@@ -38,14 +37,12 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
     # lowSpeed*: a server that accepts the connection and then stalls is cut off as well.
     cmd = ["git", "-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}", *args]
     where = secrets.masked_url(url or next((a for a in args if "://" in a), ""))
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=limit,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    except subprocess.TimeoutExpired:
+    proc = children.output(cmd, limit, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, cwd=cwd)
+    if proc.error:
+        raise PinError(f"cannot run git ({proc.error}): install git")
+    if proc.timed_out:
         raise PinError(f"git {args[0]} {where}: no answer within {limit:g}s: check the network or proxy "
-                       f"(or raise PINS_TIMEOUT)") from None
-    except OSError as exc:
-        raise PinError(f"cannot run git ({exc.strerror}): install git") from None
+                       f"(or raise PINS_TIMEOUT)")
     if proc.returncode != 0:
         last = secrets.masked_url(proc.stderr.strip().splitlines()[-1]) if proc.stderr.strip() else \
             f"exit status {proc.returncode}"
@@ -231,14 +228,13 @@ def image_digest(ref: str) -> str:
     """The digest of ref (its index where it has one), by `docker buildx imagetools inspect` (`docker login`)."""
     docker = os.environ.get("DOCKER") or "docker"
     argv = [docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout())
-    except FileNotFoundError:
-        raise PinError(f"{docker}: not found: resolve base-image reads the digest with `docker buildx imagetools "
-                       "inspect` (install Docker with buildx, or set DOCKER)") from None
-    except subprocess.TimeoutExpired:
+    proc = children.output(argv, timeout())
+    if proc.error:
+        raise PinError(f"cannot run {docker} ({proc.error}): resolve base-image reads the digest with `docker buildx "
+                       "imagetools inspect` (install Docker with buildx, or set DOCKER)")
+    if proc.timed_out:
         raise PinError(f"{ref}: no answer within {timeout():g}s: check the network or proxy (or raise "
-                       "PINS_TIMEOUT)") from None
+                       "PINS_TIMEOUT)")
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise PinError(f"{ref}: {why}: check the image name and tag in versions.json base_image, `docker login` "
