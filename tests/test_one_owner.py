@@ -15,7 +15,8 @@ shell scripts line by line; every call of a kind below must stand in its owner's
   rocm_vllm_runtime.children._spawn.
 * joining a path from data (`path / f"..."`, os.path.join of computed parts): files.inside.
 
-The build and pins tooling (ci/docker runs in build stages without the runtime package; ci/pins) and
+The build tooling (ci/docker runs in build stages without the runtime package), the pin tool (its
+writes of versions.json, the build files and the locks, all or none; uv with its input on stdin) and
 the backend (a package of its own) keep a few uses: each is counted in KNOWN below, per file and
 kind with its reason, so that a further one fails as any other does, and a KNOWN entry whose uses
 are gone fails until it is removed.
@@ -55,8 +56,8 @@ DOORS = ("files.", "children.")
 EVERYWHERE = ("delete", "replace", "spawn", "write", "join")
 IN_IMAGE = ("runtime/src/", "backend/src/")
 
-# (file, kind) -> (how many, why): uses outside the owners, in tooling that cannot import the
-# runtime package. A further use in these files fails the test as one in any other file does.
+# (file, kind) -> (how many, why): uses outside the owners, each with its reason. A further use in
+# these files fails the test as one in any other file does.
 KNOWN = {
     ("ci/pins/model.py", "delete"): (1, "versions.json's writer drops its own temporary file on failure"),
     ("ci/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
