@@ -145,6 +145,9 @@ MAX_TOKENS = 32
 SCHEDULES = ("waves", "sequential", "shared-prefix", "brief")
 BRIEF_PROMPTS = (0, 2)  # brief: two requests (1 and 200 prompt tokens) together, BRIEF_TOKENS each
 BRIEF_TOKENS = 8
+# sequential: the first prompts one at a time (1 to 200 tokens long), as a client sending one request after
+# another; each request decodes alone, so every request costs a whole run of decode steps
+SEQUENTIAL_PROMPTS = 4
 FAULTS = ("none", "last-slot-off-by-one")
 
 
@@ -254,7 +257,7 @@ def serve_schedule(engine, schedule: str) -> dict[str, dict]:
             engine.add_request(str(i), {"prompt_token_ids": all_prompts[i]}, params)
         drain()
     elif schedule == "sequential":
-        for i, prompt in enumerate(all_prompts):
+        for i, prompt in enumerate(all_prompts[:SEQUENTIAL_PROMPTS]):
             engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
             drain()
     else:
@@ -377,9 +380,9 @@ def main() -> None:
     ap.add_argument("--backend", choices=["ours", "cpu_mla"], required=True)
     ap.add_argument("--plan", required=True, help="JSON list of runs: name, model, dtype, schedule "
                     f"({'|'.join(SCHEDULES)}), fault ({'|'.join(FAULTS)}); waves: the second half arrives "
-                    "while the first decodes; sequential: one request at a time (what a client sending one "
-                    "request after another sees); shared-prefix: requests on one cached prefix, prefix caching "
-                    "on, a small KV cache; brief: two requests together, a few tokens each")
+                    "while the first decodes; sequential: the first prompts, one request at a time (what a client "
+                    "sending one request after another sees); shared-prefix: requests on one cached prefix, prefix "
+                    "caching on, a small KV cache; brief: two requests together, a few tokens each")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 

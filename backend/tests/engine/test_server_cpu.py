@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine_setup import engine_env
-from engine_driver import prompts
+from engine_driver import SEQUENTIAL_PROMPTS, prompts
 from engine_report import REPORT
 
 pytestmark = pytest.mark.engine
@@ -119,7 +119,8 @@ def test_server_completions_equal_offline_engine_and_stop_cleanly(server, engine
     # The client sends one request after another: compare with the offline engine
     # serving the same requests one at a time (same batch shapes, same arithmetic).
     offline = engine_runs.get("ours", schedule="sequential")["results"]
-    for i, prompt in enumerate(prompts()):
+    assert sorted(offline, key=int) == [str(i) for i in range(SEQUENTIAL_PROMPTS)]
+    for i, prompt in enumerate(prompts()[:SEQUENTIAL_PROMPTS]):
         assert completion(server["base"], prompt) == offline[str(i)]["token_ids"], f"request {i}"
 
     proc, pgid = server["proc"], server["pgid"]
@@ -136,7 +137,7 @@ def test_server_completions_equal_offline_engine_and_stop_cleanly(server, engine
         pid, count = line.split(" decode_calls=")
         per_pid[pid] = max(per_pid.get(pid, 0), int(count))
     calls = sum(per_pid.values())
-    REPORT.append(f"server: healthy after {server['start_s']:.1f}s, {len(prompts())} completions equal offline, "
+    REPORT.append(f"server: healthy after {server['start_s']:.1f}s, {SEQUENTIAL_PROMPTS} completions equal offline, "
                   f"decode calls {calls}, exit code {proc.returncode}")
     assert calls > 0
     log = server["log"].read_text()
