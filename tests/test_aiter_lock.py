@@ -14,10 +14,10 @@ import copy
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 import pypi_standin
 import therock_standin
@@ -171,7 +171,7 @@ def test_verify_holds_a_pinned_lock_to_its_file_and_the_field_to_its_schema(data
 def venv(tmp_path):
     """A fresh environment as the aiter-wheel stage's Python, without AITER's requirements."""
     env = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", env], check=True)
+    make_venv(env)
     return env
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 from build_script_env import install_script_requirements, wheelhouse
 from git_repo import commit_all, git, new_repo
@@ -150,9 +151,7 @@ def test_ca_bundle_exported_in_one_place_only(tmp_path):
 def venv(tmp_path, tmp_path_factory):
     """A fresh environment as the base image's torch stage has it before torch: Python, pip and
     the build scripts' requirements; `install` adds metadata-only wheels."""
-    env = tmp_path / "venv"
-    assert subprocess.run([sys.executable, "-m", "venv", env], capture_output=True).returncode == 0
-    py = env / "bin/python"
+    py = make_venv(tmp_path / "venv")
     install_script_requirements(py, wheelhouse(tmp_path_factory))
 
     def install(*specs):

@@ -13,10 +13,10 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 import therock_standin as standin
 from build_script_env import install_script_requirements, wheelhouse
@@ -165,7 +165,7 @@ def lock_text(data, track, indexes):
 def venv(tmp_path, tmp_path_factory):
     """A fresh environment as the torch stage starts from: Python, pip and the scripts' packaging."""
     env = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", env], check=True)
+    make_venv(env)
     install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
     return env
 

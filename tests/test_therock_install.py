@@ -9,11 +9,11 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci/docker/install_lock.sh"
@@ -60,7 +60,7 @@ def indexes(tmp_path_factory):
     other = index(root / "pypi", "pypi", {**WHEELS, "rocm-sdk-devel": "10.0.0"})
     index(root / "pypi-newer", "pypi", {name: "99.0" for name in WHEELS})
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    make_venv(venv)
     return {"release": release, "pypi": other, "pypi-newer": root / "pypi-newer/simple", "root": root,
             "python": venv / "bin/python"}
 

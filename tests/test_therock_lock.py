@@ -10,10 +10,10 @@ import copy
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 import therock_standin as standin
 from ci.pins import locks, model
@@ -67,7 +67,7 @@ def test_the_lock_installs_offline_by_hash(indexes, data, tmp_path):
     lock = tmp_path / model.therock_lock_name(track)
     lock.write_text(text)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    make_venv(venv)
     proc = subprocess.run(["bash", ROOT / "ci/docker/install_lock.sh", lock, indexes["release"].as_uri(),
                            hashlib.sha256(text.encode()).hexdigest()],
                           env={**os.environ, "PYTHON": str(venv / "bin/python"),

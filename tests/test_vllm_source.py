@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 from build_script_env import install_script_requirements, wheelhouse
 from ci.pins import discover, model
@@ -179,7 +180,7 @@ def pinned_env(versions, track, tmp_path_factory):
     }
     base = tmp_path_factory.mktemp("pinned-env")
     env = base / "venv"
-    assert run([sys.executable, "-m", "venv", env]).returncode == 0
+    make_venv(env)
     install_script_requirements(env / "bin/python", wheelhouse(tmp_path_factory))
     stubs = base / "stubs"
     stubs.mkdir()
