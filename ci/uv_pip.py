@@ -18,10 +18,10 @@ environment).
 * cert, timeout (a whole number of seconds for uv, rounded up) and proxy: SSL_CERT_FILE,
   UV_HTTP_TIMEOUT and HTTPS_PROXY/HTTP_PROXY, each where uv's own is unset.
 
-Standard library only, and the runtime's children, numbers and secrets modules, loaded by
-ci/runtime_modules.py: ci/test.sh runs it before the test environment has the repository's packages.
+Standard library only, and the runtime's children, numbers and secrets modules: ci/test.sh runs it
+before the test environment has the repository's packages, with runtime/src on PYTHONPATH.
 
-    python3 ci/uv_pip.py [--torch] UV pip install ARGS...
+    python3 -m ci.uv_pip [--torch] UV pip install ARGS...
 
 runs `UV pip install ARGS...` with those sources added and that environment (--torch: with torch's
 CPU sources too).
@@ -35,13 +35,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-if __package__ in (None, ""):  # run as a script: ci/ is on sys.path, the repository root is not
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ci import runtime_modules  # noqa: E402
-
-children = runtime_modules.module("children")
-numbers = runtime_modules.module("numbers")
-secrets = runtime_modules.module("secrets")
+from rocm_vllm_runtime import children, numbers, secrets
 
 # Where torch's CPU build comes from when no wheelhouse is configured (find-links).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -190,7 +184,7 @@ def command(argv: Sequence[str], settings: Mapping[str, str]) -> list[str]:
     if with_torch:
         args = args[1:]
     if len(args) < 3 or args[1:3] != ["pip", "install"]:
-        raise SystemExit("usage: python3 ci/uv_pip.py [--torch] UV pip install ARGS...")
+        raise SystemExit("usage: python3 -m ci.uv_pip [--torch] UV pip install ARGS...")
     sources = torch_sources(settings) if with_torch else pip_sources(settings)
     if any(a == "--index-strategy" or a.startswith("--index-strategy=") for a in args):
         sources = _without_strategy(sources)  # the caller's own choice

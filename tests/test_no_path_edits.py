@@ -16,9 +16,6 @@ EDITS = {"insert", "append", "extend", "remove"}
 
 # file -> (how many, why)
 ALLOWED = {
-    "ci/uv_pip.py": (1, "run as a script by ci/test.sh, which puts ci/ on the path, not the repository root"),
-    "ci/runtime_modules.py": (1, "ci/uv_pip.py's runtime modules from this checkout: ci/test.sh runs uv_pip before "
-                                 "the test environment has the runtime"),
     "ci/docker/vllm_requirements.py": (1, "its siblings lock_lines.py and pinned_dists.py, also where the tests "
                                           "import it as ci.docker.vllm_requirements"),
 }

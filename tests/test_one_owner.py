@@ -64,8 +64,6 @@ KNOWN = {
     ("ci/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
     ("ci/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
     ("ci/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
-    ("ci/runtime_modules.py", "join"): (1, "the runtime module ci/uv_pip.py names (children, numbers, secrets), "
-                                           "found in this checkout's runtime/src: a name from the code, not data"),
     ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
     ("ci/docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
     ("ci/docker/ray_layer.py", "write"): (2, "the constraints and requirements pip installs the Ray layer with, in "

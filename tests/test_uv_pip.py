@@ -139,7 +139,10 @@ def test_the_command_line_runs_uv_with_the_sources_and_environment(tmp_path):
                     f"'timeout': os.environ.get('UV_HTTP_TIMEOUT')}}, open({str(seen)!r}, 'w'))\n")
     fake.chmod(0o755)
     env = _environment(tmp_path, "[global]\ncert = /etc/ca.pem\nextra-index-url = https://extra.example/simple\n")
-    proc = subprocess.run([sys.executable, ROOT / "ci/uv_pip.py", "--torch", fake, "pip", "install", "-r", "x.lock"],
+    # as ci/test.sh runs it: a module of the repository root, the runtime's modules from their source folder
+    env["PYTHONPATH"] = str(ROOT / "runtime/src")
+    run_module = [sys.executable, "-m", "ci.uv_pip"]
+    proc = subprocess.run([*run_module, "--torch", fake, "pip", "install", "-r", "x.lock"], cwd=ROOT,
                           env={**env, "PIP_DEFAULT_TIMEOUT": "59.1"}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(seen.read_text()) == {
@@ -151,8 +154,7 @@ def test_the_command_line_runs_uv_with_the_sources_and_environment(tmp_path):
                                "error: PIP_DEFAULT_TIMEOUT='90000'"),  # pip takes it, uv is bounded
                               ([fake, "pip", "install"], {"PIP_DEFAULT_TIMEOUT": "soon"},  # pip's own refusal
                                "error: cannot read pip's settings with ")):
-        proc = subprocess.run([sys.executable, ROOT / "ci/uv_pip.py", *argv], env={**env, **extra},
-                              capture_output=True, text=True)
+        proc = subprocess.run([*run_module, *argv], cwd=ROOT, env={**env, **extra}, capture_output=True, text=True)
         assert proc.returncode == 1 and proc.stderr.startswith(says), proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "default-timeout" in proc.stderr  # pip's words, naming the setting
