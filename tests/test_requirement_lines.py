@@ -13,14 +13,7 @@ DOCKER = Path(__file__).resolve().parents[1] / "ci" / "docker"
 HASH = "sha256:" + "0" * 64
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("vllm_requirements_lines", DOCKER / "vllm_requirements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vr = load()
+vr = importlib.import_module("ci.docker.vllm_requirements")
 
 
 def write(path: Path, text: str) -> Path:

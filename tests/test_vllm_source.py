@@ -69,10 +69,7 @@ def named_vllm_paths() -> set[str]:
 
 
 def _vr():
-    spec = importlib.util.spec_from_file_location("vllm_requirements", DOCKER / "vllm_requirements.py")
-    vr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vr)
-    return vr
+    return importlib.import_module("ci.docker.vllm_requirements")
 
 
 def test_every_vllm_file_the_scripts_name_exists(vllm_src):

@@ -26,9 +26,12 @@ except ImportError:
              "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
 
 # Beside this file: pip's line joining (lock_lines.py), the one reader of installed metadata (pinned_dists.py).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lock_lines import logical_lines  # noqa: E402
-from pinned_dists import Problem, exact_version, shown  # noqa: E402
+if __package__:  # imported as ci.docker.vllm_requirements (the tests)
+    from .lock_lines import logical_lines
+    from .pinned_dists import Problem, exact_version, shown
+else:  # run as a script in a build stage: Python puts its folder first on the path
+    from lock_lines import logical_lines
+    from pinned_dists import Problem, exact_version, shown
 
 # The first a source has: rocm.txt up to 0.33, rock.txt (TheRock) alone in 0.34.
 BUILD_REQUIREMENTS = ("requirements/build/rocm.txt", "requirements/build/rock.txt")
