@@ -54,6 +54,20 @@ def version(name: str) -> str | None:
     return str(found).strip() if found else ""
 
 
+def installed(normalized) -> dict[str, str]:
+    """Every installed distribution with a name and a version: normalized(NAME) -> VERSION, the first of a
+    name on sys.path (the one Python imports)."""
+    found: dict[str, str] = {}
+    for dist in md.distributions():
+        try:
+            name, found_version = dist.metadata["Name"], dist.version
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError among them
+            raise unreadable(str(getattr(dist, "_path", "a distribution")), exc) from None
+        if name and found_version:
+            found.setdefault(normalized(name), found_version)
+    return found
+
+
 def unreadable(name: str, exc: Exception) -> Problem:
     why = f"is not UTF-8 text (byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc})"
     return Problem(f"the package metadata of the installed {name} {why}: reinstall it")

@@ -15,7 +15,6 @@ Standard library only: it runs in the vLLM image being built. Errors: one line `
 """
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import re
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lock_lines
+import pinned_dists
 
 LOCK_COMMAND = "python3 -m ci.pins lock ray"
 IMPORT_TIMEOUT_S = 300
@@ -39,13 +39,9 @@ def normalized(name: str) -> str:
 
 
 def held() -> dict[str, str]:
-    """NAME -> VERSION of every installed distribution, the first of a name on sys.path."""
-    found: dict[str, str] = {}
-    for dist in md.distributions():
-        name = dist.metadata["Name"]
-        if name and dist.version:
-            found.setdefault(normalized(name), dist.version)
-    return found
+    """NAME -> VERSION of every installed distribution, the first of a name on sys.path, as the build
+    scripts' one reader of installed metadata (pinned_dists.py, beside this file) reads them."""
+    return pinned_dists.installed(normalized)
 
 
 def constraints(installed: dict[str, str]) -> str:
