@@ -146,8 +146,9 @@ def pushed_settings(targets: dict) -> dict[str, dict]:
 
 def publish_print(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     results = tmp_path / "results"
-    env = {**os.environ, "PUBLISH": "print", "REGISTRY": "registry.example/team", "GIT_SHA": SHA,
-           "RESULTS_DIR": str(results), **settings}
+    # python3 with the runtime package first on PATH, as under uv run --locked --project ci/pins
+    env = {**os.environ, "PATH": f"{TOOLS_BIN}:{os.environ['PATH']}", "PUBLISH": "print",
+           "REGISTRY": "registry.example/team", "GIT_SHA": SHA, "RESULTS_DIR": str(results), **settings}
     for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG", "PUSH", "ATTEST", "CACHE_FROM", "CACHE_TO"):
         if name not in settings:
             env.pop(name, None)
