@@ -10,7 +10,6 @@ asserted.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from processes import running
 
 from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pythonpath
 
@@ -93,9 +93,4 @@ def test_a_server_that_selects_another_backend_fails_its_run(tmp_path: Path) -> 
     assert pids and not [p for p in pids if alive(p)], "the benchmark left server processes behind"
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+alive = running  # tests/processes.py: a zombie has ended

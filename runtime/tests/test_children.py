@@ -13,20 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import running
 
 SLEEPER = "import os, time, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(600)"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie of an exited child counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+_alive = running  # tests/processes.py: a zombie of an exited child counts as gone
 
 
 def _wait_for_pid(proc: subprocess.Popen, pid_file: Path) -> int:
@@ -338,10 +330,18 @@ def test_a_signal_during_the_grace_period_does_not_cut_the_clean_up_short(tmp_pa
                 time.sleep(0.05)
         else:
             proc.send_signal(signal.SIGINT)  # starts the clean-up
-        time.sleep(0.5)  # inside the grace period now
+        time.sleep(0.5)  # inside the grace period now (on an idle machine)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        # A signal that reaches Python while the one before is still unhandled merges with it, and on a busy
+        # machine half a second may not see the first one handled: another Ctrl-C each second until it ends.
+        while True:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - t0 > 60:
+                    raise
         took = time.monotonic() - t0
         assert _gone(server, 5.0), f"the server outlived a Ctrl-C during its grace period ({entry})"
         assert took < 20, f"the clean-up waited {took:.0f}s after a Ctrl-C during its grace period"

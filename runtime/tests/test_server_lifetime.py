@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import running
 
 from rocm_vllm_runtime import bench
 
@@ -89,12 +90,7 @@ CALLS = {
 }
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+_alive = running  # tests/processes.py: a zombie has ended
 
 def sigterm_ends_both(proc: subprocess.Popen, server: int, server_s: float, why: str) -> None:
     """SIGTERM to the tool: it exits by it, and its server is gone within ``server_s`` seconds."""

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import group_running
 
 from engine_setup import engine_env
 from engine_driver import SEQUENTIAL_PROMPTS, prompts
@@ -55,19 +56,7 @@ def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> float:
     pytest.fail(f"server not healthy after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs. A zombie has ended: where this test's process is a
-    subreaper (rocm_vllm_runtime.children makes it one when another test of the lane used it), an
-    orphan of the server is re-parented here and stays a zombie until reaped, and kill(0) finds it."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # ended meanwhile
-        state, _ppid, group = text[text.rindex(")") + 2:].split()[:3]
-        if int(group) == pgid and state != "Z":
-            return True
-    return False
+group_alive = group_running  # tests/processes.py: a zombie of the group has ended
 
 
 @pytest.fixture(scope="module")
