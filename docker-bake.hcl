@@ -68,18 +68,24 @@ function "under" {
   result = { for key, value in flat : element(split("/", key), 1) => value if element(split("/", key), 0) == prefix }
 }
 
-// The track's build args as rendered: its own AITER pin and ALLOW_UNRESOLVED=0.
+// The track's build args as rendered: its own AITER pin and ALLOW_UNRESOLVED=0. Read once, as a
+// variable's value (bake evaluates a function at every use: the lookup in every attribute made one bake
+// --print take seconds).
+variable "track_build_args" { default = under(build_args, known_track()) }
 function "track_args" {
   params = []
-  result = under(build_args, known_track())
+  result = track_build_args
 }
 
 // Every pin's build arg for the track and AITER_PIN; with ALLOW_UNRESOLVED=1 the image without its
 // missing digest. Settings (GPU_ARCHS, ...) are bake variables of their own.
+variable "pin_build_args" {
+  default = merge(track_build_args, under(aiter_pin_args, known_aiter_pin()),
+    ALLOW_UNRESOLVED == "1" ? under(build_args_unresolved_allowed, known_track()) : {})
+}
 function "pin_args" {
   params = []
-  result = merge(track_args(), under(aiter_pin_args, known_aiter_pin()),
-    ALLOW_UNRESOLVED == "1" ? under(build_args_unresolved_allowed, known_track()) : {})
+  result = pin_build_args
 }
 
 // Tags of a target. Local (PUSH=0): <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default
