@@ -70,7 +70,7 @@ function "under" {
 
 // The track's build args as rendered: its own AITER pin and ALLOW_UNRESOLVED=0. Read once, as a
 // variable's value (bake evaluates a function at every use: the lookup in every attribute made one bake
-// --print take seconds).
+// --print take seconds). Lower case, as the pins file's: data, not a setting.
 variable "track_build_args" { default = under(build_args, known_track()) }
 function "track_args" {
   params = []

@@ -292,7 +292,9 @@ def test_ray_install_script_pins_hashes_and_holds_the_image():
     assert "--no-deps" not in pip and "--ignore-installed" not in pip and "--upgrade" not in pip
     layer = (ROOT / "ci/docker/ray_layer.py").read_text()  # its decisions: what is held, what may be installed
     assert '"$here/ray_layer.py" plan' in script and '"$here/ray_layer.py" check' in script
-    assert "md.distributions()" in layer and "only" in layer
+    # every installed distribution is held, read by the build scripts' one reader of installed metadata
+    assert "pinned_dists.installed(" in layer and "only" in layer
+    assert "md.distributions()" in (ROOT / "ci/docker/pinned_dists.py").read_text()
 
 
 @pytest.mark.parametrize("lock_text", [None, "msgpack==1.2.4 \\\n    --hash=sha256:" + "a" * 64 + "\n",

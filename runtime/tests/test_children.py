@@ -316,12 +316,19 @@ STOPPING = {
 }
 
 
+def _sigint_acts() -> None:
+    """A user's Ctrl-C reaches a process whose SIGINT acts. A test lane's process may hold SIGINT ignored
+    (something run in it before set SIG_IGN), exec keeps that, and Python then installs no KeyboardInterrupt:
+    the supervisor would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("entry", list(STOPPING))
 def test_a_signal_during_the_grace_period_does_not_cut_the_clean_up_short(tmp_path, entry):
     pid_file, marker = tmp_path / "server.pid", tmp_path / "marker"
     script = STOPPING[entry].format(hang=HANGS_ON_STOP)
     proc = subprocess.Popen([sys.executable, "-c", script, str(pid_file), str(marker)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_acts)
     try:
         server = _wait_for_pid(proc, pid_file)
         if entry == "started":
