@@ -165,7 +165,8 @@ def test_the_guard_command_keeps_the_folder_and_says_so_in_one_line(tmp_path, mo
     monkeypatch.setattr(jitcache, "aiter_prebuilt_dir", lambda: prebuilt)
     monkeypatch.setattr(jitcache, "run_key", lambda: "k1")
     for name, value in {"AITER_JIT_DIR": str(mine), "TMPDIR": str(tmp_path / "tmp"), "ROCM_VLLM_REQUIRE_GPU": "0",
-                        "ROCM_VLLM_MANIFEST": str(tmp_path / "absent.json")}.items():
+                        "ROCM_VLLM_MANIFEST": str(tmp_path / "absent.json"),
+                        "ROCM_VLLM_JIT_CACHE": str(tmp_path / "volume")}.items():
         monkeypatch.setenv(name, value)
     assert guard.main(["--mode", "exec"]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if str(mine / "build") in line]

@@ -339,5 +339,5 @@ def test_a_manifest_that_is_no_json_text_is_one_line_everywhere(tmp_path, conten
     guard = subprocess.run([bare_python(), "-B", "-s", "-m", "rocm_vllm_runtime.guard", "--mode", "exec"],
                            capture_output=True, text=True, cwd=tmp_path,
                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": source_path(tmp_path), mf.MANIFEST_ENV: str(bad),
-                                "ROCM_VLLM_REQUIRE_GPU": "0"})
+                                "ROCM_VLLM_REQUIRE_GPU": "0", "ROCM_VLLM_JIT_CACHE": str(tmp_path / "caches")})
     assert guard.returncode in (0, 1) and "Traceback" not in guard.stderr, guard.stderr
