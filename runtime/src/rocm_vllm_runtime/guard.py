@@ -373,16 +373,16 @@ def _jit_cache_problem(decision: Decision, level: str, message: str) -> None:
     decision.log.append(f"warning: {message}")
 
 
-def _prepare_volume_caches(decision: Decision) -> str:
+def _prepare_volume_caches(decision: Decision) -> list[str]:
     """Side effect: create the other caches' folders on the volume; one that cannot be made is not exported
     (its program then uses its own default in the container: made again at each start), with a warning.
-    Returns what the cache line says of those made."""
-    made = ""
+    Returns what the cache line says of each made."""
+    made = []
     for name, path in decision.cache_dirs.items():
         what = jitcache.VOLUME_CACHES[name][1]
         try:
             jitcache.prepare(path, None)
-            made += f", {what} in {path}"
+            made.append(f"{what} in {path}")
         except OSError as exc:
             decision.env.pop(name, None)
             decision.log.append(f"warning: cannot create the folder of {what} {path} ({exc.strerror or exc}); "
@@ -399,7 +399,7 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
         return
     if not decision.jit_dir:
         if caches:
-            decision.log.append(f"caches: {caches.removeprefix(', ')} (no AITER in this image; mount a volume at "
+            decision.log.append(f"caches: {', '.join(caches)} (no AITER in this image; mount a volume at "
                                 f"{decision.jit_mount} to keep them)")
         return
     prebuilt = jitcache.aiter_prebuilt_dir()
@@ -430,8 +430,9 @@ def apply_jit_cache(decision: Decision, level: str) -> None:
         _jit_cache_problem(decision, level, message)
         return
     builds = f"; AITER builds, with their lock files, in {build} (this container run's own)" if build else ""
+    others = "".join(f", {made}" for made in caches)
     decision.log.append(
-        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{caches}{builds}; "
+        f"AITER JIT cache: {decision.jit_dir} ({linked} prebuilt modules linked{others}{builds}; "
         f"mount a volume at {decision.jit_mount} to keep modules compiled at run time)"
     )
 
