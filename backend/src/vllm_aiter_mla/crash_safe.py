@@ -420,6 +420,20 @@ def measure_and_agree(kernels, triton, calls: Sequence[measure.DecodeCall], devi
     return measured, remedied, seconds, (need, bad)
 
 
+def agree_unmeasured(measured: Mapping[int, measure.Measured], remedied: Mapping[int, measure.Measured],
+                     calls: Sequence[measure.DecodeCall], group) -> tuple[frozenset[int], frozenset[int]]:
+    """The exchanges ``measure_and_agree`` makes, for a rank that measures nothing here (its kernels did
+    not load, or measuring failed before it): the same first exchange (leaving nothing unmeasured) and,
+    where the agreed flags call for it, the same second one, so the group's exchanges stay in step.
+    Returns the group's (need, bad) flags."""
+    qlens = [c.qlen for c in calls]
+    flags = measure.local_flags(dict(measured), dict(remedied))
+    need, bad, left_somewhere = measure.agree_flags((*flags, frozenset()), qlens, group)
+    if need & left_somewhere:
+        need, bad = measure.agree_flags(flags, qlens, group)
+    return need, bad
+
+
 # ------------------------------------------------------------------------------ the layer's real cache
 
 def cache_unusable(cache: torch.Tensor, calls: Sequence[measure.DecodeCall]) -> str:
@@ -489,5 +503,5 @@ def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache
         measured = {q: failed if m.outcome.served else m for q, m in measured.items()}
         remedied = {q: failed if m.outcome is measure.Outcome.CORRECT else m for q, m in remedied.items()}
         where = f"the layer's KV cache ({measure.one_line(exc)})"
-    flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls), group)
+    flags = agree_unmeasured(measured, remedied, calls, group)
     return LayerResult(measured, remedied, seconds, flags, "", where)
