@@ -19,7 +19,7 @@ from adapter_kernels import use_kernels
 from test_measure import BF16, FP8, REFERENCE, nan_at, probes_made_once, raising  # noqa: F401  (a fixture)
 
 from mla_cases import KV_LORA_RANK, DecodeCase, dense_mla, make
-from vllm_aiter_mla import backend, crash_safe, measure_state, vllm_builtin
+from vllm_aiter_mla import backend, crash_safe, measure, measure_state, vllm_builtin
 from vllm_aiter_mla.decode import mla_decode
 from vllm_aiter_mla.kernels import MLAKernels
 from vllm_aiter_mla.persistent import allocate_work, plan_work
@@ -57,6 +57,8 @@ def fresh(monkeypatch, tmp_path):
     use_kernels(monkeypatch, load_triton_decode=lambda splits: dataclasses.replace(remedy, kv_splits=splits))
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
+    monkeypatch.setattr(measure_state, "_AHEAD", {})  # measurements begun at construction: this test's only
+    monkeypatch.setattr(crash_safe, "_BEGUN", {})
 
 
 def _own_path(monkeypatch, kernels: MLAKernels, qlen: int):
@@ -173,22 +175,161 @@ def test_a_measurement_is_made_once_per_process_failed_or_not(monkeypatch, fresh
     assert calls == [1, 2]  # each query length once, for every layer
 
 
-def test_the_routed_impl_never_hands_a_failing_layer_to_the_built_in(monkeypatch, fresh):
-    """The class vLLM instantiates: where AITER's calls fail it is the own impl, serving them with vLLM's
-    Triton decode (the built-in would make the same AITER calls); where the remedy fails too, it refuses."""
+def _routed_impl(monkeypatch, max_qlen: int):
+    """A layer's impl as vLLM constructs it (the class it instantiates), the built-in's own constructor and
+    weight processing left out (they import AITER and read the layer's weights)."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    monkeypatch.setattr(builtin.AiterMLAImpl, "__init__", lambda self, *a, **k: None)  # (it imports AITER)
-    monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _route_config(3))
-    use_kernels(monkeypatch, load_kernels=lambda: raising((1, 2, 3)))
+    monkeypatch.setattr(builtin.AiterMLAImpl, "__init__", lambda self, *a, **k: None)
+    monkeypatch.setattr(builtin.AiterMLAImpl, "process_weights_after_loading", lambda self, act_dtype: None,
+                        raising=False)
+    monkeypatch.setattr(backend, "get_current_vllm_config", lambda: _route_config(max_qlen))
     args = dict(num_heads=16, head_size=576, scale=0.1, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
                 kv_cache_dtype="fp8", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None)
-    impl = backend.AiterMLABackend.get_impl_cls()(**args)
-    assert isinstance(impl, backend.AiterMLAImpl) and impl._triton_qlens == {1, 2, 3}
+    return backend.AiterMLABackend.get_impl_cls()(**args)
+
+
+def test_the_routed_impl_never_hands_a_failing_layer_to_the_built_in(monkeypatch, fresh):
+    """The class vLLM instantiates: where AITER's calls fail it is the own impl, serving them with vLLM's
+    Triton decode once their measurement is collected after the weights are loaded (the built-in would make
+    the same AITER calls); where the remedy fails too, the server stops there, in one line."""
+    use_kernels(monkeypatch, load_kernels=lambda: raising((1, 2, 3)))
+    impl = _routed_impl(monkeypatch, 3)
+    assert isinstance(impl, backend.AiterMLAImpl) and impl._route_generation == backend.ROUTE_PENDING
+    impl.process_weights_after_loading(BF16)
+    assert impl._triton_qlens == {1, 2, 3}
     monkeypatch.setattr(measure_state, "_MEASURED", {})
     use_kernels(monkeypatch, load_triton_decode=lambda splits: remedy_standins.triton_standin(0.5))
-    with pytest.raises(ValueError, match="no decode kernel was measured right .* query length 1: AITER raised"):
-        backend.AiterMLABackend.get_impl_cls()(**args)
+    impl = _routed_impl(monkeypatch, 3)  # constructed: the measurement is begun, not judged yet
+    with pytest.raises(ValueError, match="no decode kernel was measured right .* query length 1: AITER raised") as err:
+        impl.process_weights_after_loading(BF16)
+    assert "\n" not in str(err.value)
+
+
+# ---- begun at the model's construction, collected after its weights are loaded ----
+
+
+class Child:
+    """``crash_safe.run_child`` running the child in this process on ``aiter`` and ``triton`` (what the
+    server loads too), counting its starts and the threads they ran in."""
+
+    def __init__(self, aiter: MLAKernels, triton):
+        self.run = child_standins.in_process(lambda kind, splits: aiter if kind == "aiter" else triton)
+        self.threads: list[str] = []
+
+    def __call__(self, argv, timeout_s):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return self.run(argv, timeout_s)
+
+
+def _begun(monkeypatch, aiter: MLAKernels, triton, max_qlen: int = 2) -> Child:
+    """A layer constructed with ``aiter`` and ``triton`` loaded, its first measurement begun in a child
+    measuring the same kernels; nothing measured in this process yet."""
+    child = Child(aiter, triton)
+    monkeypatch.setattr(crash_safe, "run_child", child)
+    use_kernels(monkeypatch, load_kernels=lambda: aiter, load_triton_decode=lambda splits: triton)
+    route = backend.layer_route(_route_config(max_qlen), 16, 576, "fp8", ahead=True)
+    assert route.own and route.pending and not route.triton_qlens, route.describe()
+    assert measure_state._MEASURED == {}  # nothing judged, nothing exchanged at construction
+    return child
+
+
+def test_a_measurement_begun_at_construction_is_collected_before_the_first_decode_call(monkeypatch, fresh, caplog):
+    """The first layer's construction begins the first measurement in a child (a thread waits on it) and
+    goes on; the child finds AITER's call wrong at query length 2; the first decode call (no collection
+    point reached before it) collects the measurement and is served by the remedy, right. Every layer of
+    the set shares the one child, and each call is measured in this process once."""
+    import threading
+
+    wrong = standins.at_query_lengths(standins.scaled(1.2), (2,))
+    here: list[tuple[str, int]] = []  # (thread, query length) of each AITER call
+
+    def mla_decode_fwd(*args, **kwargs):
+        here.append((threading.current_thread().name, args[7]))
+        return wrong.mla_decode_fwd(*args, **kwargs)
+
+    counted = dataclasses.replace(wrong, mla_decode_fwd=mla_decode_fwd)
+    child = _begun(monkeypatch, counted, remedy_standins.triton_standin())
+    for _ in range(2):  # more layers of the model: nothing more is begun
+        assert backend.layer_route(_route_config(2), 16, 576, "fp8", ahead=True).pending
+    with caplog.at_level(logging.INFO, logger="vllm.aiter_mla"):
+        out, expected, impl = _own_path(monkeypatch, counted, 2)
+    assert (out - expected).abs().max() < 0.1  # AITER's x1.2 would be 20 % off
+    assert impl._triton_qlens == {2} and measure_state._AHEAD == {}
+    assert child.threads == ["aiter-mla-first-measurement"], child.threads  # one child, begun ahead
+    lines = [r.getMessage() for r in caplog.records if "measured on cpu in" in r.getMessage()]
+    assert len(lines) == 1 and "begun ahead" in lines[0], lines
+    child_calls = {q: here.count(("aiter-mla-first-measurement", q)) for q in (1, 2)}
+    own_calls = {q: here.count(("MainThread", q)) for q in (1, 2)}
+    # the probe once in the child; here only where the child found AITER served, once; no decode on it at 2
+    assert child_calls[1] == child_calls[2] == own_calls[1] > 0 and own_calls[2] == 0, here
+    backend.layer_route(_route_config(2), 16, 576, "fp8")  # a builder's route later: measured already
+    assert len(child.threads) == 1 and len(here) == sum(child_calls.values()) + own_calls[1]
+
+
+def test_a_call_the_begun_child_finds_wrong_with_a_wrong_remedy_refuses_once_the_weights_are_loaded(monkeypatch,
+                                                                                                   fresh):
+    """Both kernels wrong at query length 2, found by the begun child: the model is constructed (nothing
+    judged yet), and the server stops in one line where the loader hands over the weights, before its KV
+    cache, CUDA graphs and first request."""
+    _begun(monkeypatch, standins.at_query_lengths(standins.scaled(1.2), (2,)), remedy_standins.triton_standin(1.2))
+    impl = _routed_impl(monkeypatch, 2)
+    assert isinstance(impl, backend.AiterMLAImpl) and impl._route_generation == backend.ROUTE_PENDING
+    with pytest.raises(ValueError, match=r"query length 2: AITER wrong \(20\.\d+% off.*Triton decode wrong") as err:
+        impl.process_weights_after_loading(BF16)
+    assert "\n" not in str(err.value) and "fewer num_speculative_tokens" in str(err.value)
+
+
+@pytest.mark.parametrize("loads", [True, False], ids=["own", "aiter-not-loading"])
+def test_every_rank_makes_its_exchange_where_the_others_do(monkeypatch, fresh, loads):
+    """A rank whose layers are own and one whose AITER does not load (its layers go to the built-in) make
+    no exchange at construction and the same ones (a first, and a second that the agreed flags call for)
+    when the first layer's weights are processed (the built-in's impl collects too), none later. The other rank measured AITER's call wrong: this one serves
+    it with the remedy."""
+    seen: list[str] = []
+    point = ["construction"]
+
+    def agree(flags, qlens, group):
+        seen.append(point[0])
+        # the other rank needs the remedy at query length 1 and left it unmeasured there (a second exchange)
+        return (flags[0] | {1}, flags[1], *[{1}] * (len(flags) - 2))
+
+    monkeypatch.setattr(measure, "agree_flags", agree)
+    monkeypatch.setattr(measure_state, "_tensor_parallel_group", lambda: "the group")
+
+    def unloadable():
+        raise RuntimeError("import aiter failed")
+
+    use_kernels(monkeypatch, load_kernels=(lambda: REFERENCE) if loads else unloadable)
+    monkeypatch.setattr(crash_safe, "run_child", Child(REFERENCE, remedy_standins.triton_standin()))
+    impls = [_routed_impl(monkeypatch, 1) for _ in range(3)]  # three layers
+    assert all(isinstance(i, backend.AiterMLAImpl) == loads for i in impls) and seen == []
+    point[0] = "weights"
+    for impl in impls:
+        impl.process_weights_after_loading(BF16)
+    point[0] = "later"
+    for impl in impls:
+        impl.reserve_workspace() if loads else None
+    backend.layer_route(_route_config(1), 16, 576, "fp8")
+    assert seen == ["weights", "weights"], seen
+    if loads:
+        assert all(i._triton_qlens == {1} for i in impls)
+
+
+def test_cpu_development_mode_measures_at_construction_as_before(monkeypatch, fresh):
+    """The pure-PyTorch reference on the CPU has no child: nothing is begun, the layer is measured when
+    it is constructed and its route is final there."""
+    monkeypatch.setenv("AITER_MLA_KERNELS", "reference")
+
+    def no_child(argv, timeout_s):
+        raise AssertionError("a measurement child was started")
+
+    monkeypatch.setattr(crash_safe, "run_child", no_child)
+    use_kernels(monkeypatch, load_kernels=lambda: REFERENCE)
+    route = backend.layer_route(_route_config(1), 16, 576, "fp8", ahead=True)
+    assert route.own and not route.pending and measure_state._AHEAD == {} and len(measure_state._MEASURED) == 1
 
 
 # ---- first contact: nothing depends on AITER's version ----

@@ -105,10 +105,10 @@ def constructors(monkeypatch, tmp_path):
     """Both implementations' constructors recorded instead of run (the built-in's imports AITER);
     the decode calls measured with the reference kernels (right), the measurement child finding every
     call safe (child_standins.all_served; test_crash_safe.py tests the child), records in this test's
-    folder."""
+    folder; measurements begun at construction are this test's only."""
     from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 
-    from vllm_aiter_mla import backend, crash_safe
+    from vllm_aiter_mla import backend, crash_safe, measure_state
     from vllm_aiter_mla.kernels import load_kernels
 
     import child_standins
@@ -116,6 +116,8 @@ def constructors(monkeypatch, tmp_path):
 
     use_kernels(monkeypatch, load_kernels=lambda: load_kernels("reference"))
     monkeypatch.setattr(crash_safe, "run_child", child_standins.all_served())
+    monkeypatch.setattr(measure_state, "_AHEAD", {})
+    monkeypatch.setattr(crash_safe, "_BEGUN", {})
     monkeypatch.setenv(crash_safe.RECORDS_ENV, str(tmp_path / "records"))
 
     seen = []

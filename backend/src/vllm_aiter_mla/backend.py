@@ -45,8 +45,8 @@ from . import __version__, measure, measure_state, vllm_builtin
 from .config import check_kv_cache_dtype, check_unsupported_features, compile_threads_setting
 from .decode import mla_decode
 from .kernels import MLAKernels, load_kernels
-from .measure_state import (bound_cache, cache_committed_later, measured_route, probe_device, real_cache_measurement,
-                            real_cache_warmup, remedy_splits)
+from .measure_state import (bound_cache, cache_committed_later, collect_ahead, measured_route, probe_device,
+                            real_cache_measurement, real_cache_warmup, remedy_splits)
 from .persistent import PersistentWork, plan_work, reserve_work, take_work
 from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_decode_step
 from .remedy import TritonDecode, reserve_slot_table, slot_table, take_slot_table, triton_mla_decode
@@ -60,6 +60,9 @@ logger = init_logger("vllm.aiter_mla")
 # How often (decode steps) the builder reads the planners' overflow counter back (one small
 # device-to-host copy; no plan can overflow the capacity the builder allocates).
 OVERFLOW_CHECK_STEPS = 1024
+# The route generation of an impl whose calls' measurement was begun at the model's construction and is
+# not collected yet (no measure_state.generation is negative): it takes its route once collected.
+ROUTE_PENDING = -1
 
 
 @dataclass
@@ -179,6 +182,8 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         vllm_config, kv_cache_dtype, device = self._route_args
         self._route_generation = measure_state.generation
         route, _ = measured_route(vllm_config, Route(True, (), self._decode_heads), kv_cache_dtype)
+        if route.refusal:
+            raise ValueError(f"{BACKEND_NAME}: {route.refusal}")
         self._triton_qlens = route.triton_qlens if route.own else frozenset()
         if self._triton_qlens:
             triton = load_triton_decode(remedy_splits(vllm_config, device))
@@ -269,8 +274,12 @@ class DecodeKernelsMixin:
         self._decode_kv_cache_dtype = kv_cache_dtype
         # Every decode call measured on this GPU (once per process; routing measured the same calls
         # where it chose this path). ROCm/aiter#6732: lengths whose fp8 output comes back short by
-        # kv_scale are multiplied back.
-        self._take_route()
+        # kv_scale are multiplied back. Where routing began the measurement at the model's construction,
+        # the route is taken once it is collected (after the weights are loaded: _collect_route).
+        if measure_state.begun_ahead(layer_calls(vllm_config, self._decode_heads, kv_cache_dtype)):
+            self._route_generation = ROUTE_PENDING
+        else:
+            self._take_route()
         # The same calls measured again on the layer's real KV cache once vLLM allocated it: by vLLM's
         # warm-up of kernels that depend on the allocated cache where the release has one (this
         # registration is kept where it is active, around the model's construction and the cache's
@@ -292,6 +301,20 @@ class DecodeKernelsMixin:
         self._triton_qlens = route.triton_qlens
         self._triton = found.triton
         self._route_generation = generation
+
+    def _collect_route(self) -> None:
+        """Every measurement begun at the model's construction collected (a refusal stops the server here,
+        in one line), and this layer's route taken where it waited for it."""
+        collect_ahead()
+        if self._route_generation == ROUTE_PENDING:
+            self._take_route()
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """vLLM's model loader, once the weights are loaded (0.32, 0.33, 0.34): the decode calls'
+        measurement begun at the model's construction is collected here, first of all the points that
+        collect it, then the release's own weight processing."""
+        self._collect_route()
+        super().process_weights_after_loading(act_dtype)
 
     def measure_real_cache(self, kv_cache: torch.Tensor) -> None:
         """The layer's calls measured on ``kv_cache`` (its real KV cache, as the decode reads it: an fp8
@@ -323,16 +346,22 @@ class DecodeKernelsMixin:
         """At a decode call: the real-cache measurement where vLLM's warm-up did not make it (at the first
         call outside CUDA-graph capture: nothing it does may be captured), or the route taken again where
         another layer's measurement changed it."""
+        if self._route_generation == ROUTE_PENDING:  # collected by now (a metadata builder was built first)
+            if _capturing(kv_cache) and measure_state.begun_ahead(
+                    layer_calls(self._vllm_config, self._decode_heads, self._decode_kv_cache_dtype)):
+                raise RuntimeError(f"{BACKEND_NAME}: a decode call was captured before this layer's decode calls' "
+                                   "measurement was collected (it is collected after the weights are loaded)")
+            self._collect_route()  # where it was collected already, this only takes the route (no GPU work)
         if self._real_cache_pending:
             if not _capturing(kv_cache):
                 self.measure_real_cache(kv_cache)
-                return
-            self._real_cache_pending = False  # a route changed after capture would not reach the graphs
-            logger.warning_once(
-                "%s: CUDA-graph capture began before this layer's decode calls were measured on its KV cache "
-                "(vLLM ran neither its JIT warm-up nor an eager step first): they stand as measured on the "
-                "probe's own cache; set --kernel-config.enable_jit_warmup=true to measure on the real cache",
-                BACKEND_NAME)
+            else:
+                self._real_cache_pending = False  # a route changed after capture would not reach the graphs
+                logger.warning_once(
+                    "%s: CUDA-graph capture began before this layer's decode calls were measured on its KV cache "
+                    "(vLLM ran neither its JIT warm-up nor an eager step first): they stand as measured on the "
+                    "probe's own cache; set --kernel-config.enable_jit_warmup=true to measure on the real cache",
+                    BACKEND_NAME)
         if self._route_generation != measure_state.generation:
             self._take_route()
 
@@ -340,7 +369,9 @@ class DecodeKernelsMixin:
         """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
         sized: the persistent-mode work buffers and, where the remedy loaded, its slot table (for any
         query length, as the real-cache measurement may give it one) are allocated here, so that memory
-        is counted; the metadata builder takes them over."""
+        is counted; the metadata builder takes them over. A measurement begun at the model's construction
+        is collected first, where the loader did not (``process_weights_after_loading``)."""
+        self._collect_route()
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
         longest = max_decode_query_len(vllm_config)
@@ -458,13 +489,16 @@ class AiterMLAImpl(DecodeKernelsMixin, builtin.AiterMLAImpl):
 
 
 
-def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str) -> Route:
+def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str, ahead: bool = False) -> Route:
     """The layer's route: its configuration first (``routing.choose_route``), then each decode call
     it would make measured on this GPU (``layer_measurement``): AITER or vLLM's Triton decode serves
     each query length. Raises (one line) only where neither kernel was measured right for a call: the
-    server must not start with a known-wrong answer; the built-in would make the same AITER call."""
+    server must not start with a known-wrong answer; the built-in would make the same AITER call.
+    ``ahead`` (the model's construction): the measurement is begun instead, where it runs in a child
+    (``measure_state.begin_ahead``), and the route is own where AITER's kernels load (``Route.pending``:
+    which kernel serves each query length, or a refusal, is decided when it is collected)."""
     facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
-    route, _ = measured_route(vllm_config, choose_route(facts), kv_cache_dtype)
+    route, _ = measured_route(vllm_config, choose_route(facts), kv_cache_dtype, ahead=ahead)
     if route.refusal:
         raise ValueError(f"{BACKEND_NAME}: {route.refusal}")
     if route.triton_qlens:
@@ -489,9 +523,22 @@ class RoutedMLAImpl(builtin.AiterMLAImpl):
                     alibi_slopes=alibi_slopes, sliding_window=sliding_window, kv_cache_dtype=kv_cache_dtype,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name)
-        if layer_route(get_current_vllm_config(), num_heads, head_size, kv_cache_dtype).own:
+        if layer_route(get_current_vllm_config(), num_heads, head_size, kv_cache_dtype, ahead=True).own:
             return AiterMLAImpl(**args, **mla_args)
         return super().__new__(cls)
+
+    # The built-in's impl collects the measurements begun at the model's construction at the same points
+    # as the own one (measure_state.collect_ahead), so every rank makes its exchanges at the same point
+    # whichever implementation its layers got.
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        collect_ahead()
+        super().process_weights_after_loading(act_dtype)
+
+    def reserve_workspace(self) -> None:
+        collect_ahead()
+        reserve = getattr(super(), "reserve_workspace", None)  # (vLLM 0.33 and later)
+        if reserve is not None:
+            reserve()
 
 
 def _layer_impls(vllm_config, layer_names: list[str]) -> list[object]:
@@ -520,6 +567,7 @@ class RoutedMLAMetadataBuilder(builtin.AiterMLAMetadataBuilder):
     class methods (CUDA-graph support, query-length support, ...) are the built-in's."""
 
     def __new__(cls, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
+        collect_ahead()  # where neither the loader nor the profiling run did (every release builds these first)
         if builder_runs_own(kv_cache_spec, layer_names, vllm_config):
             return AiterMLAMetadataBuilder(kv_cache_spec, layer_names, vllm_config, device)
         return super().__new__(cls)

@@ -6,6 +6,21 @@ tensor-parallel group, and measured again on a layer's real KV cache once vLLM a
 vLLM's warm-up registry of kernels that depend on the allocated cache, where the release has one).
 ``measured_route`` turns the latest measurement into the route a layer takes; ``generation`` counts
 the real-cache measurements that changed it, so impls and builders take their route again.
+
+**Begun at the model's construction, collected after its weights are loaded.** Where the first
+measurement runs in a child (``crash_safe.needs_child``: everywhere but CPU development mode), the first
+layer's construction begins it (``begin_ahead``: ``crash_safe.begin``, a thread waiting on the child)
+and decides own or built-in from what needs no measurement: the configuration (``routing``) and whether
+AITER's kernels load. The server goes on constructing the model and loading its weights while the child
+measures. ``collect_ahead`` collects every set begun, in the order begun (the in-process measurement and
+the tensor-parallel group's exchange, ``layer_measurement``), and stops the server in one line where a
+set's route is a refusal. It runs at the first of: an MLA impl's ``process_weights_after_loading`` (vLLM
+calls it inside its model loader, once the weights are loaded: 0.32, 0.33, 0.34), its
+``reserve_workspace`` (the memory-profiling run, 0.33 and later) and the construction of a metadata
+builder (every release: before the KV cache, CUDA-graph capture and the first request). Every one of these
+is reached by the built-in's impl and builder too (``backend.RoutedMLAImpl``,
+``RoutedMLAMetadataBuilder``), so a rank whose layers went to the built-in makes its exchanges at the
+same point as the others. No decode call runs before (an own impl takes its route there).
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import max_decode_query_len
 
-from . import crash_safe, measure, remedy
+from . import crash_safe, measure, measure_child, remedy
 from .kernels import load_kernels
 from .remedy import TritonDecode
 from .routing import Route, with_measurements
@@ -64,6 +79,9 @@ _ON_CACHE: set[tuple] = set()
 # Counts the measurements on a layer's real KV cache that replaced an entry of _MEASURED: an impl or
 # builder that applied an older count takes the route again before its next decode call.
 generation = 0
+# Sets of calls whose first measurement was begun at the model's construction (``begin_ahead``) and is
+# not collected yet, in the order begun: each with its split count and its route before measurement.
+_AHEAD: dict[tuple[measure.DecodeCall, ...], tuple[int, Route]] = {}
 
 
 def _compute_units(device: torch.device) -> int:
@@ -86,15 +104,15 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
     tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
     whatever its own measurement did (the key holds no failure text, so a changing message makes no
     extra exchange)."""
+    _AHEAD.pop(calls, None)  # collected here, if begun ahead (crash_safe.measure_layer takes the child's outcome)
     kernels, failed, triton, triton_failed, device = _loaded(splits)
     key = (kernels, triton, calls, device)
     if key in _MEASURED:
         return _MEASURED[key]
     if kernels is None:
-        raised = measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
+        raised = _unloaded(failed)
         measured, remedied, seconds, source = {call.qlen: raised for call in calls}, {}, 0.0, ""
-        flags = measure.agree_flags(measure.local_flags(measured, remedied), (c.qlen for c in calls),
-                                    _tensor_parallel_group())
+        flags = crash_safe.agree_unmeasured(measured, remedied, calls, _tensor_parallel_group())
     else:
         found = crash_safe.measure_layer(kernels, triton, calls, splits, device, group=_tensor_parallel_group())
         measured, remedied, seconds, flags = found.measured, found.remedy, found.seconds, found.flags
@@ -117,6 +135,11 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
                     "(ROCm/aiter#6732, measured on %s): the own path multiplies its output by kv_scale there",
                     BACKEND_NAME, first.heads, ", ".join(map(str, fixed)), device)
     return result
+
+
+def _unloaded(failed: str) -> measure.Measured:
+    """The measurement of a call whose kernels could not be loaded."""
+    return measure.Measured(measure.Outcome.RAISED, float("nan"), float("nan"), f"loading the kernels: {failed}")
 
 
 def _loaded(splits: int):
@@ -142,6 +165,7 @@ def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, c
     measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
     there with the remedy, or refuses; one start-up line says what the cache measurement found."""
     global generation
+    collect_ahead()
     kernels, _, triton, _, device = _loaded(splits)
     found = layer_measurement(calls, splits)
     key = (kernels, triton, calls, device)
@@ -240,15 +264,79 @@ def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
     return "avoid the call with " + " or ".join(ways)
 
 
-def measured_route(vllm_config, route: Route, kv_cache_dtype: str) -> tuple[Route, LayerMeasurement | None]:
+def begin_ahead(calls: tuple[measure.DecodeCall, ...], splits: int, route: Route) -> bool:
+    """Begin the first measurement of ``calls`` now, at the model's construction (``crash_safe.begin``: its
+    record read, else its children run, in a thread), for ``collect_ahead`` to collect once the weights are
+    loaded. Whether the measurement is left to ``collect_ahead``: where the first measurement runs in a
+    child (not in CPU development mode, nor where a setting is bad: there it is measured now, as an
+    outcome), and not measured in this process already. Where AITER's kernels did not load nothing is
+    begun, but the set is still left to ``collect_ahead``, so that this rank makes its exchange where the
+    others make theirs. ``route``: the layer's before measurement (``routing.choose_route``), own."""
+    if calls in _AHEAD:
+        return True
+    kernels, _, triton, _, device = _loaded(splits)
+    if (kernels, triton, calls, device) in _MEASURED:
+        return False
+    try:
+        if not crash_safe.needs_child(measure_child.PRODUCTION, device):
+            return False
+    except ValueError:
+        return False
+    if kernels is not None:
+        crash_safe.begin(measure_child.PRODUCTION, calls, splits, device)
+    _AHEAD[calls] = (splits, route)
+    return True
+
+
+def begun_ahead(calls: tuple[measure.DecodeCall, ...]) -> bool:
+    """Whether the measurement of ``calls`` was begun ahead and is not collected yet."""
+    return calls in _AHEAD
+
+
+def collect_ahead() -> None:
+    """Collect every first measurement begun at the model's construction (``begin_ahead``), in the order
+    begun: each set measured in this process where its child found a call safe, and agreed across the
+    tensor-parallel group (``layer_measurement``: one exchange per set on every rank, as at construction
+    before). Then, where a set's route is a refusal (no kernel measured right for a call), the server
+    stops here in one line, before its KV cache is allocated and anything is served."""
+    refusals = []
+    while _AHEAD:
+        calls, (splits, route) = next(iter(_AHEAD.items()))
+        found = layer_measurement(calls, splits)
+        routed = _route_of(route, calls, found)
+        if routed.refusal:
+            refusals.append(routed.refusal)
+        elif routed.triton_qlens:
+            first = calls[0]
+            logger.info("%s: MLA decode with %d heads, KV %s: %s", BACKEND_NAME, first.heads,
+                        measure.dtype_name(first.kv_dtype), "; ".join(routed.reasons))
+    if refusals:
+        raise ValueError(f"{BACKEND_NAME}: {refusals[0]}")
+
+
+def _route_of(route: Route, calls: tuple[measure.DecodeCall, ...], found: LayerMeasurement) -> Route:
+    if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
+        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
+        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",))
+    return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls))
+
+
+def measured_route(vllm_config, route: Route, kv_cache_dtype: str,
+                   ahead: bool = False) -> tuple[Route, LayerMeasurement | None]:
     """``route`` (an own one) once the layer's decode calls were measured (``layer_measurement``):
-    which kernel serves which query length, or a refusal."""
+    which kernel serves which query length, or a refusal. Every measurement begun ahead is collected
+    first (``collect_ahead``). ``ahead`` (the model's construction): the measurement is begun instead
+    where it can be (``begin_ahead``), and the route is returned unmeasured (``Route.pending``), own
+    where AITER's kernels load, else the built-in's; ``collect_ahead`` measures it later."""
     if not route.own:
         return route, None
     calls = layer_calls(vllm_config, route.decode_heads, kv_cache_dtype)
-    found = layer_measurement(calls, remedy_splits(vllm_config, probe_device()))
-    if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
-        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
-        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",)), found
-    return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls)), found
-
+    splits = remedy_splits(vllm_config, probe_device())
+    if ahead and begin_ahead(calls, splits, route):
+        kernels, failed, _, _, _ = _loaded(splits)
+        if kernels is None:
+            return Route(False, (f"AITER's decode: {_unloaded(failed).describe()}",)), None
+        return dataclasses.replace(route, pending=True), None
+    collect_ahead()
+    found = layer_measurement(calls, splits)
+    return _route_of(route, calls, found), found

@@ -13,6 +13,7 @@ start-up line. Plain functions on plain data: the facts about vLLM and its built
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import measure
@@ -52,10 +53,15 @@ class Route:
     decode_heads: int | None = None
     triton_qlens: frozenset[int] = frozenset()  # query lengths vLLM's Triton decode serves (the rest: AITER)
     refusal: str = ""  # no kernel was measured right for some call: the server must not start
+    # own, its calls' measurement begun at the model's construction and not collected yet: which kernel
+    # serves each query length is not known, and nothing may decode on it before it is collected
+    pending: bool = False
 
     def describe(self) -> str:
         if self.refusal:
             return "refused: " + self.refusal
+        if self.pending:
+            return "own (its decode calls' measurement begun, not collected yet)"
         if self.own:
             return "own" + (": " + "; ".join(self.reasons) if self.reasons else "")
         return "vLLM's built-in: " + "; ".join(self.reasons)
@@ -117,6 +123,7 @@ def with_measurements(route: Route, measured: dict[int, measure.Measured],
     (``measure.agree_flags``), so that every rank serves each query length with the same kernel."""
     if not route.own:
         return route
+    route = dataclasses.replace(route, pending=False)
     remedy = remedy or {}
     chosen = measure.serving(measured, remedy, flags)
     local_need, _ = measure.local_flags(measured, remedy)
