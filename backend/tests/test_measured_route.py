@@ -286,8 +286,8 @@ def test_a_call_the_begun_child_finds_wrong_with_a_wrong_remedy_refuses_once_the
 def test_every_rank_makes_its_exchange_where_the_others_do(monkeypatch, fresh, loads):
     """A rank whose layers are own and one whose AITER does not load (its layers go to the built-in) make
     no exchange at construction and the same ones (a first, and a second that the agreed flags call for)
-    when the first layer's weights are processed (the built-in's impl collects too), none later. The other rank measured AITER's call wrong: this one serves
-    it with the remedy."""
+    when the first layer's weights are processed (the built-in's impl collects too), none later. The other
+    rank measured AITER's call wrong: an own rank serves it with the remedy."""
     seen: list[str] = []
     point = ["construction"]
 
