@@ -4,7 +4,7 @@ fp8 KV, query lengths 1-4) costs, and where the time goes.
 
     PYTHONPATH=backend/src:runtime/src:backend/tests:backend/bench python3 backend/bench/start_cost.py \
         [--triton-file <vLLM's vllm/v1/attention/ops/triton_decode_attention.py>] [--sets all|one] \
-        [--profile FILE]
+        [--profile FILE] [--load-s SECONDS] [--load-only]
 
 Prints, in this order:
 
@@ -18,6 +18,11 @@ Prints, in this order:
   measurement begun at once (``crash_safe.begin``, as a server begins its layer's at model
   construction) and then collected (``crash_safe.measure_layer``): when each was collected, and this
   process's part;
+* **load beside**: a first start as a server makes it, with a model load simulated (``--load-s`` seconds
+  of weight copies from host to GPU, one tensor at a time): without begin (the first measurement, then
+  the load) and begun (``crash_safe.begin`` before the load, collected after it), each in a fresh process
+  with records and Triton's cache empty; what each start takes beyond the load is what the measurement
+  costs it (``--load-only``: this section alone);
 * **later start**: the same in a fresh process reading the records (in-process checks only), Triton's
   cache as the first start left it, and once more in that process (its kernels warm);
 * **breakdown**: one call set's in-process measurement cut into its steps (the probe's inputs and
@@ -136,6 +141,59 @@ def begun_ahead(sets, kernels, triton, splits, device, factory_name, folder: str
           f"{here:.2f} s of it in this process", flush=True)
 
 
+def simulated_load(device: torch.device, seconds: float) -> int:
+    """A model's weights loaded for ``seconds``: tensors of 64 MiB copied from host memory to the device
+    one at a time, as a loader does (its Python between copies included). Returns the bytes copied."""
+    chunk = (64 << 20) // 2
+    host = torch.randn(chunk).to(BF16)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    slots = [torch.empty(chunk, dtype=BF16, device=device) for _ in range(16)]
+    copied, index = 0, 0
+    ends = time.perf_counter() + seconds
+    while time.perf_counter() < ends:
+        slots[index % len(slots)].copy_(host)
+        _sync(device)
+        copied += host.numel() * host.element_size()
+        index += 1
+    return copied
+
+
+def load_beside(sets, kernels, triton, splits, device, factory_name, folder: str, mode: str,
+                load_s: float) -> None:
+    """One first start with a simulated model load (``simulated_load``): ``serial``, the first measurement
+    of every call set and then the load (no begin); ``begun``, every set begun before the load and
+    collected after it, as a server begins at the model's construction and collects once its weights are
+    loaded."""
+    env = {**os.environ, crash_safe.RECORDS_ENV: folder}
+    began = time.perf_counter()
+    here = 0.0
+    if mode == "begun":
+        for _, calls in sets:
+            crash_safe.begin(factory_name, calls, splits, device, environ=env)
+    loading = time.perf_counter()
+    if mode == "begun":
+        copied = simulated_load(device, load_s)
+    loaded = time.perf_counter() - loading
+    collecting = time.perf_counter()
+    for _, calls in sets:
+        found = crash_safe.measure_layer(kernels, triton, calls, splits, device, factory_name, environ=env)
+        here += found.seconds
+        if ("begun ahead" in found.first) != (mode == "begun"):
+            print(f"load     {mode}: the first measurement was not as intended ({found.first})", flush=True)
+    measuring = time.perf_counter() - collecting
+    if mode == "serial":
+        loading = time.perf_counter()
+        copied = simulated_load(device, load_s)
+        loaded = time.perf_counter() - loading
+    whole = time.perf_counter() - began
+    what = ("the first measurement, then the load" if mode == "serial"
+            else "begun, the load beside it, then collected")
+    print(f"load     {mode:6} ({len(sets)} call sets; {what}): load {loaded:.2f} s ({copied / 2**30:.1f} GiB), "
+          f"measurement {'collected in ' if mode == 'begun' else ''}{measuring:.2f} s ({here:.2f} s in this "
+          f"process): {whole:.2f} s in all, {whole - loaded:.2f} s beyond the load", flush=True)
+
+
 def later(sets, kernels, triton, splits, device, factory_name, folder: str, runs: int = 2) -> None:
     env = {**os.environ, crash_safe.RECORDS_ENV: folder}
     for run in range(runs):
@@ -251,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="")
     parser.add_argument("--later-only", default="", help=argparse.SUPPRESS)  # the records' folder
     parser.add_argument("--cold-steps", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--load-s", type=float, default=20.0, help="seconds of the simulated model load")
+    parser.add_argument("--load-only", action="store_true", help="only the load-beside section")
+    parser.add_argument("--load-run", choices=("serial", "begun"), default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     began = time.perf_counter()
@@ -281,11 +342,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.later_only:
         later(sets, kernels, triton, splits, device, factory_name, args.later_only)
         return 0
+    if args.load_run:  # one fresh process: records and Triton's cache empty (the caller's scratch folder)
+        load_beside(sets, kernels, triton, splits, device, factory_name, os.environ[crash_safe.RECORDS_ENV],
+                    args.load_run, args.load_s)
+        return 0
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device   {device} ({name}), initialised in {initialised:.2f} s; torch {torch.__version__}; "
           f"remedy {'vLLM Triton file' if args.triton_file else 'PyTorch stand-in'}, {splits} splits", flush=True)
     with tempfile.TemporaryDirectory(prefix="start-cost-") as scratch:
+        me = [sys.executable, *([] if __spec__ is None else ["-m", __spec__.name]),
+              *([os.path.abspath(__file__)] if __spec__ is None else []), "--device", str(device), "--sets", args.sets,
+              "--load-s", f"{args.load_s:g}", *(["--triton-file", args.triton_file] if args.triton_file else [])]
+        for mode in ("serial", "begun"):  # each a fresh process, its records and Triton's cache empty
+            env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(scratch, f"triton-load-{mode}"),
+                   crash_safe.RECORDS_ENV: os.path.join(scratch, f"records-load-{mode}")}
+            subprocess.run([*me, "--load-run", mode], env=env, check=False)
+        if args.load_only:
+            return 0
         triton_cold = os.path.join(scratch, "triton-first")
         os.environ["TRITON_CACHE_DIR"] = triton_cold  # this process and its children: nothing compiled yet
         folder = os.path.join(scratch, "records")
