@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from track_env import track_python
+from track_env import track_environ, track_python
 from vllm_sdist import cpu_track, cpu_vllm_version, track_names, versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,6 +132,14 @@ def test_a_file_reaching_vllm_through_a_helper_counts(tmp_path, monkeypatch):
         imports_vllm.cache_clear()
 
 
+def test_each_tracks_vllm_keeps_its_records_apart():
+    """vLLM's model-class records are keyed by the model file's hash under one file name per class:
+    two releases sharing a cache folder replace each other's, and each process of the other one
+    inspects the class again in a child (about 10 s of CPU). Each track's processes have their own."""
+    roots = {track: track_environ(track, {"VLLM_CACHE_ROOT": "/shared"})["VLLM_CACHE_ROOT"] for track in track_names()}
+    assert len(set(roots.values())) == len(roots) and "/shared" not in roots.values(), roots
+
+
 def _release(text: str) -> str:
     return text.split("+", 1)[0]
 
@@ -179,7 +187,7 @@ def test_track_suites_pass_on_the_tracks_own_vllm(track):
         assert kept.returncode == 0 and kept.stdout.split() == ["built-in", "built-in"], kept.stdout + kept.stderr
         files = [f for f in files if not f.startswith("ci/suites/")]  # the suites test the plugin's selection
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not engine and not docker",
-                           *files], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                           *files], cwd=ROOT, capture_output=True, text=True, timeout=1800, env=track_environ(track))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"track {track} (vLLM {found}):\n{out[-6000:]}"
     summary = out.strip().splitlines()[-1]

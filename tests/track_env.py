@@ -102,6 +102,15 @@ def _track_python(track: str, path: Path) -> Path:
     return python
 
 
+def track_environ(track: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a process of the track's Python runs with: ``environ`` (default this one's) with
+    vLLM's cache folder in the track's environment. vLLM keeps one record per model class there (its
+    model-class inspection, a child process that imports vLLM, about 10 s of CPU), keyed by the
+    model file's hash: in a folder shared with other releases each release's record replaces the
+    other's, and every process of the next one inspects the class again."""
+    return {**(os.environ if environ is None else environ), "VLLM_CACHE_ROOT": str(env_dir(track) / "vllm-cache")}
+
+
 def _install_own_packages(path: Path, python: Path) -> None:
     """The backend and the runtime of this checkout, editable. An environment kept outside the
     checkout (TRACK_ENV_DIR, e.g. a CI cache) may have them from another checkout: reinstalled then."""
