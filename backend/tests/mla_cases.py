@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -107,6 +108,21 @@ def dense_mla(case: DecodeCase) -> torch.Tensor:
         outs.append(out)
         q_start += q_len
     return torch.cat(outs)
+
+
+@cache
+def _dense_of(q_lens: tuple[int, ...], seq_lens: tuple[int, ...], block_size: int, heads: int, dtype: torch.dtype,
+              seed: int) -> torch.Tensor:
+    return dense_mla(make(DecodeCase(list(q_lens), list(seq_lens), block_size, heads, dtype), seed=seed))
+
+
+def dense_of(case: DecodeCase, seed: int) -> torch.Tensor:
+    """``dense_mla`` of the case ``make(case, seed)`` made, computed once per process for each case: a
+    matrix checks several kernels, pagings and modes against the same cases (``make`` is seeded, so the
+    case is the same each time it is made), and the dense form decompresses K and V per head and
+    request (most of such a test's time at 128 heads). ``case`` must be as ``make`` left it."""
+    return _dense_of(tuple(case.q_lens), tuple(case.seq_lens), case.block_size, case.num_heads, case.dtype,
+                     seed).clone()
 
 
 def ragged(n: int, lo: int, hi: int, seed: int) -> list[int]:
