@@ -25,7 +25,10 @@ from vllm_aiter_mla.backend import AiterMLAImpl, AiterMLAMetadata, AiterMLAMetad
 # What the own impl defines itself: the decode entry, the profile-run reservation of its decode
 # work buffers, its constructor (the built-in's, then the own decode's set-up), and two class
 # facts about its decode (no LSE returned, no DCP).
-OWN_DECODE = {"__init__", "forward_mqa", "reserve_workspace", "can_return_lse_for_decode", "supports_dcp"}
+# process_weights_after_loading collects the decode calls' measurement begun at the model's construction,
+# then runs the built-in's (below)
+OWN_DECODE = {"__init__", "forward_mqa", "reserve_workspace", "process_weights_after_loading",
+              "can_return_lse_for_decode", "supports_dcp"}
 SCRIPT = Path(__file__).with_name("context_gather_interpreted.py")
 
 
@@ -40,6 +43,15 @@ def test_the_own_impl_is_the_builtin_impl_with_the_own_decode():
     assert overridden <= OWN_DECODE, "the own impl overrides more than its decode: " + ", ".join(
         sorted(overridden - OWN_DECODE))
     assert {"__init__", "forward_mqa"} <= overridden
+
+
+def test_the_own_weight_processing_collects_the_measurement_then_runs_the_builtins(monkeypatch):
+    done = []
+    monkeypatch.setattr(builtin.AiterMLAImpl, "process_weights_after_loading",
+                        lambda self, act_dtype: done.append(("built-in", act_dtype)))
+    monkeypatch.setattr(DecodeKernelsMixin, "_collect_route", lambda self: done.append(("collected",)))
+    AiterMLAImpl.process_weights_after_loading(object.__new__(AiterMLAImpl), "bfloat16")
+    assert done == [("collected",), ("built-in", "bfloat16")]
 
 
 def test_every_prefill_method_of_the_builtin_is_the_own_paths():
