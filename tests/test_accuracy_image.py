@@ -87,7 +87,7 @@ def selftest(h, image: str, results: Path, what: str, mounts: dict[str, Path], e
     results.mkdir(parents=True, exist_ok=True)
     name = f"rocm-vllm-accuracy-{os.getpid()}-{results.parent.name}"
     cmd = ["docker", "run", "--rm", "--name", name, "--network", "none", "--shm-size", "2g",
-           "-v", f"{results}:/results", *integration.CACHE_MOUNT]
+           "-v", f"{results}:/results"]
     for target, source in mounts.items():
         cmd += ["-v", f"{source}:{target}:ro"]
     for key, value in env.items():

@@ -37,7 +37,6 @@ from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime.jitcache import DEFAULT_CACHE_ROOT
 from rocm_vllm_runtime.manifest import parse_manifest
 
 from ci import cpu_serve
@@ -48,10 +47,6 @@ pytestmark = pytest.mark.docker
 IMAGE_PREFIX = "localhost/rocm-vllm-test"
 PROJECT = "rocm-vllm-it"
 CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME": "rocm-vllm-it-aiter-jit"}
-# The image's cache folder on the tests' cache volume, as compose mounts it (CACHE_VOLUMES) and as a host
-# that keeps the volume runs: the model-class record vLLM makes in the first container (a child that
-# imports vLLM, about 8 s of CPU in each fresh container) is read by every later one.
-CACHE_MOUNT = ("-v", f"{CACHE_VOLUMES['AITER_JIT_VOLUME']}:{DEFAULT_CACHE_ROOT}")
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
 CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "docker-bake.pins.json", "versions.json", "backend", "runtime",
@@ -374,7 +369,7 @@ def test_compose_serves_equal_tokens_under_load_and_cleans_up(h, images, tmp_pat
 
     ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", "-e", "ROCM_VLLM_REQUIRE_GPU=0",
                  "-v", f"{ROOT / 'tests/docker/reference_tokens.py'}:/opt/reference_tokens.py:ro",
-                 *CACHE_MOUNT, *FAKE_AMX_ARGS,
+                 *FAKE_AMX_ARGS,
                  images["tags"]["serve"], "python3", "/opt/reference_tokens.py", TINY_MODEL,
                  json.dumps(prompts), str(max_tokens)], timeout=900, what="reference (vLLM CPU_MLA, offline)")
     reference = json.loads(ref.stdout.strip().splitlines()[-1])

@@ -62,7 +62,7 @@ from pathlib import Path
 import pytest
 
 import test_engine_integration as integration
-from test_engine_integration import (CACHE_MOUNT, FAKE_AMX_ARGS, IMAGE_PREFIX, ROOT, free_port, own_target_image,
+from test_engine_integration import (FAKE_AMX_ARGS, IMAGE_PREFIX, ROOT, free_port, own_target_image,
                                      http_json, load_prompts)
 
 # The integration test's fixtures (pytest collects fixtures among a module's globals): the harness,
@@ -211,7 +211,7 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, se
     # readable by the image's non-root user
     for path in (tmp_path, model, *tmp_path.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    mounts = ["-v", f"{model}:{MODEL_DIR}:ro", "-v", f"{tmp_path}:/opt/mn:ro", *CACHE_MOUNT]
+    mounts = ["-v", f"{model}:{MODEL_DIR}:ro", "-v", f"{tmp_path}:/opt/mn:ro"]
     prompts = [[5], [3, 9, 27, 81, 243, 729, 187], *load_prompts(4, seed=23)]
 
     ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", *mounts, *FAKE_AMX_ARGS,
