@@ -103,7 +103,8 @@ def gate(h, image: str, results: Path, model: Path, what: str, mounts=None, **en
     """The gate on the tiny_mla tasks: the model at MODEL, their data at the default ACCURACY_DATA."""
     mounts = {MODEL: model, "/data/accuracy": ROOT / "runtime/models/tiny-mla-accuracy",
               "/opt/fake_amx": ROOT / "tests/fake_amx", **(mounts or {})}
-    return selftest(h, image, results, what, mounts, {**SETTINGS, **FAKE_AMX_ENV, **env})
+    return selftest(h, image, results, what, mounts,
+                    {**SETTINGS, **FAKE_AMX_ENV, **integration.SHARED_CORES_ENV, **env})
 
 
 def cases(results: Path) -> dict[str, tuple[str, str]]:

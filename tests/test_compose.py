@@ -237,12 +237,14 @@ def test_tests_cpu_override_adds_only_test_settings():
     assert e["ROCM_VLLM_FAKE_AMX"] == "1" and e["PYTHONPATH"] == "/opt/fake_amx"
     assert any(v["source"] == str(ROOT / "tests/fake_amx") and v["target"] == "/opt/fake_amx"
                for v in vllm["volumes"])
-    added = {"SERVE_HOST", "SERVE_PORT", "AITER_MLA_STATS", "PYTHONPATH", "ROCM_VLLM_FAKE_AMX"}
+    assert e["OMP_WAIT_POLICY"] == "PASSIVE"  # the lanes share the cores
+    added = {"SERVE_HOST", "SERVE_PORT", "AITER_MLA_STATS", "PYTHONPATH", "ROCM_VLLM_FAKE_AMX", "OMP_WAIT_POLICY"}
     assert {k: v for k, v in e.items() if k not in added} == shipped["vllm"]["environment"]
     for key in ("user", "shm_size", "command", "healthcheck", "devices", "group_add"):
         assert vllm.get(key) == shipped["vllm"].get(key), key
-    for key in ("command", "environment", "devices", "cap_add", "security_opt"):
+    for key in ("command", "devices", "cap_add", "security_opt"):
         assert tested["selftest"].get(key) == shipped["selftest"].get(key), key
+    assert tested["selftest"]["environment"] == {**shipped["selftest"]["environment"], "OMP_WAIT_POLICY": "PASSIVE"}
     assert tested["selftest"]["network_mode"] == "host"
 
 

@@ -47,6 +47,10 @@ pytestmark = pytest.mark.docker
 IMAGE_PREFIX = "localhost/rocm-vllm-test"
 PROJECT = "rocm-vllm-it"
 CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME": "rocm-vllm-it-aiter-jit"}
+# What a container of the tests shares the machine's cores with (ci/test.sh's lanes, other containers): an
+# OpenMP thread waiting for work sleeps instead of spinning on a core another process needs, as ci/test.sh
+# sets it for the tests' own processes (tests/compose.cpu.yaml sets it for compose's services).
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
 CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "docker-bake.pins.json", "versions.json", "backend", "runtime",

@@ -156,7 +156,7 @@ def node_env(cores: str) -> list[str]:
            # one core per rank ("0|1": ranks 0 and 1 of one engine on cores 0 and 1)
            "VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
            # no C++ compiler in the image for Inductor (see the module docstring)
-           "TORCHDYNAMO_DISABLE": "1"}
+           "TORCHDYNAMO_DISABLE": "1", **integration.SHARED_CORES_ENV}
     return [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
 
 
