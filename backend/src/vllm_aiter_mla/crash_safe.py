@@ -56,7 +56,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -404,33 +404,40 @@ def measure_and_agree(kernels, triton, calls: Sequence[measure.DecodeCall], devi
     on the agreed flags alone, so each rank makes as many as the others. Returns the outcomes, the
     seconds the measuring took and the group's (need, bad) flags."""
     measured, remedied = dict(measured), dict(remedied)
-    qlens = [c.qlen for c in calls]
     here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=aiter_at,
                                                         remedy_at=remedy_at, remedy_where_needed=remedy_where_needed)
     measured.update(here)
     remedied.update(remedied_here)
+
+    def remedy_left(qlens: frozenset[int]) -> dict[int, measure.Measured]:
+        nonlocal seconds
+        _, more, more_seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=(),
+                                                     remedy_at=qlens)
+        seconds += more_seconds
+        return more
+
     left = frozenset(q for q in remedy_at if q not in remedied_here)
+    flags = agree_in_step(measured, remedied, calls, group, left, remedy_left)
+    return measured, remedied, seconds, flags
+
+
+def agree_in_step(measured: Mapping[int, measure.Measured], remedied: dict[int, measure.Measured],
+                  calls: Sequence[measure.DecodeCall], group, left: frozenset[int] = frozenset(),
+                  remedy_left: Callable[[frozenset[int]], Mapping[int, measure.Measured]] | None = None,
+                  ) -> tuple[frozenset[int], frozenset[int]]:
+    """The group's exchanges, the same number on every rank whatever it measured: a first one of this
+    rank's flags and the query lengths where it left the remedy unmeasured (``left``); where the group
+    needs the remedy at such a length (another rank's AITER is not served there), ``remedy_left`` measures
+    it here (its outcomes go into ``remedied``) and every rank makes a second exchange: whether it does
+    depends on the agreed flags alone. A rank that measures nothing here (its kernels did not load, or
+    measuring failed before it) leaves nothing unmeasured and has no ``remedy_left``. Returns the group's
+    (need, bad) flags."""
+    qlens = [c.qlen for c in calls]
     need, bad, left_somewhere = measure.agree_flags((*measure.local_flags(measured, remedied), left), qlens, group)
     if need & left_somewhere:
-        _, more, more_seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=(),
-                                                     remedy_at=need & left)
-        remedied.update(more)
-        seconds += more_seconds
+        if remedy_left is not None:
+            remedied.update(remedy_left(need & left))
         need, bad = measure.agree_flags(measure.local_flags(measured, remedied), qlens, group)
-    return measured, remedied, seconds, (need, bad)
-
-
-def agree_unmeasured(measured: Mapping[int, measure.Measured], remedied: Mapping[int, measure.Measured],
-                     calls: Sequence[measure.DecodeCall], group) -> tuple[frozenset[int], frozenset[int]]:
-    """The exchanges ``measure_and_agree`` makes, for a rank that measures nothing here (its kernels did
-    not load, or measuring failed before it): the same first exchange (leaving nothing unmeasured) and,
-    where the agreed flags call for it, the same second one, so the group's exchanges stay in step.
-    Returns the group's (need, bad) flags."""
-    qlens = [c.qlen for c in calls]
-    flags = measure.local_flags(dict(measured), dict(remedied))
-    need, bad, left_somewhere = measure.agree_flags((*flags, frozenset()), qlens, group)
-    if need & left_somewhere:
-        need, bad = measure.agree_flags(flags, qlens, group)
     return need, bad
 
 
@@ -503,5 +510,5 @@ def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache
         measured = {q: failed if m.outcome.served else m for q, m in measured.items()}
         remedied = {q: failed if m.outcome is measure.Outcome.CORRECT else m for q, m in remedied.items()}
         where = f"the layer's KV cache ({measure.one_line(exc)})"
-    flags = agree_unmeasured(measured, remedied, calls, group)
+    flags = agree_in_step(measured, remedied, calls, group)
     return LayerResult(measured, remedied, seconds, flags, "", where)

@@ -112,7 +112,7 @@ def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) ->
     if kernels is None:
         raised = _unloaded(failed)
         measured, remedied, seconds, source = {call.qlen: raised for call in calls}, {}, 0.0, ""
-        flags = crash_safe.agree_unmeasured(measured, remedied, calls, _tensor_parallel_group())
+        flags = crash_safe.agree_in_step(measured, remedied, calls, _tensor_parallel_group())
     else:
         found = crash_safe.measure_layer(kernels, triton, calls, splits, device, group=_tensor_parallel_group())
         measured, remedied, seconds, flags = found.measured, found.remedy, found.seconds, found.flags
