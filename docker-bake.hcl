@@ -32,7 +32,7 @@ function "known_aiter_pin" {
   result = contains(aiter_pins, AITER_PIN) ? AITER_PIN : base64decode("AITER_PIN=${AITER_PIN} is no pin of aiter.pins in versions.json; the pins: ${join(", ", aiter_pins)}")
 }
 // GPU archs to build kernels for, ';'-separated; default: versions.json's gpu_archs.
-variable "GPU_ARCHS" { default = track_args().GPU_ARCHS }
+variable "GPU_ARCHS" { default = track_build_args.GPU_ARCHS }
 // "1" accepts UNRESOLVED pins (development images, never a release); "0": pins_check stops bake.
 variable "ALLOW_UNRESOLVED" { default = "0" }
 // Empty: derived from the builder's CPUs and memory at build time.
@@ -72,20 +72,12 @@ function "under" {
 // variable's value (bake evaluates a function at every use: the lookup in every attribute made one bake
 // --print take seconds). Lower case, as the pins file's: data, not a setting.
 variable "track_build_args" { default = under(build_args, known_track()) }
-function "track_args" {
-  params = []
-  result = track_build_args
-}
 
 // Every pin's build arg for the track and AITER_PIN; with ALLOW_UNRESOLVED=1 the image without its
 // missing digest. Settings (GPU_ARCHS, ...) are bake variables of their own.
 variable "pin_build_args" {
   default = merge(track_build_args, under(aiter_pin_args, known_aiter_pin()),
     ALLOW_UNRESOLVED == "1" ? under(build_args_unresolved_allowed, known_track()) : {})
-}
-function "pin_args" {
-  params = []
-  result = pin_build_args
 }
 
 // Tags of a target. Local (PUSH=0): <name>:<TAG>-vllm<track>, and <name>:<TAG> for the default
@@ -108,7 +100,7 @@ function "pushed_tags" {
 // The 12 hex of the AITER commit the build compiles (UNRESOLVED while the pin has none).
 function "aiter_short" {
   params = []
-  result = substr(pin_args().AITER_COMMIT, 0, 12)
+  result = substr(pin_build_args.AITER_COMMIT, 0, 12)
 }
 
 // What a vLLM target is built on, in its tags and cache keys: aiter<12 hex of the AITER commit>, or
@@ -122,7 +114,7 @@ function "built_on" {
 // built_on) and the commit it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_args().VLLM_VERSION}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_build_args.VLLM_VERSION}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // An empty object: reading an attribute of it stops bake with that attribute's name as the message.
@@ -148,7 +140,7 @@ function "pins_check" {
 // The track's ROCm stack: rocm-image or therock, the stages Dockerfile.rocm_base's ROCM_STACK picks.
 function "stack" {
   params = []
-  result = track_args().ROCM_STACK
+  result = track_build_args.ROCM_STACK
 }
 
 // The unresolved pins a ROCm target builds from, as rendered: base-aiter-src (the verified AITER source),
@@ -162,7 +154,7 @@ function "unresolved" {
 // vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${track_args().VLLM_VERSION}-${built_on()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${track_build_args.VLLM_VERSION}-${built_on()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
@@ -189,7 +181,7 @@ group "validate" { targets = ["base-aiter-src"] }
 target "_common" {
   context = "."
   args = {
-    SOURCE_DATE_EPOCH = track_args().SOURCE_DATE_EPOCH
+    SOURCE_DATE_EPOCH = track_build_args.SOURCE_DATE_EPOCH
     ALLOW_UNRESOLVED  = ALLOW_UNRESOLVED
     GPU_ARCHS         = GPU_ARCHS
     VCS_REF           = VCS_REF
@@ -206,7 +198,7 @@ target "_common" {
 
 // One build arg per pin, as docker-bake.pins.json renders them (python3 -m ci.pins args prints the same).
 target "_versions" {
-  args = merge(pin_args(), { GPU_ARCHS = GPU_ARCHS })
+  args = merge(pin_build_args, { GPU_ARCHS = GPU_ARCHS })
 }
 
 // The build args of Dockerfile.rocm's targets on an existing vLLM image (VLLM_IMAGE, the CPU path):
@@ -214,7 +206,7 @@ target "_versions" {
 target "_embed" {
   args = {
     VLLM_TRACK   = TRACK
-    VLLM_VERSION = track_args().VLLM_VERSION
+    VLLM_VERSION = track_build_args.VLLM_VERSION
   }
 }
 
@@ -304,7 +296,7 @@ target "ci" {
 //
 // The CPU vLLM image must hold the track's vLLM release (else the build stops). Default: vLLM's CPU
 // release image on Docker Hub (x86_64, arm64), by tag; another (by digest, local): VLLM_CPU_IMAGE.
-variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${track_args().VLLM_VERSION}" }
+variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${track_build_args.VLLM_VERSION}" }
 
 // Tags of a CPU image. Local: <name>:<TAG>-vllm<track> and <name>:<TAG> (what compose.cpu.yaml runs)
 // on every track: one CPU path at a time on a machine. Pushed: <name>:vllm<vLLM version>-cpu-<12 hex
@@ -319,18 +311,18 @@ function "cpu_tags" {
 
 function "cpu_commit_tag" {
   params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_args().VLLM_VERSION}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_build_args.VLLM_VERSION}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // Registry build cache of a CPU image: <CACHE_REPO>:<name>-vllm<vLLM version> (no AITER, no GPU archs).
 function "cpu_cache_from" {
   params = [name]
-  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_args().VLLM_VERSION}"])
+  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_build_args.VLLM_VERSION}"])
 }
 
 function "cpu_cache_to" {
   params = [name]
-  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_args().VLLM_VERSION},mode=max"])
+  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_build_args.VLLM_VERSION},mode=max"])
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`
