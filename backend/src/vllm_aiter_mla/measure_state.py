@@ -314,10 +314,15 @@ def collect_ahead() -> None:
         raise ValueError(f"{BACKEND_NAME}: {refusals[0]}")
 
 
+def _unloaded_route(unloaded: measure.Measured) -> Route:
+    """The route where AITER itself could not be loaded: the built-in's (which imports it too and says so
+    in its own words)."""
+    return Route(False, (f"AITER's decode: {unloaded.describe()}",))
+
+
 def _route_of(route: Route, calls: tuple[measure.DecodeCall, ...], found: LayerMeasurement) -> Route:
     if all(m.detail.startswith("loading the kernels") for m in found.measured.values()):
-        # AITER itself could not be loaded: the built-in (which imports it too) says so in its own words
-        return Route(False, (f"AITER's decode: {next(iter(found.measured.values())).describe()}",))
+        return _unloaded_route(next(iter(found.measured.values())))
     return with_measurements(route, found.measured, found.remedy, found.flags, avoiding(calls))
 
 
@@ -335,7 +340,7 @@ def measured_route(vllm_config, route: Route, kv_cache_dtype: str,
     if ahead and begin_ahead(calls, splits, route):
         kernels, failed, _, _, _ = _loaded(splits)
         if kernels is None:
-            return Route(False, (f"AITER's decode: {_unloaded(failed).describe()}",)), None
+            return _unloaded_route(_unloaded(failed)), None
         return dataclasses.replace(route, pending=True), None
     collect_ahead()
     found = layer_measurement(calls, splits)
