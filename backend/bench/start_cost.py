@@ -141,6 +141,9 @@ def begun_ahead(sets, kernels, triton, splits, device, factory_name, folder: str
           f"{here:.2f} s of it in this process", flush=True)
 
 
+MAX_LOAD_S = 3600.0
+
+
 def simulated_load(device: torch.device, seconds: float) -> int:
     """A model's weights loaded for ``seconds``: tensors of 64 MiB copied from host memory to the device
     one at a time, as a loader does (its Python between copies included). Returns the bytes copied."""
@@ -192,6 +195,16 @@ def load_beside(sets, kernels, triton, splits, device, factory_name, folder: str
     print(f"load     {mode:6} ({len(sets)} call sets; {what}): load {loaded:.2f} s ({copied / 2**30:.1f} GiB), "
           f"measurement {'collected in ' if mode == 'begun' else ''}{measuring:.2f} s ({here:.2f} s in this "
           f"process): {whole:.2f} s in all, {whole - loaded:.2f} s beyond the load", flush=True)
+
+
+def _load_seconds(raw: str) -> float:
+    """--load-s through the project's one reading of numbers (a duration: no nan, inf, sign or exponent)."""
+    from rocm_vllm_runtime import numbers  # noqa: PLC0415 - on PYTHONPATH with the backend (see the usage)
+
+    try:
+        return numbers.duration("--load-s", raw, MAX_LOAD_S)
+    except numbers.SettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def later(sets, kernels, triton, splits, device, factory_name, folder: str, runs: int = 2) -> None:
@@ -309,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="")
     parser.add_argument("--later-only", default="", help=argparse.SUPPRESS)  # the records' folder
     parser.add_argument("--cold-steps", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--load-s", type=float, default=20.0, help="seconds of the simulated model load")
+    parser.add_argument("--load-s", type=_load_seconds, default=20.0,
+                        help="seconds of the simulated model load (more than 0, at most an hour)")
     parser.add_argument("--load-only", action="store_true", help="only the load-beside section")
     parser.add_argument("--load-run", choices=("serial", "begun"), default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
