@@ -143,12 +143,12 @@ def _skip_reason(report: pytest.TestReport) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    # the lane (the worker that ran it, and whether it was the Docker unit): a plain attribute of
+    # the lane (the worker that ran it, and whether it was a Docker unit): a plain attribute of
     # the report travels with it from a lane's worker to the controller, which counts the time per
     # lane (kept out of user_properties, which JUnit files would carry)
     worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # not the environment: a
     # session started by a test inherits its worker's PYTEST_XDIST_WORKER
-    setattr(report, _LANE_ATTR, (worker, unit_of(item) == DOCKER_UNIT))
+    setattr(report, _LANE_ATTR, (worker, docker_unit(item) is not None))
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     allowed = next((m for m in ALLOWED_SKIP_MARKERS if item.get_closest_marker(m)), None)
@@ -175,8 +175,11 @@ def pytest_runtest_logreport(report) -> None:
 # TEST_LANES, default 3 on the 2-core CI machine: while one lane waits on a build, a server or a
 # time limit, the others use the cores). Work goes out in units, each to one worker whole, in
 # collection order within it:
-# * the Docker tests (marked docker) are one unit, handed out first: they share one engine, its
-#   images and build cache, and one of them prunes it;
+# * the Docker tests (marked docker) are two units of about equal time, handed out first, each to a
+#   worker of its own: the tests of one file share its images and servers, and a file joins the
+#   second unit with `docker(unit="second")`. Both units use one engine: what they make first (the
+#   Debian base, the CPU vLLM image) is made under a lock, and no Docker test changes what the other
+#   unit uses (the engine's prune is tested on an engine of its own);
 # * tests that use a costly session fixture of their folder (SHARED_SESSION_FIXTURES) are one unit,
 #   so that one worker makes it once;
 # * every other test file is a unit of its own, handed to whichever worker is free next; units with a
@@ -187,17 +190,34 @@ def pytest_runtest_logreport(report) -> None:
 # plugin change.) Without xdist nothing changes.
 _LANE_FILE = "lanes-units-{worker}.txt"
 DOCKER_UNIT = "docker"
+DOCKER_UNITS = ("first", "second")
 # Session fixtures that start something costly (engine_runs: vLLM engines on CPU, one process per
 # backend serving every declared run): every test that uses one shares the worker that made it.
 SHARED_SESSION_FIXTURES = ("engine_runs",)
 
 
+def docker_unit(item: pytest.Item) -> str | None:
+    """The Docker unit of a test marked docker (`docker` or `docker(unit="second")`), else None."""
+    marker = item.get_closest_marker("docker")
+    if marker is None:
+        return None
+    unit = marker.kwargs.get("unit", DOCKER_UNITS[0])
+    if unit not in DOCKER_UNITS or marker.args or set(marker.kwargs) - {"unit"}:
+        raise pytest.UsageError(f"{item.nodeid}: the docker marker takes only unit= one of {', '.join(DOCKER_UNITS)} "
+                                f"(got {marker.args} {marker.kwargs})")
+    return f"{DOCKER_UNIT} {unit}"
+
+
 def unit_of(item: pytest.Item) -> str:
     """The unit of work a test belongs to (see above)."""
-    if item.get_closest_marker("docker"):
-        return DOCKER_UNIT
+    if docker := docker_unit(item):
+        return docker
     shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
     return f"session fixture {shared[0]}" if shared else item.nodeid.split("::", 1)[0]
+
+
+def is_docker_unit(unit: str) -> bool:
+    return unit.split(" ", 1)[0] == DOCKER_UNIT and unit.removeprefix(f"{DOCKER_UNIT} ") in DOCKER_UNITS
 
 
 LONG_MARKERS = ("engine", "long")
@@ -221,6 +241,8 @@ def _units() -> tuple[dict[str, str], set[str]]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:  # a docker marker with another unit or other arguments stops the session here
+        docker_unit(item)
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ.get(REPORTS_ENV):
         lines = "".join(f"{item.nodeid}\t{unit_of(item)}\t{int(is_long(item))}\n" for item in items)
@@ -234,7 +256,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only with xdist
 
     class LaneScheduling(LoadScopeScheduling):
-        """Units of work (unit_of), each to one worker whole; the Docker unit first."""
+        """Units of work (unit_of), each to one worker whole; the Docker units first."""
 
         _units: dict[str, str] | None = None
         _long: set[str] = set()
@@ -245,8 +267,8 @@ def pytest_xdist_make_scheduler(config, log):
             return self._units.get(nodeid, nodeid.split("::", 1)[0])
 
         def _assign_work_unit(self, node) -> None:
-            # the longest chain of the session (the Docker tests) first, then the units with a long test
-            first = DOCKER_UNIT if DOCKER_UNIT in self.workqueue else next(
+            # the longest chains of the session (the Docker units) first, then the units with a long test
+            first = next((unit for unit in self.workqueue if is_docker_unit(unit)), None) or next(
                 (unit for unit in self.workqueue if unit in self._long), None)
             if first is not None:
                 self.workqueue.move_to_end(first, last=False)

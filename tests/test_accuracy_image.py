@@ -37,7 +37,7 @@ from test_engine_integration import IMAGE_PREFIX, ROOT, own_target_image
 # The integration test's fixtures (pytest collects fixtures among a module's globals).
 h, cpu_vllm_image, context_dir = integration.h, integration.cpu_vllm_image, integration.context_dir
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.docker(unit="second")
 ENGINE_LOG_SUFFIX = "accuracy"
 CI_TAG = f"{IMAGE_PREFIX}/ci:cpu-accuracy"
 MODEL = "/models/tiny-mla-seeded"

@@ -40,6 +40,7 @@ import pytest
 from rocm_vllm_runtime.manifest import parse_manifest
 
 from ci import cpu_serve
+from cache_lock import held
 from vllm_sdist import cpu_track, cpu_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +170,12 @@ def http_json(url: str, payload=None, timeout: float = 300):
 
 @pytest.fixture(scope="module")
 def cpu_vllm_image(h):
+    # one maker at a time: both Docker lanes start with it (conftest.py), a second waits and takes it
+    with held(Path(tempfile.gettempdir()) / "rocm-vllm-cpu-vllm-image.lock"):
+        return _cpu_vllm_image(h)
+
+
+def _cpu_vllm_image(h) -> str:
     t0 = time.monotonic()
     proc = h.run(["bash", ROOT / "ci/test-machine/debian-test-image.sh"], what="Debian base image")
     base = proc.stdout.strip().splitlines()[-1]

@@ -601,7 +601,7 @@ def test_security_volumes_and_resources_as_rendered(tmp_path):
 
 # ----------------------------------------------------------------- on Docker
 
-@pytest.mark.docker
+@pytest.mark.docker(unit="second")
 def test_replicas_pods_serve_as_rendered(h, serve_image, tmp_path, running):
     """The StatefulSet's two replicas at once, each from a render whose Secret holds the API key: the
     first without HF_TOKEN (unset in the container), the second with an empty one."""
@@ -616,7 +616,7 @@ def test_replicas_pods_serve_as_rendered(h, serve_image, tmp_path, running):
         serve_and_complete(h, run, f"replicas (StatefulSet {run.pod.role}, HF_TOKEN {token})")
 
 
-@pytest.mark.docker
+@pytest.mark.docker(unit="second")
 def test_the_pods_own_address_needs_the_secrets_api_key(h, serve_image, tmp_path, running):
     """SERVE_HOST 0.0.0.0 and port 8000 as rendered, in a container with its own network namespace
     (as a pod has): with the documented Secret the serve command starts vLLM; with an empty key it refuses,
@@ -639,7 +639,7 @@ def test_the_pods_own_address_needs_the_secrets_api_key(h, serve_image, tmp_path
            "exit, reported as a crash loop with the log tail")
 
 
-@pytest.mark.docker
+@pytest.mark.docker(unit="second")
 def test_multinode_leader_runs_as_rendered_until_vllm_refuses_ray_on_cpu(h, serve_image, tmp_path, running):
     objs = render(tmp_path, "multinode", serve_image, SECRETS)
     leader = pods_of(objs)["leader"]
@@ -662,7 +662,7 @@ def test_multinode_leader_runs_as_rendered_until_vllm_refuses_ray_on_cpu(h, serv
     serve_and_complete(h, run, "multinode leader (LWS size 1)")  # a CPU vLLM that serves through Ray
 
 
-@pytest.mark.docker
+@pytest.mark.docker(unit="second")
 @pytest.mark.parametrize("value", ("abc", "0", "1e3"))
 def test_multinode_worker_runs_as_rendered_to_its_settings_check(serve_image, tmp_path, running, value):
     objs = render(tmp_path, "multinode", serve_image, SECRETS)

@@ -1,8 +1,9 @@
 """The suite's lanes (conftest.py, pytest-xdist's loadgroup distribution, as ci/test.sh runs it):
-every Docker test (marked docker) runs in one worker, in collection order, handed out first; the
+the Docker tests (marked docker) run in two units, each in one worker, in collection order, handed
+out first (a file joins the second with docker(unit="second")); the
 tests that use a costly session fixture (engine_runs) share one worker, which makes it once; every
 other test file goes to whichever worker is free, those with a long test first; the time of each
-lane is reported, naming the one that ran the Docker tests; skips and the tests' summary lines
+lane is reported, naming those that ran Docker tests; skips and the tests' summary lines
 (tests/report_lines.py) reach the controller's summary. Driven on a small session of its own, with
 the repository's conftest.py and pytest.ini."""
 from __future__ import annotations
@@ -29,22 +30,23 @@ def record(name):
 
 
 def module(marked: bool | str, names: list[str]) -> str:
-    marker = "docker" if marked is True else marked
+    marker = "docker" if marked is True else marked  # or a marker with its arguments
     body = RECORDING + (f"pytestmark = pytest.mark.{marker}\n" if marker else "")
     return body + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
 
 
-def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_path):
+def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tmp_path):
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
     suite = tmp_path / "suite"
     suite.mkdir()
-    # Docker tests in three modules, the others between and after them, as in the real collection;
+    # Docker tests in three modules (the middle one in the second unit), the others between and after
+    # them, as in the real collection;
     # each test takes a moment, so that the lanes run side by side
     pause = "\nimport time\n\n@pytest.fixture(autouse=True)\ndef _a_moment():\n    time.sleep(0.2)\n"
     (suite / "test_a_docker.py").write_text(module(True, ["d1", "d2"]) + pause)
     (suite / "test_b_plain.py").write_text(module(False, [f"p{i}" for i in range(3)]) + pause)
-    (suite / "test_c_docker.py").write_text(module(True, ["d3", "d4"]) + pause)
+    (suite / "test_c_docker.py").write_text(module('docker(unit="second")', ["d3", "d4", "d6"]) + pause)
     (suite / "test_d_plain.py").write_text(module(False, [f"q{i}" for i in range(3)]) + pause +
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]) + pause)
@@ -76,13 +78,16 @@ def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_
                            "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     ran = [line.split() for line in record.read_text().splitlines()]
-    docker = [(w, n) for w, n in ran if n.startswith("d")]
+    first = [(w, n) for w, n in ran if n in ("d1", "d2", "d5")]
+    second = [(w, n) for w, n in ran if n in ("d3", "d4", "d6")]
     plain = [(w, n) for w, n in ran if n[0] in "pqg"]  # z0 aside
     shared = [(w, n) for w, n in ran if n[0] in "hi" or n == "made-engine-runs"]
-    assert [n for _, n in docker] == ["d1", "d2", "d3", "d4", "d5"], ran  # collection order
-    (docker_lane,) = {w for w, _ in docker}
-    assert next(n for w, n in ran if w == docker_lane) == "d1", ran  # handed out first
-    assert docker_lane not in {w for w, _ in plain[:3]}, ran  # beside the others, not after them
+    assert [n for _, n in first] == ["d1", "d2", "d5"] and [n for _, n in second] == ["d3", "d4", "d6"], ran  # in order
+    (first_lane,), (second_lane,) = {w for w, _ in first}, {w for w, _ in second}
+    assert first_lane != second_lane, ran
+    for lane, unit in ((first_lane, first), (second_lane, second)):
+        assert next(n for w, n in ran if w == lane) == unit[0][1], ran  # handed out first
+        assert lane not in {w for w, _ in plain[:2]}, ran  # beside the others, not after them
     assert len({w for w, _ in plain}) >= 2, ran  # the plain files spread over the free lanes
     assert len({w for w, _ in shared}) == 1 and [n for _, n in shared].count("made-engine-runs") == 1, ran
     (long_lane,) = {w for w, n in ran if n == "z0"}
@@ -90,9 +95,22 @@ def test_docker_tests_share_one_lane_first_and_in_order_and_the_rest_spread(tmp_
     lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
     assert sorted(line.split()[1] for line in lanes) == sorted({w for w, _ in ran}), proc.stdout[-2000:]
     assert [line for line in lanes if "(Docker tests " in line] == \
-        [line for line in lanes if line.split()[1] == docker_lane], proc.stdout[-2000:]
+        [line for line in lanes if line.split()[1] in (first_lane, second_lane)], proc.stdout[-2000:]
     assert "skipped: 1 (1 x [skip: for the count])" in proc.stdout, proc.stdout[-2000:]
     assert " nested section =" in proc.stdout and "\na line from a lane\n" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("marker", ['docker(unit="third")', 'docker("second")', 'docker(unit="second", lane=2)'])
+def test_a_docker_marker_naming_no_unit_stops_the_session_at_collection(tmp_path, marker):
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
+    (tmp_path / "test_marked.py").write_text(f"import pytest\n\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_marked.py"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "test_marked.py::test_x: the docker marker takes only unit= one of first, second" in proc.stderr, \
+        proc.stderr[-2000:]
 
 
 def test_a_line_of_progress_while_the_lanes_collect(tmp_path):

@@ -70,7 +70,7 @@ from test_engine_integration import (FAKE_AMX_ARGS, IMAGE_PREFIX, ROOT, free_por
 # so the integration test's rebuilds under its tags never change the image this test runs.
 h, cpu_vllm_image, context_dir = integration.h, integration.cpu_vllm_image, integration.context_dir
 
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.docker(unit="second")
 ENGINE_LOG_SUFFIX = "multinode"
 SERVE_TAG = f"{IMAGE_PREFIX}/serve:cpu-multinode"
 MODEL_DIR = "/opt/tiny-mla-32"

@@ -29,7 +29,7 @@ from git_repo import commit_all, git, new_repo
 from ci.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.docker
+pytestmark = pytest.mark.docker(unit="second")
 TRITON_VERSION_PREFIX = "3.8.0+git"
 
 
