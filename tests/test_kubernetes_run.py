@@ -87,6 +87,7 @@ LOG_TAIL = 40
 WORKLOADS = ("StatefulSet", "Deployment", "DaemonSet", "LeaderWorkerSet")
 CLUSTER_IP_BASE = "10.96.0."
 RAY_ON_CPU_REFUSED = "current platform cpu does not support ray"
+RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's own line (ray/_private/node.py)
 # tests/compose.cpu.yaml's AMX hook (tests/fake_amx, mounted with FAKE_AMX_MOUNT)
 FAKE_AMX_ENV = {"PYTHONPATH": "/opt/fake_amx", "ROCM_VLLM_FAKE_AMX": "1"}
 FAKE_AMX_MOUNT = ("-v", f"{ROOT / 'tests/fake_amx'}:/opt/fake_amx:ro")
@@ -649,6 +650,15 @@ def test_multinode_leader_runs_as_rendered_until_vllm_refuses_ray_on_cpu(h, serv
     t0 = time.monotonic()
     outcome = run.await_log(RAY_ON_CPU_REFUSED, DEADLINE_S)
     log = run.logs(100000)
+    restarted = ""
+    if outcome == "exited" and RAY_START_TIMED_OUT in log and "Ray runtime started" not in log:
+        # Ray gives its raylet a fixed 30 s to register (ray/_private/node.py): on the 2-core machine
+        # with the other lanes busy it can miss it. The container exited as a pod's would, and the
+        # kubelet starts it again: so does this test, once.
+        run.close()
+        run, restarted = running(pod), " (started again once, as the kubelet restarts it: Ray's head start timed out)"
+        outcome = run.await_log(RAY_ON_CPU_REFUSED, DEADLINE_S)
+        log = run.logs(100000)
     assert "Ray runtime started" in log, log[-3000:]
     assert "error: fewer than" not in log and "[rocm-vllm] serve: " in log, log[-3000:]
     assert "--distributed-executor-backend ray --pipeline-parallel-size 1" in log, log[-3000:]
@@ -657,7 +667,7 @@ def test_multinode_leader_runs_as_rendered_until_vllm_refuses_ray_on_cpu(h, serv
         assert status == "exited" and run.state()[1] != 0, run.state()
         h.note(f"kubernetes multinode leader (LWS size 1): Ray head started, group complete, serve reached with the "
                f"Ray executor; vLLM's CPU platform refuses Ray ({RAY_ON_CPU_REFUSED!r}) after "
-               f"{time.monotonic() - t0:.1f}s: its probes and a completion not run on CPU")
+               f"{time.monotonic() - t0:.1f}s{restarted}: its probes and a completion not run on CPU")
         return
     serve_and_complete(h, run, "multinode leader (LWS size 1)")  # a CPU vLLM that serves through Ray
 
