@@ -148,7 +148,7 @@ def test_image_targets_use_dockerfile_rocm():
 
 
 def test_ray_comes_from_its_lock_not_from_build_args():
-    """Ray is installed from ci/docker/requirements-ray.txt (a lock), so no target passes Ray
+    """Ray is installed from docker/requirements-ray.txt (a lock), so no target passes Ray
     versions or hashes as build args."""
     proc = bake_print("serve", "ci", env=DEV)
     assert proc.returncode == 0, proc.stderr

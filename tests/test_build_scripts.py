@@ -1,4 +1,4 @@
-"""The build scripts of ci/docker run here for real (no Docker): the shared helper lib.sh
+"""The build scripts of docker/ run here for real (no Docker): the shared helper lib.sh
 (MAX_JOBS from CPUs and the cgroup memory limit, the CA bundle), the pinned-distribution guard
 (pinned_dists.py), the source stages' HipKittens and triton_kernels fetches against local git
 repositories, and the AMD SMI import check."""
@@ -18,7 +18,7 @@ from git_repo import commit_all, git, new_repo
 from test_vllm_source import stub_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "ci" / "docker"
+DOCKER = ROOT / "docker"
 GIB = 1024 ** 3
 
 

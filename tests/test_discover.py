@@ -208,5 +208,5 @@ def test_a_therock_base_makes_a_therock_track_the_new_default(tmp_path):
                                         "version": "3.9.0+git11111111", "unresolved": []}
     assert verify.check_schema(changed) == []
     assert changed["default_track"] == "9.1" and model.built_track_names(changed)[0] == "9.1"
-    assert any("TheRock ROCm 11.0.0" in note and "ci/locks/therock-9.1.txt" in note for note in proposal.notes)
+    assert any("TheRock ROCm 11.0.0" in note and "docker/locks/therock-9.1.txt" in note for note in proposal.notes)
     assert not any("default track stays" in note for note in proposal.notes)

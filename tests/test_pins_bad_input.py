@@ -232,7 +232,7 @@ def test_a_key_given_twice_is_refused_naming_it(command, data, tmp_path):
 
 
 @pytest.mark.parametrize("schema_file,document", [("versions.schema.json", "versions.json"),
-                                                   ("ci/locks/locks.schema.json", "ci/locks/locks.json")])
+                                                   ("docker/locks/locks.schema.json", "docker/locks/locks.json")])
 def test_the_schemas_are_draft_2020_12_and_hold_the_committed_files(schema_file, document):
     """The shapes verify checks are JSON Schema files an editor can use: valid Draft 2020-12 schemas
     that the committed files meet, checked here with the library directly."""

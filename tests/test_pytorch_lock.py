@@ -3,7 +3,7 @@ ci.pins.locks.pytorch_lock), made by the real uv against a local stand-in of the
 torch, torchvision and torchaudio of the pinned versions, the Triton torch requires and what they
 require, each by the sha256 of that index's file, never from a PyPI stand-in offered through the
 environment (same names, other bytes, newer versions); resolve writes the lock and pins its sha256,
-verify holds the pin to the file; and ci/docker/install_torch.sh installs exactly the pinned lock,
+verify holds the pin to the file; and docker/install_torch.sh installs exactly the pinned lock,
 offline, from a file:// copy of the index, and refuses any other."""
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_a_version_the_index_lacks_is_not_taken_from_pypi(data, track, indexes, 
 
 
 def test_resolve_wheels_writes_the_lock_and_pins_its_sha256(data, track, indexes, monkeypatch, tmp_path):
-    """resolve's wheels item: the lock goes to ci/locks/pytorch.txt (a track's own section:
+    """resolve's wheels item: the lock goes to docker/locks/pytorch.txt (a track's own section:
     pytorch-<track>.txt) and its sha256 to that section's lock_sha256 (out of unresolved); a pinned
     lock is kept unless --force."""
     from ci.pins import __main__ as cli
@@ -119,7 +119,7 @@ def test_resolve_wheels_writes_the_lock_and_pins_its_sha256(data, track, indexes
     path = tmp_path / model.LOCKS_DIR / "pytorch.txt"
     digest = hashlib.sha256(tables[path].encode()).hexdigest()
     assert d["pytorch"]["lock_sha256"] == digest and "lock_sha256" not in d["pytorch"]["unresolved"]
-    assert changes == [f"pytorch.lock_sha256: {digest} (ci/locks/pytorch.txt, 6 wheels)"]
+    assert changes == [f"pytorch.lock_sha256: {digest} (docker/locks/pytorch.txt, 6 wheels)"]
     assert cli.resolve_pytorch(argparse.Namespace(force=False), d, tmp_path, track, {}) == []
     assert cli.resolve_pytorch(argparse.Namespace(force=True), d, tmp_path, track, {}) == []  # the same lock
     # a track's own pytorch section: its own lock, named after it
@@ -138,12 +138,12 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     d = copy.deepcopy(data)
     d["pytorch"].update(lock_sha256="a" * 64, unresolved=[])
     lock = tmp_path / model.LOCKS_DIR / "pytorch.txt"
-    assert any("pytorch.lock_sha256 is set but ci/locks/pytorch.txt is missing: run python3 -m ci.pins resolve "
+    assert any("pytorch.lock_sha256 is set but docker/locks/pytorch.txt is missing: run python3 -m ci.pins resolve "
                "wheels --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
     body = f"x==1 \\\n    --hash=sha256:{'0' * 64}\n"
     lock.write_text(body)
-    assert any("ci/locks/pytorch.txt has sha256" in e and "the lock was edited" in e
+    assert any("docker/locks/pytorch.txt has sha256" in e and "the lock was edited" in e
                for e in verify.check_locks(d, tmp_path))
     d["pytorch"]["lock_sha256"] = hashlib.sha256(body.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []
@@ -180,7 +180,7 @@ def install_torch(venv: Path, indexes, pins: dict, lock_text: str | None, allow:
     env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(venv.parent), **pins,
            "ALLOW_UNRESOLVED": allow, "ROCM_VLLM_CA_BUNDLE": str(venv.parent / "no-bundle"),
            "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri(), "PIP_FIND_LINKS": str(indexes["pypi"] / "filelock")}
-    return subprocess.run(["bash", ROOT / "ci/docker/install_torch.sh", locks_dir, indexes["pytorch"].as_uri()],
+    return subprocess.run(["bash", ROOT / "docker/install_torch.sh", locks_dir, indexes["pytorch"].as_uri()],
                           env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
           "--release": {"help": "add only this release"}, "--up-to": {"help": "leave out releases after this one"},
           "--summary": {"type": Path, "help": "write what changed upstream (Markdown) here"},
           "--aiter-tags": {**flag, "help": "also report newer AITER tags"}, "--sdist-cache": cache}),
-        ("lock", "remake the hash locks of ci/locks/locks.json with uv (needs PyPI)",
+        ("lock", "remake the hash locks of docker/locks/locks.json with uv (needs PyPI)",
          {"names": {"nargs": "*", "metavar": "NAME", "help": "locks to remake (default: every one)"},
           "--check": {**flag, "help": "write nothing; fail when a lock differs from what its inputs lock to"},
           "--upgrade": {**flag, "help": "take the newest releases, not the versions each lock holds"},

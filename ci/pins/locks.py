@@ -1,4 +1,4 @@
-"""Hash-locked requirement files (ci/locks/locks.json): `python3 -m ci.pins lock [NAME...] [--check]`.
+"""Hash-locked requirement files (docker/locks/locks.json): `python3 -m ci.pins lock [NAME...] [--check]`.
 
 Each lock is `uv pip compile --generate-hashes` of its inputs for the platform it is installed on, with
 only the PyPI releases uploaded before exclude_newer; vLLM's (one per track) from requirements/rocm.txt
@@ -21,12 +21,12 @@ from pathlib import Path
 from packaging.version import Version
 from rocm_vllm_runtime import files, schema
 
-from ..docker import pinned_dists
+from docker import pinned_dists
 from . import discover, model, resolve
 from .model import PinError
 
-LOCKS_FILE = Path("ci/locks/locks.json")
-SCHEMA_FILE = model.REPO_ROOT / "ci/locks/locks.schema.json"  # its shape and patterns (JSON Schema)
+LOCKS_FILE = Path("docker/locks/locks.json")
+SCHEMA_FILE = model.REPO_ROOT / "docker/locks/locks.schema.json"  # its shape and patterns (JSON Schema)
 SDIST = "sdist:"
 
 
@@ -49,7 +49,7 @@ class Lock:
 
 
 def load(root: Path) -> dict:
-    """locks.json, checked against ci/locks/locks.schema.json: a PinError naming the first problem."""
+    """locks.json, checked against docker/locks/locks.schema.json: a PinError naming the first problem."""
     spec = model.load(root / LOCKS_FILE)
     errors = schema.problems(spec, files.read_json(SCHEMA_FILE, SCHEMA_FILE.name))
     if errors:
@@ -59,7 +59,7 @@ def load(root: Path) -> dict:
 
 
 def base_image_dists(root: Path) -> tuple[str, ...]:  # noqa: ARG001
-    """The distributions the base image pins (ci/docker/pinned_dists.py FIXED)."""
+    """The distributions the base image pins (docker/pinned_dists.py FIXED)."""
     return pinned_dists.FIXED
 
 
@@ -233,9 +233,9 @@ def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> 
     if lock.remove:
         lines.append(f"# Left out (the base image provides them): {', '.join(lock.remove)}.")
     if lock.no_emit:
-        lines.append(f"# Left out: {', '.join(lock.no_emit)} (see ci/locks/locks.json).")
+        lines.append(f"# Left out: {', '.join(lock.no_emit)} (see docker/locks/locks.json).")
     if lock.overrides:
-        lines.append(f"# Overrides (see ci/locks/locks.json): {'; '.join(lock.overrides)}.")
+        lines.append(f"# Overrides (see docker/locks/locks.json): {'; '.join(lock.overrides)}.")
     lines += [f"# input {name} sha256:{digest}" for name, digest in inputs]
     lines.append(body_line(body))
     return "\n".join(lines) + "\n"
@@ -353,7 +353,7 @@ def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
                       THEROCK_BUILT_HERE, uv)
     return _index_lock_text(data, wanted, body, f"python3 -m ci.pins resolve therock --track {track}",
                             therock["index_url"], f"tracks.{track}.therock.lock_sha256",
-                            "ci/docker/therock_sdk.sh through ci/docker/install_lock.sh",
+                            "docker/therock_sdk.sh through docker/install_lock.sh",
                             (f"# Left out (the image builds Triton from source): {', '.join(THEROCK_BUILT_HERE)}.",))
 
 
@@ -365,7 +365,7 @@ def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
     body = index_lock(data, wanted, index_url or pytorch["index_url"], f"PyTorch lock of {where}", uv=uv)
     command = "python3 -m ci.pins resolve wheels" + (f" --track {track}" if where != "pytorch" else "")
     return _index_lock_text(data, wanted, body, command, pytorch["index_url"], f"{where}.lock_sha256",
-                            "ci/docker/install_torch.sh through ci/docker/install_lock.sh")
+                            "docker/install_torch.sh through docker/install_lock.sh")
 
 
 AITER_REQUIREMENTS = "requirements.txt"  # AITER's own requirements, at the root of its source

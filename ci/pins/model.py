@@ -36,7 +36,7 @@ BUILT_STACKS = (ROCM_IMAGE_STACK, THEROCK_STACK)
 # The shared sections (TRACK_OVERRIDES) a stack does not use: a therock track takes PyTorch from its
 # TheRock lock, not from a pytorch section.
 UNUSED_SECTIONS = {THEROCK_STACK: ("pytorch",)}
-LOCKS_DIR = Path("ci/locks")
+LOCKS_DIR = Path("docker/locks")
 # The PyTorch wheels a track installs; their Triton is the one torch requires (its lock holds it).
 TORCH_WHEELS = ("torch", "torchvision", "torchaudio")
 # Words of a host label or path segment naming a TheRock channel other than its releases

@@ -8,7 +8,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from rocm_vllm_runtime import files, numbers, schema, secrets
-from ..docker import lock_lines
+from docker import lock_lines
 from . import model, render
 from .model import PinError
 
@@ -149,7 +149,7 @@ def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
 
 
 def committed_locks(root: Path, data: dict) -> list[Path]:
-    """The hash locks of ci/locks/locks.json in this checkout (paths from root)."""
+    """The hash locks of docker/locks/locks.json in this checkout (paths from root)."""
     from . import locks  # noqa: PLC0415  (locks imports the modules verify is imported by)
 
     if not (root / locks.LOCKS_FILE).is_file():
@@ -158,7 +158,7 @@ def committed_locks(root: Path, data: dict) -> list[Path]:
 
 
 def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
-    """A lock whose sha256 is pinned is in ci/locks/ with exactly that sha256: the build refuses any other."""
+    """A lock whose sha256 is pinned is in docker/locks/ with exactly that sha256: the build refuses any other."""
     errors = []
     for where, node, key, path, command in pinned_locks(data):
         pinned = node.get(key)
@@ -180,7 +180,7 @@ def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
     try:
         committed = committed_locks(root, data)
     except PinError as exc:
-        return errors + [f"ci/locks/locks.json: {exc}"]
+        return errors + [f"docker/locks/locks.json: {exc}"]
     for path in committed:
         if problem := lock_lines.problem(str(path), (root / path).read_bytes()):
             errors.append(f"{problem}; make it again (python3 -m ci.pins lock)")

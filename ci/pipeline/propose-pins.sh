@@ -108,7 +108,7 @@ for version in $releases; do
   python3 -m ci.pins verify --strict --track "$track" >"$out/verify.log" 2>&1
   verify_status=$?
   # the new track's lock of vLLM's runtime requirements (uv: the test environment's, PINS_PYTHON)
-  lock=ci/locks/vllm-$track-rocm.txt
+  lock=docker/locks/vllm-$track-rocm.txt
   if [ "$built" = 1 ]; then
     "$pins_python" -m ci.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
     lock_status=$?
@@ -118,7 +118,7 @@ for version in $releases; do
   fi
   [ -f "$lock" ] && git add -- "$lock"
   # a therock track's TheRock lock, where PINS_RELEASE_WHAT has resolve make it (therock)
-  therock_lock=ci/locks/therock-$track.txt
+  therock_lock=docker/locks/therock-$track.txt
   [ -f "$therock_lock" ] && git add -- "$therock_lock"
   bash -c "$tests_cmd" >"$out/tests.log" 2>&1
   tests_status=$?

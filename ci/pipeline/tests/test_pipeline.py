@@ -48,7 +48,8 @@ def copy_repo(dest: Path) -> Path:
     for name in ("docker-bake.hcl", "docker-bake.pins.json", "versions.json", "versions.schema.json",
                  "Dockerfile.rocm_base", "Dockerfile.rocm"):
         shutil.copy(REPO / name, dest / name)
-    shutil.copytree(REPO / "ci", dest / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+    for folder in ("ci", "docker"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", dest / "runtime/src/rocm_vllm_runtime",
                     ignore=shutil.ignore_patterns("__pycache__"))  # ci.pins reads numbers and URLs through it
     return dest

@@ -77,7 +77,8 @@ def project(tmp_path: Path):
         shutil.copy(REPO / name, root / name)
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
-    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+    for folder in ("ci", "docker"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     data["vllm"]["repository"] = str(upstream)
     for own in data["tracks"].values():
         own["vllm"].update(commit=None, unresolved=["commit"])
@@ -213,7 +214,7 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     data["aiter"]["repository"] = aiter.as_uri()
     (project.path / "versions.json").write_text(model.canonical(data))
     built = newest in model.built_track_names(model.load(REPO / "versions.json"))
-    (project.path / f"ci/locks/vllm-{newest}-rocm.txt").unlink(missing_ok=not built)  # the job must make it
+    (project.path / f"docker/locks/vllm-{newest}-rocm.txt").unlink(missing_ok=not built)  # the job must make it
     sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; d = model.load(); "
                            "model.write_files({**model.global_arg_updates(d)[1], **model.backend_range_update(d)})"],
                           cwd=project.path, capture_output=True, text=True)
@@ -245,7 +246,7 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     # the new track's lock, made by the job from the release's sdist, is the repository's own (none
     # for a track whose stack is not built here)
     assert f"`python3 -m ci.pins lock vllm-{newest}` (exit 0)" in body, body[body.find("ci.pins lock"):][:1500]
-    lock = f"ci/locks/vllm-{newest}-rocm.txt"
+    lock = f"docker/locks/vllm-{newest}-rocm.txt"
     if built:
         # the lock the resolver makes of the release's requirements now, with nothing to keep (the
         # repository's own lock keeps its versions while the index gains releases: lock --check)

@@ -30,7 +30,7 @@ try:
     from packaging.utils import canonicalize_name
 except ImportError:
     sys.exit("pinned-dists: ERROR: the Python package `packaging` is not installed in this Python: "
-             "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
+             "install docker/requirements-scripts.txt (the base image's torch stage does)")
 
 FIXED = ("torch", "torchvision", "torchaudio", "amdsmi", "amd-aiter", "triton")
 REQUIRED = ("torch", "amdsmi")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the AITER wheel with prebuilt kernels: build_aiter.sh SRC WHEEL_DIR [LOCKS_DIR]
-# (LOCKS_DIR: where the stage mounts ci/locks; aiter_requirements.sh stops without it)
+# (LOCKS_DIR: where the stage mounts docker/locks; aiter_requirements.sh stops without it)
 # Settings (build args): GPU_ARCHS (required: the default "native" needs a GPU), MAX_JOBS and
 # AITER_MEM_PER_JOB_GIB (lib.sh derive_max_jobs; MAX_JOBS also bounds AITER_FLYDSL_AOT_WORKERS),
 # AITER_TAG (the wheel version), aiter_requirements.sh's, HIP_KITTENS_DIR (the pinned HipKittens

@@ -10,5 +10,5 @@ if __name__ == "__main__":
     except Exception as exc:  # ImportError, or OSError when libamd_smi.so cannot be loaded
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         sys.exit(f"amdsmi-check: ERROR: import amdsmi failed ({detail}): vLLM would fail with 'Failed to infer "
-                 "device type'; install it from the ROCm image (ci/docker/install_amdsmi.sh in the torch stage)")
+                 "device type'; install it from the ROCm image (docker/install_amdsmi.sh in the torch stage)")
     print(f"amdsmi-check: amdsmi from {getattr(module, '__file__', '?')}")

@@ -34,7 +34,7 @@ check() {
     *) python "$here/vllm_requirements.py" triton-kernels "$src" "$TRITON_KERNELS_COMMIT" ;;
   esac
   python "$here/vllm_requirements.py" build-tools "$src" "$here/requirements-build.txt"
-  : "${VLLM_LOCK:?set VLLM_LOCK to the track's lock of vLLM's runtime requirements (ci/locks/vllm-<track>-rocm.txt)}"
+  : "${VLLM_LOCK:?set VLLM_LOCK to the track's lock of vLLM's runtime requirements (docker/locks/vllm-<track>-rocm.txt)}"
   python "$here/vllm_requirements.py" lock "$src" "$VLLM_LOCK"
   cp "$VLLM_LOCK" "$out/requirements-lock.txt"
 }

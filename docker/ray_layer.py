@@ -97,7 +97,7 @@ def check(root: Path, version: str, wanted: Sequence[str]) -> str:
     if found != set(wanted):
         raise LayerError(f"the Ray layer holds {', '.join(sorted(found))} but only {', '.join(sorted(wanted))} may "
                          "be installed: a requirement of Ray replaced one of the image's distributions; change "
-                         f"ci/docker/requirements-ray.in (then {LOCK_COMMAND})")
+                         f"docker/requirements-ray.in (then {LOCK_COMMAND})")
     env = {**os.environ, "PYTHONPATH": ":".join(str(s) for s in site_folders(root))}
     try:
         got = subprocess.run([sys.executable, "-B", "-c", "import ray; print(ray.__version__)"], env=env,

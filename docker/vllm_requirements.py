@@ -7,7 +7,7 @@ against this project's pins. Errors: one line each naming the setting to change;
                                                     build requirements (its lines for the base image's
                                                     pinned distributions are reported, never installed)
     vllm_requirements.py triton-kernels SRC COMMIT  vLLM's CMake fetches ROCm triton_kernels at COMMIT
-    vllm_requirements.py lock SRC LOCK              LOCK (ci/locks/vllm-<track>-rocm.txt) was made from
+    vllm_requirements.py lock SRC LOCK              LOCK (docker/locks/vllm-<track>-rocm.txt) was made from
                                                     SRC's requirements/rocm.txt and its includes
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ try:
     from packaging.utils import canonicalize_name
 except ImportError:
     sys.exit("vllm-requirements: ERROR: the Python package `packaging` is not installed in this Python: "
-             "install ci/docker/requirements-scripts.txt (the base image's torch stage does)")
+             "install docker/requirements-scripts.txt (the base image's torch stage does)")
 
 # Beside this file: pip's line joining (lock_lines.py), the one reader of installed metadata (pinned_dists.py).
-if __package__:  # imported as ci.docker.vllm_requirements (the tests)
+if __package__:  # imported as docker.vllm_requirements (the tests)
     from .lock_lines import logical_lines
     from .pinned_dists import Problem, exact_version, shown
 else:  # run as a script in a build stage: Python puts its folder first on the path
@@ -40,7 +40,7 @@ NAMED_FILES = (RUNTIME_REQUIREMENTS, "requirements/common.txt", "cmake/external_
                "setup.py", "CMakeLists.txt")
 PINNED = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", "triton-rocm", "amdsmi", "amd-aiter"}
 INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
-LAYOUT = ("this vLLM source (the track's vllm.tag/commit) does not have the layout the build scripts (ci/docker) "
+LAYOUT = ("this vLLM source (the track's vllm.tag/commit) does not have the layout the build scripts (docker/) "
           "read (vLLM 0.32 to 0.34); pin one of those releases or update the scripts")
 RELOCK = "run python3 -m ci.pins lock vllm"
 
@@ -114,7 +114,7 @@ def check_triton_kernels(src: Path, commit: str) -> list[str]:
     m = re.search(r'VLLM_TARGET_DEVICE STREQUAL "rocm".*?set\(TRITON_KERNELS_TAG "([^"]+)"\)', cmake.read_text(), re.S)
     if not m:
         return [f"{cmake}: no ROCm TRITON_KERNELS_TAG found: this vLLM fetches triton_kernels differently; "
-                "update ci/docker/vllm_source.sh"]
+                "update docker/vllm_source.sh"]
     if m.group(1) != commit:
         return [f"{cmake} fetches ROCm triton_kernels at {m.group(1)} but versions.json pins "
                 f"vllm.triton_kernels.commit={commit}: set the pin to vLLM's"]

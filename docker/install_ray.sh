@@ -3,7 +3,7 @@
 #
 #   install_ray.sh LOCK ROOT
 #
-# LOCK: ci/docker/requirements-ray.txt (python3 -m ci.pins lock ray): ray and msgpack, every wheel's hash.
+# LOCK: docker/requirements-ray.txt (python3 -m ci.pins lock ray): ray and msgpack, every wheel's hash.
 # Every installed distribution is held at its version (constraints), so Ray's requirements that vLLM
 # brings (click, protobuf, requests, ...) are used as they are; pip fails when Ray needs another
 # version. msgpack is installed only when absent. ROOT must then hold exactly the distributions
@@ -29,7 +29,7 @@ read -r -a wanted <<<"$names"
 echo "install-ray: installing ${wanted[*]} ($(wc -l <"$work/constraints.txt") distributions held)"
 python3 -m pip install --require-hashes --no-compile --no-warn-script-location --disable-pip-version-check \
   --root "$root" --constraint "$work/constraints.txt" --requirement "$work/requirements.txt" \
-  || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change ci/docker/requirements-ray.in (then lock) or the vLLM image"
+  || fail "pip could not install ray==${RAY_VERSION} under the image's distributions (output above): change docker/requirements-ray.in (then lock) or the vLLM image"
 
 # ROOT holds exactly what was installed on purpose, and Ray imports from it.
 python3 -B "$here/ray_layer.py" check "$root" "$RAY_VERSION" "${wanted[@]}"

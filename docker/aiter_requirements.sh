@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AITER's own requirements (requirements.txt of the pinned commit), installed from their hash lock:
 # every wheel by its sha256, from PyPI's index alone (install_lock.sh, as the base image installs its
-# other locks). The lock (ci/locks/aiter-<tag>.txt) is made by python3 -m ci.pins resolve aiter --write
+# other locks). The lock (docker/locks/aiter-<tag>.txt) is made by python3 -m ci.pins resolve aiter --write
 # on a connected host; the base image's distributions (torch, Triton, amdsmi: pinned_dists.py FIXED)
 # are left out of it, so nothing here replaces them.
 #
