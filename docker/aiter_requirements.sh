@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AITER's own requirements (requirements.txt of the pinned commit), installed from their hash lock:
 # every wheel by its sha256, from PyPI's index alone (install_lock.sh, as the base image installs its
-# other locks). The lock (docker/locks/aiter-<tag>.txt) is made by python3 -m ci.pins resolve aiter --write
+# other locks). The lock (docker/locks/aiter-<tag>.txt) is made by python3 -m tools.pins resolve aiter --write
 # on a connected host; the base image's distributions (torch, Triton, amdsmi: pinned_dists.py FIXED)
 # are left out of it, so nothing here replaces them.
 #
@@ -24,7 +24,7 @@ constraints=${3:?usage: aiter_requirements.sh SRC LOCKS_DIR CONSTRAINTS}
 : "${AITER_TAG:?set the AITER_TAG build arg}" "${AITER_REQUIREMENTS_LOCK:?set the AITER_REQUIREMENTS_LOCK build arg}"
 : "${AITER_REQUIREMENTS_LOCK_SHA256:?set the AITER_REQUIREMENTS_LOCK_SHA256 build arg}"
 pinned=$AITER_REQUIREMENTS_LOCK_SHA256 index=${PYPI_INDEX_URL:-https://pypi.org/simple}
-fix="python3 -m ci.pins resolve aiter --aiter-pin $AITER_TAG --force --write"
+fix="python3 -m tools.pins resolve aiter --aiter-pin $AITER_TAG --force --write"
 if [ ! -f "$src/requirements.txt" ]; then
   case "$pinned" in
     none) echo "aiter_requirements: AITER $AITER_TAG has no requirements.txt: nothing to install"; exit 0 ;;
@@ -35,7 +35,7 @@ fi
 case "$pinned" in
   UNRESOLVED)
     [ "${ALLOW_UNRESOLVED:-0}" = 1 ] \
-      || die "the lock of AITER $AITER_TAG's requirements ($AITER_REQUIREMENTS_LOCK) is unresolved in versions.json (requirements_lock_sha256): run 'python3 -m ci.pins resolve aiter --write' on a host that reaches GitHub and PyPI, or build with ALLOW_UNRESOLVED=1 (development image)"
+      || die "the lock of AITER $AITER_TAG's requirements ($AITER_REQUIREMENTS_LOCK) is unresolved in versions.json (requirements_lock_sha256): run 'python3 -m tools.pins resolve aiter --write' on a host that reaches GitHub and PyPI, or build with ALLOW_UNRESOLVED=1 (development image)"
     echo "aiter_requirements: WARNING: AITER $AITER_TAG's requirements unlocked; installing $src/requirements.txt from PyPI without hash checks (ALLOW_UNRESOLVED=1, not a release build)" >&2
     python -m pip install -c "$constraints" -r "$src/requirements.txt"
     exit 0 ;;

@@ -72,7 +72,7 @@ verify() {
     fail "CK submodule is checked out at $ck_head but AITER $head records $ck_recorded: run git submodule update --init --recursive"
   fi
   if [ "$CK_COMMIT" != UNRESOLVED ] && [ "$ck_head" != "$CK_COMMIT" ]; then
-    fail "CK submodule is at $ck_head but versions.json pins ck_commit $CK_COMMIT: fix the pin (python3 -m ci.pins resolve aiter) or the source"
+    fail "CK submodule is at $ck_head but versions.json pins ck_commit $CK_COMMIT: fix the pin (python3 -m tools.pins resolve aiter) or the source"
   fi
   ensure_index "$src"
   if [ -n "$(git -C "$src" status --porcelain --ignore-submodules=none 2>/dev/null)" ]; then
@@ -97,14 +97,14 @@ hipkittens_commit() {
   local named=$1
   : "${AITER_TAG:?set the AITER_TAG build arg}" "${HIPKITTENS_COMMIT:?set the HIPKITTENS_COMMIT build arg}"
   if [ "$HIPKITTENS_COMMIT" = none ]; then
-    [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins hipkittens_commit none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+    [ -z "$named" ] || fail "AITER names HipKittens $named but versions.json pins hipkittens_commit none: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m tools.pins resolve aiter)"
     return
   fi
   check_pin "aiter.pins.$AITER_TAG.hipkittens_commit" "$HIPKITTENS_COMMIT" aiter
   if [ "$HIPKITTENS_COMMIT" = UNRESOLVED ]; then
     echo "$named"
   elif [ "$HIPKITTENS_COMMIT" != "$named" ]; then
-    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins hipkittens_commit $HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m ci.pins resolve aiter)"
+    fail "AITER names HipKittens ${named:-nowhere} but versions.json pins hipkittens_commit $HIPKITTENS_COMMIT: set aiter.pins.<pin>.hipkittens_commit to AITER's (python3 -m tools.pins resolve aiter)"
   else
     echo "$HIPKITTENS_COMMIT"
   fi

@@ -5,7 +5,7 @@
 #
 #   install_lock.sh LOCK INDEX_URL LOCK_SHA256
 #
-# LOCK: name==version --hash=sha256:... lines made against INDEX_URL alone (python3 -m ci.pins
+# LOCK: name==version --hash=sha256:... lines made against INDEX_URL alone (python3 -m tools.pins
 #   resolve), installed --no-deps; nothing else (lock_lines.py checks it before pip reads it).
 # LOCK_SHA256: the lock's sha256 as versions.json pins it: another lock is refused before anything
 #   is installed.
@@ -19,8 +19,8 @@ lock=${1:-} index=${2:-} pinned=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 die() { echo "install_lock: ERROR: $*" >&2; exit 1; }
 [ -n "$lock" ] && [ -n "$index" ] && [ -n "$pinned" ] || die "usage: install_lock.sh LOCK INDEX_URL LOCK_SHA256"
-[ -f "$lock" ] || die "no lock at $lock: make it with python3 -m ci.pins resolve --write (uv pip compile --generate-hashes against $index alone) on a connected host"
-[[ "$pinned" =~ ^[0-9a-f]{64}$ ]] || die "LOCK_SHA256 '$pinned' is not a sha256 (unresolved? the lock's hash is pinned by python3 -m ci.pins resolve --write)"
+[ -f "$lock" ] || die "no lock at $lock: make it with python3 -m tools.pins resolve --write (uv pip compile --generate-hashes against $index alone) on a connected host"
+[[ "$pinned" =~ ^[0-9a-f]{64}$ ]] || die "LOCK_SHA256 '$pinned' is not a sha256 (unresolved? the lock's hash is pinned by python3 -m tools.pins resolve --write)"
 actual=$(sha256sum "$lock" | cut -d' ' -f1)
 [ "$actual" = "$pinned" ] || die "$lock has sha256 $actual, not the pinned $pinned: it is not the lock versions.json names"
 case "$index" in
@@ -28,7 +28,7 @@ case "$index" in
   *) die "INDEX_URL (${index%%:*}:...) is not an https:// (or local file://) index" ;;
 esac
 why=$("${PYTHON:-python3}" "$here/lock_lines.py" "$lock" 2>&1) \
-  || die "${why:-$lock: cannot be read as a lock}; make it again with python3 -m ci.pins resolve --force --write"
+  || die "${why:-$lock: cannot be read as a lock}; make it again with python3 -m tools.pins resolve --force --write"
 cert=()
 [ -n "${PIP_CERT:-}" ] && cert=(--cert "$PIP_CERT")
 "${PYTHON:-python3}" -m pip install --isolated --disable-pip-version-check --no-cache-dir --no-deps \

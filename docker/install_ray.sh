@@ -3,7 +3,7 @@
 #
 #   install_ray.sh LOCK ROOT
 #
-# LOCK: docker/requirements-ray.txt (python3 -m ci.pins lock ray): ray and msgpack, every wheel's hash.
+# LOCK: docker/requirements-ray.txt (python3 -m tools.pins lock ray): ray and msgpack, every wheel's hash.
 # Every installed distribution is held at its version (constraints), so Ray's requirements that vLLM
 # brings (click, protobuf, requests, ...) are used as they are; pip fails when Ray needs another
 # version. msgpack is installed only when absent. ROOT must then hold exactly the distributions
@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 fail() { echo "install-ray: ERROR: $*" >&2; exit 1; }
 [ $# -eq 2 ] || fail "usage: install_ray.sh LOCK ROOT"
 lock=$1 root=$2
-[ -f "$lock" ] || fail "$lock: no lock of Ray: run python3 -m ci.pins lock ray"
+[ -f "$lock" ] || fail "$lock: no lock of Ray: run python3 -m tools.pins lock ray"
 use_ca_bundle
 
 work=$(mktemp -d)

@@ -35,16 +35,16 @@ if [ "$PYTORCH_LOCK_SHA256" != UNRESOLVED ]; then
   PYTHON=python bash "$here/install_lock.sh" "$lock" "$index" "$PYTORCH_LOCK_SHA256"
   for req in "${wanted[@]}"; do
     grep -qxF -e "$req \\" -e "$req" "$lock" \
-      || die "$PYTORCH_LOCK holds no $req: the lock was made from other versions; make it again (python3 -m ci.pins resolve wheels --force --write)"
+      || die "$PYTORCH_LOCK holds no $req: the lock was made from other versions; make it again (python3 -m tools.pins resolve wheels --force --write)"
   done
   # The Triton the lock holds (uv resolved torch's own requirement): torch must require exactly it.
   mapfile -t tritons < <(grep -oE '^[A-Za-z0-9._-]*triton[A-Za-z0-9._-]*==[^ ;\\]+' "$lock")
   [ "${#tritons[@]}" = 1 ] \
-    || die "$PYTORCH_LOCK holds ${#tritons[@]} Triton distributions (${tritons[*]:-none}), not the one torch requires: make it again (python3 -m ci.pins resolve wheels --force --write)"
+    || die "$PYTORCH_LOCK holds ${#tritons[@]} Triton distributions (${tritons[*]:-none}), not the one torch requires: make it again (python3 -m tools.pins resolve wheels --force --write)"
   python "$here/pinned_dists.py" torch-triton --expect "${tritons[0]}"
 else
   [ "${ALLOW_UNRESOLVED:-0}" = 1 ] \
-    || die "the PyTorch lock ($PYTORCH_LOCK) is unresolved in versions.json (lock_sha256): run 'python3 -m ci.pins resolve wheels --write' on a host that reaches $PYTORCH_INDEX_URL, or build with ALLOW_UNRESOLVED=1 (development image)"
+    || die "the PyTorch lock ($PYTORCH_LOCK) is unresolved in versions.json (lock_sha256): run 'python3 -m tools.pins resolve wheels --write' on a host that reaches $PYTORCH_INDEX_URL, or build with ALLOW_UNRESOLVED=1 (development image)"
   echo "install_torch: WARNING: PyTorch lock unresolved; installing ${wanted[*]} and their requirements from $index without hash checks (ALLOW_UNRESOLVED=1, not a release build)" >&2
   cert=()
   [ -n "${PIP_CERT:-}" ] && cert=(--cert "$PIP_CERT")

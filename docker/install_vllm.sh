@@ -14,6 +14,6 @@ work=$(mktemp -d)
 python "$here/pinned_dists.py" snapshot "$work/before.json"
 python -m pip install --require-hashes --no-deps -r "$wheels/requirements-lock.txt"
 python -m pip install --no-deps --no-index "$wheels"/vllm-*.whl
-python -m pip check || { echo "vllm-built: ERROR: vLLM's locked requirements conflict with the base image (pip check above): run python3 -m ci.pins lock vllm, or change the pins in versions.json" >&2; exit 1; }
+python -m pip check || { echo "vllm-built: ERROR: vLLM's locked requirements conflict with the base image (pip check above): run python3 -m tools.pins lock vllm, or change the pins in versions.json" >&2; exit 1; }
 python "$here/pinned_dists.py" compare "$work/before.json" --step "vllm-built"
 rm -rf "$work"

@@ -2,7 +2,7 @@
 #
 #   check_pin NAME VALUE COMPONENT
 #                            VALUE UNRESOLVED (a null pin) stops the step, naming NAME and the
-#                            ci.pins resolve target COMPONENT, unless ALLOW_UNRESOLVED=1 (then a
+#                            tools.pins resolve target COMPONENT, unless ALLOW_UNRESOLVED=1 (then a
 #                            warning); the caller defines fail and warn
 #   use_ca_bundle            point pip, git and Python's HTTPS clients at the build secret
 #                            "ca-bundle" when mounted (TLS-inspecting proxies)
@@ -16,7 +16,7 @@
 
 check_pin() {
   [ "$2" = UNRESOLVED ] || return 0
-  [ "${ALLOW_UNRESOLVED:-0}" = 1 ] || fail "$1 is UNRESOLVED in versions.json: run 'python3 -m ci.pins resolve $3 --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)"
+  [ "${ALLOW_UNRESOLVED:-0}" = 1 ] || fail "$1 is UNRESOLVED in versions.json: run 'python3 -m tools.pins resolve $3 --write' on a connected machine, or build with ALLOW_UNRESOLVED=1 (development image)"
   warn "$1 is UNRESOLVED; ALLOW_UNRESOLVED=1 records the commit found instead (not a release build)"
 }
 

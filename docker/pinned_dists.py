@@ -244,7 +244,7 @@ def main(argv=None) -> int:
                 raise Problem(f"--expect {ns.expect!r} is not NAME==VERSION: check the Triton line of the PyTorch lock")
             if expect and f"{canonicalize_name(expect.name)}=={exact_version(expect)}" != found:
                 raise Problem(f"{shown('torch')} requires {found}, not {ns.expect}, the Triton installed beside it: "
-                              "make the PyTorch lock again (python3 -m ci.pins resolve wheels --force --write)")
+                              "make the PyTorch lock again (python3 -m tools.pins resolve wheels --force --write)")
             print(found)
         elif ns.cmd == "torch-triton-set":
             print(set_torch_triton(ns.spec))

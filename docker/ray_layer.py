@@ -26,7 +26,7 @@ from pathlib import Path
 import lock_lines
 import pinned_dists
 
-LOCK_COMMAND = "python3 -m ci.pins lock ray"
+LOCK_COMMAND = "python3 -m tools.pins lock ray"
 IMPORT_TIMEOUT_S = 300
 
 

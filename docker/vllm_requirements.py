@@ -42,7 +42,7 @@ PINNED = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm",
 INCLUDE = re.compile(r"^(?:-r|--requirement)(?:\s*=\s*|\s+|(?=[^-\s]))(\S+)$")
 LAYOUT = ("this vLLM source (the track's vllm.tag/commit) does not have the layout the build scripts (docker/) "
           "read (vLLM 0.32 to 0.34); pin one of those releases or update the scripts")
-RELOCK = "run python3 -m ci.pins lock vllm"
+RELOCK = "run python3 -m tools.pins lock vllm"
 
 
 def read_requirements(path: Path, seen=None) -> list[tuple[Path, Requirement]]:

@@ -14,7 +14,7 @@ import pytest
 
 import git_daemon
 from git_repo import commit_all, git, new_repo
-from ci.pins import model
+from tools.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from tools.pins import model
 from dockerfile_model import buildkit_parser, global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +228,7 @@ def test_app_files_leave_out_build_tooling_and_byte_code(commands):
                    "runtime/models/tiny-mla/tokenizer.json", "runtime/models/tiny-mla/tokenizer_config.json"):
         assert needed in sources
     # the runtime package comes installed (runtime-installed), never as source files
-    tooling = ("docker/", "ci/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
+    tooling = ("docker/", "tools/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
                "runtime/pyproject")
     assert not any(p.startswith(tooling) or p in ("ci/", "docker") for p in sources)
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
@@ -307,7 +307,7 @@ def test_ray_install_refuses_a_lock_without_hash_pinned_ray(tmp_path, lock_text)
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("install-ray: ERROR:")
-    assert "python3 -m ci.pins lock ray" in proc.stderr
+    assert "python3 -m tools.pins lock ray" in proc.stderr
     assert not (tmp_path / "root").exists()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from tools.pins import model
 from dockerfile_model import buildkit_parser, global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +201,7 @@ def _unquoted(word):
 
 
 def test_pin_tool_reads_global_args_as_buildkit_does(name):
-    """ci.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
+    """tools.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
     Python): what it reads is what BuildKit reads."""
     buildkit = {arg: _unquoted(default) for arg, default in global_args(parse(name)).items()}
     pins = {arg: default for arg, (_, default) in model.global_arg_defaults((ROOT / name).read_text()).items()}

@@ -219,7 +219,7 @@ def bake_settings(h, cpu_image: str, context: Path) -> dict:
     ALLOW_UNRESOLVED=0: the existing-image path needs none of them."""
     from test_bake import every_base_pin_unresolved  # noqa: PLC0415
 
-    from ci.pins import model  # noqa: PLC0415
+    from tools.pins import model  # noqa: PLC0415
 
     folder = context.parent / f"{context.name}-base-unresolved"
     folder.mkdir(exist_ok=True)

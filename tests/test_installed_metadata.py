@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OWNERS = {"backend/src/vllm_aiter_mla/distributions.py", "docker/pinned_dists.py"}
 EXCEPTIONS = {"docker/install_ray.sh"}
-SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "docker", "deploy",
+SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "docker", "tools", "deploy",
            "Dockerfile.rocm", "Dockerfile.rocm_base")
 READS = re.compile(r"\bimportlib(?:\.metadata\b|\s+import\s+[^\n]*\bmetadata\b)|\bimportlib_metadata\b|"
                    r"\bpkg_resources\b")
@@ -55,11 +55,11 @@ def test_the_owner_check_can_fail(tmp_path):
     for rel, text in (("runtime/src/pkg/probe.py", "from importlib import metadata\n"),
                       ("docker/probe.sh", "python3 -c 'import importlib.metadata as m'\n"),
                       ("backend/src/pkg/other.py", "import importlib_metadata\n"),
-                      ("ci/pins/probe.py", "from importlib import resources, metadata\n")):
+                      ("tools/pins/probe.py", "from importlib import resources, metadata\n")):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     (tmp_path / "runtime/src/pkg/test_probe.py").write_text("from importlib import metadata\n")
-    (tmp_path / "ci/pins/fine.py").write_text("from importlib import resources\n")
+    (tmp_path / "tools/pins/fine.py").write_text("from importlib import resources\n")
     assert readers(tmp_path) == {"runtime/src/pkg/probe.py", "docker/probe.sh", "backend/src/pkg/other.py",
-                                 "ci/pins/probe.py"}
+                                 "tools/pins/probe.py"}

@@ -6,7 +6,7 @@
 pip read another index or install what the pin does not cover, whatever the lock's sha256.
 
 The installer (docker/install_lock.sh, through which therock_sdk.sh, install_torch.sh and
-aiter_requirements.sh install) and `python3 -m ci.pins verify` both use it and refuse such a lock
+aiter_requirements.sh install) and `python3 -m tools.pins verify` both use it and refuse such a lock
 in one line naming the lock and the line; the architecture test at the end holds every reader of a
 lock's body to the owner."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from docker import lock_lines
-from ci.pins import model, verify
+from tools.pins import model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker/install_lock.sh"
@@ -361,6 +361,6 @@ def test_the_lock_scripts_install_through_the_installer():
 
 
 def test_verify_takes_lock_contents_from_the_owner():
-    tree = ast.parse((ROOT / "ci/pins/verify.py").read_text())
+    tree = ast.parse((ROOT / "tools/pins/verify.py").read_text())
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert "lock_lines.problem" in calls, calls

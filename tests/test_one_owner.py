@@ -59,11 +59,11 @@ IN_IMAGE = ("runtime/src/", "backend/src/")
 # (file, kind) -> (how many, why): uses outside the owners, each with its reason. A further use in
 # these files fails the test as one in any other file does.
 KNOWN = {
-    ("ci/pins/model.py", "delete"): (1, "versions.json's writer drops its own temporary file on failure"),
-    ("ci/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
-    ("ci/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
-    ("ci/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
-    ("ci/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
+    ("tools/pins/model.py", "delete"): (1, "versions.json's writer drops its own temporary file on failure"),
+    ("tools/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
+    ("tools/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
+    ("tools/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
+    ("tools/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
     ("docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
     ("docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
     ("docker/ray_layer.py", "write"): (2, "the constraints and requirements pip installs the Ray layer with, in "
@@ -71,10 +71,10 @@ KNOWN = {
     ("docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
     ("docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
-    ("ci/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
-    ("ci/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
+    ("tools/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
+    ("tools/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
                                        "preference files"),
-    ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
+    ("tools/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "
                                                            "on the runtime"),
@@ -185,7 +185,7 @@ def shell_uses(text: str, path: str) -> list[Use]:
 
 def product_python() -> list[Path]:
     found = []
-    for base in ("runtime/src", "backend/src", "ci", "docker"):
+    for base in ("runtime/src", "backend/src", "ci", "docker", "tools"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name in ("conftest.py", "rocm_fake.py"):
@@ -321,10 +321,10 @@ def test_a_planted_use_in_a_real_module_is_caught() -> None:
     found = violations(python_uses(planted, path))
     assert len(found) == 2 and all("in sneak" in f for f in found), found
     # a further use in a file with known ones fails too
-    pins = (ROOT / "ci/pins/locks.py").read_text()
-    assert violations(python_uses(pins, "ci/pins/locks.py")) == []
+    pins = (ROOT / "tools/pins/locks.py").read_text()
+    assert violations(python_uses(pins, "tools/pins/locks.py")) == []
     more = pins + "\n\ndef more():\n    import subprocess\n    subprocess.run(['git'])\n"
-    assert len(violations(python_uses(more, "ci/pins/locks.py"))) == 1
+    assert len(violations(python_uses(more, "tools/pins/locks.py"))) == 1
 
 
 def test_a_planted_shell_deletion_is_caught() -> None:

@@ -1,5 +1,5 @@
-"""The PyTorch lock of the rocm-image tracks (`python3 -m ci.pins resolve wheels`:
-ci.pins.locks.pytorch_lock), made by the real uv against a local stand-in of the PyTorch ROCm index:
+"""The PyTorch lock of the rocm-image tracks (`python3 -m tools.pins resolve wheels`:
+tools.pins.locks.pytorch_lock), made by the real uv against a local stand-in of the PyTorch ROCm index:
 torch, torchvision and torchaudio of the pinned versions, the Triton torch requires and what they
 require, each by the sha256 of that index's file, never from a PyPI stand-in offered through the
 environment (same names, other bytes, newer versions); resolve writes the lock and pins its sha256,
@@ -20,7 +20,7 @@ from venvs import make_venv
 
 import therock_standin as standin
 from build_script_env import install_script_requirements, wheelhouse
-from ci.pins import locks, model, verify
+from tools.pins import locks, model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON = ("pytorch-triton-rocm", "3.8.0+git669b31ac")
@@ -90,7 +90,7 @@ def test_the_lock_holds_the_wheels_and_their_triton_by_the_index_hash(data, trac
     assert {name: reqs[name][0] for name in model.TORCH_WHEELS} == torch
     assert reqs[TRITON[0]][0] == TRITON[1]  # whatever torch requires: no hand pin
     assert reqs["filelock"][0] == "3.20.0" and reqs["numpy"][0] == "2.3.5"  # never PyPI's newer ones
-    assert "pytorch.lock_sha256" in text and "`python3 -m ci.pins resolve wheels`" in text
+    assert "pytorch.lock_sha256" in text and "`python3 -m tools.pins resolve wheels`" in text
     assert locks.body_problem("pytorch", text) == ""
     # the tracks sharing the section share the lock: the same bytes, made from any of them
     sharing = [t for t in model.built_track_names(data)
@@ -109,7 +109,7 @@ def test_resolve_wheels_writes_the_lock_and_pins_its_sha256(data, track, indexes
     """resolve's wheels item: the lock goes to docker/locks/pytorch.txt (a track's own section:
     pytorch-<track>.txt) and its sha256 to that section's lock_sha256 (out of unresolved); a pinned
     lock is kept unless --force."""
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     real = locks.pytorch_lock
     monkeypatch.setattr(locks, "pytorch_lock", lambda d, t: real(d, t, index_url=indexes["pytorch"].as_uri()))
@@ -138,7 +138,7 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     d = copy.deepcopy(data)
     d["pytorch"].update(lock_sha256="a" * 64, unresolved=[])
     lock = tmp_path / model.LOCKS_DIR / "pytorch.txt"
-    assert any("pytorch.lock_sha256 is set but docker/locks/pytorch.txt is missing: run python3 -m ci.pins resolve "
+    assert any("pytorch.lock_sha256 is set but docker/locks/pytorch.txt is missing: run python3 -m tools.pins resolve "
                "wheels --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
     body = f"x==1 \\\n    --hash=sha256:{'0' * 64}\n"
@@ -207,7 +207,7 @@ def test_only_the_pinned_lock_is_installed(data, track, indexes, lock_text, venv
     proc = install_torch(venv, indexes, pins_of(data, track), lock_text)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("install_torch: ERROR: "), \
         proc.stderr
-    assert "python3 -m ci.pins resolve wheels --write" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
+    assert "python3 -m tools.pins resolve wheels --write" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
     # a lock made from other versions than the pinned ones
     other = pins_of(data, track, lock_sha256=digest)
     other["TORCHAUDIO_VERSION"] = "2.11.1+rocm7.2"

@@ -114,7 +114,7 @@ python3 -B -c 'import importlib.metadata as m; m.version("msgpack")'
 "${PYTHON:-python3}" -c 'print(1)'
 "$VENV/bin/python" -c 'print(1)'
 # python3 -c 'in a comment'
-python3 -m ci.pins tracks --names
+python3 -m tools.pins tracks --names
 python3 -m ci.pipeline tag "$graph" "$metadata" <<<"$input"
 read -r a b <<<"$plan"
 cat <<EOF
@@ -126,7 +126,7 @@ python3 -B "$here/ray_layer.py" plan "$lock" "$work"
 
 def test_the_scripts_moved_into_modules_hold_none() -> None:
     """What moved: publish.sh and tag.sh (ci/pipeline/publish.py), install_ray.sh (docker/ray_layer.py),
-    propose-pins.sh (python3 -m ci.pins tracks --names)."""
+    propose-pins.sh (python3 -m tools.pins tracks --names)."""
     for rel in ("ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/tag.sh", "docker/install_ray.sh",
                 "ci/pipeline/propose-pins.sh"):
         assert uses((ROOT / rel).read_text()) == [], rel

@@ -26,7 +26,7 @@ import pytest
 import git_daemon
 import therock_standin as standin
 from git_repo import commit_all, git, new_repo
-from ci.pins import locks, model
+from tools.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker

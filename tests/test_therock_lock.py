@@ -1,4 +1,4 @@
-"""`python3 -m ci.pins resolve therock`'s lock (ci.pins.locks.therock_lock), made by the real uv
+"""`python3 -m tools.pins resolve therock`'s lock (tools.pins.locks.therock_lock), made by the real uv
 against a local stand-in of TheRock's release index: every wheel of the track (the SDK with its
 libraries and devel parts, the device wheels of gpu_archs and no other arch, the PyTorch wheels
 and what they require) by the sha256 of the release index's file, never from a second index
@@ -16,7 +16,7 @@ import pytest
 from venvs import make_venv
 
 import therock_standin as standin
-from ci.pins import locks, model
+from tools.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_resolve_therock_writes_the_lock_and_pins_its_sha256(indexes, data, monk
     tracks.<track>.therock.lock_sha256 (out of unresolved); a pinned lock is kept unless --force."""
     import argparse
 
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     real = locks.therock_lock
     monkeypatch.setattr(locks, "therock_lock", lambda d, t: real(d, t, index_url=indexes["release"].as_uri()))
@@ -103,7 +103,7 @@ def test_resolve_therock_writes_the_lock_and_pins_its_sha256(indexes, data, monk
 
 
 def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
-    from ci.pins import verify
+    from tools.pins import verify
 
     d = copy.deepcopy(data)
     track = model.therock_track_names(d)[0]

@@ -21,7 +21,7 @@ import pytest
 from venvs import make_venv
 
 from build_script_env import install_script_requirements, wheelhouse
-from ci.pins import discover, model
+from tools.pins import discover, model
 from vllm_sdist import sdist_source, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
         # a track on a stack not built here (therock): no lock, and the check stops on that in one line
         assert not (ROOT / f"docker/locks/vllm-{track}-rocm.txt").exists()
         proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
-        assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr, proc.stderr[-2000:]
         return
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -213,7 +213,7 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
         assert (proc.returncode == 1) == differs, proc.stderr[-2000:]
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / "none"],
                env={**env, "VLLM_LOCK": str(tmp_path / "missing.txt")}, timeout=900)
-    assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr
+    assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr
     # the lock cut to its header, or inside its first entry (before any hash), is refused
     lines = (ROOT / f"docker/locks/vllm-{track}-rocm.txt").read_text().splitlines(keepends=True)
     first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
@@ -222,7 +222,7 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
         cut.write_text("".join(kept))
         proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / name],
                    env={**env, "VLLM_LOCK": str(cut)}, timeout=900)
-        assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr, (name, proc.stderr[-1500:])
+        assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr, (name, proc.stderr[-1500:])
         assert "Traceback" not in proc.stderr
 
 

@@ -38,7 +38,7 @@ A value nobody knows is null. The build steps that write it:
 
     python3 -m rocm_vllm_runtime.manifest base --aiter-pins FILE --modules FILE [--out PATH]
         the base part (Dockerfile.rocm_base; the build args in the environment, as python3 -m
-        ci.pins args prints them: ROCM_IMAGE, ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS,
+        tools.pins args prints them: ROCM_IMAGE, ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS,
         SOURCE_DATE_EPOCH, AITER_TAG, AITER_REQUIREMENTS_LOCK_SHA256, PYTORCH_INDEX_URL,
         PYTORCH_LOCK_SHA256, TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION, VLLM_TRACK,
         VLLM_VERSION, VLLM_REPOSITORY, VLLM_TAG, VLLM_COMMIT; AITER_COMMIT, CK_COMMIT,

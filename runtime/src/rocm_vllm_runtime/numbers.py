@@ -18,7 +18,7 @@ from typing import NamedTuple
 DAY_S = 86400.0
 MAX_PORT = 65535
 # The Unix times a reproducible build stamps (SOURCE_DATE_EPOCH): from 1980-01-01, the earliest a
-# wheel's zip entries hold, to 2100-01-01 (ci.pins verify and the image manifest read it so).
+# wheel's zip entries hold, to 2100-01-01 (tools.pins verify and the image manifest read it so).
 EPOCH_RANGE = (315532800, 4102444800)
 _SHOWN = 40  # characters of a bad value shown in a message
 _WHOLE = re.compile(r"[0-9]+")

@@ -6,7 +6,7 @@ The file is generated and committed. docker-bake.hcl reads it as a second bake f
 
 Its keys are flat, so one grep from an ARG name finds each track's value: "<track>/<ARG>" in build_args,
 "<pin>/<ARG>" in aiter_pin_args (AITER_PIN builds another AITER pin), and "<track>/<target>" or
-"<pin>/<target>" in the unresolved lists that stop a ROCm target. `python3 -m ci.pins render` writes it,
+"<pin>/<target>" in the unresolved lists that stop a ROCm target. `python3 -m tools.pins render` writes it,
 `resolve --write` and `discover --write` rewrite it, and `verify` fails while it is stale.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from . import model
 
 BAKE_FILE = Path("docker-bake.hcl")
 BAKE_PINS = Path("docker-bake.pins.json")
-RENDER_COMMAND = "python3 -m ci.pins render"
+RENDER_COMMAND = "python3 -m tools.pins render"
 # The build args an AITER pin sets: what AITER_PIN replaces in a track's args.
 AITER_PIN_ARGS = ("AITER_TAG", "AITER_COMMIT", "CK_COMMIT", "HIPKITTENS_COMMIT", "AITER_REQUIREMENTS_LOCK",
                   "AITER_REQUIREMENTS_LOCK_SHA256")
@@ -26,7 +26,7 @@ AITER_PIN_ARGS = ("AITER_TAG", "AITER_COMMIT", "CK_COMMIT", "HIPKITTENS_COMMIT",
 # vLLM (serve and ci build on vllm and read its list). A CPU target builds from no pin of versions.json.
 PIN_TARGETS = ("base-aiter-src", "base", "vllm")
 ABOUT = (f"Generated from versions.json by `{RENDER_COMMAND}`: do not edit. docker-bake.hcl reads it "
-         "(-f docker-bake.pins.json); `python3 -m ci.pins verify` fails while it is stale.")
+         "(-f docker-bake.pins.json); `python3 -m tools.pins verify` fails while it is stale.")
 
 
 def _nulls(path: str, node: dict, keys: tuple[str, ...]) -> list[str]:

@@ -133,18 +133,18 @@ def pinned_locks(data: dict) -> list[tuple[str, dict, str, Path, str]]:
     for name, pin in sorted(data["aiter"]["pins"].items()):
         path = model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
         out.setdefault(path, (f"aiter.pins.{name}", pin, "requirements_lock_sha256", path,
-                              f"python3 -m ci.pins resolve aiter --aiter-pin {name} --force --write"))
+                              f"python3 -m tools.pins resolve aiter --aiter-pin {name} --force --write"))
     for name in model.built_track_names(data):
         if model.track_stack(data, name) == model.THEROCK_STACK:
             path = model.LOCKS_DIR / model.therock_lock_name(name)
             out.setdefault(path, (f"tracks.{name}.therock", data["tracks"][name]["therock"], "lock_sha256", path,
-                                  f"python3 -m ci.pins resolve therock --track {name} --force --write"))
+                                  f"python3 -m tools.pins resolve therock --track {name} --force --write"))
         elif model.pytorch_pins(data, name):
             where = model.section_path(data, "pytorch", name)
             path = model.LOCKS_DIR / model.pytorch_lock_name(data, name)
             track = f" --track {name}" if where != "pytorch" else ""
             out.setdefault(path, (where, model.section(data, "pytorch", name), "lock_sha256", path,
-                                  f"python3 -m ci.pins resolve wheels{track} --force --write"))
+                                  f"python3 -m tools.pins resolve wheels{track} --force --write"))
     return list(out.values())
 
 
@@ -183,7 +183,7 @@ def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
         return errors + [f"docker/locks/locks.json: {exc}"]
     for path in committed:
         if problem := lock_lines.problem(str(path), (root / path).read_bytes()):
-            errors.append(f"{problem}; make it again (python3 -m ci.pins lock)")
+            errors.append(f"{problem}; make it again (python3 -m tools.pins lock)")
     return errors
 
 
@@ -210,6 +210,6 @@ def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
     else:
         unresolved = model.unresolved_pins(data, aiter_name, track)
     if strict:
-        errors += [f"{p}: unresolved (strict): run `python3 -m ci.pins resolve --write` on a connected machine"
+        errors += [f"{p}: unresolved (strict): run `python3 -m tools.pins resolve --write` on a connected machine"
                    for p in unresolved]
     return errors, unresolved

@@ -1,4 +1,4 @@
-"""Hash-locked requirement files (docker/locks/locks.json): `python3 -m ci.pins lock [NAME...] [--check]`.
+"""Hash-locked requirement files (docker/locks/locks.json): `python3 -m tools.pins lock [NAME...] [--check]`.
 
 Each lock is `uv pip compile --generate-hashes` of its inputs for the platform it is installed on, with
 only the PyPI releases uploaded before exclude_newer; vLLM's (one per track) from requirements/rocm.txt
@@ -44,7 +44,7 @@ class Lock:
     overrides: tuple[str, ...] = ()  # uv --override lines: requirement lines of upstream that cannot be met
     track: str | None = None
     family: str = ""  # the locks.json entry (a per_track entry makes one lock per track)
-    command: str = ""  # what makes it, when not `python3 -m ci.pins lock NAME`
+    command: str = ""  # what makes it, when not `python3 -m tools.pins lock NAME`
     only_binary: bool = False  # wheels only (uv --only-binary :all:): installed by install_lock.sh
 
 
@@ -139,13 +139,13 @@ def without(body: str, removed: set[str]) -> str:
 
 
 def uv_command() -> list[str]:
-    """uv from this Python's environment (ci/pins/uv.lock and tests/requirements.lock install it), else from PATH."""
+    """uv from this Python's environment (tools/pins/uv.lock and tests/requirements.lock install it), else from PATH."""
     here = Path(sys.executable).parent / "uv"
     found = str(here) if here.is_file() else shutil.which("uv")
     if not found:
         raise PinError("uv not found beside this Python or on PATH: install uv "
                        "(https://docs.astral.sh/uv/getting-started/installation/) and run the pin tool with it from "
-                       "the repository root: uv run --locked --project ci/pins python -m ci.pins ...")
+                       "the repository root: uv run --locked --project tools/pins python -m tools.pins ...")
     return [found]
 
 
@@ -212,21 +212,21 @@ def body_problem(name: str, text: str) -> str:
     head, body = split_lock(text)
     recorded = BODY_RE.search(head)
     if not recorded:
-        return f"{name} records no digest of its requirements (# body sha256:...): run python3 -m ci.pins lock"
+        return f"{name} records no digest of its requirements (# body sha256:...): run python3 -m tools.pins lock"
     digest, count = BODY_RE.search(body_line(body)).groups()
     if count != recorded.group(2):
         return (f"{name} holds {count} requirements, not the {recorded.group(2)} its header records (a cut lock): "
-                "run python3 -m ci.pins lock")
+                "run python3 -m tools.pins lock")
     if digest != recorded.group(1):
         return (f"{name}: its requirements are not the ones its header records (an edited lock): "
-                "run python3 -m ci.pins lock")
+                "run python3 -m tools.pins lock")
     return ""
 
 
 def header(lock: Lock, spec: dict, inputs: list[tuple[str, str]], body: str) -> str:
     where = f"{lock.platform}, Python {lock.python}" if lock.platform else f"every platform, Python {lock.python}+"
     options = f"{' --no-deps' if lock.no_deps else ''}{' --only-binary :all:' if lock.only_binary else ''}"
-    lines = [f"# Locked by `{lock.command or f'python3 -m ci.pins lock {lock.name}'}` (uv pip compile "
+    lines = [f"# Locked by `{lock.command or f'python3 -m tools.pins lock {lock.name}'}` (uv pip compile "
              f"--generate-hashes{options}): do not edit; change the input and lock again.",
              f"# For {where}; PyPI releases uploaded before {spec['exclude_newer']}.",
              "# Install: pip install --require-hashes --no-deps -r <this file>"]
@@ -351,7 +351,7 @@ def therock_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
     wanted = model.therock_requirements(data["tracks"][track]["rocm"]["version"], therock["torch"], data["gpu_archs"])
     body = index_lock(data, wanted, index_url or therock["index_url"], f"therock lock of track {track}",
                       THEROCK_BUILT_HERE, uv)
-    return _index_lock_text(data, wanted, body, f"python3 -m ci.pins resolve therock --track {track}",
+    return _index_lock_text(data, wanted, body, f"python3 -m tools.pins resolve therock --track {track}",
                             therock["index_url"], f"tracks.{track}.therock.lock_sha256",
                             "docker/therock_sdk.sh through docker/install_lock.sh",
                             (f"# Left out (the image builds Triton from source): {', '.join(THEROCK_BUILT_HERE)}.",))
@@ -363,7 +363,7 @@ def pytorch_lock(data: dict, track: str, uv: list[str] | None = None, index_url:
     where = model.section_path(data, "pytorch", track)
     wanted = model.torch_requirements(pytorch["torch"])
     body = index_lock(data, wanted, index_url or pytorch["index_url"], f"PyTorch lock of {where}", uv=uv)
-    command = "python3 -m ci.pins resolve wheels" + (f" --track {track}" if where != "pytorch" else "")
+    command = "python3 -m tools.pins resolve wheels" + (f" --track {track}" if where != "pytorch" else "")
     return _index_lock_text(data, wanted, body, command, pytorch["index_url"], f"{where}.lock_sha256",
                             "docker/install_torch.sh through docker/install_lock.sh")
 
@@ -380,7 +380,7 @@ def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT
     if any(re.match(r"\s*(?:-r|-c|--requirement|--constraint)\b", line)
            for line in (source / AITER_REQUIREMENTS).read_text().splitlines()):
         raise PinError(f"AITER {pin['tag']}: its {AITER_REQUIREMENTS} includes other files (-r/-c): lock them too "
-                       "(ci/pins/locks.py aiter_lock fetches requirements.txt alone)")
+                       "(tools/pins/locks.py aiter_lock fetches requirements.txt alone)")
     tracks = [t for t in model.built_track_names(data) if data["tracks"][t]["aiter"] == name]
     spec = load(root)
     if index_url:
@@ -389,7 +389,7 @@ def aiter_lock(data: dict, name: str, source: Path, root: Path = model.REPO_ROOT
     lock = Lock(f"aiter-{pin['tag']}", (AITER_REQUIREMENTS,), str(model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])),
                 data["python"]["version"], platform, remove=base_image_dists(root),
                 track=tracks[0] if tracks else None, family="aiter", only_binary=True,
-                command=f"python3 -m ci.pins resolve aiter --aiter-pin {name} --write")
+                command=f"python3 -m tools.pins resolve aiter --aiter-pin {name} --write")
     return compile_lock(lock, root, data, spec, None, uv, source=source)
 
 
@@ -423,7 +423,7 @@ def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path
               f"({len(_blocks(text))} distributions)")
     if check:
         for lk in stale:
-            print(f"error: {lk.output} is not what its inputs lock to now: run python3 -m ci.pins lock {lk.name}",
+            print(f"error: {lk.output} is not what its inputs lock to now: run python3 -m tools.pins lock {lk.name}",
                   file=sys.stderr)
         return 1 if stale else 0
     model.write_files(texts)

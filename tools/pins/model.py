@@ -423,7 +423,7 @@ def _quote(value: str) -> str:
 
 def global_arg_updates(data: dict, root: Path = REPO_ROOT) -> tuple[list[str], dict[Path, str]]:
     """(what changes, {path: new text}) of the build files' pins: the Dockerfiles' global ARG defaults (every
-    other byte stays) and docker-bake.pins.json, rendered again (ci/pins/render.py)."""
+    other byte stays) and docker-bake.pins.json, rendered again (tools/pins/render.py)."""
     from . import render  # noqa: PLC0415  (render reads this module)
 
     expected = build_args(data)

@@ -211,7 +211,7 @@ def choose_base(release: Release, base_image: dict) -> tuple[str, bool]:
 THEROCK_INDEX_ARG = "ROCM_RELEASE_WHEELS_MULTIARCH_URL"
 THEROCK_ABOUT = ("TheRock ROCm wheels of this track, from its release index alone (upstream's base also consults the "
                  "nightly index; this one never does): PyTorch's versions, from which with the SDK version and "
-                 "gpu_archs python3 -m ci.pins therock derives what the track installs, and the sha256 of their "
+                 "gpu_archs python3 -m tools.pins therock derives what the track installs, and the sha256 of their "
                  "hash lock, made on a host that reaches the index.")
 THEROCK_TORCH_ARGS = {"torch": "TORCH_VERSION", "torchvision": "TORCHVISION_VERSION",
                       "torchaudio": "TORCHAUDIO_VERSION"}
@@ -284,7 +284,7 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         notes.append(f"vLLM {release.version}'s {base_path} builds on TheRock ROCm {args['ROCM_SDK_VERSION']} "
                      f"(wheels on {args['BASE_IMAGE']}): the track records that stack; its TheRock lock "
                      f"({model.LOCKS_DIR / model.therock_lock_name(track_of(release.version))}, "
-                     "python3 -m ci.pins therock prints its input) is made on a host that reaches TheRock's index")
+                     "python3 -m tools.pins therock prints its input) is made on a host that reaches TheRock's index")
     elif not same:
         shared = model.section(data, "base_image", newest)
         notes.append(f"vLLM {release.version} has no base Dockerfile for {shared['name']}:{shared['tag']}; "
@@ -303,7 +303,7 @@ def add_track(data: dict, sdist: Sdist, release: Release) -> Proposal:
         notes.append(f"vLLM {release.version}'s sdist records no commit id: commit_prefix left out")
     data["tracks"][name] = {
         "about": f"vLLM {name} on the ROCm stack of its {base_path}, with the AITER that file names "
-                 "(proposed by python3 -m ci.pins discover).",
+                 "(proposed by python3 -m tools.pins discover).",
         "upstream_base_dockerfile": base_path,
         "aiter": tag,
         "vllm": vllm,

@@ -1,6 +1,6 @@
 """`resolve`: tags to commits (with the CK and HipKittens commits AITER records) and the base image digest.
 
-Every git, HTTP and registry call of ci.pins goes through _git, _http or image_digest here, bounded in time
+Every git, HTTP and registry call of tools.pins goes through _git, _http or image_digest here, bounded in time
 as a whole (PINS_TIMEOUT, default 60 s; an HTTP connection PINS_CONNECT_TIMEOUT, default 5 s) however slowly
 its server keeps answering: an error names the URL or image, its credentials masked."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""python3 -m ci.pins verify [--strict] | resolve [WHAT...] [--write] | args | render | tracks | therock | format |
+"""python3 -m tools.pins verify [--strict] | resolve [WHAT...] [--write] | args | render | tracks | therock | format |
 discover [--write] | lock [NAME...] [--check] [--upgrade]
 
 --track NAME: one release track of versions.json (default: every track; args: default_track; therock:
@@ -17,11 +17,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-# What the tool imports beyond the standard library, by import name: ci/pins/pyproject.toml's dependencies
+# What the tool imports beyond the standard library, by import name: tools/pins/pyproject.toml's dependencies
 # (less uv, which only `resolve` and `lock` run: locks.uv_command says how to get it).
 NEEDED = ("jsonschema", "packaging", "rocm_vllm_runtime", "urllib3")
-# How the tool runs where this Python lacks them: uv makes and keeps its environment from ci/pins/uv.lock.
-UV_RUN = ("uv", "run", "--locked", "--project", "ci/pins", "python", "-m", "ci.pins")
+# How the tool runs where this Python lacks them: uv makes and keeps its environment from tools/pins/uv.lock.
+UV_RUN = ("uv", "run", "--locked", "--project", "tools/pins", "python", "-m", "tools.pins")
 UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
 # The characters str.splitlines breaks a line at, shown escaped: each error is one line whatever the file holds.
 _LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
@@ -32,7 +32,7 @@ def libraries_or_exit(argv: list[str]) -> None:
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if not missing:
         return
-    sys.exit(f"error: this Python lacks {', '.join(missing)} (ci/pins/pyproject.toml): {_install_uv()}run the pin "
+    sys.exit(f"error: this Python lacks {', '.join(missing)} (tools/pins/pyproject.toml): {_install_uv()}run the pin "
              f"tool with uv from the repository root: {_uv_command(argv, 'rocm_vllm_runtime' not in missing)}")
 
 
@@ -59,7 +59,7 @@ RESOLVE_ITEMS = ("aiter", "vllm", "base-image", "wheels", "therock")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m ci.pins", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m tools.pins", description=__doc__)
     parser.add_argument("--file", type=Path, default=model.VERSIONS_FILE, help="versions file (default: versions.json)")
     sub = parser.add_subparsers(dest="command", required=True)
     flag = {"action": "store_true"}
@@ -176,7 +176,7 @@ def run(ns, parser, root: Path) -> int:
         errors, unresolved = verify.verify(data, ns.strict, root, ns.aiter_pin, ns.track)
         if ns.file.read_bytes() != model.canonical(data).encode():
             errors.insert(0, f"{ns.file.name} is not in the canonical layout (keys sorted, two-space indent, one "
-                             "trailing newline): run python3 -m ci.pins format")
+                             "trailing newline): run python3 -m tools.pins format")
         if errors:
             return _failed(ns.file, errors)
         if unresolved:
@@ -285,7 +285,7 @@ def run_resolve(ns, data: dict, root: Path) -> int:
         needs = list(dict.fromkeys(item.needs for item in failed))
         print(f"error: resolve: {len(failed)} of {len(items)} item(s) not resolved "
               f"({', '.join(item.label for item in failed)}): they need {_and(needs)}; run "
-              "python3 -m ci.pins resolve --write on a machine that reaches them", file=sys.stderr)
+              "python3 -m tools.pins resolve --write on a machine that reaches them", file=sys.stderr)
         return 1
     return 0
 
