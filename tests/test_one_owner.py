@@ -1,6 +1,6 @@
 """One owner per kind of risky operation, and no other door.
 
-The product's Python (runtime/src, backend/src and ci/, without tests) is read as syntax trees, its
+The product's Python (runtime/src, backend/src, ci/, docker/ and tools/, without tests) is read as syntax trees, its
 shell scripts line by line; every call of a kind below must stand in its owner's function:
 
 * deleting (shutil.rmtree, os.unlink/remove/rmdir, Path.unlink/rmdir, `rm` in shell):

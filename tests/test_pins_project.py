@@ -49,7 +49,7 @@ def test_the_tool_imports_only_what_its_project_declares():
 
 
 def test_the_runtime_is_this_checkouts_editable_one():
-    """The tool's owners (numbers, secrets, files, ...) come from the runtime beside it: a path source."""
+    """The tool's owners (numeric, secret_values, files, ...) come from the runtime beside it: a path source."""
     sources = tomllib.loads(PROJECT.read_text())["tool"]["uv"]["sources"]
     assert sources == {"rocm-vllm-runtime": {"path": "../../runtime", "editable": True}}
     assert (PROJECT.parent / sources["rocm-vllm-runtime"]["path"] / "pyproject.toml").is_file()

@@ -150,7 +150,7 @@ def test_a_configuration_file_pip_cannot_parse_is_named_never_shown(tmp_path):
 
 def _url_credential_patterns(source: str) -> list[int]:
     """Lines of regular expressions that look for a URL's credentials (a pattern holding both
-    "://" and "@"): the one masking (secrets.userinfo_spans) reads them; no module searches again."""
+    "://" and "@"): the one masking (secret_values.userinfo_spans) reads them; no module searches again."""
     import ast
 
     found = []
@@ -169,9 +169,9 @@ def _url_credential_patterns(source: str) -> list[int]:
 
 
 def test_only_the_masking_reads_a_urls_credentials():
-    owner = "runtime/src/rocm_vllm_runtime/secrets.py"
-    # numbers.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
-    known = {"runtime/src/rocm_vllm_runtime/numbers.py": 1}
+    owner = "runtime/src/rocm_vllm_runtime/secret_values.py"
+    # numeric.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
+    known = {"runtime/src/rocm_vllm_runtime/numeric.py": 1}
     offenders = []
     for base in ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy"):
         for path in sorted((ROOT / base).rglob("*.py")):
@@ -193,7 +193,7 @@ def test_only_the_masking_reads_a_urls_credentials():
 ])
 def test_the_pin_tools_http_errors_never_show_a_password(monkeypatch, url, proxy):
     """tools.pins' HTTP client names the URL and the proxy it went through, their credentials masked
-    (rocm_vllm_runtime.secrets): a password with "/" or "?", a proxy setting without a scheme."""
+    (rocm_vllm_runtime.secret_values): a password with "/" or "?", a proxy setting without a scheme."""
     from tools.pins import resolve  # noqa: PLC0415
 
     for name in ("https_proxy", "HTTPS_PROXY"):

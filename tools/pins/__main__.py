@@ -45,8 +45,8 @@ def _uv_command(argv: list[str], can_mask: bool) -> str:
     Python lacks the runtime too, the arguments are not shown (nothing could mask them)."""
     if not can_mask:
         return f"{' '.join(UV_RUN)} with the same arguments"
-    from rocm_vllm_runtime import secrets
-    return secrets.shown([*UV_RUN, *argv]).translate(_LINE_BREAKS)
+    from rocm_vllm_runtime import secret_values
+    return secret_values.shown([*UV_RUN, *argv]).translate(_LINE_BREAKS)
 
 
 if __name__ == "__main__":
@@ -354,7 +354,7 @@ def run_therock(ns, data: dict) -> int:
                        f"(therock tracks: {', '.join(therock) or 'none'})")
     track = data["tracks"][name]
     platform = locks.platform_tag(data["platform"])
-    index = resolve.secrets.masked_url(track["therock"]["index_url"])  # a mirror's credentials are not printed
+    index = resolve.secret_values.masked_url(track["therock"]["index_url"])  # a mirror's credentials are not printed
     print(f"# TheRock wheels of track {name}; lock them against the release index alone:\n"
           f"#   uv pip compile --generate-hashes --index-url {index} "
           f"--python-version {data['python']['version']} --python-platform {platform} FILE")
@@ -376,7 +376,7 @@ def _git_remote(url: str) -> str:
 
 
 def _masked(url: str) -> str:
-    return resolve.secrets.masked_url(url)
+    return resolve.secret_values.masked_url(url)
 
 
 def _and(parts: list[str]) -> str:

@@ -77,7 +77,7 @@ def pypi_sdists(index_url: str = DEFAULT_INDEX) -> dict[str, Sdist]:
     """Every X.Y.Z release of vLLM on PyPI that has an sdist that is not yanked."""
     url = f"{index_url.rstrip('/')}/vllm/json"
     try:
-        shown = resolve.secrets.masked_url(url)
+        shown = resolve.secret_values.masked_url(url)
         body = resolve._http(url, max_bytes=PYPI_LIMIT)
         answer = schema.check(files.json_value(body, shown), PYPI_SCHEMA, shown)
     except files.DataError as exc:
@@ -241,8 +241,9 @@ def therock_pins(version: str, base_path: str, args: dict[str, str], kernels_com
     problem = model.therock_index_problem(index)
     if problem or missing:
         raise PinError(f"vLLM {version}'s {base_path} installs TheRock from {THEROCK_INDEX_ARG}="
-                       f"{resolve.secrets.masked_url(index)!r} ({problem or 'a release index'}), PyTorch versions "
-                       f"({'missing: ' + ', '.join(missing) if missing else 'present'}): add its track by hand")
+                       f"{resolve.secret_values.masked_url(index)!r} ({problem or 'a release index'}), "
+                       f"PyTorch versions ({'missing: ' + ', '.join(missing) if missing else 'present'}): "
+                       "add its track by hand")
     return {"about": THEROCK_ABOUT, "index_url": index, "torch": torch, "lock_sha256": None,
             "triton": therock_triton(version, base_path, args, kernels_commit), "unresolved": ["lock_sha256"]}
 

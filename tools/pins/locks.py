@@ -333,7 +333,7 @@ def _index_lock_text(data: dict, requirements: list[str], body: str, command: st
     """A lock made by index_lock: its header and body."""
     platform = platform_tag(data["platform"])
     lines = [f"# Locked by `{command}` (uv pip compile --generate-hashes against "
-             f"{resolve.secrets.masked_url(index_url)} alone): do not edit; resolve again.",
+             f"{resolve.secret_values.masked_url(index_url)} alone): do not edit; resolve again.",
              f"# For {platform}, Python {data['python']['version']}. Its sha256 is {pin} in versions.json.",
              f"# Install: {install} (pip --isolated --require-hashes --no-deps, that index alone)",
              *notes, *(f"# input {line}" for line in requirements), body_line(body)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from rocm_vllm_runtime import files, numbers, secrets
+from rocm_vllm_runtime import files, numeric, secret_values
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "versions.json"
@@ -50,11 +50,11 @@ def therock_index_problem(url: str) -> str | None:
     import unicodedata  # noqa: PLC0415
     import urllib.parse  # noqa: PLC0415
 
-    if secrets.userinfo_spans(url):
+    if secret_values.userinfo_spans(url):
         return "an index with credentials (a committed file never holds them)"
     try:
-        parts = numbers.url("index_url", url, schemes=("https",))
-    except numbers.SettingError:
+        parts = numeric.url("index_url", url, schemes=("https",))
+    except numeric.SettingError:
         return "not an https:// index with a host (and a TCP port, where it names one)"
     if parts.query or parts.fragment:
         return "an index with a query or fragment"

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import urllib3
-from rocm_vllm_runtime import children, files, numbers, secrets, web
+from rocm_vllm_runtime import children, files, numeric, secret_values, web
 
 from . import model
 from .model import PinError
@@ -23,8 +23,8 @@ from .model import PinError
 def seconds(name: str, default: str) -> float:
     """A time limit from the environment variable name, read as every duration setting is."""
     try:
-        return numbers.duration(name, os.environ.get(name, default))
-    except numbers.SettingError as exc:
+        return numeric.duration(name, os.environ.get(name, default))
+    except numeric.SettingError as exc:
         raise PinError(str(exc)) from None
 
 
@@ -36,7 +36,7 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
     limit = timeout()
     # lowSpeed*: a server that accepts the connection and then stalls is cut off as well.
     cmd = ["git", "-c", "http.lowSpeedLimit=1", "-c", f"http.lowSpeedTime={max(1, int(limit))}", *args]
-    where = secrets.masked_url(url or next((a for a in args if "://" in a), ""))
+    where = secret_values.masked_url(url or next((a for a in args if "://" in a), ""))
     proc = children.output(cmd, limit, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, cwd=cwd)
     if proc.error:
         raise PinError(f"cannot run git ({proc.error}): install git")
@@ -44,7 +44,7 @@ def _git(*args: str, cwd: str | None = None, url: str = "") -> str:
         raise PinError(f"git {args[0]} {where}: no answer within {limit:g}s: check the network or proxy "
                        f"(or raise PINS_TIMEOUT)")
     if proc.returncode != 0:
-        last = secrets.masked_url(proc.stderr.strip().splitlines()[-1]) if proc.stderr.strip() else \
+        last = secret_values.masked_url(proc.stderr.strip().splitlines()[-1]) if proc.stderr.strip() else \
             f"exit status {proc.returncode}"
         raise PinError(f"git {args[0]} {where} failed: {last}")
     return proc.stdout
@@ -139,10 +139,10 @@ def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
     (scheme optional; user:password@ in it sent as Proxy-Authorization, percent-escapes decoded, as
     pip and curl send it); a loopback host (rocm_vllm_runtime.web.is_loopback) always directly. A
     proxy setting urllib3 cannot use is one line, its password masked."""
-    host = numbers.url("the URL", url).host
+    host = numeric.url("the URL", url).host
     proxy = urllib.request.getproxies().get(url.split("://", 1)[0])
     if proxy and not web.is_loopback(host) and not urllib.request.proxy_bypass(host):
-        shown = secrets.masked_url(proxy)
+        shown = secret_values.masked_url(proxy)
         try:
             parsed = urllib3.util.parse_url(proxy if "://" in proxy else f"http://{proxy}")
             headers = None
@@ -161,10 +161,10 @@ def _pool(url: str) -> tuple[urllib3.PoolManager, str]:
 def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
     """One HTTP GET finished within PINS_TIMEOUT as a whole; its body (or fed to sink), at most max_bytes."""
     limit, connect = timeout(), seconds("PINS_CONNECT_TIMEOUT", "5")
-    shown = secrets.masked_url(url)
+    shown = secret_values.masked_url(url)
     try:
         pool, via = _pool(url)
-    except numbers.SettingError as exc:
+    except numeric.SettingError as exc:
         raise PinError(str(exc)) from None
     outcome: list = []
     expired = threading.Event()
@@ -210,7 +210,8 @@ def _http(url: str, sink=None, max_bytes: int = BODY_LIMIT) -> bytes:
            f"no complete answer within {limit:g}s (PINS_TIMEOUT)"
            if isinstance(found, urllib3.exceptions.ReadTimeoutError) else
            f"TLS failed ({found}), check the CA bundle (SSL_CERT_FILE)"
-           if isinstance(found, urllib3.exceptions.SSLError) else secrets.masked_url(" ".join(str(found).split())))
+           if isinstance(found, urllib3.exceptions.SSLError)
+           else secret_values.masked_url(" ".join(str(found).split())))
     raise PinError(f"{shown}{via}: {why}: check the network or proxy")
 
 

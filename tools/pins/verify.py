@@ -7,7 +7,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from rocm_vllm_runtime import files, numbers, schema, secrets
+from rocm_vllm_runtime import files, numeric, schema, secret_values
 from docker import lock_lines
 from . import model, render
 from .model import PinError
@@ -74,19 +74,19 @@ def _urls(node, path: str):
 
 
 def _port_problem(path: str, value: str) -> str | None:
-    """Why an http(s) URL's host and port cannot be read (numbers.url: a port is a TCP port)."""
+    """Why an http(s) URL's host and port cannot be read (numeric.url: a port is a TCP port)."""
     if not value.startswith(("https://", "http://")):
         return None
     try:
-        numbers.url(path, value)
-    except numbers.SettingError as exc:
+        numeric.url(path, value)
+    except numeric.SettingError as exc:
         return str(exc).removeprefix(f"{path}=")
     return None
 
 
 def credentials_problem(key: str, value: str) -> str | None:
     """Why a URL of the versions file holds credentials (None: it holds none)."""
-    spans = secrets.userinfo_spans(value)
+    spans = secret_values.userinfo_spans(value)
     if not spans:
         return None
     userinfo = value[spans[0][0]:spans[0][1]]

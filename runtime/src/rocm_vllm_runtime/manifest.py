@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rocm_vllm_runtime import files, numbers
+from rocm_vllm_runtime import files, numeric
 from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
@@ -365,8 +365,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
                             "(build the aiter-verified stage)")
     epoch = env.get("SOURCE_DATE_EPOCH", "")
     try:
-        source_date_epoch = numbers.whole("SOURCE_DATE_EPOCH", epoch, *numbers.EPOCH_RANGE) if epoch else None
-    except numbers.SettingError as exc:
+        source_date_epoch = numeric.whole("SOURCE_DATE_EPOCH", epoch, *numeric.EPOCH_RANGE) if epoch else None
+    except numeric.SettingError as exc:
         raise ManifestError(f"{exc}: set the build arg") from None
     wheels = {}
     for key in WHEELS:

@@ -1,4 +1,4 @@
-"""Numbers from settings: one reading (rocm_vllm_runtime.numbers) for every number, port,
+"""Numbers from settings: one reading (rocm_vllm_runtime.numeric) for every number, port,
 duration and tolerance the serving benchmark, the accuracy gate and the health probe take. Each
 entry point is driven with each bad value: it stops with status 2 in one line naming the setting,
 never a traceback, never starting anything (a gate that cannot fail, nan, is refused). Only plain
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from rocm_vllm_runtime import accuracy, bench, numbers
+from rocm_vllm_runtime import accuracy, bench, numeric
 
 LONG = "9" * 5000  # past int()'s 4300-digit limit
 BAD_WHOLE = ["abc", "nan", "1.5", "-3", " 8", "1e3", "++8", "1_000", "\u0663", LONG]  # (empty: the default)
@@ -78,11 +78,11 @@ def test_accuracy_backends_names_its_own_setting(tmp_path):
 
 
 def test_the_readings():
-    assert numbers.whole("N", "8", 1, 10) == 8 and numbers.port("P", "65535") == 65535
-    assert numbers.duration("T", "0.5") == 0.5 and numbers.pair("L", "0.5,0.02") == (0.5, 0.02)
-    assert numbers.real("A", "0.01", 0, 1, open_low=True, open_high=True) == 0.01
-    with pytest.raises(numbers.SettingError, match=r"^L='nan,nan' is not A,B: two numbers from 0 to"):
-        numbers.pair("L", "nan,nan")
+    assert numeric.whole("N", "8", 1, 10) == 8 and numeric.port("P", "65535") == 65535
+    assert numeric.duration("T", "0.5") == 0.5 and numeric.pair("L", "0.5,0.02") == (0.5, 0.02)
+    assert numeric.real("A", "0.01", 0, 1, open_low=True, open_high=True) == 0.01
+    with pytest.raises(numeric.SettingError, match=r"^L='nan,nan' is not A,B: two numbers from 0 to"):
+        numeric.pair("L", "nan,nan")
 
 
 @pytest.mark.parametrize("setting,too_many", [("BENCH_NUM_PROMPTS", "1000001"), ("BENCH_CONCURRENCY", "65537"),

@@ -110,10 +110,10 @@ def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) ->
     """A URL with one of schemes and a host; its port, when given, read as ``port`` reads one (a
     port of 65536 or more never wraps round onto another). The message names the setting, the
     URL's password masked."""
-    from . import secrets  # noqa: PLC0415  (a sibling module: the one masking)
+    from . import secret_values  # noqa: PLC0415  (a sibling module: the one masking)
 
     text = _text(raw)
-    shown = _shown(secrets.masked_url(text))
+    shown = _shown(secret_values.masked_url(text))
     try:
         parts = urllib.parse.urlsplit(text)
         host = parts.hostname
@@ -124,7 +124,7 @@ def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) ->
     hostport = parts.netloc.rpartition("@")[2]
     given = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     _, colon, port_text = given.rpartition(":")
-    if len(secrets.userinfo_spans(text)) != (1 if "@" in parts.netloc else 0):
+    if len(secret_values.userinfo_spans(text)) != (1 if "@" in parts.netloc else 0):
         # the masking sees credentials where urllib does not: a "#", "?" or "/" in them ends the
         # authority early, so urllib would take a part of the password for the host or port
         raise SettingError(f"{name}={shown}: its credentials hold a character a URL must percent-encode "

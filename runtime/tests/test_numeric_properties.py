@@ -1,8 +1,8 @@
-"""Properties of the one reading of numbers and URLs (rocm_vllm_runtime.numbers), over generated
+"""Properties of the one reading of numbers and URLs (rocm_vllm_runtime.numeric), over generated
 text: a value is read as plain decimal in range, or refused with a SettingError naming the
 setting; never another exception (int()'s digit limit, an overflow, urllib's ValueError). A URL's
 port is a TCP port or the URL is refused: port N + 65536 never reaches the server on N. The one
-masking (rocm_vllm_runtime.secrets) never shows a URL's password. Seeds are fixed (derandomize)
+masking (rocm_vllm_runtime.secret_values) never shows a URL's password. Seeds are fixed (derandomize)
 and each property runs a bounded number of examples."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocm_vllm_runtime import numbers, secrets
+from rocm_vllm_runtime import numeric, secret_values
 
 BOUNDED = settings(derandomize=True, database=None, max_examples=300, deadline=None)
 # text that looks like numbers: digits, signs, points, exponents, words, spaces, other scripts
@@ -25,8 +25,8 @@ NUMBERISH = st.text(st.sampled_from("0123456789+-._eE xnaifINF\u0663\uff11\u00b2
 @given(NUMBERISH, st.integers(0, 10), st.integers(10, 10**12))
 def test_whole_reads_plain_digits_in_range_or_names_the_setting(text, low, high):
     try:
-        value = numbers.whole("N", text, low, high)
-    except numbers.SettingError as exc:
+        value = numeric.whole("N", text, low, high)
+    except numeric.SettingError as exc:
         assert str(exc).startswith("N=") and "\n" not in str(exc) and len(str(exc)) < 200
         return
     assert re.fullmatch(r"[0-9]+", text) and value == int(text) and low <= value <= high
@@ -35,18 +35,18 @@ def test_whole_reads_plain_digits_in_range_or_names_the_setting(text, low, high)
 @BOUNDED
 @given(st.integers(1, 65535), st.integers(0, 5))
 def test_every_port_round_trips(port, zeros):
-    assert numbers.port("P", "0" * zeros + str(port)) == port
+    assert numeric.port("P", "0" * zeros + str(port)) == port
 
 
 @BOUNDED
 @given(NUMBERISH)
 def test_durations_are_finite_positive_and_at_most_a_day(text):
     try:
-        value = numbers.duration("T", text)
-    except numbers.SettingError as exc:
+        value = numeric.duration("T", text)
+    except numeric.SettingError as exc:
         assert str(exc).startswith("T=")
         return
-    assert math.isfinite(value) and 0 < value <= numbers.DAY_S
+    assert math.isfinite(value) and 0 < value <= numeric.DAY_S
     assert re.fullmatch(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", text)
 
 
@@ -55,10 +55,10 @@ def test_durations_are_finite_positive_and_at_most_a_day(text):
 def test_plain_decimal_seconds_are_read(value):
     text = f"{value:f}"
     if value == 0:
-        with pytest.raises(numbers.SettingError):
-            numbers.duration("T", text)
+        with pytest.raises(numeric.SettingError):
+            numeric.duration("T", text)
     else:
-        assert numbers.duration("T", text) == float(text)
+        assert numeric.duration("T", text) == float(text)
 
 
 HOSTS = st.sampled_from(["127.0.0.1", "localhost", "[::1]", "example.org", "a-b.example"])
@@ -69,18 +69,18 @@ HOSTS = st.sampled_from(["127.0.0.1", "localhost", "[::1]", "example.org", "a-b.
 def test_a_urls_port_is_a_tcp_port_or_the_url_is_refused(scheme, host, port):
     text = f"{scheme}://{host}:{port}"
     if 1 <= port <= 65535:
-        assert numbers.url("--url", text).port == port
+        assert numeric.url("--url", text).port == port
     else:
-        with pytest.raises(numbers.SettingError, match=r"^--url=.*is not a TCP port"):
-            numbers.url("--url", text)
+        with pytest.raises(numeric.SettingError, match=r"^--url=.*is not a TCP port"):
+            numeric.url("--url", text)
 
 
 @BOUNDED
 @given(st.text(max_size=40) | st.text(st.sampled_from(":/[]@?#%. 0123456789abchtps+"), max_size=40))
 def test_any_text_is_a_url_or_one_line(text):
     try:
-        parts = numbers.url("--url", text)
-    except numbers.SettingError as exc:
+        parts = numeric.url("--url", text)
+    except numeric.SettingError as exc:
         assert str(exc).startswith("--url=") and "\n" not in str(exc).replace(text, "")
         return
     assert parts.scheme in ("http", "https") and parts.host
@@ -93,12 +93,12 @@ def test_any_text_is_a_url_or_one_line(text):
 def test_a_urls_password_is_never_shown(password, host, port, path):
     secret = f"PW{password}"
     text = f"https://user:{secret}@{host}{port}{path}"
-    for shown in (secrets.masked_url(text), secrets.shown(["--url", text]),
-                  secrets.mask_text(f"fetching {text} failed", [])):
+    for shown in (secret_values.masked_url(text), secret_values.shown(["--url", text]),
+                  secret_values.mask_text(f"fetching {text} failed", [])):
         assert secret not in shown and "https://***@" in shown
-    assert numbers.url("--url", text).password == secret
-    with pytest.raises(numbers.SettingError) as refused:
-        numbers.url("--url", f"https://user:{secret}@{host}:99999{path}")
+    assert numeric.url("--url", text).password == secret
+    with pytest.raises(numeric.SettingError) as refused:
+        numeric.url("--url", f"https://user:{secret}@{host}:99999{path}")
     assert secret not in str(refused.value) and "https://***@" in str(refused.value)
 
 
@@ -109,11 +109,11 @@ NON_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
 @BOUNDED
 @given(NON_FINITE, FINITE | NON_FINITE, st.floats(0, 1e6), st.floats(0, 1e6))
 def test_a_non_finite_value_never_agrees(bad, other, atol, rtol):
-    assert not numbers.agree(bad, other, atol, rtol) and not numbers.agree(other, bad, atol, rtol)
+    assert not numeric.agree(bad, other, atol, rtol) and not numeric.agree(other, bad, atol, rtol)
 
 
 @BOUNDED
 @given(FINITE, FINITE, st.floats(0, 10), st.floats(0, 1))
 def test_finite_agreement_is_symmetric_and_reflexive(a, b, atol, rtol):
-    assert numbers.agree(a, b, atol, rtol) == numbers.agree(b, a, atol, rtol)
-    assert numbers.agree(a, a, atol, rtol)
+    assert numeric.agree(a, b, atol, rtol) == numeric.agree(b, a, atol, rtol)
+    assert numeric.agree(a, a, atol, rtol)

@@ -1,4 +1,4 @@
-"""Secrets never reach what is printed: one masking (rocm_vllm_runtime.secrets.masked) of every
+"""Secrets never reach what is printed: one masking (rocm_vllm_runtime.secret_values.masked) of every
 secret-bearing option and variable, used by every command line the runtime prints (the serve
 launcher, the serving benchmark's and the accuracy gate's servers, the selftest suites)."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime import accuracy, bench, secrets, selftest, serve
+from rocm_vllm_runtime import accuracy, bench, secret_values, selftest, serve
 
-SRC = Path(secrets.__file__).parent
+SRC = Path(secret_values.__file__).parent
 SECRET = "sk-very-secret-value-123"
 
 # every form a secret takes on a command line -> what is printed instead
@@ -37,23 +37,23 @@ FORMS = [
 
 @pytest.mark.parametrize("args,printed", FORMS)
 def test_every_secret_form_is_masked(args, printed):
-    assert secrets.masked(args) == printed
-    assert SECRET not in secrets.shown(args)
+    assert secret_values.masked(args) == printed
+    assert SECRET not in secret_values.shown(args)
 
 
 def test_secret_values_and_mask_text():
     args = ["--model", "m", "--hf-token", SECRET, "--api-key=other-secret-789"]
-    found = secrets.secret_values(args, {"HF_TOKEN": "env-token-000", "PATH": "/usr/bin"})
+    found = secret_values.secret_values(args, {"HF_TOKEN": "env-token-000", "PATH": "/usr/bin"})
     assert set(found) == {SECRET, "other-secret-789", "env-token-000"}
     text = f"args: {{'hf_token': '{SECRET}', 'api_key': ['other-secret-789']}} HF=env-token-000"
-    assert secrets.mask_text(text, found) == "args: {'hf_token': '***', 'api_key': ['***']} HF=***"
+    assert secret_values.mask_text(text, found) == "args: {'hf_token': '***', 'api_key': ['***']} HF=***"
 
 
 def test_no_module_prints_a_command_line_but_through_the_masking():
-    """Every command line printed by the runtime goes through secrets.shown: no other module joins
+    """Every command line printed by the runtime goes through secret_values.shown: no other module joins
     a command for printing."""
     for path in SRC.glob("*.py"):
-        if path.name == "secrets.py":
+        if path.name == "secret_values.py":
             continue
         text = path.read_text()
         joined = r"shlex\.join\(|' '\.join\((?:command|cmd|argv)|\" \"\.join\((?:command|cmd|argv)"
