@@ -1,5 +1,5 @@
 // Build graph of the images. Pins come from docker-bake.pins.json, which the pin tool renders from
-// versions.json (python3 -m ci.pins render; verify fails while it is stale), passed as a second file:
+// versions.json (python3 -m tools.pins render; verify fails while it is stale), passed as a second file:
 //
 //   docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json base      # the base image
 //   TRACK=0.32 docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json serve  # another release track
@@ -134,7 +134,7 @@ target "_pins_resolved" {}
 
 function "pins_check" {
   params = [name, pins]
-  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m ci.pins resolve --write on a machine that reaches GitHub, PyPI, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
+  result = length(pins) == 0 || ALLOW_UNRESOLVED == "1" ? "_pins_resolved" : "${name} (track ${TRACK}): it builds from ${length(pins)} unresolved pin(s) of versions.json: ${join(", ", pins)}: run python3 -m tools.pins resolve --write on a machine that reaches GitHub, PyPI, the container registry and ${stack() == "therock" ? "TheRock's wheel index" : "the PyTorch wheel index"}, or set ALLOW_UNRESOLVED=1 for a development image"
 }
 
 // The track's ROCm stack: rocm-image or therock, the stages Dockerfile.rocm_base's ROCM_STACK picks.
@@ -196,7 +196,7 @@ target "_common" {
   }
 }
 
-// One build arg per pin, as docker-bake.pins.json renders them (python3 -m ci.pins args prints the same).
+// One build arg per pin, as docker-bake.pins.json renders them (python3 -m tools.pins args prints the same).
 target "_versions" {
   args = merge(pin_build_args, { GPU_ARCHS = GPU_ARCHS })
 }

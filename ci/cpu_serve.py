@@ -74,7 +74,7 @@ def tracks() -> dict:
     except (files.DataError, OSError) as exc:
         raise Stop(f"cannot read versions.json ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("tracks"), dict):
-        raise Stop("versions.json holds no object of tracks: run python3 -m ci.pins verify")
+        raise Stop("versions.json holds no object of tracks: run python3 -m tools.pins verify")
     return data["tracks"]
 
 

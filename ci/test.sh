@@ -14,7 +14,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 echo "== installing test requirements (tests/requirements.lock, locked from tests/requirements.txt)"
-# Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m ci.pins lock
+# Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m tools.pins lock
 # tests remakes the lock). First uv, by pip from its own entry in the lock; then uv installs the
 # lock (parallel downloads: a fraction of pip's time on a machine with nothing kept), from the
 # sources pip's settings name, read by the venv's pip (ci/uv_pip.py, with the runtime's modules from its

@@ -18,7 +18,7 @@ environment).
 * cert, timeout (a whole number of seconds for uv, rounded up) and proxy: SSL_CERT_FILE,
   UV_HTTP_TIMEOUT and HTTPS_PROXY/HTTP_PROXY, each where uv's own is unset.
 
-Standard library only, and the runtime's children, numbers and secrets modules: ci/test.sh runs it
+Standard library only, and the runtime's children, numeric and secret_values modules: ci/test.sh runs it
 before the test environment has the repository's packages, with runtime/src on PYTHONPATH.
 
     python3 -m ci.uv_pip [--torch] UV pip install ARGS...
@@ -35,7 +35,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from rocm_vllm_runtime import children, numbers, secrets
+from rocm_vllm_runtime import children, numeric, secret_values
 
 # Where torch's CPU build comes from when no wheelhouse is configured (find-links).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -124,7 +124,7 @@ def _failure(out) -> str:
         return (f"pip cannot parse {place} (its lines are not shown: they may hold credentials): fix it, or "
                 "set PIP_CONFIG_FILE=/dev/null to use none")
     said = (out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}").splitlines()[-1]
-    return secrets.masked_url(said)
+    return secret_values.masked_url(said)
 
 
 def pip_sources(settings: Mapping[str, str]) -> list[str]:
@@ -167,8 +167,8 @@ def uv_environment(environ: Mapping[str, str], settings: PipSettings) -> dict[st
     if settings.get("timeout") and not env.get("UV_HTTP_TIMEOUT"):
         name = settings.where.get("timeout", "pip's timeout")
         try:
-            seconds = numbers.duration(name, settings["timeout"])
-        except numbers.SettingError as exc:
+            seconds = numeric.duration(name, settings["timeout"])
+        except numeric.SettingError as exc:
             raise SystemExit(f"error: {exc}") from None
         env["UV_HTTP_TIMEOUT"] = str(math.ceil(seconds))  # uv takes whole seconds; pip 15.5 as well
     if settings.get("proxy") and not any(env.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",

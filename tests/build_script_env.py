@@ -1,5 +1,5 @@
-"""What the build scripts of ci/docker import beyond the standard library
-(ci/docker/requirements-scripts.txt: `packaging`), installed into a test's fresh Python
+"""What the build scripts of docker/ import beyond the standard library
+(docker/requirements-scripts.txt: `packaging`), installed into a test's fresh Python
 environment hash-checked, as install_torch.sh installs it in the image's torch stage."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT_REQUIREMENTS = Path(__file__).resolve().parents[1] / "ci/docker/requirements-scripts.txt"
+SCRIPT_REQUIREMENTS = Path(__file__).resolve().parents[1] / "docker/requirements-scripts.txt"
 
 
 def install_script_requirements(python: Path, wheelhouse: Path) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AREAS = ("runtime/src", "backend/src", "ci", "deploy")
+AREAS = ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy")
 
 Use = tuple[str, int, str]  # form, line, code
 

@@ -1,4 +1,4 @@
-"""ci/docker/aiter_calls.py: the AITER functions each track's vLLM calls (read from its released
+"""docker/aiter_calls.py: the AITER functions each track's vLLM calls (read from its released
 source) and the check that an AITER source tree has them, which stops the vLLM build (stage
 vllm-built) when the base image's AITER lacks one."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from vllm_sdist import sdist_source, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/aiter_calls.py"
+SCRIPT = ROOT / "docker/aiter_calls.py"
 # Functions vLLM 0.33 calls and vLLM 0.32 did not (from the two releases' sources).
 NEW_IN_033 = ("aiter.ops.topk.topk_gating", "aiter.ops.triton.fused_fp8_quant.fused_rms_fp8_per_tensor_static_quant",
               "aiter.ops.triton.gemm_a8w8_blockscale.gemm_a8w8_blockscale_preshuffle",

@@ -1,10 +1,10 @@
 """The hash lock of AITER's own requirements (requirements.txt of the pinned commit): made by the
-real uv (ci.pins.locks.aiter_lock, through `resolve aiter`) against a stand-in of PyPI on 127.0.0.1
+real uv (tools.pins.locks.aiter_lock, through `resolve aiter`) against a stand-in of PyPI on 127.0.0.1
 for the images' platform and Python, with the base image's distributions (torch, Triton: a
 same-named torch and Triton on the index) bounding the resolution and left out of the lock, only
-releases uploaded before locks.json exclude_newer; resolve writes ci/locks/aiter-<tag>.txt and pins
+releases uploaded before locks.json exclude_newer; resolve writes docker/locks/aiter-<tag>.txt and pins
 its sha256 (a commit without requirements.txt pins "none"); verify holds the pin to the file; and
-ci/docker/aiter_requirements.sh (build_aiter.sh's requirement step) refuses an unpinned lock, a lock
+docker/aiter_requirements.sh (build_aiter.sh's requirement step) refuses an unpinned lock, a lock
 made from another requirements.txt or a pin that disagrees with the source, and installs the pinned
 lock offline, every wheel by its sha256."""
 from __future__ import annotations
@@ -22,10 +22,10 @@ from venvs import make_venv
 import pypi_standin
 import therock_standin
 from git_repo import commit_all, git, new_repo
-from ci.pins import locks, model, verify
+from tools.pins import locks, model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/aiter_requirements.sh"
+SCRIPT = ROOT / "docker/aiter_requirements.sh"
 REQUIREMENTS = "flydsl>=0.1\neinops\n"
 
 
@@ -83,7 +83,7 @@ def test_the_lock_holds_the_requirements_by_hash_and_leaves_the_base_images_out(
     for name, (version, hashes) in reqs.items():
         assert hashes == [sha256(pypi["folder"] / f"{name}-{version}-py3-none-any.whl")], name
     assert f"# input requirements.txt sha256:{sha256(source(tmp_path) / 'requirements.txt')}\n" in lock_text
-    assert f"`python3 -m ci.pins resolve aiter --aiter-pin {pin} --write`" in lock_text
+    assert f"`python3 -m tools.pins resolve aiter --aiter-pin {pin} --write`" in lock_text
     assert "--only-binary :all:" in lock_text and "Left out (the base image provides them): torch" in lock_text
     assert locks.body_problem("aiter", lock_text) == ""
 
@@ -100,10 +100,10 @@ def test_a_requirements_file_that_includes_another_is_refused(data, pin, tmp_pat
 
 def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monkeypatch, tmp_path):
     """resolve aiter's lock step: requirements.txt read at the pin's commit (git), the lock into
-    ci/locks/aiter-<tag>.txt and its sha256 into requirements_lock_sha256 (out of unresolved); a
+    docker/locks/aiter-<tag>.txt and its sha256 into requirements_lock_sha256 (out of unresolved); a
     pinned lock is kept unless --force; a commit without requirements.txt pins "none"; a pin without
     a commit stays unresolved."""
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     repo = new_repo(tmp_path / "aiter")
     (repo / "setup.py").write_text("\n")
@@ -124,7 +124,7 @@ def test_resolve_aiter_writes_the_lock_and_pins_its_sha256(data, pin, pypi, monk
     digest = hashlib.sha256(text.encode()).hexdigest()
     assert path == tmp_path / model.LOCKS_DIR / f"aiter-{node['tag']}.txt"
     assert node["requirements_lock_sha256"] == digest and "requirements_lock_sha256" not in node["unresolved"]
-    assert changes == [f"aiter.pins.{pin}.requirements_lock_sha256: {digest} (ci/locks/{path.name}, 3 wheels)"]
+    assert changes == [f"aiter.pins.{pin}.requirements_lock_sha256: {digest} (docker/locks/{path.name}, 3 wheels)"]
     assert f"# input requirements.txt sha256:{hashlib.sha256(REQUIREMENTS.encode()).hexdigest()}" in text
     assert cli.resolve_aiter_lock(argparse.Namespace(force=False), d, tmp_path, pin, {}) == []
     assert cli.resolve_aiter_lock(argparse.Namespace(force=True), d, tmp_path, pin, {}) == []  # the same lock
@@ -143,8 +143,8 @@ def test_verify_holds_a_pinned_lock_to_its_file_and_the_field_to_its_schema(data
     d = copy.deepcopy(data)
     node = d["aiter"]["pins"][pin]
     node.update(commit="c" * 40, requirements_lock_sha256="a" * 64, unresolved=["ck_commit", "hipkittens_commit"])
-    name = f"ci/locks/aiter-{node['tag']}.txt"
-    assert any(f"aiter.pins.{pin}.requirements_lock_sha256 is set but {name} is missing: run python3 -m ci.pins "
+    name = f"docker/locks/aiter-{node['tag']}.txt"
+    assert any(f"aiter.pins.{pin}.requirements_lock_sha256 is set but {name} is missing: run python3 -m tools.pins "
                f"resolve aiter --aiter-pin {pin} --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock = tmp_path / name
     lock.parent.mkdir(parents=True)
@@ -212,7 +212,7 @@ def last_error(proc) -> str:
 def test_an_unpinned_lock_stops_unless_a_development_image(data, pypi, lock_text, venv, tmp_path):
     src = source(tmp_path)
     line = last_error(run_step(venv, pypi, src, pins_of(data), lock_text))
-    assert "python3 -m ci.pins resolve aiter --write" in line and "ALLOW_UNRESOLVED=1" in line
+    assert "python3 -m tools.pins resolve aiter --write" in line and "ALLOW_UNRESOLVED=1" in line
     assert installed(venv) == set()
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import git_daemon
 from git_repo import commit_all, git, new_repo
-from ci.pins import model
+from tools.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker
@@ -218,11 +218,11 @@ def step_ran(proc, stage: str) -> bool:
 
 
 def test_a_file_the_base_does_not_read_leaves_its_steps_cached(base_image, git_server, tmp_path):
-    """ci/docker is mounted as one folder per step; Dockerfile.rocm_base.dockerignore leaves out what
+    """docker/ is mounted as one folder per step; Dockerfile.rocm_base.dockerignore leaves out what
     the base does not read, so a change to a vLLM-image script, its locks or a runtime module keeps the
     base's steps cached, and a change to a script the step reads runs it again."""
     root = tmp_path / "repo"
-    for part in ("Dockerfile.rocm_base", "Dockerfile.rocm_base.dockerignore", "ci/docker", "runtime/src",
+    for part in ("Dockerfile.rocm_base", "Dockerfile.rocm_base.dockerignore", "docker", "runtime/src",
                  "backend/src/vllm_aiter_mla/distributions.py"):
         (root / part).parent.mkdir(parents=True, exist_ok=True)
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy2
@@ -230,16 +230,16 @@ def test_a_file_the_base_does_not_read_leaves_its_steps_cached(base_image, git_s
     pins = {"commit": git_server["commit"], "ck": git_server["ck"], "target": "aiter-clone", "root": root}
     first = build(base_image, git_server, **pins)
     assert first.returncode == 0, first.stderr[-3000:]
-    for ignored in ("ci/docker/build_vllm.sh", "ci/docker/requirements-ray.txt",
+    for ignored in ("docker/build_vllm.sh", "docker/requirements-ray.txt",
                     "runtime/src/rocm_vllm_runtime/serve.py"):
         (root / ignored).parent.mkdir(parents=True, exist_ok=True)
         with open(root / ignored, "a") as out:
             out.write("\n# changed\n")
-    (root / "ci/docker/__pycache__").mkdir(exist_ok=True)
-    (root / "ci/docker/__pycache__/lib.cpython-311.pyc").write_bytes(b"left by a test run")
+    (root / "docker/__pycache__").mkdir(exist_ok=True)
+    (root / "docker/__pycache__/lib.cpython-311.pyc").write_bytes(b"left by a test run")
     unchanged = build(base_image, git_server, **pins)
     assert unchanged.returncode == 0 and not step_ran(unchanged, "aiter-clone"), unchanged.stderr[-3000:]
-    with open(root / "ci/docker/aiter_source.sh", "a") as out:
+    with open(root / "docker/aiter_source.sh", "a") as out:
         out.write("\n# changed\n")
     changed = build(base_image, git_server, **pins)
     assert changed.returncode == 0 and step_ran(changed, "aiter-clone"), changed.stderr[-3000:]
@@ -247,7 +247,7 @@ def test_a_file_the_base_does_not_read_leaves_its_steps_cached(base_image, git_s
 
 def run_kernel_list_check(source, archs="gfx942;gfx950"):
     """The aiter-check stage's kernel-list step, as Dockerfile.rocm_base runs it."""
-    return subprocess.run([sys.executable, "-B", str(ROOT / "ci/docker/check_aiter.py"), "kernel-lists", str(source),
+    return subprocess.run([sys.executable, "-B", str(ROOT / "docker/check_aiter.py"), "kernel-lists", str(source),
                            "--archs", archs], capture_output=True, text=True)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model, render
+from tools.pins import model, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,21 +38,21 @@ def printed(*targets, env=None):
 # Build args that are settings of a build, not pins (bake variables of their own).
 SETTINGS = {"ALLOW_UNRESOLVED", "VCS_REF", "MAX_JOBS", "AITER_MEM_PER_JOB_GIB", "VLLM_IMAGE", "AITER_CALLS_CHECK",
             "PYPI_INDEX_URL"}
-# versions.json leaves pins unresolved until `python3 -m ci.pins resolve --write` runs on a connected
+# versions.json leaves pins unresolved until `python3 -m tools.pins resolve --write` runs on a connected
 # machine, and bake stops a ROCm target that builds from one: tests of other settings print the
 # ROCm targets as a development build does.
 DEV = {"ALLOW_UNRESOLVED": "1"}
 
 
 def pins_file(data, path):
-    """The bake pins file `python3 -m ci.pins render` writes for a versions file of `data`, at path."""
+    """The bake pins file `python3 -m tools.pins render` writes for a versions file of `data`, at path."""
     path.write_text(render.bake_text(data))
     return path
 
 
 def resolved(data, tmp_path, keep=()):
     """The bake pins file of a versions file with every unresolved pin given a well-formed value (as
-    `ci.pins resolve` writes them), but the dotted paths in keep, which stay null; that versions
+    `tools.pins resolve` writes them), but the dotted paths in keep, which stay null; that versions
     file is versions.json beside it."""
     data = json.loads(json.dumps(data))
 
@@ -74,7 +74,7 @@ def resolved(data, tmp_path, keep=()):
 
 @pytest.mark.parametrize("track", model.built_track_names(model.load()))
 def test_base_args_equal_versions_file(track, tmp_path):
-    """bake passes the rendered args unchanged: ci.pins build_args, one per pin, byte for byte, for every
+    """bake passes the rendered args unchanged: tools.pins build_args, one per pin, byte for byte, for every
     track: unresolved pins (UNRESOLVED, the image without its digest under ALLOW_UNRESOLVED=1), and
     resolved ones."""
     data = model.load()
@@ -148,7 +148,7 @@ def test_image_targets_use_dockerfile_rocm():
 
 
 def test_ray_comes_from_its_lock_not_from_build_args():
-    """Ray is installed from ci/docker/requirements-ray.txt (a lock), so no target passes Ray
+    """Ray is installed from docker/requirements-ray.txt (a lock), so no target passes Ray
     versions or hashes as build args."""
     proc = bake_print("serve", "ci", env=DEV)
     assert proc.returncode == 0, proc.stderr
@@ -254,13 +254,13 @@ def stop_line(proc) -> str:
 
 def named_pins(line: str) -> set[str]:
     """The pins a stop line names: 'TARGET (track T): it builds from N unresolved pin(s) of
-    versions.json: a, b, c: run python3 -m ci.pins resolve --write ...'."""
+    versions.json: a, b, c: run python3 -m tools.pins resolve --write ...'."""
     listed = line.split(" unresolved pin(s) of versions.json: ", 1)[1].split(": run ", 1)[0]
     return set(listed.split(", "))
 
 
 def unresolved(data, tmp_path):
-    """(data, its bake pins file): the versions file with every pin `ci.pins resolve` finds (commits,
+    """(data, its bake pins file): the versions file with every pin `tools.pins resolve` finds (commits,
     the image digest, the locks' sha256) unresolved again: null, and named in its object's unresolved list."""
     data = json.loads(json.dumps(data))
 
@@ -301,7 +301,7 @@ def test_unresolved_pins_stop_each_rocm_target_in_one_line_naming_every_one(trac
         want = pins if target != "base" else pins - vllm_pins
         assert f"{target} (track {track}): it builds from {len(want)} unresolved pin(s) of versions.json: " in line
         assert named_pins(line) == want, line
-        assert "run python3 -m ci.pins resolve --write" in line and "ALLOW_UNRESOLVED=1" in line, line
+        assert "run python3 -m tools.pins resolve --write" in line and "ALLOW_UNRESOLVED=1" in line, line
         assert "UNRESOLVED@" not in line and "invalid reference format" not in line
     proc = bake_print(*ROCM_TARGETS, env={**CLEAR, "TRACK": track, **DEV}, files=files)
     assert proc.returncode == 0 and set(json.loads(proc.stdout)["target"]) == set(ROCM_TARGETS), proc.stderr

@@ -1,4 +1,4 @@
-"""What each Dockerfile's build context holds. The build steps mount ci/docker as one folder, so
+"""What each Dockerfile's build context holds. The build steps mount docker/ as one folder, so
 Dockerfile.rocm_base.dockerignore leaves out every file the base image's steps do not read: a change
 to a vLLM-image script or its locks must not rebuild the base (and with it AITER and vLLM).
 Docker-engine proof: tests/test_aiter_src_docker.py::test_a_file_the_base_does_not_read_leaves_its_steps_cached."""
@@ -15,8 +15,8 @@ def ignore_lines(dockerfile: str) -> list[str]:
 
 
 def base_reads() -> tuple[set[str], set[str]]:
-    """ci/docker files the base reads (named in Dockerfile.rocm_base, or in a file it reads), and all of them."""
-    tracked = subprocess.run(["git", "ls-files", "ci/docker"], cwd=ROOT, capture_output=True, text=True,
+    """docker/ files the base reads (named in Dockerfile.rocm_base, or in a file it reads), and all of them."""
+    tracked = subprocess.run(["git", "ls-files", "docker"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
     by_name = {Path(f).name: f for f in tracked}
 
@@ -32,9 +32,9 @@ def base_reads() -> tuple[set[str], set[str]]:
     return {by_name[n] for n in seen}, set(by_name.values())
 
 
-def test_the_base_context_leaves_out_exactly_the_ci_docker_files_the_base_does_not_read():
+def test_the_base_context_leaves_out_exactly_the_docker_files_the_base_does_not_read():
     reads, tracked = base_reads()
-    left_out = {line for line in ignore_lines("Dockerfile.rocm_base") if line.startswith("ci/docker/")}
+    left_out = {line for line in ignore_lines("Dockerfile.rocm_base") if line.startswith("docker/")}
     assert left_out == tracked - reads, (
         f"add to Dockerfile.rocm_base.dockerignore: {sorted(tracked - reads - left_out)}; "
         f"remove (the base reads them): {sorted(left_out & reads)}")

@@ -1,4 +1,4 @@
-"""The build scripts of ci/docker run here for real (no Docker): the shared helper lib.sh
+"""The build scripts of docker/ run here for real (no Docker): the shared helper lib.sh
 (MAX_JOBS from CPUs and the cgroup memory limit, the CA bundle), the pinned-distribution guard
 (pinned_dists.py), the source stages' HipKittens and triton_kernels fetches against local git
 repositories, and the AMD SMI import check."""
@@ -18,7 +18,7 @@ from git_repo import commit_all, git, new_repo
 from test_vllm_source import stub_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "ci" / "docker"
+DOCKER = ROOT / "docker"
 GIB = 1024 ** 3
 
 
@@ -98,7 +98,7 @@ def test_scm_version_only_on_aiters_setup_command():
 
 def test_build_tools_are_hash_pinned_and_installed_from_our_file():
     """Every build tool, and packaging (which the build scripts import), is locked by version and
-    sha256 (python3 -m ci.pins lock, tests/test_locks.py holds the locks current); packaging is
+    sha256 (python3 -m tools.pins lock, tests/test_locks.py holds the locks current); packaging is
     pinned in requirements-scripts.in only, which requirements-build.in includes; install_torch.sh
     installs the scripts' lock first."""
     pins = {}
@@ -313,8 +313,8 @@ def test_triton_kernels_fetched_at_the_pinned_commit(tmp_path):
 
 def test_every_build_arg_a_script_needs_is_one_the_pin_tool_prints():
     """The pins the build scripts require (: "${NAME:?set the NAME build arg}") are build args
-    python3 -m ci.pins args prints, and each is declared in a Dockerfile (with its default)."""
-    from ci.pins import model
+    python3 -m tools.pins args prints, and each is declared in a Dockerfile (with its default)."""
+    from tools.pins import model
 
     needed = {m for p in DOCKER.iterdir() if p.suffix == ".sh"
               for m in re.findall(r'\$\{(\w+):\?set the \1 build arg', p.read_text())}
@@ -342,7 +342,7 @@ def test_an_unresolved_pin_stops_the_step_in_one_line(tmp_path, script, args, en
     argv = ["bash", DOCKER / script, *[str(tmp_path / a) if a == "DEST" else a for a in args]]
     proc = subprocess.run(argv, env=base_env(**env), capture_output=True, text=True)
     assert proc.returncode == 1 and f"{pin} is UNRESOLVED in versions.json" in proc.stderr, proc.stderr
-    assert "python3 -m ci.pins resolve" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "python3 -m tools.pins resolve" in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
     proc = subprocess.run(argv, env=base_env(**env, ALLOW_UNRESOLVED="1"), capture_output=True, text=True)
     assert f"WARNING: {pin} is UNRESOLVED" in proc.stderr, proc.stderr
     assert "cannot clone" in proc.stderr  # it went on, to the (unreachable) repository

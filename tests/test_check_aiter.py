@@ -1,4 +1,4 @@
-"""ci/docker/check_aiter.py on fake wheels (no GPU, no ROCm)."""
+"""docker/check_aiter.py on fake wheels (no GPU, no ROCm)."""
 import importlib.util
 import zipfile
 from pathlib import Path
@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "ci" / "docker" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docker" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

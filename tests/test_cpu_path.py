@@ -11,7 +11,7 @@ import pytest
 from test_bake import CLEAR, printed
 from vllm_sdist import cpu_track
 
-from ci.pins import model
+from tools.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TARGETS = ("serve-cpu", "ci-cpu")

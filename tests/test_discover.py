@@ -1,4 +1,4 @@
-"""python3 -m ci.pins discover: new vLLM releases found on PyPI's real JSON API and proposed as
+"""python3 -m tools.pins discover: new vLLM releases found on PyPI's real JSON API and proposed as
 release tracks from their real sdists (the archives tests/vllm_sdist.py keeps; their sha256 is
 PyPI's), and newer AITER tags read from a local git repository."""
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import discover, model, verify
+from tools.pins import discover, model, verify
 from vllm_sdist import cache_dir, sdist_archive, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_tool(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.pins", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -208,5 +208,5 @@ def test_a_therock_base_makes_a_therock_track_the_new_default(tmp_path):
                                         "version": "3.9.0+git11111111", "unresolved": []}
     assert verify.check_schema(changed) == []
     assert changed["default_track"] == "9.1" and model.built_track_names(changed)[0] == "9.1"
-    assert any("TheRock ROCm 11.0.0" in note and "ci/locks/therock-9.1.txt" in note for note in proposal.notes)
+    assert any("TheRock ROCm 11.0.0" in note and "docker/locks/therock-9.1.txt" in note for note in proposal.notes)
     assert not any("default track stays" in note for note in proposal.notes)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from tools.pins import model
 from dockerfile_model import buildkit_parser, global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def adds_backend_or_ci(c):
         if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel", "backend-installed", "runtime-wheel",
                                                   "runtime-installed"):
             return True
-        if not src and any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/") for p in c.value[:-1]):
+        if not src and any(p.startswith(("backend/", "ci/")) for p in c.value[:-1]):
             return True
     return False
 
@@ -185,7 +185,7 @@ def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
 def test_backend_wheel_stage_reads_backend_sources_only(commands):
     _, cmds = stage_map(commands)["backend-wheel"]
     sources = context_sources(cmds)
-    assert sources and all(p.startswith("backend/") or p == "ci/docker" for p in sources), sources
+    assert sources and all(p.startswith("backend/") or p == "docker" for p in sources), sources
     assert "backend/tests" not in " ".join(sources)
     assert any(p.startswith("backend/src") for p in sources) and "backend/pyproject.toml" in sources
 
@@ -193,7 +193,7 @@ def test_backend_wheel_stage_reads_backend_sources_only(commands):
 def test_runtime_wheel_stage_reads_runtime_sources_only(commands):
     _, cmds = stage_map(commands)["runtime-wheel"]
     sources = context_sources(cmds)
-    assert sorted(sources) == ["ci/docker", "runtime/pyproject.toml", "runtime/src/"], sources
+    assert sorted(sources) == ["docker", "runtime/pyproject.toml", "runtime/src/"], sources
     runs = [text_of(c) for c in cmds if c.cmd.upper() == "RUN"]
     assert runs and "build_project_wheel.sh /opt/runtime /wheels rocm_vllm_runtime" in runs[-1]
     _, installed = stage_map(commands)["runtime-installed"]
@@ -211,14 +211,14 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
         src = flag(c, "--from=")
         if c.cmd.upper() == "COPY":
             assert not src or src[0].split("=", 1)[1] in STAGED_ROOTS, f"{stage}:{c.start_line}: COPY {src}"
-            assert not any(p.startswith(("backend/", "ci/")) and not p.startswith("ci/docker/")
-                           for p in c.value[:-1]) or stage == "app-files", f"{stage}:{c.start_line}"
+            assert not any(p.startswith(("backend/", "ci/")) for p in c.value[:-1]) or stage == "app-files", \
+                f"{stage}:{c.start_line}"
         for f in flag(c, "--mount="):
             if "type=cache" in f:
                 assert "target=/root/.cache" in f, f"{stage}:{c.start_line}: cache mount outside /root/.cache"
-            if "type=bind" in f:  # build stages' outputs, or the build scripts of ci/docker (never left behind)
+            if "type=bind" in f:  # build stages' outputs, or the build scripts of docker/ (never left behind)
                 assert re.search(r"from=(vllm-src|vllm-wheel|backend-wheel|runtime-wheel)", f) or (
-                    "from=" not in f and "source=ci/docker," in f), f"{stage}:{c.start_line}: bind mount {f}"
+                    "from=" not in f and "source=docker," in f), f"{stage}:{c.start_line}: bind mount {f}"
 
 
 def test_app_files_leave_out_build_tooling_and_byte_code(commands):
@@ -228,9 +228,9 @@ def test_app_files_leave_out_build_tooling_and_byte_code(commands):
                    "runtime/models/tiny-mla/tokenizer.json", "runtime/models/tiny-mla/tokenizer_config.json"):
         assert needed in sources
     # the runtime package comes installed (runtime-installed), never as source files
-    tooling = ("ci/docker", "ci/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
+    tooling = ("docker/", "tools/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
                "runtime/pyproject")
-    assert not any(p.startswith(tooling) or p == "ci/" for p in sources)
+    assert not any(p.startswith(tooling) or p in ("ci/", "docker") for p in sources)
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
@@ -258,7 +258,7 @@ def ray_layer_problems(commands, target) -> list[str]:
         problems.append("ray-installed: ARG SOURCE_DATE_EPOCH not declared")
     runs = [x for x in stages["ray-installed"][1] if x.cmd.upper() == "RUN"]
     if not runs or "install_ray.sh /opt/rocm-vllm/docker/requirements-ray.txt /staging" not in text_of(runs[-1]) \
-            or "source=ci/docker," not in " ".join(runs[-1].flags):
+            or "source=docker," not in " ".join(runs[-1].flags):
         problems.append("ray-installed: its RUN does not call install_ray.sh with the Ray lock (requirements-ray.txt)")
     return problems
 
@@ -285,16 +285,16 @@ def test_ray_install_script_pins_hashes_and_holds_the_image():
     """install_ray.sh: pip with --require-hashes, --no-compile, --root, under a constraints file of
     every installed distribution; the staging root must hold exactly what it installed on purpose;
     a missing lock, or one without hash-pinned ray, stops it naming the lock command."""
-    script = (ROOT / "ci/docker/install_ray.sh").read_text()
+    script = (ROOT / "docker/install_ray.sh").read_text()
     pip = script[script.index("python3 -m pip install"):].split("||")[0]
     for option in ("--require-hashes", "--no-compile", '--root "$root"', '--constraint "$work/constraints.txt"'):
         assert option in pip, option
     assert "--no-deps" not in pip and "--ignore-installed" not in pip and "--upgrade" not in pip
-    layer = (ROOT / "ci/docker/ray_layer.py").read_text()  # its decisions: what is held, what may be installed
+    layer = (ROOT / "docker/ray_layer.py").read_text()  # its decisions: what is held, what may be installed
     assert '"$here/ray_layer.py" plan' in script and '"$here/ray_layer.py" check' in script
     # every installed distribution is held, read by the build scripts' one reader of installed metadata
     assert "pinned_dists.installed(" in layer and "only" in layer
-    assert "md.distributions()" in (ROOT / "ci/docker/pinned_dists.py").read_text()
+    assert "md.distributions()" in (ROOT / "docker/pinned_dists.py").read_text()
 
 
 @pytest.mark.parametrize("lock_text", [None, "msgpack==1.2.4 \\\n    --hash=sha256:" + "a" * 64 + "\n",
@@ -303,11 +303,11 @@ def test_ray_install_refuses_a_lock_without_hash_pinned_ray(tmp_path, lock_text)
     lock = tmp_path / "requirements-ray.txt"
     if lock_text is not None:
         lock.write_text(lock_text)
-    proc = subprocess.run(["bash", ROOT / "ci/docker/install_ray.sh", lock, tmp_path / "root"],
+    proc = subprocess.run(["bash", ROOT / "docker/install_ray.sh", lock, tmp_path / "root"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("install-ray: ERROR:")
-    assert "python3 -m ci.pins lock ray" in proc.stderr
+    assert "python3 -m tools.pins lock ray" in proc.stderr
     assert not (tmp_path / "root").exists()
 
 
@@ -378,9 +378,9 @@ def test_reproducibility_check_can_fail():
 
 def test_ci_requirements_locked_without_dependencies():
     """The ci target's lock names exactly the inputs (no dependency of theirs: vLLM brings those)."""
-    wanted = {line.split("==")[0] for line in (ROOT / "ci/docker/requirements-ci.in").read_text().splitlines()
+    wanted = {line.split("==")[0] for line in (ROOT / "docker/requirements-ci.in").read_text().splitlines()
               if line and not line.startswith("#")}
-    text = (ROOT / "ci/docker/requirements-ci.txt").read_text()
+    text = (ROOT / "docker/requirements-ci.txt").read_text()
     assert set(re.findall(r"^([A-Za-z0-9_.-]+)==\S+ \\$", text, re.M)) == wanted
     assert "--no-deps" in text.splitlines()[0]
 
@@ -429,7 +429,7 @@ def test_vllm_build_uses_pinned_commit_and_archs(commands):
         assert key in declared and defaults[key].strip("'") == expected[key], key
     run = text_of(next(c for c in cmds if c.cmd.upper() == "RUN"))
     assert "vllm_source.sh verify" in run and "build_vllm.sh" in run
-    script = (ROOT / "ci/docker/build_vllm.sh").read_text()
+    script = (ROOT / "docker/build_vllm.sh").read_text()
     assert "PYTORCH_ROCM_ARCH=$GPU_ARCHS" in script and "--no-build-isolation" in script
     assert "native" not in re.sub(r"#.*", "", script)
 
@@ -444,15 +444,15 @@ def test_vllm_built_keeps_the_base_pins(commands):
     _, wheel_cmds = stage_map(commands)["vllm-wheel"]
     wheel_run = " ".join(text_of(c) + " ".join(c.flags) for c in wheel_cmds if c.cmd.upper() == "RUN")
     assert 'VLLM_LOCK="/opt/rocm-vllm/locks/vllm-${VLLM_TRACK}-rocm.txt"' in wheel_run
-    assert "source=ci/locks,target=/opt/rocm-vllm/locks" in wheel_run
-    build = (ROOT / "ci/docker/build_vllm.sh").read_text()
+    assert "source=docker/locks,target=/opt/rocm-vllm/locks" in wheel_run
+    build = (ROOT / "docker/build_vllm.sh").read_text()
     assert 'vllm_requirements.py" lock "$src" "$VLLM_LOCK"' in build
-    script = (ROOT / "ci/docker/install_vllm.sh").read_text()
+    script = (ROOT / "docker/install_vllm.sh").read_text()
     assert "pinned_dists.py\" snapshot" in script and "pinned_dists.py\" compare" in script
     assert 'pip install --require-hashes --no-deps -r "$wheels/requirements-lock.txt"' in script
     assert "pip check" in script
     assert "grep" not in script
-    fixed = (ROOT / "ci/docker/pinned_dists.py").read_text()
+    fixed = (ROOT / "docker/pinned_dists.py").read_text()
     for name in ("torch", "torchvision", "torchaudio", "amdsmi", "amd-aiter", "triton"):
         assert f'"{name}"' in fixed, name
 
@@ -469,7 +469,7 @@ def test_vllm_build_fetches_nothing_itself(commands):
     declared = {t for c in stages_["triton-kernels-clone"][1] if c.cmd.upper() == "ARG" for t in c.value}
     defaults = global_args(commands)
     expected = model.build_args(model.load())
-    script = (ROOT / "ci/docker/vllm_source.sh").read_text()
+    script = (ROOT / "docker/vllm_source.sh").read_text()
     for name in ("TRITON_KERNELS_REPOSITORY", "TRITON_KERNELS_COMMIT", "TRITON_KERNELS_PATH"):
         assert name in declared and defaults[name] == expected[name] and expected[name] != model.UNRESOLVED, name
         assert f"${name}" in script, name

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from tools.pins import model
 from dockerfile_model import buildkit_parser, global_args, stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_no_secret_in_arg_or_env(name):
 
 def _script_text(stage_cmds):
     """Text of the stage's instructions and of the files of the repository it copies in or
-    bind-mounts: a file, the build scripts of ci/docker a RUN runs (with what they read beside
+    bind-mounts: a file, the build scripts of docker/ a RUN runs (with what they read beside
     them), every module of a bound Python package (the manifest model)."""
     text = []
     for c in stage_cmds:
@@ -201,7 +201,7 @@ def _unquoted(word):
 
 
 def test_pin_tool_reads_global_args_as_buildkit_does(name):
-    """ci.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
+    """tools.pins reads and rewrites the global ARG lines without BuildKit's parser (it runs on any
     Python): what it reads is what BuildKit reads."""
     buildkit = {arg: _unquoted(default) for arg, default in global_args(parse(name)).items()}
     pins = {arg: default for arg, (_, default) in model.global_arg_defaults((ROOT / name).read_text()).items()}
@@ -226,14 +226,14 @@ def test_git_refs_are_pinned_commits_from_versions_file(name):
 
 # --------------------------------------------------------------- build scripts enter as one folder
 
-DOCKER_DIR = ROOT / "ci/docker"
-DOCKER_MOUNT = "--mount=type=bind,source=ci/docker,target=/opt/rocm-vllm/docker"
+DOCKER_DIR = ROOT / "docker"
+DOCKER_MOUNT = "--mount=type=bind,source=docker,target=/opt/rocm-vllm/docker"
 # What a script reads beside itself: $here/NAME, $(dirname "$0")/NAME, $(dirname "${BASH_SOURCE[0]}")/NAME.
 _BESIDE = re.compile(r'(?:\$here|\$\(dirname "\$(?:0|\{BASH_SOURCE\[0\]\})"\))/([\w.-]+)')
 
 
 def _needs(path: Path, seen=None) -> set[str]:
-    """The files of ci/docker a script needs beside it, itself included, transitively."""
+    """The files of docker/ a script needs beside it, itself included, transitively."""
     seen = set() if seen is None else seen
     if path.name in seen:
         return seen
@@ -245,31 +245,31 @@ def _needs(path: Path, seen=None) -> set[str]:
 
 
 def _ran(run: str) -> list[str]:
-    """The files of ci/docker a RUN line names."""
+    """The files of docker/ a RUN line names."""
     return [p.name for p in sorted(DOCKER_DIR.iterdir())
             if p.is_file() and re.search(rf"(?<![\w.-]){re.escape(p.name)}\b", run)]
 
 
 def bind_problems(commands) -> list[str]:
-    """Why build scripts do not enter the stages as one bind mount of ci/docker per RUN step
-    (empty: none): no COPY of ci/docker, no bind of a single file of it, every RUN that names a
-    file of ci/docker binds the folder at /opt/rocm-vllm/docker (its scripts then find their
+    """Why build scripts do not enter the stages as one bind mount of docker/ per RUN step
+    (empty: none): no COPY of docker/, no bind of a single file of it, every RUN that names a
+    file of docker/ binds the folder at /opt/rocm-vllm/docker (its scripts then find their
     siblings), and every file a script reads beside it is there."""
     problems = []
     for stage, _, cmds in stages(commands):
         for c in cmds:
-            if c.cmd.upper() == "COPY" and any(v.startswith("ci/docker") for v in c.value[:-1]):
-                problems.append(f"{stage}:{c.start_line}: COPY of ci/docker: bind-mount the folder instead")
+            if c.cmd.upper() == "COPY" and any(f"{v}/".startswith("docker/") for v in c.value[:-1]):
+                problems.append(f"{stage}:{c.start_line}: COPY of docker/: bind-mount the folder instead")
             if c.cmd.upper() != "RUN":
                 continue
             for f in c.flags:
-                if re.search(r"\bsource=ci/docker/", f) and "from=" not in f:
-                    problems.append(f"{stage}:{c.start_line}: bind of a file of ci/docker: bind the folder")
+                if re.search(r"\bsource=docker/(?!locks,)", f) and "from=" not in f:  # docker/locks: a folder
+                    problems.append(f"{stage}:{c.start_line}: bind of a file of docker/: bind the folder")
             ran = _ran(" ".join(c.value))
             if ran and DOCKER_MOUNT not in c.flags:
                 problems.append(f"{stage}:{c.start_line}: runs {', '.join(ran)} without {DOCKER_MOUNT}")
             for name in ran:
-                problems += [f"{stage}:{c.start_line}: {name} reads {need} beside it: no such file in ci/docker"
+                problems += [f"{stage}:{c.start_line}: {name} reads {need} beside it: no such file in docker/"
                              for need in sorted(_needs(DOCKER_DIR / name)) if not (DOCKER_DIR / need).is_file()]
     return problems
 
@@ -285,13 +285,13 @@ def test_bind_check_can_fail():
     parser = buildkit_parser()
     unmounted = text.replace(mount, "RUN bash /opt/rocm-vllm/docker/install_python.sh", 1)
     assert any("runs install_python.sh without" in p for p in bind_problems(parser.parse_string(unmounted)))
-    one_file = text.replace(mount, "RUN --mount=type=bind,source=ci/docker/install_python.sh,"
+    one_file = text.replace(mount, "RUN --mount=type=bind,source=docker/install_python.sh,"
                             "target=/opt/rocm-vllm/docker/install_python.sh \\\n"
                             "    bash /opt/rocm-vllm/docker/install_python.sh", 1)
-    assert any("bind of a file of ci/docker" in p for p in bind_problems(parser.parse_string(one_file)))
+    assert any("bind of a file of docker/" in p for p in bind_problems(parser.parse_string(one_file)))
     copied = text.replace("FROM base AS torch-rocm-image\n",
-                          "FROM base AS torch-rocm-image\nCOPY ci/docker/lib.sh /opt/x/\n", 1)
-    assert any("COPY of ci/docker" in p for p in bind_problems(parser.parse_string(copied)))
+                          "FROM base AS torch-rocm-image\nCOPY docker/lib.sh /opt/x/\n", 1)
+    assert any("COPY of docker/" in p for p in bind_problems(parser.parse_string(copied)))
 
 
 def _depends_on(all_stages: dict, stage: str) -> set[str]:
@@ -345,7 +345,7 @@ def test_final_stage_carries_no_sources_or_build_stages():
 
 
 def test_aiter_build_settings():
-    text = (ROOT / "ci/docker/build_aiter.sh").read_text()
+    text = (ROOT / "docker/build_aiter.sh").read_text()
     for setting in ("PREBUILD_KERNELS=1", "AITER_USE_SYSTEM_TRITON=1", "SETUPTOOLS_SCM_PRETEND_VERSION", "MAX_JOBS"):
         assert setting in text
     assert "native" not in re.sub(r"#.*", "", text)
@@ -353,7 +353,7 @@ def test_aiter_build_settings():
 
 def test_max_jobs_derivation_fails_early_on_a_small_builder(tmp_path):
     """build_aiter.sh: a memory budget no builder meets stops before compiling, naming the setting."""
-    proc = subprocess.run(["bash", str(ROOT / "ci/docker/build_aiter.sh"), str(tmp_path), str(tmp_path / "w")],
+    proc = subprocess.run(["bash", str(ROOT / "docker/build_aiter.sh"), str(tmp_path), str(tmp_path / "w")],
                           env={"PATH": "/usr/bin:/bin", "GPU_ARCHS": "gfx942", "AITER_TAG": "v0",
                                "AITER_MEM_PER_JOB_GIB": "100000"}, capture_output=True, text=True)
     assert proc.returncode == 1

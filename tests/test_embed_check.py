@@ -1,4 +1,4 @@
-"""The check of the vLLM image the backend is embedded into (ci/docker/embed_check.py, run by
+"""The check of the vLLM image the backend is embedded into (docker/embed_check.py, run by
 Dockerfile.rocm's backend-installed stage): the image's vLLM against the backend's declared range
 (vllm_aiter_mla.SUPPORTED_VLLM) and the track's release, its AITER (any release, or none on a CPU
 image), one line either way. Without Docker: the function with stand-in lookups, and the script as
@@ -18,7 +18,7 @@ from vllm_aiter_mla import SUPPORTED_VLLM
 from vllm_aiter_mla.distributions import MetadataError
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/embed_check.py"
+SCRIPT = ROOT / "docker/embed_check.py"
 IMAGE = "registry.example/vllm/vllm-openai-rocm:v0.34.0"
 TRACK = {"VLLM_IMAGE": IMAGE, "VLLM_TRACK": "0.34", "VLLM_VERSION": "0.34.0"}
 
@@ -149,11 +149,11 @@ def test_the_build_runs_the_check_where_the_backend_is_installed_and_before_the_
     assert run.index("pip install") < run.index("python3 -B /opt/rocm-vllm/docker/embed_check.py >/embedded/line") < \
         run.index("cat /embedded/line")
     flags = [f for c in cmds for f in c.flags]
-    assert "--mount=type=bind,source=ci/docker,target=/opt/rocm-vllm/docker" in flags
+    assert "--mount=type=bind,source=docker,target=/opt/rocm-vllm/docker" in flags
     serve_files = [f for c in by_name["serve-files"] for f in c.flags]
     assert "--mount=type=bind,from=backend-installed,source=/embedded,target=/tmp/embedded" in serve_files
     ignored = (ROOT / "Dockerfile.rocm_base.dockerignore").read_text().splitlines()
-    assert "ci/docker/embed_check.py" in ignored
+    assert "docker/embed_check.py" in ignored
 
 
 def template(text: str) -> re.Pattern:

@@ -226,7 +226,7 @@ def bake_settings(h, cpu_image: str, context: Path) -> dict:
     ALLOW_UNRESOLVED=0: the existing-image path needs none of them."""
     from test_bake import every_base_pin_unresolved  # noqa: PLC0415
 
-    from ci.pins import model  # noqa: PLC0415
+    from tools.pins import model  # noqa: PLC0415
 
     folder = context.parent / f"{context.name}-base-unresolved"
     folder.mkdir(exist_ok=True)
@@ -313,7 +313,7 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
     check = ("import importlib.util as u, os, sys; "
              "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'rocm_vllm_runtime') if u.find_spec(m) is None]; "
              "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
-             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', "
+             "'/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', "
              "'/opt/rocm-vllm/ci/selftest', '/opt/rocm-vllm/runtime', '/opt/runtime', "
              "'/opt/rocm-vllm/ci/suites/__pycache__') if os.path.exists(p)]; "
              "print('pytest', u.find_spec('pytest') is not None, 'missing', missing, 'present', present); "

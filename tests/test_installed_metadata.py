@@ -3,8 +3,8 @@ entry points of installed distributions).
 
 Owners: vllm_aiter_mla.distributions (the plugin, the image's runtime: its
 self-test report, bench and manifest steps) and, for the build scripts that run in the base
-image's Python without it, ci/docker/pinned_dists.py (`version`, `torch_triton_requirement`). No other shipped
-code imports importlib.metadata (or pkg_resources); ci/docker/install_ray.sh's inline scripts
+image's Python without it, docker/pinned_dists.py (`version`, `torch_triton_requirement`). No other shipped
+code imports importlib.metadata (or pkg_resources); docker/install_ray.sh's inline scripts
 read every installed distribution in the Ray stage, where neither reader is mounted, and are
 named here as that one exception."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OWNERS = {"backend/src/vllm_aiter_mla/distributions.py", "ci/docker/pinned_dists.py"}
-EXCEPTIONS = {"ci/docker/install_ray.sh"}
-SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "deploy",
+OWNERS = {"backend/src/vllm_aiter_mla/distributions.py", "docker/pinned_dists.py"}
+EXCEPTIONS = {"docker/install_ray.sh"}
+SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "docker", "tools", "deploy",
            "Dockerfile.rocm", "Dockerfile.rocm_base")
 READS = re.compile(r"\bimportlib(?:\.metadata\b|\s+import\s+[^\n]*\bmetadata\b)|\bimportlib_metadata\b|"
                    r"\bpkg_resources\b")
@@ -47,19 +47,19 @@ def readers(root: Path) -> set[str]:
 def test_only_the_owners_read_installed_metadata():
     others = readers(ROOT) - OWNERS - EXCEPTIONS
     assert not others, (f"{', '.join(sorted(others))}: read installed metadata through "
-                        "vllm_aiter_mla.distributions (build scripts: ci/docker/pinned_dists.py)")
+                        "vllm_aiter_mla.distributions (build scripts: docker/pinned_dists.py)")
     assert OWNERS <= readers(ROOT), "an owner no longer reads installed metadata: update OWNERS"
 
 
 def test_the_owner_check_can_fail(tmp_path):
     for rel, text in (("runtime/src/pkg/probe.py", "from importlib import metadata\n"),
-                      ("ci/docker/probe.sh", "python3 -c 'import importlib.metadata as m'\n"),
+                      ("docker/probe.sh", "python3 -c 'import importlib.metadata as m'\n"),
                       ("backend/src/pkg/other.py", "import importlib_metadata\n"),
-                      ("ci/pins/probe.py", "from importlib import resources, metadata\n")):
+                      ("tools/pins/probe.py", "from importlib import resources, metadata\n")):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     (tmp_path / "runtime/src/pkg/test_probe.py").write_text("from importlib import metadata\n")
-    (tmp_path / "ci/pins/fine.py").write_text("from importlib import resources\n")
-    assert readers(tmp_path) == {"runtime/src/pkg/probe.py", "ci/docker/probe.sh", "backend/src/pkg/other.py",
-                                 "ci/pins/probe.py"}
+    (tmp_path / "tools/pins/fine.py").write_text("from importlib import resources\n")
+    assert readers(tmp_path) == {"runtime/src/pkg/probe.py", "docker/probe.sh", "backend/src/pkg/other.py",
+                                 "tools/pins/probe.py"}

@@ -1,12 +1,12 @@
-"""A hash lock's contents have one owner, ci/docker/lock_lines.py: a lock is a list of
+"""A hash lock's contents have one owner, docker/lock_lines.py: a lock is a list of
 `name==version` requirements, each with its `--hash=sha256:` entries (comments, blank lines and
 `\\` continuations around them), and nothing else. An index option (--index-url,
 --extra-index-url, --find-links, --trusted-host, --no-index), an include (-r, -c), a direct URL
 (`name @ URL`), a range, a marker, an environment variable or an encoding declaration would make
 pip read another index or install what the pin does not cover, whatever the lock's sha256.
 
-The installer (ci/docker/install_lock.sh, through which therock_sdk.sh, install_torch.sh and
-aiter_requirements.sh install) and `python3 -m ci.pins verify` both use it and refuse such a lock
+The installer (docker/install_lock.sh, through which therock_sdk.sh, install_torch.sh and
+aiter_requirements.sh install) and `python3 -m tools.pins verify` both use it and refuse such a lock
 in one line naming the lock and the line; the architecture test at the end holds every reader of a
 lock's body to the owner."""
 from __future__ import annotations
@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ci.docker import lock_lines
-from ci.pins import model, verify
+from docker import lock_lines
+from tools.pins import model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/install_lock.sh"
+SCRIPT = ROOT / "docker/install_lock.sh"
 HASH = "--hash=sha256:" + "a" * 64
 GOOD = ("# a header\n"
         f"rocm==10.0.0 \\\n    {HASH} \\\n    --hash=sha256:{'b' * 64}\n    # via torch\n"
@@ -85,7 +85,7 @@ HOSTILE = {
 
 
 def refusal(text: str) -> str | None:
-    return lock_lines.problem("ci/locks/x.txt", text.encode())
+    return lock_lines.problem("docker/locks/x.txt", text.encode())
 
 
 def test_a_lock_of_pins_and_hashes_is_accepted():
@@ -99,7 +99,7 @@ def test_anything_but_pins_and_hashes_is_refused_in_one_line_naming_the_lock_and
     text = GOOD + line + "\n"
     why = refusal(text)
     assert why is not None, line
-    assert "\n" not in why and why.startswith("ci/locks/x.txt:"), why
+    assert "\n" not in why and why.startswith("docker/locks/x.txt:"), why
     assert HOSTILE[line] in why, why
     assert "s3cret" not in why and "evil.example" not in why  # a line's values are never echoed
 
@@ -180,7 +180,7 @@ def test_a_version_is_read_as_pep_440_reads_it_and_is_never_an_archive(version):
     if why is None:
         assert pep440 and not is_archive_file(f"demo=={version}"), version
     else:
-        assert "\n" not in why and why.startswith("ci/locks/x.txt:1:"), why
+        assert "\n" not in why and why.startswith("docker/locks/x.txt:1:"), why
 
 
 OPTIONS = st.sampled_from(["--extra-index-url", "--index-url", "-i", "--trusted-host", "--find-links", "-f",
@@ -293,19 +293,19 @@ def test_verify_reads_every_committed_lock_pip_installs():
     data = model.load(ROOT / "versions.json")
     assert verify.check_locks(data, ROOT) == []
     checked = verify.committed_locks(ROOT, data)
-    assert Path("ci/docker/requirements-build.txt") in checked and Path("ci/locks/vllm-0.34-rocm.txt") in checked
+    assert Path("docker/requirements-build.txt") in checked and Path("docker/locks/vllm-0.34-rocm.txt") in checked
 
 
 # ------------------------------------------------------------------ one owner
 
-INSTALLER = "ci/docker/install_lock.sh"
+INSTALLER = "docker/install_lock.sh"
 # What pip is handed with --require-hashes besides install_lock.sh's lock: committed locks of
 # locks.json (verify reads each with the owner: committed_locks) and files made from them.
 MADE_FROM_COMMITTED = {
-    ("ci/docker/install_vllm.sh", '"$wheels/requirements-lock.txt"'):
-        "ci/locks/vllm-<track>-rocm.txt, copied by build_vllm.sh",
-    ("ci/docker/install_ray.sh", '"$work/requirements.txt"'):
-        "the blocks of ci/docker/requirements-ray.txt the image lacks, cut out by install_ray.sh",
+    ("docker/install_vllm.sh", '"$wheels/requirements-lock.txt"'):
+        "docker/locks/vllm-<track>-rocm.txt, copied by build_vllm.sh",
+    ("docker/install_ray.sh", '"$work/requirements.txt"'):
+        "the blocks of docker/requirements-ray.txt the image lacks, cut out by install_ray.sh",
     ("ci/test.sh", "<(printf"): "uv's own entry, cut out of tests/requirements.lock by ci/test.sh"}
 
 
@@ -336,7 +336,7 @@ def test_every_lock_pip_installs_is_read_by_the_owner():
     installs = pip_installs()
     assert any(p == INSTALLER for p, _ in installs)
     assert _unchecked_lock_installs(installs) == []
-    planted = [("ci/docker/install_x.sh", 'python -m pip install --require-hashes --no-deps -r "$locks/x.txt"')]
+    planted = [("docker/install_x.sh", 'python -m pip install --require-hashes --no-deps -r "$locks/x.txt"')]
     assert _unchecked_lock_installs(planted) != []
 
 
@@ -357,10 +357,10 @@ def test_the_lock_scripts_install_through_the_installer():
     """therock_sdk.sh, install_torch.sh and aiter_requirements.sh hand their pinned locks to
     install_lock.sh (each lock verify.pinned_locks names)."""
     for name in ("therock_sdk.sh", "install_torch.sh", "aiter_requirements.sh"):
-        assert re.search(r'install_lock\.sh" "\$', (ROOT / "ci/docker" / name).read_text()), name
+        assert re.search(r'install_lock\.sh" "\$', (ROOT / "docker" / name).read_text()), name
 
 
 def test_verify_takes_lock_contents_from_the_owner():
-    tree = ast.parse((ROOT / "ci/pins/verify.py").read_text())
+    tree = ast.parse((ROOT / "tools/pins/verify.py").read_text())
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert "lock_lines.problem" in calls, calls

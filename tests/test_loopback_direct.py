@@ -172,7 +172,7 @@ def test_the_registry_check_reaches_the_registry_directly(proxy, server, nothing
 
 
 def test_the_pin_tools_client_connects_directly_to_loopback(proxy):
-    from ci.pins import resolve  # noqa: PLC0415
+    from tools.pins import resolve  # noqa: PLC0415
 
     for url in ("http://127.0.0.1:9/simple/", "http://localhost:9/x", "http://[::1]:9/x"):
         assert resolve._pool(url)[1] == "", url
@@ -204,8 +204,8 @@ def test_what_is_loopback(host, loopback):
 
 # urlopen and its kin: the names that open an HTTP connection.
 OPENERS = {"urlopen", "build_opener", "OpenerDirector", "HTTPConnection", "HTTPSConnection", "urlretrieve"}
-# Their other owner: the pin tool's client (tests/test_network_reads.py holds ci/pins to it).
-ELSEWHERE = {"ci/pins/resolve.py"}
+# Their other owner: the pin tool's client (tests/test_network_reads.py holds tools/pins to it).
+ELSEWHERE = {"tools/pins/resolve.py"}
 
 
 def openers(source: str) -> list[int]:
@@ -222,7 +222,7 @@ def openers(source: str) -> list[int]:
 def test_only_the_web_module_opens_http_connections():
     owner = "runtime/src/rocm_vllm_runtime/web.py"
     found = {}
-    for area in ("runtime/src", "backend/src", "ci", "deploy"):
+    for area in ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy"):
         for path in sorted((ROOT / area).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel == owner or rel in ELSEWHERE or "/tests/" in rel or path.name == "conftest.py":
@@ -233,6 +233,6 @@ def test_only_the_web_module_opens_http_connections():
     assert openers((ROOT / owner).read_text())
     assert openers("import urllib.request as u\nu.urlopen('http://x')\nfrom http.client import HTTPConnection\n"
                    "HTTPConnection('h')\n") == [2, 4]
-    scripts = [p.relative_to(ROOT).as_posix() for p in (ROOT / "ci").rglob("*.sh")
+    scripts = [p.relative_to(ROOT).as_posix() for area in ("ci", "docker") for p in (ROOT / area).rglob("*.sh")
                if "urlopen" in p.read_text() or "curl " in p.read_text()]
     assert not scripts, f"shell scripts reaching HTTP without rocm_vllm_runtime.web: {scripts}"

@@ -1,7 +1,7 @@
-"""Network reads of the pin tool have one door: every HTTP, registry and git call of every ci.pins
-command goes through ci/pins/resolve.py (_http and _git: one total deadline, PINS_TIMEOUT, headers
+"""Network reads of the pin tool have one door: every HTTP, registry and git call of every tools.pins
+command goes through tools/pins/resolve.py (_http and _git: one total deadline, PINS_TIMEOUT, headers
 included; HTTP connections within PINS_CONNECT_TIMEOUT). A new network call anywhere else in
-ci/pins fails here."""
+tools/pins fails here."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NETWORK_CALLS = {"urlopen", "build_opener", "OpenerDirector", "HTTPConnection", "HTTPSConnection",
                  "create_connection", "socket", "urlretrieve", "PoolManager", "ProxyManager",
                  "connection_from_url", "HTTPConnectionPool", "HTTPSConnectionPool"}
-OWNERS = {"ci/pins/resolve.py": "_http / _git, the one total deadline"}
+OWNERS = {"tools/pins/resolve.py": "_http / _git, the one total deadline"}
 
 
 def network_calls(source: str) -> list[int]:
@@ -36,14 +36,14 @@ def network_calls(source: str) -> list[int]:
 
 def test_only_the_owners_open_connections():
     found = {}
-    for path in sorted((ROOT / "ci/pins").glob("*.py")):
+    for path in sorted((ROOT / "tools/pins").glob("*.py")):
         rel = str(path.relative_to(ROOT))
         lines = network_calls(path.read_text())
         if lines and rel not in OWNERS:
             found[rel] = lines
-    assert not found, f"network calls outside ci/pins/resolve.py (_http, _git): {found}"
+    assert not found, f"network calls outside tools/pins/resolve.py (_http, _git): {found}"
     # the owners do have them (the scan finds what it looks for)
-    assert network_calls((ROOT / "ci/pins/resolve.py").read_text())
+    assert network_calls((ROOT / "tools/pins/resolve.py").read_text())
 
 
 def test_a_planted_call_is_found():

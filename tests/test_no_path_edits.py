@@ -1,6 +1,6 @@
 """No product code edits Python's import path: a module imports what its package declares, the import
-graph sees it, and the environment (ci/test.sh's, uv's for ci/pins, the image's) provides it. The
-product's Python (runtime/src, backend/src, ci/, without tests) is read as syntax trees; these fail:
+graph sees it, and the environment (ci/test.sh's, uv's for tools/pins, the image's) provides it. The
+product's Python (runtime/src, backend/src, ci/, docker/, tools/, without tests) is read as syntax trees; these fail:
 sys.path.insert/append/extend/remove, an assignment to sys.path or sys.path[...], site.addsitedir.
 
 An exception would be counted in ALLOWED, per file with its reason, so that a further one fails, and an
@@ -36,7 +36,7 @@ def uses(source: str) -> list[int]:
 
 def counted() -> Counter:
     count: Counter = Counter()
-    for base in ("runtime/src", "backend/src", "ci"):
+    for base in ("runtime/src", "backend/src", "ci", "docker", "tools"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name == "conftest.py":

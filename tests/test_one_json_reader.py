@@ -1,8 +1,8 @@
 """One reader of JSON (DESIGN: one owner per kind of risky operation): rocm_vllm_runtime.files.json_value
 (and read_json / read_bounded around it). json.loads keeps the last of a key given twice, so a hand
-merge of versions.json that kept both sides was reported as "not canonical" and `ci.pins format` then
+merge of versions.json that kept both sides was reported as "not canonical" and `tools.pins format` then
 silently dropped one; a body read whole from an HTTP answer that never ends grew until the process
-died. So the product's Python (runtime/src, backend/src, ci/ and deploy/, without tests; the in-image
+died. So the product's Python (runtime/src, backend/src, ci/, docker/, tools/ and deploy/, without tests; the in-image
 suites of ci/suites included) is read as syntax trees, and these fail outside files.py:
 
 * json.load, json.loads, json.JSONDecoder (however imported);
@@ -26,7 +26,7 @@ JSON_READS = {"load", "loads", "JSONDecoder"}
 
 # (file, form) -> (how many, why)
 KNOWN = {
-    ("ci/docker/pinned_dists.py", "json"): (1, "its own snapshot file, in a build stage that holds this script alone "
+    ("docker/pinned_dists.py", "json"): (1, "its own snapshot file, in a build stage that holds this script alone "
                                                "(no runtime package)"),
 }
 
@@ -145,7 +145,7 @@ def test_a_lone_surrogate_is_one_line(text):
 @pytest.mark.parametrize("text", ['{"tracks": {"\\ud800": {}}}', '{"default_track": "' + "\\udfff" + '"}',
                                   '{"source_date_epoch": ' + "1" * 5000 + "}"])
 def test_the_pin_tool_names_a_lone_surrogate_or_a_long_integer_in_one_line(text, tmp_path, capsys):
-    from ci.pins.__main__ import main
+    from tools.pins.__main__ import main
     path = tmp_path / "versions.json"
     path.write_text(text)
     assert main(["--file", str(path), "verify"]) == 1
@@ -293,8 +293,8 @@ PYPI_ANSWERS = {
 
 @pytest.mark.parametrize("case", PYPI_ANSWERS)
 def test_a_pypi_answer_of_the_wrong_shape_is_one_line_naming_the_field(case, answers, monkeypatch):
-    from ci.pins import discover
-    from ci.pins.model import PinError
+    from tools.pins import discover
+    from tools.pins.model import PinError
     answer, field = PYPI_ANSWERS[case]
     server = answers({"/vllm/json": json_bytes(answer)})
     with pytest.raises(PinError) as err:
@@ -304,8 +304,8 @@ def test_a_pypi_answer_of_the_wrong_shape_is_one_line_naming_the_field(case, ans
 
 
 def test_a_pypi_answer_that_never_ends_or_holds_a_key_twice_is_one_line(answers):
-    from ci.pins import discover
-    from ci.pins.model import PinError
+    from tools.pins import discover
+    from tools.pins.model import PinError
     twice = b'{"releases": {}, "releases": {}}'
     for body, words in ((None, "longer than"), (twice, "the key 'releases' appears twice")):
         server = answers({"/vllm/json": body})
@@ -315,7 +315,7 @@ def test_a_pypi_answer_that_never_ends_or_holds_a_key_twice_is_one_line(answers)
 
 
 def test_a_good_pypi_answer_gives_its_sdists(answers):
-    from ci.pins import discover
+    from tools.pins import discover
     answer = {"releases": {"0.40.0": [_release(), _release(packagetype="bdist_wheel")], "0.39.0": [],
                            "0.38.0": [_release(yanked=True)]}}
     server = answers({"/vllm/json": json_bytes(answer)})

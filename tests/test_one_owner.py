@@ -1,6 +1,6 @@
 """One owner per kind of risky operation, and no other door.
 
-The product's Python (runtime/src, backend/src and ci/, without tests) is read as syntax trees, its
+The product's Python (runtime/src, backend/src, ci/, docker/ and tools/, without tests) is read as syntax trees, its
 shell scripts line by line; every call of a kind below must stand in its owner's function:
 
 * deleting (shutil.rmtree, os.unlink/remove/rmdir, Path.unlink/rmdir, `rm` in shell):
@@ -15,7 +15,7 @@ shell scripts line by line; every call of a kind below must stand in its owner's
   rocm_vllm_runtime.children._spawn.
 * joining a path from data (`path / f"..."`, os.path.join of computed parts): files.inside.
 
-The build tooling (ci/docker runs in build stages without the runtime package), the pin tool (its
+The build tooling (docker/ runs in build stages without the runtime package), the pin tool (its
 writes of versions.json, the build files and the locks, all or none; uv with its input on stdin) and
 the backend (a package of its own) keep a few uses: each is counted in KNOWN below, per file and
 kind with its reason, so that a further one fails as any other does, and a KNOWN entry whose uses
@@ -59,22 +59,22 @@ IN_IMAGE = ("runtime/src/", "backend/src/")
 # (file, kind) -> (how many, why): uses outside the owners, each with its reason. A further use in
 # these files fails the test as one in any other file does.
 KNOWN = {
-    ("ci/pins/model.py", "delete"): (1, "versions.json's writer drops its own temporary file on failure"),
-    ("ci/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
-    ("ci/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
-    ("ci/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
-    ("ci/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
-    ("ci/docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
-    ("ci/docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
-    ("ci/docker/ray_layer.py", "write"): (2, "the constraints and requirements pip installs the Ray layer with, in "
+    ("tools/pins/model.py", "delete"): (1, "versions.json's writer drops its own temporary file on failure"),
+    ("tools/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
+    ("tools/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
+    ("tools/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
+    ("tools/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
+    ("docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
+    ("docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
+    ("docker/ray_layer.py", "write"): (2, "the constraints and requirements pip installs the Ray layer with, in "
                                              "install_ray.sh's own work folder"),
-    ("ci/docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
-    ("ci/docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
+    ("docker/pinned_dists.py", "join"): (1, "triton's dist-info folder in the image being built"),
+    ("docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
-    ("ci/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
-    ("ci/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
+    ("tools/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
+    ("tools/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
                                        "preference files"),
-    ("ci/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
+    ("tools/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "
                                                            "on the runtime"),
@@ -185,7 +185,7 @@ def shell_uses(text: str, path: str) -> list[Use]:
 
 def product_python() -> list[Path]:
     found = []
-    for base in ("runtime/src", "backend/src", "ci"):
+    for base in ("runtime/src", "backend/src", "ci", "docker", "tools"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name in ("conftest.py", "rocm_fake.py"):
@@ -195,7 +195,8 @@ def product_python() -> list[Path]:
 
 
 def product_shell() -> list[Path]:
-    found = [p for p in ROOT.glob("ci/**/*") if p.is_file() and (p.suffix == ".sh" or _shebang_shell(p))]
+    found = [p for area in ("ci", "docker") for p in ROOT.glob(f"{area}/**/*")
+             if p.is_file() and (p.suffix == ".sh" or _shebang_shell(p))]
     found += [ROOT / ".ci" / "run", ROOT / "runtime" / "entrypoint.sh"]
     found += [p for p in (ROOT / "runtime" / "bin").iterdir() if _shebang_shell(p)]
     return sorted(set(found))
@@ -214,16 +215,16 @@ def _shebang_shell(path: Path) -> bool:
 # moment before (a mktemp folder, a pid file its daemon wrote) or trims an image layer it built.
 SHELL_KNOWN = {
     "ci/test-machine/test-cache.sh": (1, "the owner: a test venv .ci/run made, under its lock"),
-    "ci/docker/aiter_source.sh": (2, "git's logs and index in the AITER clone this stage made"),
-    "ci/docker/vllm_source.sh": (1, "its own mktemp folder"),
-    "ci/docker/build_project_wheel.sh": (1, "__pycache__/egg-info in the source copy of this build stage"),
-    "ci/docker/build_aiter.sh": (1, "its own mktemp work folder"),
-    "ci/docker/install_python.sh": (1, "apt's lists in the image layer it installs into"),
+    "docker/aiter_source.sh": (2, "git's logs and index in the AITER clone this stage made"),
+    "docker/vllm_source.sh": (1, "its own mktemp folder"),
+    "docker/build_project_wheel.sh": (1, "__pycache__/egg-info in the source copy of this build stage"),
+    "docker/build_aiter.sh": (1, "its own mktemp work folder"),
+    "docker/install_python.sh": (1, "apt's lists in the image layer it installs into"),
     "ci/test-machine/debian-test-image.sh": (2, "the rootfs folder it debootstrapped, and apt caches inside it"),
-    "ci/docker/install_ray.sh": (1, "its own mktemp work folder"),
-    "ci/docker/build_vllm.sh": (2, "the pins file it wrote"),
-    "ci/docker/install_vllm.sh": (1, "its own mktemp work folder"),
-    "ci/docker/install_amdsmi.sh": (1, "its own mktemp work folder"),
+    "docker/install_ray.sh": (1, "its own mktemp work folder"),
+    "docker/build_vllm.sh": (2, "the pins file it wrote"),
+    "docker/install_vllm.sh": (1, "its own mktemp work folder"),
+    "docker/install_amdsmi.sh": (1, "its own mktemp work folder"),
     "ci/test-machine/docker-engine.sh": (2, "the pid file of the engine it started"),
     "ci/test-machine/registry.sh": (4, "the pid file, mktemp storage and credentials of the registry it started, "
                                        "the policy-rc.d it wrote for the install"),
@@ -320,15 +321,15 @@ def test_a_planted_use_in_a_real_module_is_caught() -> None:
     found = violations(python_uses(planted, path))
     assert len(found) == 2 and all("in sneak" in f for f in found), found
     # a further use in a file with known ones fails too
-    pins = (ROOT / "ci/pins/locks.py").read_text()
-    assert violations(python_uses(pins, "ci/pins/locks.py")) == []
+    pins = (ROOT / "tools/pins/locks.py").read_text()
+    assert violations(python_uses(pins, "tools/pins/locks.py")) == []
     more = pins + "\n\ndef more():\n    import subprocess\n    subprocess.run(['git'])\n"
-    assert len(violations(python_uses(more, "ci/pins/locks.py"))) == 1
+    assert len(violations(python_uses(more, "tools/pins/locks.py"))) == 1
 
 
 def test_a_planted_shell_deletion_is_caught() -> None:
     assert violations(shell_uses('x=1\nrm -rf "$HOME/venv-old"\n', ".ci/run")) != []
     assert violations(shell_uses('find "$d" -name x -delete\n', "ci/test-machine/disk-space.sh")) != []
     assert violations(shell_uses("# rm -rf in a comment\necho rm\n", ".ci/run")) == []
-    text = (ROOT / "ci/docker/build_aiter.sh").read_text()
-    assert violations(shell_uses(text + '\nrm -rf "$HOME"\n', "ci/docker/build_aiter.sh")) != []
+    text = (ROOT / "docker/build_aiter.sh").read_text()
+    assert violations(shell_uses(text + '\nrm -rf "$HOME"\n', "docker/build_aiter.sh")) != []

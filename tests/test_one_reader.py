@@ -1,9 +1,9 @@
 """One owner for reading a number or a URL from a setting (DESIGN: one owner per kind of risky
-operation): rocm_vllm_runtime.numbers. int() and float() took "++8011" past a check into a
+operation): rocm_vllm_runtime.numeric. int() and float() took "++8011" past a check into a
 traceback, a 5000-digit value past int()'s digit limit, 1e10 seconds into an overflow; urllib's
-port of N + 65536 wrapped round onto N. So the product's Python (runtime/src, backend/src, ci/
-and deploy/, without tests; the in-image suites of ci/suites included) is read as syntax trees,
-and these fail outside numbers.py:
+port of N + 65536 wrapped round onto N. So the product's Python (runtime/src, backend/src, ci/,
+docker/, tools/ and deploy/, without tests; the in-image suites of ci/suites included) is read as syntax trees,
+and these fail outside numeric.py:
 
 * int() or float() of a value read from the environment (os.environ, os.getenv, env.get(...),
   env[...], or a name assigned from one of those in the same module);
@@ -18,7 +18,7 @@ import ast
 
 from owner_scan import outside_owner
 
-OWNER = "runtime/src/rocm_vllm_runtime/numbers.py"
+OWNER = "runtime/src/rocm_vllm_runtime/numeric.py"
 ENV_READS = ("os.environ", "os.getenv", "environ.get(", "environ[", "env.get(", "env[", "ENV.get(", "ENV[")
 URL_SPLITS = ("urlsplit", "urlparse")
 
@@ -66,7 +66,7 @@ def uses(source: str) -> list[tuple[str, int, str]]:
 
 def test_numbers_and_url_ports_are_read_only_by_their_owner() -> None:
     wrong, stale = outside_owner(OWNER, uses, KNOWN)
-    assert not wrong, ("read through rocm_vllm_runtime.numbers (whole, port, duration, real, url) instead:\n"
+    assert not wrong, ("read through rocm_vllm_runtime.numeric (whole, port, duration, real, url) instead:\n"
                        + "\n".join(wrong))
     assert not stale, f"KNOWN entries that no longer match the code: {stale}"
 
@@ -83,7 +83,7 @@ d = urllib.parse.urlsplit(url).port
 parts = urlsplit(url)
 e = parts.port
 f = int(other)  # not from the environment
-g = numbers.url("--url", url).port
+g = numeric.url("--url", url).port
 '''
     found = [(form, line) for form, line, _ in uses(planted)]
     assert found == [("number", 4), ("number", 5), ("number", 7), ("url port", 8), ("url port", 10)], found

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import discover, model
+from tools.pins import discover, model
 
 
 @pytest.mark.parametrize("tag", ["../../../outside", "v1/../../x", "/etc/x", ""])
@@ -52,9 +52,9 @@ def _sdist(path: Path, members: dict[str, bytes]) -> Path:
                                     "vllm-9.9/requirements/../escape.txt", "vllm-9.9/requirements//escape.txt",
                                     "vllm-9.9/requirements/./escape.txt"])
 def test_an_sdist_member_cannot_leave_the_lock_s_scratch_folder(tmp_path, member):
-    """ci.pins lock unpacks the sdist's requirements/ into a scratch folder: every member's path is
+    """tools.pins lock unpacks the sdist's requirements/ into a scratch folder: every member's path is
     joined name by name through files.inside, and one that is no path inside it stops the lock in one line."""
-    from ci.pins import locks  # noqa: PLC0415
+    from tools.pins import locks  # noqa: PLC0415
 
     archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n",
                                                     member: b"escaped\n"})
@@ -66,7 +66,7 @@ def test_an_sdist_member_cannot_leave_the_lock_s_scratch_folder(tmp_path, member
 
 
 def test_an_sdist_s_requirements_are_unpacked_inside_the_scratch_folder(tmp_path):
-    from ci.pins import locks  # noqa: PLC0415
+    from tools.pins import locks  # noqa: PLC0415
 
     archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n",
                                                     "vllm-9.9/requirements/sub/rocm.txt": b"-r ../common.txt\n",

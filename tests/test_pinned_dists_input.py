@@ -1,4 +1,4 @@
-"""ci/docker/pinned_dists.py compare reads the snapshot an earlier step wrote: whatever that file
+"""docker/pinned_dists.py compare reads the snapshot an earlier step wrote: whatever that file
 holds, the step gets its comparison or one error line, never a traceback."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("pinned_dists_input", ROOT / "ci/docker/pinned_dists.py")
+_spec = importlib.util.spec_from_file_location("pinned_dists_input", ROOT / "docker/pinned_dists.py")
 pinned_dists = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pinned_dists)
 

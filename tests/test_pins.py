@@ -1,4 +1,4 @@
-"""versions.json and the pin tool (python3 -m ci.pins)."""
+"""versions.json and the pin tool (python3 -m tools.pins)."""
 import copy
 import hashlib
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model, resolve, verify
+from tools.pins import model, resolve, verify
 from git_repo import commit_all, git, new_repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def tree(tmp_path):
 
 
 def run_tool(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "ci.pins", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "tools.pins", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def test_repository_versions_file_verifies():
@@ -474,7 +474,7 @@ def test_verify_rejects_any_other_layout_and_format_fixes_it(tree):
         path.write_text(other, newline="")
         proc = run_tool("--file", str(path), "verify")
         assert proc.returncode == 1 and "not in the canonical layout" in proc.stderr, proc.stderr
-        assert "python3 -m ci.pins format" in proc.stderr
+        assert "python3 -m tools.pins format" in proc.stderr
         proc = run_tool("--file", str(path), "format")
         assert proc.returncode == 0 and path.read_bytes() == model.canonical(data).encode()
         assert run_tool("--file", str(path), "verify").returncode == 0
@@ -496,7 +496,7 @@ def test_write_is_all_or_nothing_when_the_disk_fills(tree, upstream):
     def cap():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), "resolve", "aiter", "--write"],
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(path), "resolve", "aiter", "--write"],
                           cwd=ROOT, capture_output=True, text=True, preexec_fn=cap)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "nothing was written" in proc.stderr, proc.stderr
@@ -560,7 +560,7 @@ def test_network_calls_are_bounded_and_fail_in_one_line_per_item(what, tree, sil
         args += ["--registry", silent_server]
     env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=60)
     assert time.monotonic() - start < 30
     assert proc.returncode == 1
@@ -649,7 +649,7 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(args, tree, trickling_ser
     env = {**os.environ, "PINS_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
            "SSL_CERT_FILE": str(cert)}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), *args], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=120)
     assert time.monotonic() - start < 20, proc.stderr  # 2 s, and the connection (PINS_CONNECT_TIMEOUT)
     assert proc.returncode == 1
@@ -666,7 +666,7 @@ def test_a_url_port_that_is_no_tcp_port_is_one_line_never_showing_a_password(por
     d["pytorch"]["index_url"] = f"https://127.0.0.1:{port}/whl"
     model.dump(d, tree / "versions.json")
     env = {**os.environ, "PINS_TIMEOUT": "5", "PINS_CONNECT_TIMEOUT": "2"}
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "resolve",
                            "wheels"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     first, summary = proc.stderr.strip().splitlines()
@@ -679,7 +679,7 @@ def test_pins_timeout_must_be_a_positive_finite_number(value, tree, silent_serve
     d["vllm"]["index_url"] = f"https://{silent_server}/pypi"
     model.dump(d, tree / "versions.json")
     env = {**os.environ, "PINS_TIMEOUT": value, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "discover",
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "discover",
                            "--list"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (f"error: PINS_TIMEOUT={value!r} is not a number of seconds more than 0 and at "
@@ -749,7 +749,7 @@ def test_ctrl_c_is_one_line_and_writes_nothing(tree, silent_server):
     # non-interactive shell's `cmd &`, nohup) inherits SIGINT ignored, and an ignored signal stays
     # ignored across exec, so the tool (rightly) would not hear Ctrl-C. The wrapper resets it, then
     # becomes the tool (exec: same process, same group).
-    tool = [sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve", "aiter", "--write"]
+    tool = [sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "resolve", "aiter", "--write"]
     as_from_a_terminal = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                           "os.execv(sys.argv[1], sys.argv[1:])", *tool]
     proc = subprocess.Popen(as_from_a_terminal, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -829,7 +829,7 @@ def sources_at(path, host):
 
 
 def resolve_all(path, *args, env, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), "resolve", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(path), "resolve", *args], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -859,7 +859,7 @@ def test_resolve_names_every_item_it_cannot_reach(tree, blackhole):
                    f"the container registry of {blackhole}/rocm/dev-ubuntu-22.04:",
                    f"the PyTorch wheel index https://{blackhole}/whl/rocm7.2 (the PyTorch lock)",
                    f"TheRock's wheel index https://{blackhole}/rocm/whl-next/ (the TheRock lock)",
-                   "run python3 -m ci.pins resolve --write on a machine that reaches them"):
+                   "run python3 -m tools.pins resolve --write on a machine that reaches them"):
         assert needed in summary, summary
     assert {p.name: p.read_text() for p in tree.iterdir()} == before
 
@@ -944,7 +944,7 @@ def test_pins_connect_timeout_must_be_a_positive_finite_number(value, tree, refu
     d = model.load(tree / "versions.json")
     d["vllm"]["index_url"] = f"https://{refused}/pypi"
     model.dump(d, tree / "versions.json")
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "discover",
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "discover",
                            "--list"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env=offline_env(PINS_CONNECT_TIMEOUT=value))
     assert proc.returncode == 1
@@ -1024,7 +1024,7 @@ def registry():
 
 def resolve_base_image(tree, host: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PINS_TIMEOUT": "60", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
-    return subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+    return subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "resolve",
                            "base-image", "--registry", host, "--write"], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -1071,7 +1071,7 @@ def test_resolve_aiter_writes_only_the_pins_whatever_the_dispatch_code(data, tre
     """resolve aiter --write on a commit whose MLA kernel lists and dispatch code are like no AITER
     release's: the pin resolves, and the versions file and the Dockerfiles' defaults are all it
     writes (no file derived from AITER's code, nothing under backend/)."""
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     repo = upstream["path"]
     (repo / "hsa" / "gfx942" / "mla").mkdir(parents=True)
@@ -1115,7 +1115,7 @@ def test_a_git_remote_that_fails_is_named_with_gits_own_reason(tree, remote):
     d["aiter"]["repository"] = remote
     model.dump(d, tree / "versions.json")
     env = {**os.environ, "PINS_TIMEOUT": "20", "GIT_SSH_COMMAND": "ssh -o BatchMode=yes -o ConnectTimeout=5"}
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(tree / "versions.json"), "resolve",
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(tree / "versions.json"), "resolve",
                            "aiter"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
     *lines, summary = proc.stderr.strip().splitlines()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model
+from tools.pins import model
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = (["verify"], ["args"], ["tracks"], ["resolve", "wheels"])
@@ -74,7 +74,7 @@ def data() -> dict:
 
 
 def run_tool(*args):
-    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.pins", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -147,7 +147,7 @@ def test_every_string_of_the_versions_file_refuses_hostile_values(data):
     """Each string field (repositories, URLs, names, versions, tags, paths, list items), set to a
     value with a line break, a leading '-', a space, a quote or a backslash, fails the schema
     check every command runs first, naming the field."""
-    from ci.pins import verify
+    from tools.pins import verify
 
     leaves = list(_string_leaves(data))
     assert len(leaves) > 40
@@ -180,7 +180,7 @@ def test_hostile_strings_stop_every_command_and_git_never_runs(field, bad, data,
     (bin_dir / "git").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     for command in (*COMMANDS, ["resolve", "aiter"], ["resolve", "vllm"]):
-        proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", str(path), *command], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", str(path), *command], cwd=ROOT,
                               capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 1, (command, proc.stdout)
         assert ".".join(field) in proc.stderr and "Traceback" not in proc.stderr, (command, proc.stderr)
@@ -191,7 +191,7 @@ def test_hostile_strings_stop_every_command_and_git_never_runs(field, bad, data,
 
 def test_git_is_handed_a_double_dash_before_every_repository(monkeypatch):
     """Even a repository that got past the schema cannot be read as an option by git."""
-    from ci.pins import discover, resolve
+    from tools.pins import discover, resolve
 
     seen = []
     monkeypatch.setattr(resolve, "_git", lambda *args, **kw: seen.append(args) or "")
@@ -232,7 +232,7 @@ def test_a_key_given_twice_is_refused_naming_it(command, data, tmp_path):
 
 
 @pytest.mark.parametrize("schema_file,document", [("versions.schema.json", "versions.json"),
-                                                   ("ci/locks/locks.schema.json", "ci/locks/locks.json")])
+                                                   ("docker/locks/locks.schema.json", "docker/locks/locks.json")])
 def test_the_schemas_are_draft_2020_12_and_hold_the_committed_files(schema_file, document):
     """The shapes verify checks are JSON Schema files an editor can use: valid Draft 2020-12 schemas
     that the committed files meet, checked here with the library directly."""

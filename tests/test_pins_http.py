@@ -1,4 +1,4 @@
-"""The pin tool's one HTTP client (ci/pins/resolve.py _pool/_http) with proxies and redirects as pip
+"""The pin tool's one HTTP client (tools/pins/resolve.py _pool/_http) with proxies and redirects as pip
 and curl take them: a proxy URL it cannot use is one line with its password masked; an
 authenticating proxy (user:password@ in the setting) gets Proxy-Authorization; a mirror answering
 302 is followed within REDIRECTS, and a redirect's empty body is never taken as the answer (it would
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from ci.pins import resolve
-from ci.pins.model import PinError
+from tools.pins import resolve
+from tools.pins.model import PinError
 
 PROXIES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY", "all_proxy",
            "ALL_PROXY")

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ci.pins import model
-from ci.pins.__main__ import main
+from tools.pins import model
+from tools.pins.__main__ import main
 from json_cases import JSON, paths, replaced
 
 ROOT = Path(__file__).resolve().parents[1]

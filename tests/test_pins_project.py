@@ -1,4 +1,4 @@
-"""The pin tool as a locked project that uv runs (ci/pins/pyproject.toml, ci/pins/uv.lock): what it
+"""The pin tool as a locked project that uv runs (tools/pins/pyproject.toml, tools/pins/uv.lock): what it
 imports is what the project declares; a Python without those libraries stops in one line naming the
 uv command (and how to install uv where it is missing) and makes nothing; the documented command
 runs the tool in an environment uv makes from the lock, also when several first runs meet, a link
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import __main__ as cli
-from ci.pins import locks
-from ci.pins.model import PinError
+from tools.pins import __main__ as cli
+from tools.pins import locks
+from tools.pins.model import PinError
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ROOT / "ci/pins/pyproject.toml"
+PROJECT = ROOT / "tools/pins/pyproject.toml"
 
 
 def declared() -> set[str]:
@@ -34,20 +34,22 @@ def declared() -> set[str]:
 
 def test_the_tool_imports_only_what_its_project_declares():
     imported = set()
-    for path in (ROOT / "ci/pins").glob("*.py"):
+    for path in (ROOT / "tools/pins").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    outside = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
+    # docker: this checkout's folder of build scripts (pinned_dists, lock_lines), not a library
+    outside = {name for name in imported
+               if name not in sys.stdlib_module_names and name != "__future__" and not (ROOT / name).is_dir()}
     # jsonschema: through rocm_vllm_runtime.schema, which the tool validates with
     assert outside | {"jsonschema"} == set(cli.NEEDED) == declared() - {"uv"}, (outside, declared())
     assert "uv" in declared()  # the resolver of `resolve --write` and `lock`, beside the environment's Python
 
 
 def test_the_runtime_is_this_checkouts_editable_one():
-    """The tool's owners (numbers, secrets, files, ...) come from the runtime beside it: a path source."""
+    """The tool's owners (numeric, secret_values, files, ...) come from the runtime beside it: a path source."""
     sources = tomllib.loads(PROJECT.read_text())["tool"]["uv"]["sources"]
     assert sources == {"rocm-vllm-runtime": {"path": "../../runtime", "editable": True}}
     assert (PROJECT.parent / sources["rocm-vllm-runtime"]["path"] / "pyproject.toml").is_file()
@@ -56,7 +58,7 @@ def test_the_runtime_is_this_checkouts_editable_one():
 def test_the_tool_makes_no_environment_of_its_own():
     """No venv, pip or exec in the tool: uv makes, locks and keeps its environment."""
     found = []
-    for path in sorted((ROOT / "ci/pins").glob("*.py")):
+    for path in sorted((ROOT / "tools/pins").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("exec") and \
                     isinstance(node.value, ast.Name) and node.value.id == "os":
@@ -69,7 +71,7 @@ def test_the_tool_makes_no_environment_of_its_own():
 
 
 def bare(tmp_path: Path, *args: str, uv_on_path: bool) -> subprocess.CompletedProcess:
-    """python -S (no site-packages, no PYTHONPATH: none of the tool's libraries) -m ci.pins ARGS, with uv on PATH or
+    """python -S (no site-packages, no PYTHONPATH: none of the tool's libraries) -m tools.pins ARGS, with uv on PATH or
     not."""
     home, cache, empty = tmp_path / "home", tmp_path / "cache", tmp_path / "empty"
     for folder in (home, cache, empty):
@@ -77,7 +79,7 @@ def bare(tmp_path: Path, *args: str, uv_on_path: bool) -> subprocess.CompletedPr
     path = str(Path(locks.uv_command()[0]).parent) if uv_on_path else str(empty)
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PATH": path, "HOME": str(home),
            "XDG_CACHE_HOME": str(cache)}
-    return subprocess.run([sys.executable, "-S", "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-S", "-m", "tools.pins", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=env)
 
 
@@ -85,9 +87,9 @@ def test_a_python_without_the_libraries_stops_in_one_line_naming_the_uv_command(
     proc = bare(tmp_path, "tracks", "--json", uv_on_path=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (ci/pins/pyproject.toml): run the "
-        "pin tool with uv from the repository root: uv run --locked --project ci/pins python -m ci.pins with the same "
-        "arguments"], proc.stderr
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pins/pyproject.toml): "
+        "run the pin tool with uv from the repository root: uv run --locked --project tools/pins python -m tools.pins "
+        "with the same arguments"], proc.stderr
     # nothing made: no environment in the cache or home folder
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
 
@@ -98,9 +100,9 @@ def test_without_uv_the_line_says_how_to_install_it(tmp_path):
                 "https://user:hunter2@mirror.example\nx", uv_on_path=False)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.strip() == (
-        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (ci/pins/pyproject.toml): "
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pins/pyproject.toml): "
         f"install uv ({cli.UV_INSTALL}), then run the pin tool with uv from the repository root: "
-        "uv run --locked --project ci/pins python -m ci.pins with the same arguments"), proc.stderr
+        "uv run --locked --project tools/pins python -m tools.pins with the same arguments"), proc.stderr
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
 
 
@@ -112,9 +114,9 @@ def test_with_the_runtime_the_line_shows_the_arguments_masked(monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         cli.libraries_or_exit(["resolve", "--registry", "https://user:hunter2@mirror.example\nx"])
     line = str(stopped.value)
-    assert line.startswith("error: this Python lacks no_such_library_here (ci/pins/pyproject.toml): run the pin tool "
-                           "with uv from the repository root: uv run --locked --project ci/pins python -m ci.pins "
-                           "resolve --registry "), line
+    assert line.startswith("error: this Python lacks no_such_library_here (tools/pins/pyproject.toml): run the pin "
+                           "tool with uv from the repository root: uv run --locked --project tools/pins "
+                           "python -m tools.pins resolve --registry "), line
     assert "hunter2" not in line and "\n" not in line and line.endswith("\\nx'"), line
 
 
@@ -125,8 +127,8 @@ def test_resolve_and_lock_without_uv_say_how_to_install_it(tmp_path, monkeypatch
         locks.uv_command()
     assert str(stopped.value) == (
         "uv not found beside this Python or on PATH: install uv (https://docs.astral.sh/uv/getting-started/"
-        "installation/) and run the pin tool with it from the repository root: uv run --locked --project ci/pins "
-        "python -m ci.pins ...")
+        "installation/) and run the pin tool with it from the repository root: uv run --locked --project tools/pins "
+        "python -m tools.pins ...")
 
 
 def test_an_unset_home_stops_only_what_needs_the_sdist_cache_in_one_line(monkeypatch, capsys):
@@ -152,15 +154,15 @@ def test_an_unset_home_stops_only_what_needs_the_sdist_cache_in_one_line(monkeyp
 # ------------------------------------------------------------------ under uv (PyPI, or uv's cache)
 
 def uv_run(env_dir: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    """The documented command, its environment at env_dir (UV_PROJECT_ENVIRONMENT: ci/pins/.venv otherwise)."""
+    """The documented command, its environment at env_dir (UV_PROJECT_ENVIRONMENT: tools/pins/.venv otherwise)."""
     uv = locks.uv_command()[0]
-    return subprocess.run([uv, "run", "--locked", "--project", "ci/pins", "python", "-m", "ci.pins", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
+    return subprocess.run([uv, "run", "--locked", "--project", "tools/pins", "python", "-m", "tools.pins", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(env_dir), **extra})
 
 
 def direct(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", *args], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -1,4 +1,4 @@
-"""docker-bake.pins.json: what `python3 -m ci.pins render` makes of versions.json, kept current by verify.
+"""docker-bake.pins.json: what `python3 -m tools.pins render` makes of versions.json, kept current by verify.
 
 bake reading the file is tests/test_bake.py's (docker buildx bake --print); these need no Docker."""
 import json
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from ci.pins import model, render
+from tools.pins import model, render
 from test_bake import unresolved
 from test_pins import ROOT, run_tool
 

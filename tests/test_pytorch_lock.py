@@ -1,9 +1,9 @@
-"""The PyTorch lock of the rocm-image tracks (`python3 -m ci.pins resolve wheels`:
-ci.pins.locks.pytorch_lock), made by the real uv against a local stand-in of the PyTorch ROCm index:
+"""The PyTorch lock of the rocm-image tracks (`python3 -m tools.pins resolve wheels`:
+tools.pins.locks.pytorch_lock), made by the real uv against a local stand-in of the PyTorch ROCm index:
 torch, torchvision and torchaudio of the pinned versions, the Triton torch requires and what they
 require, each by the sha256 of that index's file, never from a PyPI stand-in offered through the
 environment (same names, other bytes, newer versions); resolve writes the lock and pins its sha256,
-verify holds the pin to the file; and ci/docker/install_torch.sh installs exactly the pinned lock,
+verify holds the pin to the file; and docker/install_torch.sh installs exactly the pinned lock,
 offline, from a file:// copy of the index, and refuses any other."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from venvs import make_venv
 
 import therock_standin as standin
 from build_script_env import install_script_requirements, wheelhouse
-from ci.pins import locks, model, verify
+from tools.pins import locks, model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON = ("pytorch-triton-rocm", "3.8.0+git669b31ac")
@@ -90,7 +90,7 @@ def test_the_lock_holds_the_wheels_and_their_triton_by_the_index_hash(data, trac
     assert {name: reqs[name][0] for name in model.TORCH_WHEELS} == torch
     assert reqs[TRITON[0]][0] == TRITON[1]  # whatever torch requires: no hand pin
     assert reqs["filelock"][0] == "3.20.0" and reqs["numpy"][0] == "2.3.5"  # never PyPI's newer ones
-    assert "pytorch.lock_sha256" in text and "`python3 -m ci.pins resolve wheels`" in text
+    assert "pytorch.lock_sha256" in text and "`python3 -m tools.pins resolve wheels`" in text
     assert locks.body_problem("pytorch", text) == ""
     # the tracks sharing the section share the lock: the same bytes, made from any of them
     sharing = [t for t in model.built_track_names(data)
@@ -106,10 +106,10 @@ def test_a_version_the_index_lacks_is_not_taken_from_pypi(data, track, indexes, 
 
 
 def test_resolve_wheels_writes_the_lock_and_pins_its_sha256(data, track, indexes, monkeypatch, tmp_path):
-    """resolve's wheels item: the lock goes to ci/locks/pytorch.txt (a track's own section:
+    """resolve's wheels item: the lock goes to docker/locks/pytorch.txt (a track's own section:
     pytorch-<track>.txt) and its sha256 to that section's lock_sha256 (out of unresolved); a pinned
     lock is kept unless --force."""
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     real = locks.pytorch_lock
     monkeypatch.setattr(locks, "pytorch_lock", lambda d, t: real(d, t, index_url=indexes["pytorch"].as_uri()))
@@ -119,7 +119,7 @@ def test_resolve_wheels_writes_the_lock_and_pins_its_sha256(data, track, indexes
     path = tmp_path / model.LOCKS_DIR / "pytorch.txt"
     digest = hashlib.sha256(tables[path].encode()).hexdigest()
     assert d["pytorch"]["lock_sha256"] == digest and "lock_sha256" not in d["pytorch"]["unresolved"]
-    assert changes == [f"pytorch.lock_sha256: {digest} (ci/locks/pytorch.txt, 6 wheels)"]
+    assert changes == [f"pytorch.lock_sha256: {digest} (docker/locks/pytorch.txt, 6 wheels)"]
     assert cli.resolve_pytorch(argparse.Namespace(force=False), d, tmp_path, track, {}) == []
     assert cli.resolve_pytorch(argparse.Namespace(force=True), d, tmp_path, track, {}) == []  # the same lock
     # a track's own pytorch section: its own lock, named after it
@@ -138,12 +138,12 @@ def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
     d = copy.deepcopy(data)
     d["pytorch"].update(lock_sha256="a" * 64, unresolved=[])
     lock = tmp_path / model.LOCKS_DIR / "pytorch.txt"
-    assert any("pytorch.lock_sha256 is set but ci/locks/pytorch.txt is missing: run python3 -m ci.pins resolve "
+    assert any("pytorch.lock_sha256 is set but docker/locks/pytorch.txt is missing: run python3 -m tools.pins resolve "
                "wheels --force --write" in e for e in verify.check_locks(d, tmp_path))
     lock.parent.mkdir(parents=True)
     body = f"x==1 \\\n    --hash=sha256:{'0' * 64}\n"
     lock.write_text(body)
-    assert any("ci/locks/pytorch.txt has sha256" in e and "the lock was edited" in e
+    assert any("docker/locks/pytorch.txt has sha256" in e and "the lock was edited" in e
                for e in verify.check_locks(d, tmp_path))
     d["pytorch"]["lock_sha256"] = hashlib.sha256(body.encode()).hexdigest()
     assert verify.check_locks(d, tmp_path) == []
@@ -180,7 +180,7 @@ def install_torch(venv: Path, indexes, pins: dict, lock_text: str | None, allow:
     env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(venv.parent), **pins,
            "ALLOW_UNRESOLVED": allow, "ROCM_VLLM_CA_BUNDLE": str(venv.parent / "no-bundle"),
            "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri(), "PIP_FIND_LINKS": str(indexes["pypi"] / "filelock")}
-    return subprocess.run(["bash", ROOT / "ci/docker/install_torch.sh", locks_dir, indexes["pytorch"].as_uri()],
+    return subprocess.run(["bash", ROOT / "docker/install_torch.sh", locks_dir, indexes["pytorch"].as_uri()],
                           env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -207,7 +207,7 @@ def test_only_the_pinned_lock_is_installed(data, track, indexes, lock_text, venv
     proc = install_torch(venv, indexes, pins_of(data, track), lock_text)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("install_torch: ERROR: "), \
         proc.stderr
-    assert "python3 -m ci.pins resolve wheels --write" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
+    assert "python3 -m tools.pins resolve wheels --write" in proc.stderr and "ALLOW_UNRESOLVED=1" in proc.stderr
     # a lock made from other versions than the pinned ones
     other = pins_of(data, track, lock_sha256=digest)
     other["TORCHAUDIO_VERSION"] = "2.11.1+rocm7.2"

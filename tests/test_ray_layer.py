@@ -1,4 +1,4 @@
-"""ci/docker/ray_layer.py, install_ray.sh's decisions, run as the Ray stage runs it (a script beside
+"""docker/ray_layer.py, install_ray.sh's decisions, run as the Ray stage runs it (a script beside
 lock_lines.py): the lock read through lock_lines, the constraints of every installed distribution, the
 entries to install, and the check of what the staging root holds."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/ray_layer.py"
+SCRIPT = ROOT / "docker/ray_layer.py"
 RAY = "ray==2.49.1 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n"
 MSGPACK = "msgpack==1.1.1 \\\n    --hash=sha256:" + "c" * 64 + "\n"
 
@@ -42,7 +42,7 @@ def test_a_lock_without_ray_or_without_hashes_is_one_line_naming_the_lock_comman
         proc = layer("plan", lock, tmp_path)
         lines = proc.stderr.splitlines()
         assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("install-ray: ERROR: "), proc.stderr
-        assert says in lines[0] and "python3 -m ci.pins lock ray" in lines[0], lines[0]
+        assert says in lines[0] and "python3 -m tools.pins lock ray" in lines[0], lines[0]
         assert not (tmp_path / "requirements.txt").exists()
 
 
@@ -54,7 +54,7 @@ def test_a_root_holding_another_distribution_is_refused(tmp_path: Path) -> None:
     proc = layer("check", tmp_path, "2.49.1", "ray")
     assert proc.returncode == 1 and proc.stderr.splitlines() == [
         "install-ray: ERROR: the Ray layer holds click, ray but only ray may be installed: a requirement of Ray "
-        "replaced one of the image's distributions; change ci/docker/requirements-ray.in (then python3 -m ci.pins "
+        "replaced one of the image's distributions; change docker/requirements-ray.in (then python3 -m tools.pins "
         "lock ray)"]
     (site / "click-8.1.0.dist-info").rmdir()
     proc = layer("check", tmp_path, "2.49.1", "ray")  # no ray package under the root: it does not import

@@ -1,4 +1,4 @@
-"""Requirement files as the build scripts read them (ci/docker/vllm_requirements.py): as pip
+"""Requirement files as the build scripts read them (docker/vllm_requirements.py): as pip
 reads them (continuations, comments, `-r` includes, per-requirement options) and parsed by
 `packaging` (names, extras, versions, markers, URLs). No download: small files written here.
 The real vLLM requirement files are read in tests/test_vllm_source.py."""
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-DOCKER = Path(__file__).resolve().parents[1] / "ci" / "docker"
+DOCKER = Path(__file__).resolve().parents[1] / "docker"
 HASH = "sha256:" + "0" * 64
 
 
-vr = importlib.import_module("ci.docker.vllm_requirements")
+vr = importlib.import_module("docker.vllm_requirements")
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,9 +1,9 @@
-"""Shell for commands, Python for logic: the build, pipeline and test-machine scripts (ci/**/*.sh and the
-shell scripts there without the ending, .ci/run, serve-cpu.sh) and the Dockerfiles' RUN lines run no
+"""Shell for commands, Python for logic: the build, pipeline and test-machine scripts (docker/*.sh,
+ci/**/*.sh and the shell scripts there without the ending, .ci/run, serve-cpu.sh) and the Dockerfiles' RUN lines run no
 Python written inline, neither a heredoc (`python3 - ARGS <<'PY'`, `python3 <<EOF`) nor `python3 -c`.
 Such Python escapes the architecture tests of the owners, which read .py files (tests/test_one_owner.py,
 tests/test_one_json_reader.py, tests/test_one_reader.py): what it decides goes into a module that they
-read (ci/pipeline/publish.py, ci/docker/ray_layer.py), and the script runs it.
+read (ci/pipeline/publish.py, docker/ray_layer.py), and the script runs it.
 
 What remains is counted in ALLOWED, per file and form with its reason, so that a further one fails, and an
 entry whose uses are gone fails until it is removed. The scanner is checked against planted uses."""
@@ -23,20 +23,20 @@ INLINE = re.compile(PYTHON + FLAGS + r"\s+-c\b")
 
 # (file, form) -> (how many, why)
 ALLOWED = {
-    ("ci/docker/build_project_wheel.sh", "heredoc"): (1, "whether the image's setuptools builds wheels without "
+    ("docker/build_project_wheel.sh", "heredoc"): (1, "whether the image's setuptools builds wheels without "
                                                          "isolation; still to move into a script beside it, as "
                                                          "ray_layer.py"),
-    ("ci/docker/build_vllm.sh", "heredoc"): (1, "the built vLLM wheel's version against VLLM_VERSION; still to move "
+    ("docker/build_vllm.sh", "heredoc"): (1, "the built vLLM wheel's version against VLLM_VERSION; still to move "
                                                 "into a script beside it, as ray_layer.py"),
-    ("ci/docker/build_vllm.sh", "inline"): (1, "a probe of the base image: is its torch a ROCm build "
+    ("docker/build_vllm.sh", "inline"): (1, "a probe of the base image: is its torch a ROCm build "
                                                "(torch.version.hip), the exit status the answer"),
-    ("ci/docker/install_torch.sh", "inline"): (1, "prints the torch and HIP versions installed: an import that "
+    ("docker/install_torch.sh", "inline"): (1, "prints the torch and HIP versions installed: an import that "
                                                   "proves them, no decision"),
-    ("ci/docker/install_therock_triton.sh", "inline"): (1, "prints the torch, HIP and Triton versions installed: "
+    ("docker/install_therock_triton.sh", "inline"): (1, "prints the torch, HIP and Triton versions installed: "
                                                            "an import that proves them, no decision"),
-    ("ci/docker/therock_sdk.sh", "inline"): (1, "prints the torch and HIP versions installed: an import that proves "
+    ("docker/therock_sdk.sh", "inline"): (1, "prints the torch and HIP versions installed: an import that proves "
                                                 "them, no decision"),
-    ("ci/docker/therock_links.sh", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
+    ("docker/therock_links.sh", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
     ("Dockerfile.rocm", "inline"): (3, "asks the image's Python for its site-packages folder (sysconfig), "
                                        "where a stage stages its files"),
     ("Dockerfile.rocm_base", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
@@ -59,7 +59,8 @@ def _shell_script(path: Path) -> bool:
 
 
 def scripts() -> list[Path]:
-    found = [p for p in ROOT.glob("ci/**/*") if p.is_file() and "/tests/" not in p.as_posix() and _shell_script(p)]
+    found = [p for area in ("ci", "docker") for p in ROOT.glob(f"{area}/**/*")
+             if p.is_file() and "/tests/" not in p.as_posix() and _shell_script(p)]
     found += [ROOT / ".ci/run", ROOT / "serve-cpu.sh", ROOT / "Dockerfile.rocm", ROOT / "Dockerfile.rocm_base"]
     return sorted(set(found))
 
@@ -113,7 +114,7 @@ python3 -B -c 'import importlib.metadata as m; m.version("msgpack")'
 "${PYTHON:-python3}" -c 'print(1)'
 "$VENV/bin/python" -c 'print(1)'
 # python3 -c 'in a comment'
-python3 -m ci.pins tracks --names
+python3 -m tools.pins tracks --names
 python3 -m ci.pipeline tag "$graph" "$metadata" <<<"$input"
 read -r a b <<<"$plan"
 cat <<EOF
@@ -124,9 +125,9 @@ python3 -B "$here/ray_layer.py" plan "$lock" "$work"
 
 
 def test_the_scripts_moved_into_modules_hold_none() -> None:
-    """What moved: publish.sh and tag.sh (ci/pipeline/publish.py), install_ray.sh (ci/docker/ray_layer.py),
-    propose-pins.sh (python3 -m ci.pins tracks --names)."""
-    for rel in ("ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/tag.sh", "ci/docker/install_ray.sh",
+    """What moved: publish.sh and tag.sh (ci/pipeline/publish.py), install_ray.sh (docker/ray_layer.py),
+    propose-pins.sh (python3 -m tools.pins tracks --names)."""
+    for rel in ("ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/tag.sh", "docker/install_ray.sh",
                 "ci/pipeline/propose-pins.sh"):
         assert uses((ROOT / rel).read_text()) == [], rel
         assert not any(key[0] == rel for key in ALLOWED), rel

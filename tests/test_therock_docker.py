@@ -26,7 +26,7 @@ import pytest
 import git_daemon
 import therock_standin as standin
 from git_repo import commit_all, git, new_repo
-from ci.pins import locks, model
+from tools.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.docker(unit="second")
@@ -114,16 +114,15 @@ def upstream(base_image, tmp_path_factory):
 
 
 def build(base_image, upstream, tmp_path, *, lock_sha256: str | None = None, tag: str | None = None):
-    """--target torch of a context holding Dockerfile.rocm_base, ci/docker and ci/locks (with the
+    """--target torch of a context holding Dockerfile.rocm_base, docker/ and docker/locks (with the
     stand-in track's lock); the TheRock and Triton build args as versions.json's therock track gives
     them, pointed at the stand-ins."""
     data = model.load(ROOT / "versions.json")
     track = model.therock_track_names(data)[0]
     context = tmp_path / "context"
-    (context / "ci").mkdir(parents=True)
+    context.mkdir(parents=True)
     shutil.copy(ROOT / "Dockerfile.rocm_base", context)
-    shutil.copytree(ROOT / "ci/docker", context / "ci/docker", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "ci/locks", context / "ci/locks")
+    shutil.copytree(ROOT / "docker", context / "docker", ignore=shutil.ignore_patterns("__pycache__"))
     text = locks.therock_lock(data, track, index_url=upstream["file_index"])
     (context / model.LOCKS_DIR / model.therock_lock_name(track)).write_text(text)
     args = model.build_args(data, track_name_=track)

@@ -1,4 +1,4 @@
-"""ci/docker/install_lock.sh against local indexes of stand-in wheels with TheRock's names: the
+"""docker/install_lock.sh against local indexes of stand-in wheels with TheRock's names: the
 release index's wheels are installed by their hashes; a same-named wheel on another index (a PyPI
 stand-in, offered through PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS as a careless environment would) is
 never taken, even at the same version; a wrong hash, a wheel only the other index has, an http://
@@ -16,7 +16,7 @@ import pytest
 from venvs import make_venv
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "ci/docker/install_lock.sh"
+SCRIPT = ROOT / "docker/install_lock.sh"
 # TheRock's wheels as vLLM 0.34's base installs them (names and versions of the stand-ins)
 WHEELS = {"rocm": "10.0.0", "rocm-sdk-core": "10.0.0", "rocm-sdk-device-gfx942": "10.0.0", "torch": "2.13.0+rocm10.0.0"}
 

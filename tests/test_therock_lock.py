@@ -1,9 +1,9 @@
-"""`python3 -m ci.pins resolve therock`'s lock (ci.pins.locks.therock_lock), made by the real uv
+"""`python3 -m tools.pins resolve therock`'s lock (tools.pins.locks.therock_lock), made by the real uv
 against a local stand-in of TheRock's release index: every wheel of the track (the SDK with its
 libraries and devel parts, the device wheels of gpu_archs and no other arch, the PyTorch wheels
 and what they require) by the sha256 of the release index's file, never from a second index
 offered through the environment, never TheRock's own Triton; and the lock installs with
-ci/docker/install_lock.sh, offline."""
+docker/install_lock.sh, offline."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +16,7 @@ import pytest
 from venvs import make_venv
 
 import therock_standin as standin
-from ci.pins import locks, model
+from tools.pins import locks, model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_the_lock_installs_offline_by_hash(indexes, data, tmp_path):
     lock.write_text(text)
     venv = tmp_path / "venv"
     make_venv(venv)
-    proc = subprocess.run(["bash", ROOT / "ci/docker/install_lock.sh", lock, indexes["release"].as_uri(),
+    proc = subprocess.run(["bash", ROOT / "docker/install_lock.sh", lock, indexes["release"].as_uri(),
                            hashlib.sha256(text.encode()).hexdigest()],
                           env={**os.environ, "PYTHON": str(venv / "bin/python"),
                                "PIP_EXTRA_INDEX_URL": indexes["pypi"].as_uri()},
@@ -81,11 +81,11 @@ def test_the_lock_installs_offline_by_hash(indexes, data, tmp_path):
 
 
 def test_resolve_therock_writes_the_lock_and_pins_its_sha256(indexes, data, monkeypatch, tmp_path):
-    """resolve's therock item: the lock goes to ci/locks/therock-<track>.txt and its sha256 to
+    """resolve's therock item: the lock goes to docker/locks/therock-<track>.txt and its sha256 to
     tracks.<track>.therock.lock_sha256 (out of unresolved); a pinned lock is kept unless --force."""
     import argparse
 
-    from ci.pins import __main__ as cli
+    from tools.pins import __main__ as cli
 
     real = locks.therock_lock
     monkeypatch.setattr(locks, "therock_lock", lambda d, t: real(d, t, index_url=indexes["release"].as_uri()))
@@ -97,13 +97,13 @@ def test_resolve_therock_writes_the_lock_and_pins_its_sha256(indexes, data, monk
     digest = hashlib.sha256(tables[path].encode()).hexdigest()
     therock = d["tracks"][track]["therock"]
     assert therock["lock_sha256"] == digest and "lock_sha256" not in therock["unresolved"]
-    assert changes == [f"tracks.{track}.therock.lock_sha256: {digest} (ci/locks/therock-{track}.txt, 12 wheels)"]
+    assert changes == [f"tracks.{track}.therock.lock_sha256: {digest} (docker/locks/therock-{track}.txt, 12 wheels)"]
     assert cli.resolve_therock(argparse.Namespace(force=False), d, tmp_path, track, {}) == []
     assert cli.resolve_therock(argparse.Namespace(force=True), d, tmp_path, track, {}) == []  # the same lock
 
 
 def test_verify_holds_a_pinned_lock_to_its_file(data, tmp_path):
-    from ci.pins import verify
+    from tools.pins import verify
 
     d = copy.deepcopy(data)
     track = model.therock_track_names(d)[0]

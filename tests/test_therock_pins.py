@@ -1,6 +1,6 @@
 """A therock track's TheRock section of versions.json: the release index alone (never a nightly
 one, never plain http), PyTorch's versions from upstream's base Dockerfile, and what the track
-installs derived from them, the SDK version and gpu_archs (`python3 -m ci.pins therock`, the input
+installs derived from them, the SDK version and gpu_archs (`python3 -m tools.pins therock`, the input
 of its hash lock); the lock's sha256 stays an unresolved pin until a host that reaches the index
 makes it. discover's proposal of the whole section against the real release is in test_discover."""
 from __future__ import annotations
@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import discover, model, verify
-from ci.pins.model import PinError
+from tools.pins import discover, model, verify
+from tools.pins.model import PinError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_tool(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "ci.pins", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "tools.pins", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ def test_verify_holds_the_triton_pin_to_a_commit_and_an_https_repository(data):
 
 def test_the_therock_command_refuses_an_index_with_credentials(data, tmp_path):
     """An index with credentials (a private mirror's) is refused, naming the key, never showing
-    them: versions.json is committed (python3 -m ci.pins verify refuses it the same way)."""
+    them: versions.json is committed (python3 -m tools.pins verify refuses it the same way)."""
     d = copy.deepcopy(data)
     name = model.therock_track_names(d)[0]
     d["tracks"][name]["therock"]["index_url"] = "https://user:s3cret@mirror.example/rocm/whl/"

@@ -162,7 +162,7 @@ print(name())
 
 def stepped_aside() -> list[str]:
     """The tracks past the plugin's declared range (SUPPORTED_VLLM), where it registers nothing."""
-    from ci.pins import model
+    from tools.pins import model
 
     return model.stepped_aside(versions(), model.backend_supported_vllm(ROOT)[1])
 

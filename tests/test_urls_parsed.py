@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ci import uv_pip
-from ci.pins import model, verify
+from tools.pins import model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUNDED = settings(derandomize=True, database=None, max_examples=300, deadline=None)
@@ -108,7 +108,7 @@ def test_the_therock_command_refuses_an_index_with_credentials_never_showing_the
     name = model.therock_track_names(d)[0]
     d["tracks"][name]["therock"]["index_url"] = "https://user:s3c@r#t@mirror.example/rocm/whl/"
     model.dump(d, tmp_path / "versions.json")
-    proc = subprocess.run([sys.executable, "-m", "ci.pins", "--file", tmp_path / "versions.json", "therock"],
+    proc = subprocess.run([sys.executable, "-m", "tools.pins", "--file", tmp_path / "versions.json", "therock"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and f"tracks.{name}.therock.index_url" in proc.stderr, proc.stderr
     assert "s3c" not in proc.stdout + proc.stderr and "r#t" not in proc.stdout + proc.stderr
@@ -150,7 +150,7 @@ def test_a_configuration_file_pip_cannot_parse_is_named_never_shown(tmp_path):
 
 def _url_credential_patterns(source: str) -> list[int]:
     """Lines of regular expressions that look for a URL's credentials (a pattern holding both
-    "://" and "@"): the one masking (secrets.userinfo_spans) reads them; no module searches again."""
+    "://" and "@"): the one masking (secret_values.userinfo_spans) reads them; no module searches again."""
     import ast
 
     found = []
@@ -169,11 +169,11 @@ def _url_credential_patterns(source: str) -> list[int]:
 
 
 def test_only_the_masking_reads_a_urls_credentials():
-    owner = "runtime/src/rocm_vllm_runtime/secrets.py"
-    # numbers.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
-    known = {"runtime/src/rocm_vllm_runtime/numbers.py": 1}
+    owner = "runtime/src/rocm_vllm_runtime/secret_values.py"
+    # numeric.url takes the host and port after the userinfo urllib found (and holds it to the masking's)
+    known = {"runtime/src/rocm_vllm_runtime/numeric.py": 1}
     offenders = []
-    for base in ("runtime/src", "backend/src", "ci", "deploy"):
+    for base in ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if rel == owner or "/tests/" in rel or path.name.startswith("test_"):
@@ -192,9 +192,9 @@ def test_only_the_masking_reads_a_urls_credentials():
     ("https://mirror.example/simple/", "user:PART1-PART2!@127.0.0.1:9"),
 ])
 def test_the_pin_tools_http_errors_never_show_a_password(monkeypatch, url, proxy):
-    """ci.pins' HTTP client names the URL and the proxy it went through, their credentials masked
-    (rocm_vllm_runtime.secrets): a password with "/" or "?", a proxy setting without a scheme."""
-    from ci.pins import resolve  # noqa: PLC0415
+    """tools.pins' HTTP client names the URL and the proxy it went through, their credentials masked
+    (rocm_vllm_runtime.secret_values): a password with "/" or "?", a proxy setting without a scheme."""
+    from tools.pins import resolve  # noqa: PLC0415
 
     for name in ("https_proxy", "HTTPS_PROXY"):
         monkeypatch.setenv(name, proxy)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins.locks import uv_command
+from tools.pins.locks import uv_command
 from ci.uv_pip import (TORCH_CPU_INDEX, command, parse_config_list, pip_settings, pip_sources, torch_sources,
                        uv_environment)
 

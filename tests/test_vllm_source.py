@@ -1,4 +1,4 @@
-"""The vLLM build scripts (ci/docker) against the released source of every release track's vLLM:
+"""The vLLM build scripts (docker/) against the released source of every release track's vLLM:
 its PyPI sdist, downloaded once (sha256 from versions.json tracks.<track>.vllm.sdist) and cached
 between runs in VLLM_SDIST_CACHE (default ~/.cache/rocm-vllm-test). Every test taking `vllm_src`
 runs once per track.
@@ -21,11 +21,11 @@ import pytest
 from venvs import make_venv
 
 from build_script_env import install_script_requirements, wheelhouse
-from ci.pins import discover, model
+from tools.pins import discover, model
 from vllm_sdist import sdist_source, track_names
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKER = ROOT / "ci" / "docker"
+DOCKER = ROOT / "docker"
 # Versions versions.json does not know yet (unresolved pins) get stand-ins, marked as such.
 STAND_IN = {"triton": "3.8.0+stand.in", "amdsmi": "26.0.0+stand.in"}
 
@@ -59,7 +59,7 @@ def run(cmd, **kw):
 # ------------------------------------------------------------------ files the scripts name
 
 def named_vllm_paths() -> set[str]:
-    """vLLM source paths (requirements/..., cmake/...) that the scripts of ci/docker name."""
+    """vLLM source paths (requirements/..., cmake/...) that the scripts of docker/ name."""
     found = set()
     for script in DOCKER.iterdir():
         if script.suffix in (".sh", ".py"):
@@ -69,7 +69,7 @@ def named_vllm_paths() -> set[str]:
 
 
 def _vr():
-    return importlib.import_module("ci.docker.vllm_requirements")
+    return importlib.import_module("docker.vllm_requirements")
 
 
 def test_every_vllm_file_the_scripts_name_exists(vllm_src):
@@ -79,7 +79,7 @@ def test_every_vllm_file_the_scripts_name_exists(vllm_src):
     assert builds <= named and "requirements/rocm.txt" in named
     assert any((vllm_src / p).is_file() for p in builds)
     missing = sorted(p for p in named - builds if not (vllm_src / p).is_file())
-    assert not missing, f"named by ci/docker but not in {vllm_src.name}: {missing}"
+    assert not missing, f"named by docker/ but not in {vllm_src.name}: {missing}"
     proc = run([sys.executable, DOCKER / "vllm_requirements.py", "files", vllm_src])
     assert proc.returncode == 0, proc.stderr
 
@@ -194,17 +194,17 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{pinned_env['bin']}:{os.environ['PATH']}",
            "TRITON_KERNELS_COMMIT": model.build_args(versions, track_name_=track)["TRITON_KERNELS_COMMIT"],
-           "VLLM_LOCK": str(ROOT / f"ci/locks/vllm-{track}-rocm.txt")}
+           "VLLM_LOCK": str(ROOT / f"docker/locks/vllm-{track}-rocm.txt")}
     if track not in model.built_track_names(versions):
         # a track on a stack not built here (therock): no lock, and the check stops on that in one line
-        assert not (ROOT / f"ci/locks/vllm-{track}-rocm.txt").exists()
+        assert not (ROOT / f"docker/locks/vllm-{track}-rocm.txt").exists()
         proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
-        assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr, proc.stderr[-2000:]
         return
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, out], env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (out / "requirements-lock.txt").read_text() == (ROOT / f"ci/locks/vllm-{track}-rocm.txt").read_text()
-    other = [p for p in (ROOT / "ci/locks").glob("vllm-*-rocm.txt") if p.name != f"vllm-{track}-rocm.txt"]
+    assert (out / "requirements-lock.txt").read_text() == (ROOT / f"docker/locks/vllm-{track}-rocm.txt").read_text()
+    other = [p for p in (ROOT / "docker/locks").glob("vllm-*-rocm.txt") if p.name != f"vllm-{track}-rocm.txt"]
     for lock in other:
         inputs = [re.findall(r"^# input .*$", f.read_text(), re.M) for f in (lock, out / "requirements-lock.txt")]
         differs = inputs[0] != inputs[1]
@@ -213,16 +213,16 @@ def test_check_takes_the_tracks_lock_of_the_runtime_requirements(vllm_src, pinne
         assert (proc.returncode == 1) == differs, proc.stderr[-2000:]
     proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / "none"],
                env={**env, "VLLM_LOCK": str(tmp_path / "missing.txt")}, timeout=900)
-    assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr
+    assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr
     # the lock cut to its header, or inside its first entry (before any hash), is refused
-    lines = (ROOT / f"ci/locks/vllm-{track}-rocm.txt").read_text().splitlines(keepends=True)
+    lines = (ROOT / f"docker/locks/vllm-{track}-rocm.txt").read_text().splitlines(keepends=True)
     first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
     for name, kept in (("header", lines[:first]), ("cut", lines[:first + 1])):
         cut = tmp_path / f"{name}.txt"
         cut.write_text("".join(kept))
         proc = run(["bash", DOCKER / "build_vllm.sh", "check", vllm_src, tmp_path / name],
                    env={**env, "VLLM_LOCK": str(cut)}, timeout=900)
-        assert proc.returncode == 1 and "python3 -m ci.pins lock vllm" in proc.stderr, (name, proc.stderr[-1500:])
+        assert proc.returncode == 1 and "python3 -m tools.pins lock vllm" in proc.stderr, (name, proc.stderr[-1500:])
         assert "Traceback" not in proc.stderr
 
 
@@ -332,13 +332,13 @@ def test_vllm_rust_frontend_is_optional_unless_required(vllm_src):
 
 @pytest.fixture(scope="module")
 def build_tools(tmp_path_factory) -> Path:
-    """The hash-pinned build tools (ci/docker/requirements-build.txt) installed into a folder."""
+    """The hash-pinned build tools (docker/requirements-build.txt) installed into a folder."""
     target = tmp_path_factory.mktemp("build-tools")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                            "--no-deps", "--require-hashes", "--no-compile", "--target", target,
                            "-r", DOCKER / "requirements-build.txt"], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"cannot install ci/docker/requirements-build.txt (needs PyPI): {proc.stderr[-2000:]}")
+        pytest.fail(f"cannot install docker/requirements-build.txt (needs PyPI): {proc.stderr[-2000:]}")
     return target
 
 

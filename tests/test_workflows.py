@@ -70,7 +70,7 @@ def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
 
 
 SCRIPT = re.compile(r"\bbash\s+((?:\.ci|ci)/[\w./-]+)")
-MODULE = re.compile(r"\bpython3\s+-m\s+(ci\.\w+)")
+MODULE = re.compile(r"\bpython3\s+-m\s+((?:ci|tools)\.\w+)")
 
 
 def test_every_script_the_workflows_run_exists_and_is_tested() -> None:
@@ -82,7 +82,7 @@ def test_every_script_the_workflows_run_exists_and_is_tested() -> None:
             modules.update(MODULE.findall(step.get("run", "")))
     assert {"ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/selftest.sh",
             "ci/pipeline/amd-runner/login.sh", "ci/pipeline/propose-pins.sh", ".ci/run"} <= scripts
-    assert modules == {"ci.pipeline", "ci.pins"}
+    assert modules == {"ci.pipeline", "tools.pins"}
     tests_text = "\n".join(p.read_text() for d in TEST_DIRS for p in d.glob("test_*.py"))
     for script in sorted(scripts):
         assert (REPO / script).is_file(), f"{script} is run by a workflow but does not exist"
@@ -132,9 +132,10 @@ def test_jobs_do_what_the_readme_says() -> None:
 
 
 # How a workflow runs the pin tool, or a script that runs it: under uv, in the environment uv makes
-# from ci/pins/uv.lock (the pin tool makes none of its own; a runner's python3 lacks its libraries).
-UV_RUN = "uv run --locked --project ci/pins"
-RUNS_THE_PIN_TOOL = re.compile(r"python3 -m ci\.pins|ci/pipeline/amd-runner/publish\.sh|ci/pipeline/propose-pins\.sh")
+# from tools/pins/uv.lock (the pin tool makes none of its own; a runner's python3 lacks its libraries).
+UV_RUN = "uv run --locked --project tools/pins"
+RUNS_THE_PIN_TOOL = re.compile(r"python3 -m tools\.pins|ci/pipeline/amd-runner/publish\.sh"
+                               r"|ci/pipeline/propose-pins\.sh")
 
 
 def pin_tool_steps_outside_uv(docs: dict[str, dict]) -> list[str]:
@@ -156,8 +157,8 @@ def test_workflows_run_the_pin_tool_under_uv() -> None:
     assert pin_tool_steps_outside_uv(docs) == []
     assert {n for n, doc in docs.items() for _, s in steps(doc) if RUNS_THE_PIN_TOOL.search(s.get("run", ""))} \
         == {"ci.yml", "images.yml", "pins.yml"}
-    bare = {"jobs": {"j": {"steps": [{"run": "python3 -m ci.pins tracks --json"}]}}}
-    assert pin_tool_steps_outside_uv({"x.yml": bare}) == ["x.yml j: python3 -m ci.pins tracks --json"]
+    bare = {"jobs": {"j": {"steps": [{"run": "python3 -m tools.pins tracks --json"}]}}}
+    assert pin_tool_steps_outside_uv({"x.yml": bare}) == ["x.yml j: python3 -m tools.pins tracks --json"]
     no_setup = {"jobs": {"j": {"steps": [{"run": f"{UV_RUN} bash ci/pipeline/propose-pins.sh"}]}}}
     assert len(pin_tool_steps_outside_uv({"x.yml": no_setup})) == 1
 
@@ -253,7 +254,7 @@ def test_dependabot_config_is_version_2_and_well_formed() -> None:
         assert entry["schedule"]["interval"] in INTERVALS, entry
     ecosystems = [e["package-ecosystem"] for e in config["updates"]]
     assert "github-actions" in ecosystems
-    # the locks are made by `python3 -m ci.pins lock`: a pip update would edit a generated file
+    # the locks are made by `python3 -m tools.pins lock`: a pip update would edit a generated file
     assert "pip" not in ecosystems
 
 

@@ -127,8 +127,8 @@ def sha256_of(simple: Path, name: str, version: str) -> str:
 
 
 def lock_requirements(text: str) -> dict[str, tuple[str, list[str]]]:
-    """name -> (version, sha256s) of the requirements of a lock ci.pins.locks made."""
-    from ci.pins import locks
+    """name -> (version, sha256s) of the requirements of a lock tools.pins.locks made."""
+    from tools.pins import locks
 
     out = {}
     for block in re.split(r"\n(?=[a-z0-9])", locks.split_lock(text)[1]):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from ci.pins.locks import uv_command
+from tools.pins.locks import uv_command
 from cache_lock import held
 from ci.uv_pip import pip_settings, pip_sources, torch_sources, uv_environment
 from vllm_sdist import sdist_source, versions

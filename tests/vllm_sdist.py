@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cache_lock import held
-from ci.pins import discover, model
+from tools.pins import discover, model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def cache_dir() -> Path:
 
 def sdist_archive(track: str) -> Path:
     """The track's sdist archive, downloaded once into the cache, its sha256 checked against
-    versions.json (as the pins job fetches a release: ci.pins.discover.fetch)."""
+    versions.json (as the pins job fetches a release: tools.pins.discover.fetch)."""
     sdist = discover.track_sdist(versions(), model.track_name(versions(), track))
     try:
         with held(cache_dir() / f".sdist-{track}.download.lock"):  # one lane at a time

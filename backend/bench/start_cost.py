@@ -199,11 +199,11 @@ def load_beside(sets, kernels, triton, splits, device, factory_name, folder: str
 
 def _load_seconds(raw: str) -> float:
     """--load-s through the project's one reading of numbers (a duration: no nan, inf, sign or exponent)."""
-    from rocm_vllm_runtime import numbers  # noqa: PLC0415 - on PYTHONPATH with the backend (see the usage)
+    from rocm_vllm_runtime import numeric  # noqa: PLC0415 - on PYTHONPATH with the backend (see the usage)
 
     try:
-        return numbers.duration("--load-s", raw, MAX_LOAD_S)
-    except numbers.SettingError as exc:
+        return numeric.duration("--load-s", raw, MAX_LOAD_S)
+    except numeric.SettingError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

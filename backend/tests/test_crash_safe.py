@@ -22,7 +22,7 @@ import child_standins
 import pytest
 import remedy_standins
 import torch
-from rocm_vllm_runtime import children, numbers
+from rocm_vllm_runtime import children, numeric
 
 import vllm_aiter_mla
 from vllm_aiter_mla import crash_safe, measure, measure_child, measurement_record
@@ -268,7 +268,7 @@ def test_the_time_limit_setting(tmp_path):
     assert crash_safe.timeout_setting({}) == crash_safe.DEFAULT_TIMEOUT_S == 300.0
     assert crash_safe.timeout_setting({crash_safe.TIMEOUT_ENV: "12.5"}) == 12.5
     for bad in ("0", "-1", "901", "1e3", "ten", "5 s"):
-        with pytest.raises(numbers.SettingError, match=f"^{crash_safe.TIMEOUT_ENV}="):
+        with pytest.raises(numeric.SettingError, match=f"^{crash_safe.TIMEOUT_ENV}="):
             crash_safe.timeout_setting({crash_safe.TIMEOUT_ENV: bad})
 
 

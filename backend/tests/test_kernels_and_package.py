@@ -85,7 +85,7 @@ def _gate_cases() -> list[tuple[str | None, bool]]:
         major, minor, patch = map(int, version.split("."))
         cases += [(version, True), (f"{version}+rocm72", True), (f"{major}.{minor}.{patch + 1}", True),
                   (f"{version}rc1.dev5+g5df63a720", False)]
-    # tracks past the declared range: the plugin steps aside there (ci.pins verify holds the range
+    # tracks past the declared range: the plugin steps aside there (tools.pins verify holds the range
     # to run from the oldest track up to a track)
     cases += [(version, False) for version in _track_versions() if version not in versions]
     newest, oldest = (tuple(map(int, v.split("."))) for v in (versions[0], versions[-1]))

@@ -2,25 +2,25 @@
 # Follow upstream and propose the results as pull requests. Never pushes to the base branch:
 # each change goes to a branch of its own and a pull request carries it.
 #
-#   uv run --locked --project ci/pins bash ci/pipeline/propose-pins.sh
+#   uv run --locked --project tools/pins bash ci/pipeline/propose-pins.sh
 #
-# (under uv, python3 is the pin tool's environment, made from ci/pins/uv.lock)
+# (under uv, python3 is the pin tool's environment, made from tools/pins/uv.lock)
 #
-# 1. New vLLM releases (python3 -m ci.pins discover): one pull request per release, on the branch
+# 1. New vLLM releases (python3 -m tools.pins discover): one pull request per release, on the branch
 #    pins/vllm-<version>, adding it as the default release track from its sdist (AITER named by its
 #    ROCm base Dockerfile), with its pins resolved where upstream answers, `verify --strict`, the
 #    tests of PINS_TESTS, what changed upstream and newer AITER tags in the description.
-# 2. The existing pins re-resolved (python3 -m ci.pins resolve) on PINS_BRANCH, as before.
+# 2. The existing pins re-resolved (python3 -m tools.pins resolve) on PINS_BRANCH, as before.
 #
 # Settings:
-#   PINS_WHAT     what `python3 -m ci.pins resolve` resolves (default "aiter vllm")
+#   PINS_WHAT     what `python3 -m tools.pins resolve` resolves (default "aiter vllm")
 #   PINS_RELEASE_WHAT  what is resolved for a new release's track (default "aiter vllm")
 #   PINS_TESTS    command run on a new release's proposal (default: the pins, sdist and track tests
 #                 through bash ci/test.sh); its exit status goes into the description
 #   PINS_UP_TO    leave out vLLM releases after this one (default: none)
 #   PINS_SDIST_CACHE  where discover keeps sdists (default ~/.cache/rocm-vllm-pins)
-#   PINS_PYTHON   Python with uv for `ci.pins lock` (default .venv/bin/python when present, else python3:
-#                 run under `uv run --locked --project ci/pins`, the pin tool's environment, which has uv)
+#   PINS_PYTHON   Python with uv for `tools.pins lock` (default .venv/bin/python when present, else python3:
+#                 run under `uv run --locked --project tools/pins`, the pin tool's environment, which has uv)
 #   PINS_BRANCH   branch the proposal is pushed to, force-updated (default pins/resolve)
 #   PINS_BASE     base branch of the pull request (default main)
 #   PINS_REMOTE   git remote to push the branch to (default origin)
@@ -52,7 +52,7 @@ mkdir -p "$results"
 read -r -a items <<<"$what"
 read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"
 tests_cmd=${PINS_TESTS:-bash ci/test.sh tests/test_pins.py tests/test_discover.py tests/test_vllm_source.py tests/test_tracks.py tests/test_aiter_calls.py}
-# The Python that runs `ci.pins lock` (it needs uv: ci/pins/uv.lock and tests/requirements.lock install it).
+# The Python that runs `tools.pins lock` (it needs uv: tools/pins/uv.lock and tests/requirements.lock install it).
 pins_python=${PINS_PYTHON:-python3}
 [ -n "${PINS_PYTHON:-}" ] || [ ! -x .venv/bin/python ] || pins_python=.venv/bin/python
 discover_args=(--sdist-cache "${PINS_SDIST_CACHE:-$HOME/.cache/rocm-vllm-pins}")
@@ -79,38 +79,38 @@ propose() {
   fi
 }
 
-echo "== python3 -m ci.pins discover --list"
-if ! releases=$(python3 -m ci.pins discover --list "${discover_args[@]}"); then
-  echo "error: python3 -m ci.pins discover failed: see the line above; nothing proposed" >&2
+echo "== python3 -m tools.pins discover --list"
+if ! releases=$(python3 -m tools.pins discover --list "${discover_args[@]}"); then
+  echo "error: python3 -m tools.pins discover failed: see the line above; nothing proposed" >&2
   exit 1
 fi
 for version in $releases; do
-  echo "== vLLM $version: python3 -m ci.pins discover --release $version --write"
+  echo "== vLLM $version: python3 -m tools.pins discover --release $version --write"
   git switch --quiet --detach "$start"
   out=$results/vllm-$version
   mkdir -p "$out"
-  if ! python3 -m ci.pins discover --release "$version" --write --aiter-tags "${discover_args[@]}" \
+  if ! python3 -m tools.pins discover --release "$version" --write --aiter-tags "${discover_args[@]}" \
       --summary "$out/summary.md" >"$out/discover.log" 2>&1; then
     cat "$out/discover.log"
-    echo "error: python3 -m ci.pins discover --release $version failed: see the line above; nothing proposed" >&2
+    echo "error: python3 -m tools.pins discover --release $version failed: see the line above; nothing proposed" >&2
     exit 1
   fi
   cat "$out/discover.log"
   # the track discover added: the newest (the default only where its stack is built here)
-  names=$(python3 -m ci.pins tracks --names)
+  names=$(python3 -m tools.pins tracks --names)
   track=${names%%$'\n'*}
-  built_names=$(python3 -m ci.pins tracks --names --built)
+  built_names=$(python3 -m tools.pins tracks --names --built)
   built=0
   if grep -qxF -- "$track" <<<"$built_names"; then built=1; fi
   set +e
-  python3 -m ci.pins resolve "${release_items[@]}" --track "$track" --write >"$out/resolve.log" 2>&1
+  python3 -m tools.pins resolve "${release_items[@]}" --track "$track" --write >"$out/resolve.log" 2>&1
   resolve_status=$?
-  python3 -m ci.pins verify --strict --track "$track" >"$out/verify.log" 2>&1
+  python3 -m tools.pins verify --strict --track "$track" >"$out/verify.log" 2>&1
   verify_status=$?
   # the new track's lock of vLLM's runtime requirements (uv: the test environment's, PINS_PYTHON)
-  lock=ci/locks/vllm-$track-rocm.txt
+  lock=docker/locks/vllm-$track-rocm.txt
   if [ "$built" = 1 ]; then
-    "$pins_python" -m ci.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
+    "$pins_python" -m tools.pins lock "vllm-$track" "${discover_args[@]:0:2}" >"$out/lock.log" 2>&1
     lock_status=$?
   else
     echo "no lock: track $track's ROCm stack is not built here yet, so no image installs it" >"$out/lock.log"
@@ -118,30 +118,30 @@ for version in $releases; do
   fi
   [ -f "$lock" ] && git add -- "$lock"
   # a therock track's TheRock lock, where PINS_RELEASE_WHAT has resolve make it (therock)
-  therock_lock=ci/locks/therock-$track.txt
+  therock_lock=docker/locks/therock-$track.txt
   [ -f "$therock_lock" ] && git add -- "$therock_lock"
   bash -c "$tests_cmd" >"$out/tests.log" 2>&1
   tests_status=$?
   set -e
   body=$out/pr-body.md
   {
-    echo "vLLM $version was released: proposed as the release track $track (\`python3 -m ci.pins discover\`)."
+    echo "vLLM $version was released: proposed as the release track $track (\`python3 -m tools.pins discover\`)."
     echo
     cat "$out/summary.md"
     echo
-    echo "\`python3 -m ci.pins resolve ${release_items[*]} --track $track --write\` (exit $resolve_status):"
+    echo "\`python3 -m tools.pins resolve ${release_items[*]} --track $track --write\` (exit $resolve_status):"
     echo
     echo '```'
     cat "$out/resolve.log"
     echo '```'
     echo
-    echo "\`python3 -m ci.pins verify --strict --track $track\` (exit $verify_status):"
+    echo "\`python3 -m tools.pins verify --strict --track $track\` (exit $verify_status):"
     echo
     echo '```'
     cat "$out/verify.log"
     echo '```'
     echo
-    echo "\`python3 -m ci.pins lock vllm-$track\` (exit $lock_status):"
+    echo "\`python3 -m tools.pins lock vllm-$track\` (exit $lock_status):"
     echo
     echo '```'
     cat "$out/lock.log"
@@ -161,14 +161,14 @@ for version in $releases; do
 done
 git switch --quiet --detach "$start"
 
-echo "== python3 -m ci.pins resolve ${items[*]} --write"
+echo "== python3 -m tools.pins resolve ${items[*]} --write"
 set +e
-python3 -m ci.pins resolve "${items[@]}" --write >"$results/resolve.log" 2>&1
+python3 -m tools.pins resolve "${items[@]}" --write >"$results/resolve.log" 2>&1
 status=$?
 set -e
 cat "$results/resolve.log"
 if [ "$status" -ne 0 ]; then
-  echo "error: python3 -m ci.pins resolve failed (exit $status): see the line above; nothing proposed" >&2
+  echo "error: python3 -m tools.pins resolve failed (exit $status): see the line above; nothing proposed" >&2
   exit 1
 fi
 if git diff --quiet HEAD -- "${files[@]}"; then
@@ -180,20 +180,20 @@ if git diff --quiet HEAD -- "${files[@]}"; then
 fi
 
 set +e
-python3 -m ci.pins verify --strict >"$results/verify.log" 2>&1
+python3 -m tools.pins verify --strict >"$results/verify.log" 2>&1
 verify_status=$?
 set -e
 cat "$results/verify.log"
 
 body=$results/pr-body.md
 {
-  echo "Pins resolved by \`python3 -m ci.pins resolve ${items[*]} --write\`:"
+  echo "Pins resolved by \`python3 -m tools.pins resolve ${items[*]} --write\`:"
   echo
   echo '```'
   cat "$results/resolve.log"
   echo '```'
   echo
-  echo "\`python3 -m ci.pins verify --strict\` (exit $verify_status):"
+  echo "\`python3 -m tools.pins verify --strict\` (exit $verify_status):"
   echo
   echo '```'
   cat "$results/verify.log"

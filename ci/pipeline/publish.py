@@ -9,7 +9,7 @@ digest is refused, nothing tagged, unless PUBLISH_FORCE=1 or the tag is one of M
 branch's tag, branch-<name>, follows its newest commit).
 
 JSON is read by rocm_vllm_runtime.files, docker is run by rocm_vllm_runtime.children, and docker's
-messages are shown with every URL's credentials masked (rocm_vllm_runtime.secrets). Each error is
+messages are shown with every URL's credentials masked (rocm_vllm_runtime.secret_values). Each error is
 one line; the program prints it as `error: ...` and exits 1.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rocm_vllm_runtime import children, files, secrets
+from rocm_vllm_runtime import children, files, secret_values
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # What docker buildx imagetools says of a tag the registry does not have.
@@ -151,7 +151,7 @@ def plan(graph_path: str, metadata_path: str) -> list[Step]:
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return secrets.masked_url(lines[-1]) if lines else ""
+    return secret_values.masked_url(lines[-1]) if lines else ""
 
 
 def _failure(out: children.Output, limit_s: float) -> str:

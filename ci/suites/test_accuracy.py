@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime import accuracy, bench, files, numbers
+from rocm_vllm_runtime import accuracy, bench, files, numeric
 
 ENV = os.environ
 NAMES = [n.strip() for n in (ENV.get("ACCURACY_BACKENDS") or accuracy.ENV_DEFAULTS["ACCURACY_BACKENDS"]).split(",")
@@ -42,8 +42,8 @@ def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
     settings = accuracy.Settings.from_env(ENV)
     serve_args = accuracy.split_serve_args(ENV)
     out = Path(ENV.get("SELFTEST_RESULTS_DIR") or tmp_path_factory.mktemp("accuracy"))
-    port = numbers.port("ACCURACY_PORT", ENV.get("ACCURACY_PORT") or accuracy.ENV_DEFAULTS["ACCURACY_PORT"])
-    start_timeout = numbers.duration("ACCURACY_START_TIMEOUT", ENV.get("ACCURACY_START_TIMEOUT")
+    port = numeric.port("ACCURACY_PORT", ENV.get("ACCURACY_PORT") or accuracy.ENV_DEFAULTS["ACCURACY_PORT"])
+    start_timeout = numeric.duration("ACCURACY_START_TIMEOUT", ENV.get("ACCURACY_START_TIMEOUT")
                                      or accuracy.ENV_DEFAULTS["ACCURACY_START_TIMEOUT"])
     result = accuracy.compare(chosen, serve_args, settings, port, out, start_timeout)
     files.write_text(out / "accuracy.json", json.dumps(result, indent=2) + "\n")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_vllm_runtime import bench, numbers
+from rocm_vllm_runtime import bench, numeric
 from rocm_vllm_runtime.serve import tiny_model
 
 NAMES = [n.strip() for n in (os.environ.get("BENCH_BACKENDS") or bench.ENV_DEFAULTS["BENCH_BACKENDS"]).split(",")
@@ -52,8 +52,8 @@ def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "--model", tiny_model(env), "--max-model-len", str(load.input_len + load.output_len + 64)]
     out = _results_dir(tmp_path_factory)
     result = bench.compare(chosen, serve_args, load,
-                           numbers.port("BENCH_PORT", env.get("BENCH_PORT") or bench.ENV_DEFAULTS["BENCH_PORT"]),
-                           out, numbers.duration("BENCH_START_TIMEOUT", env.get("BENCH_START_TIMEOUT")
+                           numeric.port("BENCH_PORT", env.get("BENCH_PORT") or bench.ENV_DEFAULTS["BENCH_PORT"]),
+                           out, numeric.duration("BENCH_START_TIMEOUT", env.get("BENCH_START_TIMEOUT")
                                                  or bench.ENV_DEFAULTS["BENCH_START_TIMEOUT"]))
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     print("\n" + bench.render(result))

@@ -406,14 +406,14 @@ def test_installed_aiter_matches_image_manifest():
 @pytest.mark.image
 def test_installed_ray_matches_image_manifest():
     """Ray (serving across hosts: compose.ray.yaml, deploy/) imports, at the version the image's
-    manifest records from its lock (ci/docker/requirements-ray.txt)."""
+    manifest records from its lock (docker/requirements-ray.txt)."""
     recorded = _manifest().ray
     expected = recorded.version if recorded else None
     assert expected, "the image manifest records no Ray version (ray.version): rebuild the image from Dockerfile.rocm"
     import ray
 
     assert ray.__version__ == expected, (f"ray {ray.__version__} is installed but the image manifest records "
-                                        f"{expected}: rebuild the image (ci/docker/requirements-ray.txt)")
+                                        f"{expected}: rebuild the image (docker/requirements-ray.txt)")
 
 
 @pytest.mark.gpu

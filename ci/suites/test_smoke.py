@@ -33,7 +33,7 @@ from types import ModuleType
 
 import pytest
 
-from rocm_vllm_runtime import files, jitcache, numbers, web
+from rocm_vllm_runtime import files, jitcache, numeric, web
 from rocm_vllm_runtime.manifest import ManifestError, load_manifest
 from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
@@ -251,7 +251,7 @@ def test_vllm_serves_tiny_mla_with_rocm_aiter_mla(aiter: ModuleType, tmp_path: P
                "--gpu-memory-utilization", "0.3",
                *shlex.split(os.environ.get("SMOKE_SERVE_ARGS", ""))]
     log_path = tmp_path / "server.log"
-    deadline = time.monotonic() + numbers.duration("SMOKE_START_TIMEOUT", os.environ.get("SMOKE_START_TIMEOUT", "900"))
+    deadline = time.monotonic() + numeric.duration("SMOKE_START_TIMEOUT", os.environ.get("SMOKE_START_TIMEOUT", "900"))
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,

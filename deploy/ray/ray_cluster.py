@@ -54,28 +54,28 @@ class SettingError(ValueError):
     """A setting that is no whole number >= 1; the message is one line naming it."""
 
 
-def _numbers():
-    """rocm_vllm_runtime.numbers: the installed one (the image), else this checkout's file, loaded
+def _numeric():
+    """rocm_vllm_runtime.numeric: the installed one (the image), else this checkout's file, loaded
     alone (the runtime package stays unimported: owned_paths looks for it)."""
     try:
-        from rocm_vllm_runtime import numbers  # noqa: PLC0415
+        from rocm_vllm_runtime import numeric  # noqa: PLC0415
     except ModuleNotFoundError:
-        path = Path(__file__).resolve().parents[2] / "runtime/src/rocm_vllm_runtime/numbers.py"
-        spec = importlib.util.spec_from_file_location("ray_cluster_numbers", path)
-        numbers = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(numbers)
-    return numbers
+        path = Path(__file__).resolve().parents[2] / "runtime/src/rocm_vllm_runtime/numeric.py"
+        spec = importlib.util.spec_from_file_location("ray_cluster_numeric", path)
+        numeric = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(numeric)
+    return numeric
 
 
 def whole_number(name: str, value: str | None, default: int, unit: str) -> int:
     """value (unset: default) as a whole number from 1 to MAX_SETTING (read by the one reading of
-    numbers, rocm_vllm_runtime.numbers), else SettingError."""
-    numbers = _numbers()
+    numbers, rocm_vllm_runtime.numeric), else SettingError."""
+    numeric = _numeric()
     if value is None or value == "":
         return default
     try:
-        return numbers.whole(name, value, 1, MAX_SETTING)
-    except numbers.SettingError:
+        return numeric.whole(name, value, 1, MAX_SETTING)
+    except numeric.SettingError:
         shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
         raise SettingError(f"error: {name}={shown} is not a whole number of {unit} from 1 to {MAX_SETTING}: "
                            f"set {name} (default {default})") from None

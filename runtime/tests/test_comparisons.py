@@ -1,4 +1,4 @@
-"""Comparisons of measured numbers (rocm_vllm_runtime.numbers.agree, the one comparison within a
+"""Comparisons of measured numbers (rocm_vllm_runtime.numeric.agree, the one comparison within a
 tolerance): a non-finite value never agrees with anything. The accuracy gate's log-likelihood
 comparison goes through it: a backend whose log-likelihood is nan or -inf fails the gate, whatever
 the tolerance, and says which question."""

@@ -18,7 +18,7 @@ from rocm_vllm_runtime.versions import Installed
 
 SRC = Path(mf.__file__).resolve().parents[1]
 COMMIT, CK = "a" * 40, "b" * 40
-# The build args as Dockerfile.rocm_base's aiter-installed step has them (python3 -m ci.pins args).
+# The build args as Dockerfile.rocm_base's aiter-installed step has them (python3 -m tools.pins args).
 BUILD_ARGS = {
     "GPU_ARCHS": "gfx942;gfx950", "ROCM_VERSION": "7.2.3",
     "ROCM_IMAGE": "rocm/dev-ubuntu-22.04:7.2.3-complete@sha256:UNRESOLVED", "PYTHON_VERSION": "3.12",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ci.pins import discover
+from tools.pins import discover
 from rocm_vllm_runtime import accuracy, files, schema
 
 DECLARED = {

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocm_vllm_runtime.secrets import masked
+from rocm_vllm_runtime.secret_values import masked
 from rocm_vllm_runtime.serve import ServeError, build_argv, exposure
 
 TINY = "/opt/rocm-vllm/models/tiny-mla"

@@ -1,8 +1,8 @@
-"""A URL's credentials are masked whole, wherever a URL is shown (rocm_vllm_runtime.secrets, the one
+"""A URL's credentials are masked whole, wherever a URL is shown (rocm_vllm_runtime.secret_values, the one
 masking): the userinfo is everything from `scheme://` to the last `@` of its authority (which ends
 at the first `/`, `?` or line break), so a password that holds `@`, `#`, `:` or a space, as a
 pasted one may, is never shown in part; a password with `/` or `?`, and user:password@host without a
-scheme (a proxy setting), are masked whole as well. The reading of a URL (numbers.url) never shows
+scheme (a proxy setting), are masked whole as well. The reading of a URL (numeric.url) never shows
 what it took for a port either. `health --url` is an entry point of both; the pin tool's HTTP
 errors are held to it in tests/test_urls_parsed.py."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocm_vllm_runtime import numbers, secrets
+from rocm_vllm_runtime import numeric, secret_values
 
 BOUNDED = settings(derandomize=True, database=None, max_examples=300, deadline=None)
 PASSWORD_CHARS = st.sampled_from("abcXYZ019-_.~!$&'()*+,;=%@#: ")
@@ -30,12 +30,13 @@ def test_no_part_of_a_password_is_ever_shown(password, user, host, port, path, f
     secret = f"PW<{password}>"
     userinfo = f"{user}:{secret}" if user else secret
     text = frame.format(f"https://{userinfo}@{host}{port}{path}")
-    for shown in (secrets.masked_url(text), secrets.mask_text(text, []), secrets.masked(["--url", text])[1]):
+    for shown in (secret_values.masked_url(text), secret_values.mask_text(text, []),
+                  secret_values.masked(["--url", text])[1]):
         assert "PW<" not in shown and ">" not in shown.replace("->", ""), shown
         assert "***@" in shown
     try:
-        numbers.url("--url", text)
-    except numbers.SettingError as exc:
+        numeric.url("--url", text)
+    except numeric.SettingError as exc:
         assert "PW<" not in str(exc) and ">" not in str(exc), str(exc)
 
 
@@ -50,12 +51,13 @@ def test_a_password_that_holds_a_slash_or_a_question_mark_is_masked_whole(passwo
     """A pasted password may hold "/" or "?", which end an authority: user:password@ is masked whole
     all the same (more may be masked, never less)."""
     text = frame.format(f"https://{user}:PW<{password}>@{host}{port}{path}")
-    for shown in (secrets.masked_url(text), secrets.mask_text(text, []), secrets.masked(["--url", text])[1]):
+    for shown in (secret_values.masked_url(text), secret_values.mask_text(text, []),
+                  secret_values.masked(["--url", text])[1]):
         assert "PW<" not in shown and ">" not in shown.replace("->", ""), shown
         assert "***@" in shown
     try:
-        numbers.url("--url", text)
-    except numbers.SettingError as exc:
+        numeric.url("--url", text)
+    except numeric.SettingError as exc:
         assert "PW<" not in str(exc) and ">" not in str(exc), str(exc)
 
 
@@ -67,7 +69,8 @@ def test_a_password_that_holds_a_slash_or_a_question_mark_is_masked_whole(passwo
 def test_credentials_without_a_scheme_are_masked_wherever_they_stand(password, user, host, port, frame):
     """user:password@host without a scheme (a proxy setting as pip, curl and the pin tool take it)."""
     text = frame.format(f"{user}:PW<{password}>@{host}{port}")
-    for shown in (secrets.masked_url(text), secrets.mask_text(text, []), secrets.masked(["--proxy", text])[1]):
+    for shown in (secret_values.masked_url(text), secret_values.mask_text(text, []),
+                  secret_values.masked(["--proxy", text])[1]):
         assert "PW<" not in shown and ">" not in shown, shown
         assert "***@" in shown
 
@@ -96,12 +99,12 @@ def test_credentials_without_a_scheme_are_masked_wherever_they_stand(password, u
     ("no url here user@host", "no url here user@host"),
 ])
 def test_the_userinfo_is_masked_whole_and_nothing_else(text, shown):
-    assert secrets.masked_url(text) == shown
+    assert secret_values.masked_url(text) == shown
 
 
 def test_the_values_a_url_holds_are_secrets_to_mask_elsewhere():
-    values = secrets.secret_values(["--url", "https://user:p@ss word@host/x"], {})
-    assert "p@ss word" in values and secrets.mask_text("log: p@ss word", values) == "log: ***"
+    values = secret_values.secret_values(["--url", "https://user:p@ss word@host/x"], {})
+    assert "p@ss word" in values and secret_values.mask_text("log: p@ss word", values) == "log: ***"
 
 
 @pytest.mark.parametrize("url", [f"http://{u}@127.0.0.1:1" for u in (

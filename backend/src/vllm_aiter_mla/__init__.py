@@ -11,5 +11,5 @@ __version__ = "0.1.0"
 
 # vLLM releases whose MLA classes and selection rules this package is written against: the
 # release tracks of versions.json from the oldest up to the newest one the plugin was compared with
-# (python3 -m ci.pins verify holds it to the tracks; the pin tool never widens it by itself).
+# (python3 -m tools.pins verify holds it to the tracks; the pin tool never widens it by itself).
 SUPPORTED_VLLM = ">=0.32.0,<0.35"

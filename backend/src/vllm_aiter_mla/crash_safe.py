@@ -84,20 +84,20 @@ STDERR_SHOWN = 200  # characters of the child's last stderr line in an outcome
 def _runtime():
     """The image runtime's modules this one uses (one line where they are missing)."""
     try:
-        from rocm_vllm_runtime import children, files, jitcache, numbers  # noqa: PLC0415
+        from rocm_vllm_runtime import children, files, jitcache, numeric  # noqa: PLC0415
     except ImportError:
         raise RuntimeError(RUNTIME_MISSING) from None
-    return children, files, jitcache, numbers
+    return children, files, jitcache, numeric
 
 
 def timeout_setting(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds a measurement child may run: ``AITER_MLA_MEASURE_TIMEOUT_S`` (more than 0, at most 900),
     default 300."""
-    _, _, _, numbers = _runtime()
+    _, _, _, numeric = _runtime()
     raw = environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
-    return numbers.duration(TIMEOUT_ENV, raw, MAX_TIMEOUT_S)
+    return numeric.duration(TIMEOUT_ENV, raw, MAX_TIMEOUT_S)
 
 
 def records_setting(environ: Mapping[str, str] = os.environ) -> Path | None:

@@ -30,7 +30,7 @@ if [ "${PUSH:-0}" = 1 ]; then default_args=; fi
 read -r -a extra <<<"${BAKE_ARGS:-$default_args}"
 echo "== bake ${*} (REGISTRY=${REGISTRY:-<bake default>} TAG=${TAG:-<bake default>} GPU_ARCHS=${GPU_ARCHS:-<versions file>})" >&2
 start=$(date +%s)
-# docker-bake.pins.json is the bake file of the pins (python3 -m ci.pins render makes it from versions.json).
+# docker-bake.pins.json is the bake file of the pins (python3 -m tools.pins render makes it from versions.json).
 "$docker_cmd" buildx bake -f docker-bake.hcl -f docker-bake.pins.json --metadata-file "$results/bake-metadata.json" \
   "${extra[@]}" "$@"
 echo "== built ${*} in $(( $(date +%s) - start ))s; metadata: $results/bake-metadata.json" >&2

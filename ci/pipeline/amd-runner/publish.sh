@@ -5,12 +5,12 @@
 #   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
 # Its python3 runs the pin tool and the pipeline's Python (python3 -m ci.pipeline: the commit tag and
-# push settings read from the graph, tag.sh's checks): run it under uv (uv run --locked --project ci/pins
-# bash ...), whose environment, made from ci/pins/uv.lock, has their libraries and the runtime package.
+# push settings read from the graph, tag.sh's checks): run it under uv (uv run --locked --project tools/pins
+# bash ...), whose environment, made from tools/pins/uv.lock, has their libraries and the runtime package.
 #
 # Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
 # what differs per run:
-# 1. `python3 -m ci.pins verify --strict`: a pushed image has every pin resolved
+# 1. `python3 -m tools.pins verify --strict`: a pushed image has every pin resolved
 #    (PUBLISH=print: verify without --strict).
 # 2. `docker buildx bake --print` with PUSH=1, REGISTRY, TAG (the branch or git tag name of
 #    GIT_REF) and VCS_REF=GIT_SHA: the resolved graph, written to RESULTS_DIR/bake-print.json.
@@ -111,14 +111,14 @@ for target in "$@"; do
   esac
 done
 if [ "$mode" = push ] && [ "$cpu_only" = 1 ]; then
-  echo "== verify pins (python3 -m ci.pins verify; not --strict: the CPU images $* build from none of the ROCm pins)" >&2
-  python3 -m ci.pins verify "${pin_args[@]}" >&2
+  echo "== verify pins (python3 -m tools.pins verify; not --strict: the CPU images $* build from none of the ROCm pins)" >&2
+  python3 -m tools.pins verify "${pin_args[@]}" >&2
 elif [ "$mode" = push ]; then
-  echo "== verify pins (python3 -m ci.pins verify --strict)" >&2
-  python3 -m ci.pins verify --strict "${pin_args[@]}" >&2
+  echo "== verify pins (python3 -m tools.pins verify --strict)" >&2
+  python3 -m tools.pins verify --strict "${pin_args[@]}" >&2
 else
-  echo "== verify pins (python3 -m ci.pins verify; not --strict: PUBLISH=print pushes nothing)" >&2
-  python3 -m ci.pins verify "${pin_args[@]}" >&2
+  echo "== verify pins (python3 -m tools.pins verify; not --strict: PUBLISH=print pushes nothing)" >&2
+  python3 -m tools.pins verify "${pin_args[@]}" >&2
 fi
 
 mkdir -p "$results"

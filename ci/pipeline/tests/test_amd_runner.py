@@ -152,7 +152,7 @@ def _real_buildx() -> str:
 
 def test_build_resolves_the_graph_with_real_bake(tmp_path: Path, ci_dir: Path) -> None:
     """The script's own argv through the real `docker buildx bake --print`."""
-    from ci.pins import model
+    from tools.pins import model
 
     _real_buildx()
     repo = ci_dir.parent

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import model, render
+from tools.pins import model, render
 
 REPO = Path(__file__).resolve().parents[3]
 # The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
-# in the pin tool's environment that uv makes (uv run --locked --project ci/pins puts its bin first on PATH).
+# in the pin tool's environment that uv makes (uv run --locked --project tools/pins puts its bin first on PATH).
 TOOLS_BIN = str(Path(sys.executable).parent)
 SHA = "0123456789abcdef0123456789abcdef01234567"
 KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
 
 
-SYNC_DOCKERFILES = "from ci.pins import model; model.write_files(model.global_arg_updates(model.load())[1])"
+SYNC_DOCKERFILES = "from tools.pins import model; model.write_files(model.global_arg_updates(model.load())[1])"
 
 
 def versions() -> dict:
@@ -48,14 +48,15 @@ def copy_repo(dest: Path) -> Path:
     for name in ("docker-bake.hcl", "docker-bake.pins.json", "versions.json", "versions.schema.json",
                  "Dockerfile.rocm_base", "Dockerfile.rocm"):
         shutil.copy(REPO / name, dest / name)
-    shutil.copytree(REPO / "ci", dest / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+    for folder in ("ci", "docker", "tools"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     shutil.copytree(REPO / "runtime/src/rocm_vllm_runtime", dest / "runtime/src/rocm_vllm_runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # ci.pins reads numbers and URLs through it
+                    ignore=shutil.ignore_patterns("__pycache__"))  # tools.pins reads numbers and URLs through it
     return dest
 
 
 def fill_unresolved(node: object) -> None:
-    """Give every unresolved pin a well-formed value (what `ci.pins resolve` would write)."""
+    """Give every unresolved pin a well-formed value (what `tools.pins resolve` would write)."""
     if isinstance(node, dict):
         for name in list(node.get("unresolved") or []):
             if "commit" in name:
@@ -99,10 +100,10 @@ def resolved_repo(tmp_path: Path) -> Path:
         (root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])).write_text(lock)
         pin["requirements_lock_sha256"] = hashlib.sha256(lock.encode()).hexdigest()
     (root / "versions.json").write_text(model.canonical(data))
-    # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
+    # the Dockerfiles' global ARG defaults follow, as `tools.pins resolve --write` writes them
     sync = run([sys.executable, "-c", SYNC_DOCKERFILES], cwd=root)
     assert sync.returncode == 0, sync.stderr
-    strict = run([sys.executable, "-m", "ci.pins", "verify", "--strict"], cwd=root)
+    strict = run([sys.executable, "-m", "tools.pins", "verify", "--strict"], cwd=root)
     assert strict.returncode == 0, f"fixture could not resolve every pin: {strict.stderr}"
     return root
 
@@ -146,7 +147,7 @@ def pushed_settings(targets: dict) -> dict[str, dict]:
 
 def publish_print(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     results = tmp_path / "results"
-    # python3 with the runtime package first on PATH, as under uv run --locked --project ci/pins
+    # python3 with the runtime package first on PATH, as under uv run --locked --project tools/pins
     env = {**os.environ, "PATH": f"{TOOLS_BIN}:{os.environ['PATH']}", "PUBLISH": "print",
            "REGISTRY": "registry.example/team", "GIT_SHA": SHA, "RESULTS_DIR": str(results), **settings}
     for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG", "PUSH", "ATTEST", "CACHE_FROM", "CACHE_TO"):

@@ -1,4 +1,4 @@
-"""ci/pipeline/propose-pins.sh in its CPU form: the real `python3 -m ci.pins resolve` against a
+"""ci/pipeline/propose-pins.sh in its CPU form: the real `python3 -m tools.pins resolve` against a
 local vLLM repository with the pinned tag, real git pushes to a local remote, and a `gh`
 that accepts only the exact commands the script may run."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ci.pins import locks, model
+from tools.pins import locks, model
 from vllm_sdist import cache_dir, sdist_archive, track_names
 
 REPO = Path(__file__).resolve().parents[3]
 # The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
-# in the pin tool's environment that uv makes (uv run --locked --project ci/pins puts its bin first on PATH).
+# in the pin tool's environment that uv makes (uv run --locked --project tools/pins puts its bin first on PATH).
 TOOLS_BIN = str(Path(sys.executable).parent)
 NEWEST = model.load(REPO / "versions.json")["tracks"][model.track_names(model.load(REPO / "versions.json"))[0]][
     "vllm"]["version"]
@@ -77,15 +77,16 @@ def project(tmp_path: Path):
         shutil.copy(REPO / name, root / name)
     (root / model.BACKEND_INIT).parent.mkdir(parents=True)
     shutil.copy(REPO / model.BACKEND_INIT, root / model.BACKEND_INIT)
-    shutil.copytree(REPO / "ci", root / "ci", ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+    for folder in ("ci", "docker", "tools"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
     data["vllm"]["repository"] = str(upstream)
     for own in data["tracks"].values():
         own["vllm"].update(commit=None, unresolved=["commit"])
         if "commit_prefix" in own["vllm"]:
             own["vllm"]["commit_prefix"] = upstream_commit[:9]
     (root / "versions.json").write_text(model.canonical(data))
-    # the Dockerfiles' global ARG defaults follow, as `ci.pins resolve --write` writes them
-    sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; "
+    # the Dockerfiles' global ARG defaults follow, as `tools.pins resolve --write` writes them
+    sync = subprocess.run([sys.executable, "-c", "from tools.pins import model; "
                            "model.write_files(model.global_arg_updates(model.load())[1])"],
                           cwd=root, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
@@ -115,7 +116,7 @@ def project(tmp_path: Path):
             full = {**os.environ, "PATH": f"{bin_dir}:{TOOLS_BIN}:{os.environ['PATH']}", "FAKE_GH_LOG": str(gh_log),
                     "PINS_WHAT": "vllm", "RESULTS_DIR": str(tmp_path / "pins-results"),
                     "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "PINS_UP_TO": NEWEST,
-                    "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m ci.pins verify",
+                    "PINS_SDIST_CACHE": str(cache_dir()), "PINS_TESTS": "python3 -m tools.pins verify",
                     "PINS_PYTHON": sys.executable, **env}
             for name in ("GH", "PINS_BRANCH", "PINS_BASE", "PINS_REMOTE"):
                 if name not in env:
@@ -154,7 +155,7 @@ def test_resolved_pins_go_to_a_branch_and_a_pull_request(project) -> None:
     for track in proposed["tracks"]:
         assert f"tracks.{track}.vllm.commit: None -> {project.commit}" in body
     # other pins are still unresolved: verify --strict fails, and the body says so with its output
-    assert "`python3 -m ci.pins verify --strict` (exit 1):" in body and "base_image.digest" in body
+    assert "`python3 -m tools.pins verify --strict` (exit 1):" in body and "base_image.digest" in body
     assert body in project.summary.read_text()
 
     # nothing new upstream: no second proposal
@@ -180,7 +181,7 @@ def test_a_failed_resolve_proposes_nothing(project) -> None:
     proc = project.run()
     assert proc.returncode == 1
     assert "has no tag 'v9.9.9'" in proc.stdout
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: python3 -m ci.pins resolve failed")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: python3 -m tools.pins resolve failed")
     assert project.gh_calls() == []
     assert "pins/resolve" not in git("branch", "--list", cwd=project.remote)
 
@@ -213,8 +214,8 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     data["aiter"]["repository"] = aiter.as_uri()
     (project.path / "versions.json").write_text(model.canonical(data))
     built = newest in model.built_track_names(model.load(REPO / "versions.json"))
-    (project.path / f"ci/locks/vllm-{newest}-rocm.txt").unlink(missing_ok=not built)  # the job must make it
-    sync = subprocess.run([sys.executable, "-c", "from ci.pins import model; d = model.load(); "
+    (project.path / f"docker/locks/vllm-{newest}-rocm.txt").unlink(missing_ok=not built)  # the job must make it
+    sync = subprocess.run([sys.executable, "-c", "from tools.pins import model; d = model.load(); "
                            "model.write_files({**model.global_arg_updates(d)[1], **model.backend_range_update(d)})"],
                           cwd=project.path, capture_output=True, text=True)
     assert sync.returncode == 0, sync.stderr
@@ -241,11 +242,11 @@ def test_a_new_vllm_release_gets_a_pull_request_of_its_own(project) -> None:
     assert f"### vLLM {NEWEST}: track {newest}" in body and "requirements/common.txt" in body
     # the local upstream's tag is not the release's commit: the prefix check says so, in the body
     assert f"does not start with tracks.{newest}.vllm.commit_prefix" in body
-    assert "Tests (`python3 -m ci.pins verify`): exit 0" in body
+    assert "Tests (`python3 -m tools.pins verify`): exit 0" in body
     # the new track's lock, made by the job from the release's sdist, is the repository's own (none
     # for a track whose stack is not built here)
-    assert f"`python3 -m ci.pins lock vllm-{newest}` (exit 0)" in body, body[body.find("ci.pins lock"):][:1500]
-    lock = f"ci/locks/vllm-{newest}-rocm.txt"
+    assert f"`python3 -m tools.pins lock vllm-{newest}` (exit 0)" in body, body[body.find("tools.pins lock"):][:1500]
+    lock = f"docker/locks/vllm-{newest}-rocm.txt"
     if built:
         # the lock the resolver makes of the release's requirements now, with nothing to keep (the
         # repository's own lock keeps its versions while the index gains releases: lock --check)

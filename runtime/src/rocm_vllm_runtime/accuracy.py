@@ -12,7 +12,7 @@ project's) with each other one, question by question:
   pairs, p < ACCURACY_ALPHA. The differing questions are listed.
 * loglikelihood tasks (default gsm8k_loglik: each reference solution's log-likelihood given its
   question): the numbers must agree within the dtype's tolerance, |a - b| <= atol + rtol * max(|a|, |b|)
-  (numbers.agree: a nan or inf never agrees):
+  (numeric.agree: a nan or inf never agrees):
   float32 atol 1e-3, rtol 1e-5; bfloat16/float16 (and auto) atol 0.5, rtol 0.02 (docs/self-tests.md says why).
 
 The task data is local: ACCURACY_DATA/<dataset>/<split>.jsonl, <dataset> the last part of the
@@ -40,9 +40,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import bench, children, files, numbers, schema, web
+from . import bench, children, files, numeric, schema, web
 from .selection import selection
-from .secrets import shown
+from .secret_values import shown
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
     "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
@@ -95,16 +95,16 @@ class Settings:
 
         def number(name: str) -> int:
             try:
-                return numbers.whole(name, get(name), *COUNT_RANGES[name])
-            except numbers.SettingError as exc:
+                return numeric.whole(name, get(name), *COUNT_RANGES[name])
+            except numeric.SettingError as exc:
                 raise AccuracyError(str(exc)) from None
 
         try:
-            alpha = numbers.real("ACCURACY_ALPHA", get("ACCURACY_ALPHA"), 0.0, 1.0,
+            alpha = numeric.real("ACCURACY_ALPHA", get("ACCURACY_ALPHA"), 0.0, 1.0,
                                  open_low=True, open_high=True)
             raw = get("ACCURACY_LL_TOLERANCE")
-            tolerance = numbers.pair("ACCURACY_LL_TOLERANCE", raw, "ATOL,RTOL (e.g. 0.5,0.02)") if raw else None
-        except numbers.SettingError as exc:
+            tolerance = numeric.pair("ACCURACY_LL_TOLERANCE", raw, "ATOL,RTOL (e.g. 0.5,0.02)") if raw else None
+        except numeric.SettingError as exc:
             raise AccuracyError(str(exc)) from None
         limit = number("ACCURACY_LIMIT")
         tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
@@ -359,7 +359,7 @@ def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
             else:
                 diff = rel = math.inf
             max_diff, max_rel = max(max_diff, diff), max(max_rel, rel)
-            if not numbers.agree(x, y, atol, rtol):  # a nan or inf never agrees
+            if not numeric.agree(x, y, atol, rtol):  # a nan or inf never agrees
                 beyond.append({"doc_id": d, "ours": x, "reference": y, "diff": diff})
     if beyond:
         worst = max(beyond, key=lambda r: r["diff"])
@@ -586,8 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = bench.choose([n.strip() for n in merged.get("ACCURACY_BACKENDS", ENV_DEFAULTS["ACCURACY_BACKENDS"])
                                .split(",") if n.strip()], bench.backends(bench.plugin_names()), "ACCURACY_BACKENDS")
         serve_args = args.serve_args or split_serve_args(merged)
-        port = numbers.port("ACCURACY_PORT / --port", merged.get("ACCURACY_PORT") or ENV_DEFAULTS["ACCURACY_PORT"])
-        timeout = numbers.duration("ACCURACY_START_TIMEOUT / --start-timeout",
+        port = numeric.port("ACCURACY_PORT / --port", merged.get("ACCURACY_PORT") or ENV_DEFAULTS["ACCURACY_PORT"])
+        timeout = numeric.duration("ACCURACY_START_TIMEOUT / --start-timeout",
                                    merged.get("ACCURACY_START_TIMEOUT") or ENV_DEFAULTS["ACCURACY_START_TIMEOUT"])
         doc = compare(chosen, serve_args, settings, port, Path(args.out_dir), timeout)
     except DataMissing as exc:

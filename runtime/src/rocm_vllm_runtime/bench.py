@@ -39,9 +39,9 @@ from pathlib import Path
 
 from vllm_aiter_mla.distributions import MetadataError, entry_points_of
 
-from . import children, files, health, numbers, web
+from . import children, files, health, numeric, web
 from .selection import OURS, VLLMS, Selection, selection
-from .secrets import shown
+from .secret_values import shown
 
 PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
@@ -167,8 +167,8 @@ class Load:
     def from_env(cls, env: Mapping[str, str]) -> Load:
         def number(name: str) -> int:
             try:
-                return numbers.whole(name, env.get(name) or ENV_DEFAULTS[name], *COUNT_RANGES[name])
-            except numbers.SettingError as exc:
+                return numeric.whole(name, env.get(name) or ENV_DEFAULTS[name], *COUNT_RANGES[name])
+            except numeric.SettingError as exc:
                 raise BenchError(str(exc)) from None
 
         extra = tuple(split_setting(env, "BENCH_ARGS"))
@@ -429,10 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         load = Load.from_env(merged)
         chosen = choose([n.strip() for n in args.backends.split(",") if n.strip()], backends(plugin_names()))
-        port = numbers.port("BENCH_PORT / --port", merged.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"])
-        start_timeout = numbers.duration("BENCH_START_TIMEOUT / --start-timeout",
+        port = numeric.port("BENCH_PORT / --port", merged.get("BENCH_PORT") or ENV_DEFAULTS["BENCH_PORT"])
+        start_timeout = numeric.duration("BENCH_START_TIMEOUT / --start-timeout",
                                          merged.get("BENCH_START_TIMEOUT") or ENV_DEFAULTS["BENCH_START_TIMEOUT"])
-    except (BenchError, numbers.SettingError, MetadataError) as exc:
+    except (BenchError, numeric.SettingError, MetadataError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     doc = compare(chosen, args.serve_args, load, port, Path(args.out_dir), start_timeout)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import files, numbers
+from . import files, numeric
 
 ISA_PREFIX = "amdgcn-amd-amdhsa--"
 _ARCH = re.compile(r"^gfx[0-9a-z]+$")
@@ -113,8 +113,8 @@ def _index(raw: object, position: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         return position
     try:
-        return numbers.whole("amd-smi's GPU index", raw, 0, MAX_GPU_INDEX)
-    except numbers.SettingError:
+        return numeric.whole("amd-smi's GPU index", raw, 0, MAX_GPU_INDEX)
+    except numeric.SettingError:
         return position
 
 

@@ -11,7 +11,7 @@ URL: default http://127.0.0.1:$SERVE_PORT (8000). The API key, when the server h
 from VLLM_API_KEY, as the server's own (never shown). --timeout bounds the whole check, every
 request together: a server that answers one byte at a time is cut off at the deadline as well.
 --url's port and --timeout (at most a day) are read as every number setting is
-(rocm_vllm_runtime.numbers); credentials in --url are refused (the probe sends none) and never shown.
+(rocm_vllm_runtime.numeric); credentials in --url are refused (the probe sends none) and never shown.
 Requests go through rocm_vllm_runtime.web: a loopback server is reached directly, never through the
 environment's proxy, and a redirect is an answer, not followed.
 Exit status 0 healthy, 1 not (one line saying why); 2 for a bad --timeout, --url or SERVE_PORT.
@@ -26,8 +26,8 @@ import threading
 import urllib.error
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime import files, numbers, web
-from rocm_vllm_runtime.secrets import api_key_problem, masked_url
+from rocm_vllm_runtime import files, numeric, web
+from rocm_vllm_runtime.secret_values import api_key_problem, masked_url
 
 DEFAULT_TIMEOUT_S = 10.0
 # The most bytes read of one answer (a model list, a one-token completion): an answer that never ends is
@@ -110,8 +110,8 @@ def _problem(base: str, generate: bool, api_key: str, timeout: float) -> str:
 
 def default_url(env: Mapping[str, str]) -> str:
     try:
-        port = numbers.port("SERVE_PORT", env.get("SERVE_PORT") or "8000")
-    except numbers.SettingError as exc:
+        port = numeric.port("SERVE_PORT", env.get("SERVE_PORT") or "8000")
+    except numeric.SettingError as exc:
         raise ValueError(f"{exc}: set it to the server's port") from None
     return f"http://127.0.0.1:{port}"
 
@@ -121,8 +121,8 @@ def read_url(url: str) -> tuple[str, str]:
     credentials masked). The port is read as every port setting is: 65536 or more never wraps."""
     shown = masked_url(url)
     try:
-        parts = numbers.url("--url", url)
-    except numbers.SettingError as exc:
+        parts = numeric.url("--url", url)
+    except numeric.SettingError as exc:
         return "", f"{exc}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000"
     if parts.path.strip("/") or parts.query or parts.fragment:
         return "", f"--url {shown!r}: give the server's base URL without a path (the probe adds /health)"
@@ -166,8 +166,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
                         help="seconds for the whole check, every request together (default 10)")
     args = parser.parse_args(argv)
     try:
-        args.timeout = numbers.duration("--timeout", args.timeout)
-    except numbers.SettingError as exc:
+        args.timeout = numeric.duration("--timeout", args.timeout)
+    except numeric.SettingError as exc:
         parser.error(str(exc))
     try:
         url = args.url or default_url(env)

@@ -38,7 +38,7 @@ A value nobody knows is null. The build steps that write it:
 
     python3 -m rocm_vllm_runtime.manifest base --aiter-pins FILE --modules FILE [--out PATH]
         the base part (Dockerfile.rocm_base; the build args in the environment, as python3 -m
-        ci.pins args prints them: ROCM_IMAGE, ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS,
+        tools.pins args prints them: ROCM_IMAGE, ROCM_VERSION, PYTHON_VERSION, GPU_ARCHS,
         SOURCE_DATE_EPOCH, AITER_TAG, AITER_REQUIREMENTS_LOCK_SHA256, PYTORCH_INDEX_URL,
         PYTORCH_LOCK_SHA256, TORCH_VERSION, TORCHVISION_VERSION, TORCHAUDIO_VERSION, VLLM_TRACK,
         VLLM_VERSION, VLLM_REPOSITORY, VLLM_TAG, VLLM_COMMIT; AITER_COMMIT, CK_COMMIT,
@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rocm_vllm_runtime import files, numbers
+from rocm_vllm_runtime import files, numeric
 from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
@@ -365,8 +365,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
                             "(build the aiter-verified stage)")
     epoch = env.get("SOURCE_DATE_EPOCH", "")
     try:
-        source_date_epoch = numbers.whole("SOURCE_DATE_EPOCH", epoch, *numbers.EPOCH_RANGE) if epoch else None
-    except numbers.SettingError as exc:
+        source_date_epoch = numeric.whole("SOURCE_DATE_EPOCH", epoch, *numeric.EPOCH_RANGE) if epoch else None
+    except numeric.SettingError as exc:
         raise ManifestError(f"{exc}: set the build arg") from None
     wheels = {}
     for key in WHEELS:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rocm_vllm_runtime import children, files, report
 from rocm_vllm_runtime.guard import find_gpus, run_tool
-from rocm_vllm_runtime.secrets import shown
+from rocm_vllm_runtime.secret_values import shown
 from rocm_vllm_runtime.versions import stack_versions
 
 SUITES: dict[str, tuple[tuple[str, ...], bool]] = {

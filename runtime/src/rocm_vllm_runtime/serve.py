@@ -34,7 +34,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from rocm_vllm_runtime.secrets import secret_value_problem, shown
+from rocm_vllm_runtime.secret_values import secret_value_problem, shown
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TINY_MODEL_ENV = "TINY_MLA_MODEL"

@@ -99,18 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     timeout = 10.0
     if len(args) == 3 and args[0] == "--timeout":
-        from . import numbers  # noqa: PLC0415
+        from . import numeric  # noqa: PLC0415
 
         try:
-            timeout = numbers.duration("--timeout", args[1])
-        except numbers.SettingError as exc:
+            timeout = numeric.duration("--timeout", args[1])
+        except numeric.SettingError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         args = args[2:]
     if len(args) != 1:
         print("usage: python3 -m rocm_vllm_runtime.web [--timeout SECONDS] URL", file=sys.stderr)
         return 2
-    from .secrets import masked_url  # noqa: PLC0415
+    from .secret_values import masked_url  # noqa: PLC0415
 
     try:
         with request(args[0], timeout=timeout) as resp:
