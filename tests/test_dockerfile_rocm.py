@@ -182,6 +182,17 @@ def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
     assert chain[-1] == "vllm-built"
 
 
+def test_the_docker_tests_copy_every_path_the_build_reads(commands):
+    """The Docker tests build from a copy of the build inputs (test_engine_integration.CONTEXT_PATHS):
+    every COPY and bind-mount source of the Dockerfile lies in a path they copy."""
+    from test_engine_integration import CONTEXT_PATHS  # noqa: PLC0415
+
+    sources = {p for _, _, cmds in stages(commands) for p in context_sources(cmds)}
+    assert sources, "no context source found"
+    uncopied = sorted(p for p in sources if p.strip("/").split("/", 1)[0] not in CONTEXT_PATHS)
+    assert not uncopied, f"read by {NAME}, not in the Docker tests' context copy: {uncopied}"
+
+
 def test_backend_wheel_stage_reads_backend_sources_only(commands):
     _, cmds = stage_map(commands)["backend-wheel"]
     sources = context_sources(cmds)

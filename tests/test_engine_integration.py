@@ -54,8 +54,10 @@ CACHE_VOLUMES = {"HF_CACHE_VOLUME": "rocm-vllm-it-hf-cache", "AITER_JIT_VOLUME":
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 TINY_MODEL = "/opt/rocm-vllm/models/tiny-mla"
 LOAD_REQUESTS = 64
+# What a build of Dockerfile.rocm reads from the repository (tests/test_dockerfile_rocm.py holds it to the
+# Dockerfile's COPY and bind-mount sources).
 CONTEXT_PATHS = ("Dockerfile.rocm", "docker-bake.hcl", "docker-bake.pins.json", "versions.json", "backend", "runtime",
-                 "ci")
+                 "ci", "docker")
 # The CPU path's bake targets (docker-bake.hcl) of Dockerfile.rocm's serve and ci targets.
 CPU_TARGETS = {"serve": "serve-cpu", "ci": "ci-cpu"}
 # The shipped CPU override and what the tests add to it.
