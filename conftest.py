@@ -217,7 +217,7 @@ def unit_of(item: pytest.Item) -> str:
 
 
 def is_docker_unit(unit: str) -> bool:
-    return unit.split(" ", 1)[0] == DOCKER_UNIT and unit.removeprefix(f"{DOCKER_UNIT} ") in DOCKER_UNITS
+    return unit in {f"{DOCKER_UNIT} {name}" for name in DOCKER_UNITS}
 
 
 LONG_MARKERS = ("engine", "long")
