@@ -71,4 +71,4 @@ def test_a_task_of_the_tasks_folder_takes_precedence_over_lm_evals_as_in_the_who
     settings = accuracy.Settings(tasks=("gsm8k",), loglik_tasks=(), tasks_dir=str(ours))
     narrowed = accuracy.task_manager(settings)
     assert Path(narrowed.task_index["gsm8k"].yaml_path) == ours / "gsm8k.yaml"
-    assert Path(accuracy.task_manager(settings, whole=True).task_index["gsm8k"].yaml_path) == ours / "gsm8k.yaml"
+    assert Path(REAL_MANAGER(include_path=str(ours)).task_index["gsm8k"].yaml_path) == ours / "gsm8k.yaml"

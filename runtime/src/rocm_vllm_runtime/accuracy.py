@@ -128,36 +128,34 @@ def _offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-def task_manager(settings: Settings, whole: bool = False):
+def task_manager(settings: Settings):
     """lm-eval's task index, holding every task of the settings as lm-eval's whole index does.
 
     The whole index reads every task file lm-eval ships (about 14,000: seconds of CPU, once per
     preflight and once per backend). First tried: lm-eval's folders named like a task (its gsm8k is
     in tasks/gsm8k) and ACCURACY_TASKS_DIR, in the whole index's order (ACCURACY_TASKS_DIR last, so
-    its tasks take precedence as there); the whole index where that does not hold every task, or
-    with whole=True."""
+    its tasks take precedence as there); the whole index where that does not hold every task."""
     import lm_eval.tasks  # noqa: PLC0415
     from lm_eval.tasks import TaskManager  # noqa: PLC0415
 
     ours = [settings.tasks_dir] if Path(settings.tasks_dir).is_dir() else []
     names = [*settings.tasks, *settings.loglik_tasks]
-    if not whole:
-        builtin, folders = Path(lm_eval.tasks.__file__).parent, []
-        for name in names:
-            try:
-                folder = files.inside(builtin, name, "a task name")
-            except files.RefusedError:
-                continue  # not a folder's name: the whole index says what it is
-            if folder.is_dir():
-                folders.append(folder)
-        if folders or ours:
-            manager = TaskManager(include_path=[*folders, *ours], include_defaults=False)
-            if all(name in manager.task_index for name in names):
-                return manager
+    builtin, folders = Path(lm_eval.tasks.__file__).parent, []
+    for name in names:
+        try:
+            folder = files.inside(builtin, name, "a task name")
+        except files.RefusedError:
+            continue  # not a folder's name: the whole index says what it is
+        if folder.is_dir():
+            folders.append(folder)
+    if folders or ours:
+        manager = TaskManager(include_path=[*folders, *ours], include_defaults=False)
+        if all(name in manager.task_index for name in names):
+            return manager
     return TaskManager(include_path=ours[0] if ours else None)
 
 
-def task_configs(settings: Settings, whole_index: bool = False) -> list[dict]:
+def task_configs(settings: Settings) -> list[dict]:
     """lm-eval task configs of every task, their data pointed at ACCURACY_DATA (DataMissing if absent)."""
     _offline()
     try:
@@ -169,7 +167,7 @@ def task_configs(settings: Settings, whole_index: bool = False) -> list[dict]:
     if not datasets.config.HF_DATASETS_OFFLINE:
         raise AccuracyError("datasets was imported before HF_DATASETS_OFFLINE=1 was set: "
                             "set HF_DATASETS_OFFLINE=1 in the environment")
-    manager = task_manager(settings, whole_index)
+    manager = task_manager(settings)
     configs = []
     missing = []
     for name, fewshot in [*((t, settings.num_fewshot) for t in settings.tasks),
