@@ -315,7 +315,7 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
     check = ("import importlib.util as u, os, sys; "
              "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'rocm_vllm_runtime') if u.find_spec(m) is None]; "
              "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
-             "'/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', "
+             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', "
              "'/opt/rocm-vllm/ci/selftest', '/opt/rocm-vllm/runtime', '/opt/runtime', "
              "'/opt/rocm-vllm/ci/suites/__pycache__') if os.path.exists(p)]; "
              "print('pytest', u.find_spec('pytest') is not None, 'missing', missing, 'present', present); "
