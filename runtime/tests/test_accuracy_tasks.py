@@ -55,7 +55,7 @@ def test_each_task_resolves_to_the_file_of_the_whole_index(builds, whole, tasks,
         assert len(manager.task_index) < 100 < len(whole.task_index), len(manager.task_index)
 
 
-@pytest.mark.parametrize("name", ["../gsm8k", "gsm8k/gsm8k", "no_such_task"])
+@pytest.mark.parametrize("name", ["../gsm8k", "gsm8k/gsm8k", "no_such_task", "..", "x" * 5000])
 def test_a_name_that_is_no_task_is_refused_as_before(builds, name, tmp_path):
     settings = accuracy.Settings(tasks=(name,), loglik_tasks=(), tasks_dir=TASKS_DIR, data=str(tmp_path))
     with pytest.raises(accuracy.AccuracyError, match=r"is not a single lm-eval task"):

@@ -144,10 +144,10 @@ def task_manager(settings: Settings):
     for name in names:
         try:
             folder = files.inside(builtin, name, "a task name")
-        except files.RefusedError:
+            if folder.is_dir():
+                folders.append(folder)
+        except (files.RefusedError, OSError):  # OSError: too long for a name
             continue  # not a folder's name: the whole index says what it is
-        if folder.is_dir():
-            folders.append(folder)
     if folders or ours:
         manager = TaskManager(include_path=[*folders, *ours], include_defaults=False)
         if all(name in manager.task_index for name in names):
