@@ -1,6 +1,7 @@
 """No product code edits Python's import path: a module imports what its package declares, the import
 graph sees it, and the environment (ci/test.sh's, uv's for tools/pins, the image's) provides it. The
-product's Python (runtime/src, backend/src, ci/, docker/, tools/, without tests) is read as syntax trees; these fail:
+product's Python (runtime/src, runtime/models, backend/src, backend/bench, ci/, docker/, tools/ and deploy/, without
+tests) is read as syntax trees; these fail:
 sys.path.insert/append/extend/remove, an assignment to sys.path or sys.path[...], site.addsitedir.
 
 An exception would be counted in ALLOWED, per file with its reason, so that a further one fails, and an
@@ -14,6 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EDITS = {"insert", "append", "extend", "remove"}
+# The folders of the product's Python: the packages, the scripts beside them (the tiny model's writers,
+# the backend's benchmarks, the Ray launcher) and the build and pipeline tooling.
+AREAS = ("runtime/src", "runtime/models", "backend/src", "backend/bench", "ci", "docker", "tools", "deploy")
 
 # file -> (how many, why)
 ALLOWED: dict[str, tuple[int, str]] = {}
@@ -34,15 +38,25 @@ def uses(source: str) -> list[int]:
     return sorted(found)
 
 
+def scanned(base: str) -> list[Path]:
+    """The product's Python files under one of AREAS, tests left out."""
+    return [path for path in sorted((ROOT / base).rglob("*.py"))
+            if "/tests/" not in path.relative_to(ROOT).as_posix()
+            and not path.name.startswith("test_") and path.name != "conftest.py"]
+
+
 def counted() -> Counter:
     count: Counter = Counter()
-    for base in ("runtime/src", "backend/src", "ci", "docker", "tools"):
-        for path in sorted((ROOT / base).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if "/tests/" in rel or path.name.startswith("test_") or path.name == "conftest.py":
-                continue
-            count[rel] += len(uses(path.read_text()))
+    for base in AREAS:
+        for path in scanned(base):
+            count[path.relative_to(ROOT).as_posix()] += len(uses(path.read_text()))
     return +count
+
+
+def test_each_area_holds_python_the_scan_reads() -> None:
+    """A folder renamed or emptied would leave the scan reading nothing there."""
+    empty = [base for base in AREAS if not scanned(base)]
+    assert not empty, f"no Python to scan in {empty}: update AREAS in tests/test_no_path_edits.py"
 
 
 def test_no_product_module_edits_the_import_path() -> None:

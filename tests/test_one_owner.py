@@ -1,7 +1,8 @@
 """One owner per kind of risky operation, and no other door.
 
 The product's Python (runtime/src, backend/src, ci/, docker/ and tools/, without tests) is read as syntax trees, its
-shell scripts line by line; every call of a kind below must stand in its owner's function:
+shell scripts (ci/, docker/, deploy/, runtime/bin, runtime/entrypoint.sh, serve-cpu.sh, .ci/run) line by line;
+every call of a kind below must stand in its owner's function:
 
 * deleting (shutil.rmtree, os.unlink/remove/rmdir, Path.unlink/rmdir, `rm` in shell):
   rocm_vllm_runtime.files._delete, behind files.remove_made (a folder this program made, inside a
@@ -194,11 +195,15 @@ def product_python() -> list[Path]:
     return found
 
 
+# Folders whose shell scripts (at any depth) are scanned for deletions; the files named in SHELL_SCRIPTS besides.
+SHELL_AREAS = ("ci", "docker", "deploy", "runtime/bin")
+SHELL_SCRIPTS = (".ci/run", "runtime/entrypoint.sh", "serve-cpu.sh")
+
+
 def product_shell() -> list[Path]:
-    found = [p for area in ("ci", "docker") for p in ROOT.glob(f"{area}/**/*")
+    found = [p for area in SHELL_AREAS for p in ROOT.glob(f"{area}/**/*")
              if p.is_file() and (p.suffix == ".sh" or _shebang_shell(p))]
-    found += [ROOT / ".ci" / "run", ROOT / "runtime" / "entrypoint.sh"]
-    found += [p for p in (ROOT / "runtime" / "bin").iterdir() if _shebang_shell(p)]
+    found += [ROOT / rel for rel in SHELL_SCRIPTS]
     return sorted(set(found))
 
 
@@ -325,6 +330,15 @@ def test_a_planted_use_in_a_real_module_is_caught() -> None:
     assert violations(python_uses(pins, "tools/pins/locks.py")) == []
     more = pins + "\n\ndef more():\n    import subprocess\n    subprocess.run(['git'])\n"
     assert len(violations(python_uses(more, "tools/pins/locks.py"))) == 1
+
+
+def test_the_shell_scan_reads_every_area() -> None:
+    """Each folder holds a script the scan reads, and each named file exists (a rename would leave it unread)."""
+    found = {p.relative_to(ROOT).as_posix() for p in product_shell()}
+    assert not [rel for rel in SHELL_SCRIPTS if not (ROOT / rel).is_file()], SHELL_SCRIPTS
+    empty = [area for area in SHELL_AREAS if not any(rel.startswith(f"{area}/") for rel in found)]
+    assert not empty, f"no shell script found in {empty}: update SHELL_AREAS"
+    assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
 
 
 def test_a_planted_shell_deletion_is_caught() -> None:

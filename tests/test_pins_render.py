@@ -77,3 +77,34 @@ def test_an_aiter_pin_replaces_every_arg_it_sets():
         own = data["tracks"][name]["aiter"]
         for arg in render.AITER_PIN_ARGS:
             assert pins["aiter_pin_args"][f"{own}/{arg}"] == pins["build_args"][f"{name}/{arg}"]
+
+
+def _grep(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if needle in line]
+
+
+def test_the_default_tracks_args_are_also_under_default():
+    """default_build_args is the default track's build_args, keyed "default/<ARG>": every one, the same values."""
+    data = model.load(ROOT / "versions.json")
+    pins = render.bake_pins(data)
+    track = data["default_track"]
+    own = {key.split("/", 1)[1]: value for key, value in pins["build_args"].items() if key.startswith(f"{track}/")}
+    assert own and pins["default_build_args"] == {f"default/{arg}": value for arg, value in own.items()}
+
+
+def test_one_grep_answers_which_aiter_commit_the_default_image_builds():
+    """`grep default/AITER_COMMIT docker-bake.pins.json` prints the value and the about line, which names the
+    Dockerfile.rocm_base stages that take AITER_COMMIT (stages that exist and declare it)."""
+    text = (ROOT / render.BAKE_PINS).read_text()
+    data = model.load(ROOT / "versions.json")
+    lines = _grep(text, "default/AITER_COMMIT")
+    value = model.build_args(data)["AITER_COMMIT"]
+    assert [line.strip().rstrip(",") for line in lines if '"about"' not in line] == \
+        [f'"default/AITER_COMMIT": "{value}"']
+    about = [line for line in lines if '"about"' in line]
+    assert len(about) == 1 and "Dockerfile.rocm_base" in about[0], lines
+    dockerfile = (ROOT / "Dockerfile.rocm_base").read_text()
+    for stage in ("aiter-clone", "aiter-verify"):
+        assert f"{stage} stage" in about[0], stage
+        body = dockerfile.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert "AITER_COMMIT" in body.split("\n", 1)[0], f"{stage} declares no AITER_COMMIT"

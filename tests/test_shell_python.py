@@ -1,5 +1,6 @@
-"""Shell for commands, Python for logic: the build, pipeline and test-machine scripts (docker/*.sh,
-ci/**/*.sh and the shell scripts there without the ending, .ci/run, serve-cpu.sh) and the Dockerfiles' RUN lines run no
+"""Shell for commands, Python for logic: the build, pipeline, test-machine and deployment scripts (docker/*.sh,
+ci/**/*.sh, deploy/**/*.sh and the shell scripts there without the ending, .ci/run, serve-cpu.sh, the image's
+runtime/entrypoint.sh and runtime/bin commands) and the Dockerfiles' RUN lines run no
 Python written inline, neither a heredoc (`python3 - ARGS <<'PY'`, `python3 <<EOF`) nor `python3 -c`.
 Such Python escapes the architecture tests of the owners, which read .py files (tests/test_one_owner.py,
 tests/test_one_json_reader.py, tests/test_one_reader.py): what it decides goes into a module that they
@@ -58,10 +59,15 @@ def _shell_script(path: Path) -> bool:
     return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
 
 
+# Folders whose shell scripts (at any depth) are scanned; the files named in SCRIPTS besides.
+SCRIPT_AREAS = ("ci", "docker", "deploy", "runtime/bin")
+SCRIPTS = (".ci/run", "serve-cpu.sh", "runtime/entrypoint.sh", "Dockerfile.rocm", "Dockerfile.rocm_base")
+
+
 def scripts() -> list[Path]:
-    found = [p for area in ("ci", "docker") for p in ROOT.glob(f"{area}/**/*")
+    found = [p for area in SCRIPT_AREAS for p in ROOT.glob(f"{area}/**/*")
              if p.is_file() and "/tests/" not in p.as_posix() and _shell_script(p)]
-    found += [ROOT / ".ci/run", ROOT / "serve-cpu.sh", ROOT / "Dockerfile.rocm", ROOT / "Dockerfile.rocm_base"]
+    found += [ROOT / rel for rel in SCRIPTS]
     return sorted(set(found))
 
 
@@ -101,6 +107,15 @@ def test_each_allowed_use_is_still_there() -> None:
     count, _ = counted()
     stale = [f"{key}: {n} allowed, {count[key]} found" for key, (n, _) in ALLOWED.items() if count[key] != n]
     assert not stale, "\n".join(stale)
+
+
+def test_every_area_and_script_is_read() -> None:
+    """Each folder holds a script the scan reads, and each named file exists (a rename would leave it unread)."""
+    found = {p.relative_to(ROOT).as_posix() for p in scripts()}
+    assert not [rel for rel in SCRIPTS if not (ROOT / rel).is_file()], SCRIPTS
+    empty = [area for area in SCRIPT_AREAS if not any(rel.startswith(f"{area}/") for rel in found)]
+    assert not empty, f"no shell script found in {empty}: update SCRIPT_AREAS"
+    assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
 
 
 def test_the_scanner_catches_each_form() -> None:

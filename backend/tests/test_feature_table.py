@@ -162,7 +162,8 @@ def _inherited_context_gather() -> str:
     from vllm_aiter_mla.backend import AiterMLAMetadataBuilder
 
     # the own builder makes the indices the built-in's gather reads, with the built-in builder's method
-    feeds = "_build_context_chunk_kv_indices" in _source(AiterMLAMetadataBuilder.build)
+    # (through vllm_builtin.builtin_context_chunk_kv_indices)
+    feeds = "builtin_context_chunk_kv_indices(" in _source(AiterMLAMetadataBuilder.build)
     return _inherited("_compute_prefill_context", "_gather_context_chunk", "_can_fuse_context_gather") if feeds \
         else "own"
 

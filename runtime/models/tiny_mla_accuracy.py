@@ -23,6 +23,7 @@ about a minute.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -30,10 +31,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 MODEL_DIR = HERE / "tiny-mla"
 OUT_DIR = HERE / "tiny-mla-accuracy"
+WEIGHTS_SCRIPT = HERE / "tiny_mla_weights.py"
 QUESTIONS = 40
 CANDIDATES = 400
 ANSWER_TOKENS = 3
@@ -90,12 +93,20 @@ def build(model: Path) -> list[dict[str, object]]:
     raise SystemExit(f"only {len(rows)} of {QUESTIONS} candidate questions have clear answers: raise CANDIDATES")
 
 
+def weights_module() -> ModuleType:
+    """runtime/models/tiny_mla_weights.py, this file's sibling, loaded from its file: the same module
+    however this script is started, with no edit of the import path."""
+    spec = importlib.util.spec_from_file_location("tiny_mla_weights", WEIGHTS_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", nargs="?", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(HERE))
-    from tiny_mla_weights import write_tiny_mla
+    write_tiny_mla = weights_module().write_tiny_mla
 
     with tempfile.TemporaryDirectory(prefix="tiny-mla-") as tmp:
         model = write_tiny_mla(Path(tmp), seed=0)

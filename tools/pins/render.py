@@ -5,9 +5,12 @@ The file is generated and committed. docker-bake.hcl reads it as a second bake f
     docker buildx bake -f docker-bake.hcl -f docker-bake.pins.json serve ci
 
 Its keys are flat, so one grep from an ARG name finds each track's value: "<track>/<ARG>" in build_args,
-"<pin>/<ARG>" in aiter_pin_args (AITER_PIN builds another AITER pin), and "<track>/<target>" or
-"<pin>/<target>" in the unresolved lists that stop a ROCm target. `python3 -m tools.pins render` writes it,
-`resolve --write` and `discover --write` rewrite it, and `verify` fails while it is stale.
+"default/<ARG>" in default_build_args (the default track's, again: `grep default/AITER_COMMIT
+docker-bake.pins.json` says which AITER commit the default image builds, and the about line beside it names the
+Dockerfile step that checks it out), "<pin>/<ARG>" in aiter_pin_args (AITER_PIN builds another AITER pin), and
+"<track>/<target>" or "<pin>/<target>" in the unresolved lists that stop a ROCm target.
+`python3 -m tools.pins render` writes it, `resolve --write` and `discover --write` rewrite it, and `verify` fails
+while it is stale.
 """
 from __future__ import annotations
 
@@ -25,8 +28,14 @@ AITER_PIN_ARGS = ("AITER_TAG", "AITER_COMMIT", "CK_COMMIT", "HIPKITTENS_COMMIT",
 # The ROCm targets by what they build from, smallest first: the verified AITER source, the base image, and
 # vLLM (serve and ci build on vllm and read its list). A CPU target builds from no pin of versions.json.
 PIN_TARGETS = ("base-aiter-src", "base", "vllm")
+# The prefix of default_build_args' keys: the default track's build args under a name that needs no track.
+DEFAULT_PREFIX = "default"
 ABOUT = (f"Generated from versions.json by `{RENDER_COMMAND}`: do not edit. docker-bake.hcl reads it "
-         "(-f docker-bake.pins.json); `python3 -m tools.pins verify` fails while it is stale.")
+         "(-f docker-bake.pins.json); `python3 -m tools.pins verify` fails while it is stale. "
+         f"{DEFAULT_PREFIX}/<ARG> (default_build_args) is the default track's <ARG>, as <default_track>/<ARG>: "
+         f"{DEFAULT_PREFIX}/AITER_COMMIT is the AITER commit the default image builds, checked out by "
+         "Dockerfile.rocm_base's aiter-clone stage (docker/aiter_source.sh clone) and checked again by its "
+         "aiter-verify stage.")
 
 
 def _nulls(path: str, node: dict, keys: tuple[str, ...]) -> list[str]:
@@ -62,6 +71,13 @@ def pin_unresolved(data: dict, pin: str) -> dict[str, list[str]]:
     return dict(zip(PIN_TARGETS, (source, base, base), strict=True))
 
 
+def default_build_args(data: dict) -> dict[str, str]:
+    """The default track's build args, keyed "default/<ARG>" (bake reads "<track>/<ARG>" in build_args;
+    these answer a reader's grep)."""
+    args = model.build_args(data, track_name_=data["default_track"])
+    return {f"{DEFAULT_PREFIX}/{arg}": value for arg, value in args.items()}
+
+
 def bake_pins(data: dict) -> dict:
     """What docker-bake.hcl reads, from a versions file that passed verify's schema check."""
     tracks = model.built_track_names(data)
@@ -69,7 +85,8 @@ def bake_pins(data: dict) -> dict:
     out: dict = {"about": ABOUT, "default_track": data["default_track"], "tracks": sorted(tracks),
                  "aiter_pins": pins, "track_aiter_pins": {name: data["tracks"][name]["aiter"] for name in tracks},
                  "build_args": {}, "build_args_unresolved_allowed": {}, "aiter_pin_args": {},
-                 "unresolved_pins": {}, "aiter_pin_unresolved": {}}
+                 "unresolved_pins": {}, "aiter_pin_unresolved": {},
+                 "default_build_args": default_build_args(data)}
     for name in tracks:
         args = model.build_args(data, track_name_=name)
         allowed = model.build_args(data, track_name_=name, allow_unresolved=True)

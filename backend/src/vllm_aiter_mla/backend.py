@@ -28,7 +28,6 @@ from typing import ClassVar
 import torch
 from vllm.config import get_current_vllm_config
 from vllm.logger import init_logger
-from vllm.v1.attention.backends.mla import rocm_aiter_mla as builtin
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonDecodeMetadata,
     MLACommonMetadataBuilder,
@@ -38,7 +37,6 @@ from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionLayer,
     AttentionType,
-    max_decode_query_len,
 )
 
 from . import __version__, measure, measure_state, vllm_builtin
@@ -52,8 +50,10 @@ from .planning import DecodePlan, DecodePlanBuffers, decode_query_len, plan_deco
 from .remedy import TritonDecode, reserve_slot_table, slot_table, take_slot_table, triton_mla_decode
 from .upstream_kernels import load_triton_decode
 from .routing import Route, choose_route
-from .vllm_builtin import (AITER_PREFILL_BACKEND, BACKEND_NAME, builtin_fused_context_gather, layer_calls, layer_facts,
-                           own_decode_heads, prefill_backend_name, work_dtype)
+from .vllm_builtin import (AITER_PREFILL_BACKEND, BACKEND_NAME, BuiltinBackend, BuiltinImpl, BuiltinMetadata,
+                           BuiltinMetadataBuilder, builtin_context_chunk_kv_indices, builtin_fused_context_gather,
+                           decode_query_len_limit, layer_calls, layer_facts, own_decode_heads, prefill_backend_name,
+                           work_dtype)
 
 logger = init_logger("vllm.aiter_mla")
 
@@ -75,7 +75,7 @@ class AiterMLADecodeMetadata(MLACommonDecodeMetadata):
 
 
 @dataclass
-class AiterMLAMetadata(builtin.AiterMLAMetadata):
+class AiterMLAMetadata(BuiltinMetadata):
     """The built-in's metadata class (its prefill code reads its fields and checks its type), with
     the own decode metadata. Built-in-only fields keep their defaults unless the own builder fills
     them for the built-in's prefill code (``context_chunk_kv_indices``)."""
@@ -110,7 +110,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
                 "remove --decode-context-parallel-size."
             )
         kv_cache_dtype = vllm_config.cache_config.cache_dtype
-        longest = max_decode_query_len(vllm_config)
+        longest = decode_query_len_limit(vllm_config)
         self._decode_heads = own_decode_heads(self.num_heads)
         self._kernels = load_kernels()
         # The own impl's prefill is the built-in's (see AiterMLAImpl): where the built-in's builder
@@ -189,7 +189,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             triton = load_triton_decode(remedy_splits(vllm_config, device))
             self._table_rows = {q: triton.rows_per_request(q) for q in self._triton_qlens}
             rows = vllm_config.scheduler_config.max_num_seqs * max(self._table_rows.values())
-            width = vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config)
+            width = vllm_config.model_config.max_model_len + decode_query_len_limit(vllm_config)
             table = self._slot_table
             if table is None or table.shape[0] < rows or table.shape[1] != width:
                 self._slot_table = take_slot_table(rows, width, device)  # the one reserved in profiling, if any
@@ -199,8 +199,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         prefill = metadata.prefill
         if self._fused_context_gather and prefill is not None and prefill.chunked_context is not None:
             # Once per step, not per layer, as the built-in's builder does.
-            metadata.context_chunk_kv_indices = builtin.AiterMLAMetadataBuilder._build_context_chunk_kv_indices(
-                self, prefill)
+            metadata.context_chunk_kv_indices = builtin_context_chunk_kv_indices(self, prefill)
         return metadata
 
     def _build_decode(
@@ -374,7 +373,7 @@ class DecodeKernelsMixin:
         self._collect_route()
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
-        longest = max_decode_query_len(vllm_config)
+        longest = decode_query_len_limit(vllm_config)
         reserve_work(self._kernels, vllm_config.scheduler_config.max_num_seqs, longest,
                      self._decode_heads, dtype, dtype, vllm_config.device_config.device)
         if self._triton is not None:  # the remedy may serve any query length once the real cache is measured
@@ -438,7 +437,7 @@ class DecodeKernelsMixin:
         )
 
 
-class AiterMLAImpl(DecodeKernelsMixin, builtin.AiterMLAImpl):
+class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
     """The own path's impl: vLLM's built-in impl of the running release with the own decode.
     Everything but decode (``forward_mqa``) and the workspace reservation is the built-in's, so
     the own path's prefill is never behind the release it runs on (0.34's fused k-concat and
@@ -506,12 +505,12 @@ def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
                          __version__, num_heads, kv_cache_dtype, "; ".join(route.reasons))
     if not route.own:
         logger.info_once("%s (vllm-aiter-mla %s): vLLM's built-in %s runs this attention (%d heads per GPU, "
-                         "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, builtin.AiterMLAImpl.__qualname__,
+                         "--kv-cache-dtype %s): %s", BACKEND_NAME, __version__, BuiltinImpl.__qualname__,
                          num_heads, kv_cache_dtype, "; ".join(route.reasons))
     return route
 
 
-class RoutedMLAImpl(builtin.AiterMLAImpl):
+class RoutedMLAImpl(BuiltinImpl):
     """The impl class vLLM instantiates for a layer: an own ``AiterMLAImpl`` where
     ``routing.choose_route`` gives the layer to this package, else itself, which is vLLM's
     built-in impl. Its class attributes (``supports_dcp``, ...) are the built-in's: the
@@ -561,7 +560,7 @@ def builder_runs_own(kv_cache_spec, layer_names: list[str], vllm_config) -> bool
     return layer_route(vllm_config, num_heads, kv_cache_spec.head_size, vllm_config.cache_config.cache_dtype).own
 
 
-class RoutedMLAMetadataBuilder(builtin.AiterMLAMetadataBuilder):
+class RoutedMLAMetadataBuilder(BuiltinMetadataBuilder):
     """The builder class vLLM instantiates: an own ``AiterMLAMetadataBuilder`` for layers whose
     impl is the own one, else itself, which is vLLM's built-in builder. Its class attributes and
     class methods (CUDA-graph support, query-length support, ...) are the built-in's."""
@@ -573,7 +572,7 @@ class RoutedMLAMetadataBuilder(builtin.AiterMLAMetadataBuilder):
         return super().__new__(cls)
 
 
-class AiterMLABackend(builtin.AiterMLABackend):
+class AiterMLABackend(BuiltinBackend):
     """vLLM's ``ROCM_AITER_MLA`` entry with this plugin: for vLLM's selection exactly the
     built-in backend (its dtypes, KV dtypes, head sizes, block sizes, DCP, non-causal and
     validation are inherited), so the plugin never moves a model off AITER MLA; the layers

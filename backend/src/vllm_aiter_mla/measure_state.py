@@ -31,14 +31,13 @@ from dataclasses import dataclass
 
 import torch
 from vllm.logger import init_logger
-from vllm.v1.attention.backend import max_decode_query_len
 
 from . import crash_safe, measure, measure_child, remedy
 from .kernels import load_kernels
 from .remedy import TritonDecode
 from .routing import Route, with_measurements
 from .upstream_kernels import load_triton_decode
-from .vllm_builtin import BACKEND_NAME, layer_calls
+from .vllm_builtin import BACKEND_NAME, decode_query_len_limit, layer_calls
 
 logger = init_logger("vllm.aiter_mla")
 
@@ -92,7 +91,7 @@ def _compute_units(device: torch.device) -> int:
 
 def remedy_splits(vllm_config, device: torch.device) -> int:
     """The static split count of the remedy's calls: vLLM's TRITON_MLA rule for the longest request."""
-    return remedy.kv_splits(vllm_config.model_config.max_model_len + max_decode_query_len(vllm_config),
+    return remedy.kv_splits(vllm_config.model_config.max_model_len + decode_query_len_limit(vllm_config),
                             _compute_units(device))
 
 

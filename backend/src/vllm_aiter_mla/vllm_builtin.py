@@ -4,8 +4,10 @@ Everything here changes when vLLM releases, and is read from the built-in's own 
 and constants (by ``getattr``, never by version): the head count and the decode calls the built-in
 makes for a layer (``decode_heads``, ``layer_calls``), what it does with a layer's configuration
 (``layer_facts``, for ``routing.choose_route``) and what its prefill needs from a metadata builder
-(``builtin_fused_context_gather``). A new vLLM release touches this module, ``routing.py`` and the
-tests' surface data, nothing else.
+(``builtin_fused_context_gather``, ``builtin_context_chunk_kv_indices``). The adapters (``backend.py``)
+subclass the built-in's classes under the names below (``BuiltinBackend``, ...). No other module of this
+package imports the built-in's module or reads its private names (``test_vllm_builtin_boundary``): a new
+vLLM release touches this module, ``routing.py`` and the tests' surface data, nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +22,18 @@ from .routing import LayerFacts
 BACKEND_NAME = "ROCM_AITER_MLA"
 # vLLM's MLA prefill backend that calls aiter.flash_attn_varlen_func.
 AITER_PREFILL_BACKEND = "ROCM_AITER_FA"
+
+# The built-in's classes the adapters (backend.py) subclass: its backend, metadata, builder and impl.
+BuiltinBackend = builtin.AiterMLABackend
+BuiltinMetadata = builtin.AiterMLAMetadata
+BuiltinMetadataBuilder = builtin.AiterMLAMetadataBuilder
+BuiltinImpl = builtin.AiterMLAImpl
+
+
+def decode_query_len_limit(vllm_config: object) -> int:
+    """The longest decode query vLLM hands a layer in this configuration (vLLM's
+    ``max_decode_query_len``: 1, or more with speculative decoding)."""
+    return max_decode_query_len(vllm_config)
 
 
 def _is_fp8_cache(kv_cache_dtype: str) -> bool:
@@ -101,6 +115,13 @@ def builtin_fused_context_gather(kv_cache_dtype: str, dcp_size: int) -> bool:
     if not hasattr(builtin.AiterMLAMetadataBuilder, "_build_context_chunk_kv_indices") or not on_rocm():
         return False
     return kv_cache_dtype != "fp8_ds_mla" and dcp_size == 1 and _on_gfx950()
+
+
+def builtin_context_chunk_kv_indices(builder: object, prefill: object) -> list[torch.Tensor]:
+    """The built-in builder's flattened KV indices of a step's chunked-prefill context, for the
+    fused gather its prefill code runs (its ``_build_context_chunk_kv_indices``, called on
+    ``builder``, one index tensor per context chunk); only where ``builtin_fused_context_gather`` holds."""
+    return builtin.AiterMLAMetadataBuilder._build_context_chunk_kv_indices(builder, prefill)
 
 
 def _on_gfx950() -> bool:
