@@ -24,8 +24,10 @@ echo "== installing test requirements (tests/requirements.lock, locked from test
 # finds it current in seconds): where PYTHONDONTWRITEBYTECODE is set, Python never writes it at
 # import, and every test process that imports vLLM and torch would compile them from source again
 # (about 15 s of CPU each).
-uv_entry=$(awk '/^uv==/ {keep = 1; print; next} keep && /^ / {print; next} {keep = 0}' tests/requirements.lock)
-[ -n "$uv_entry" ] || { echo "error: tests/requirements.lock has no entry for uv" >&2; exit 1; }
+# uv's entry is read by the lock reader (docker/lock_lines.py: standard library only), with this machine's Python;
+# where the lock lacks it: "tests/requirements.lock has no entry for uv".
+uv_entry=$("$PYTHON" -B docker/lock_lines.py entry tests/requirements.lock uv 2>&1) \
+  || { echo "error: $uv_entry" >&2; exit 1; }
 "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "$uv_entry")
 PYTHONPATH=runtime/src "$VENV/bin/python" -m ci.uv_pip --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
   --require-hashes --no-deps --compile-bytecode -r tests/requirements.lock

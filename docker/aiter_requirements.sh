@@ -43,9 +43,12 @@ case "$pinned" in
 esac
 lock=$locks/$AITER_REQUIREMENTS_LOCK
 [ -f "$lock" ] || die "no lock at $lock: make it with $fix on a connected host"
-recorded=$(sed -n 's/^# input requirements\.txt sha256:\([0-9a-f]\{64\}\)$/\1/p' "$lock")
+# The requirements.txt sha256 the lock's header records, read by the lock reader (lock_lines.py, beside this
+# script): exit 1 where the lock records none, else (a file that is not a lock) its one line.
+recorded=$(python "$here/lock_lines.py" input-sha256 "$lock" requirements.txt 2>&1) \
+  || { [ $? != 1 ] || recorded="$AITER_REQUIREMENTS_LOCK records no requirements.txt sha256 (# input requirements.txt sha256:...)"
+       die "$recorded: make it again ($fix)"; }
 actual=$(sha256sum "$src/requirements.txt" | cut -d' ' -f1)
-[ -n "$recorded" ] || die "$AITER_REQUIREMENTS_LOCK records no requirements.txt sha256 (# input requirements.txt sha256:...): make it again ($fix)"
 [ "$recorded" = "$actual" ] \
   || die "$AITER_REQUIREMENTS_LOCK was made from a requirements.txt with sha256 $recorded, not this source's $actual: the lock was made from another commit; make it again ($fix)"
 PYTHON=python bash "$here/install_lock.sh" "$lock" "$index" "$pinned"

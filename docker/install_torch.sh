@@ -33,12 +33,18 @@ python -m pip install --require-hashes --no-deps -r "$here/requirements-scripts.
 if [ "$PYTORCH_LOCK_SHA256" != UNRESOLVED ]; then
   lock=$locks/$PYTORCH_LOCK
   PYTHON=python bash "$here/install_lock.sh" "$lock" "$index" "$PYTORCH_LOCK_SHA256"
+  # The lock's pins, name==version each, read by the lock reader (lock_lines.py, beside this script).
+  listed=$(python "$here/lock_lines.py" pins "$lock" 2>&1) || die "$listed"
+  mapfile -t pins <<<"$listed"
   for req in "${wanted[@]}"; do
-    grep -qxF -e "$req \\" -e "$req" "$lock" \
+    [[ " ${pins[*]} " == *" $req "* ]] \
       || die "$PYTORCH_LOCK holds no $req: the lock was made from other versions; make it again (python3 -m tools.pins resolve wheels --force --write)"
   done
   # The Triton the lock holds (uv resolved torch's own requirement): torch must require exactly it.
-  mapfile -t tritons < <(grep -oE '^[A-Za-z0-9._-]*triton[A-Za-z0-9._-]*==[^ ;\\]+' "$lock")
+  tritons=()
+  for pin in "${pins[@]}"; do
+    if [[ ${pin%%==*} == *triton* ]]; then tritons+=("$pin"); fi
+  done
   [ "${#tritons[@]}" = 1 ] \
     || die "$PYTORCH_LOCK holds ${#tritons[@]} Triton distributions (${tritons[*]:-none}), not the one torch requires: make it again (python3 -m tools.pins resolve wheels --force --write)"
   python "$here/pinned_dists.py" torch-triton --expect "${tritons[0]}"

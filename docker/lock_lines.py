@@ -6,7 +6,18 @@ PEP 440 version, and no pin ends as an archive's file name does: pip reads `demo
 `demo==1.0+x.tar.gz`) as a local archive in its working folder and builds it, past --index-url. Lines are
 joined and comments removed as pip does; a refusal names the line's kind, never its values.
 
-    python3 lock_lines.py LOCK     exit 0 for a lock of pins and hashes; else one line, exit 1
+    python3 lock_lines.py LOCK                      exit 0 for a lock of pins and hashes; else one line, exit 1
+    python3 lock_lines.py entry LOCK NAME           NAME's pin as pip reads it, one line: name==version --hash=...
+    python3 lock_lines.py version LOCK NAME         the version NAME is pinned at
+    python3 lock_lines.py pins LOCK                 name==version of each pin, one a line, in the lock's order
+    python3 lock_lines.py input-sha256 LOCK INPUT   the sha256 of INPUT that the lock's header records
+                                                    (`# input INPUT sha256:<64 hex>`)
+
+The questions read only a lock this module accepts, and compare names as pip does (case, and runs of
+-_. alike). Each failure is one line on stderr naming the lock: exit 1 when the lock lacks what was
+asked, 2 when it cannot be read or is not a lock (or the command is wrong). The shell scripts and
+Dockerfile steps ask these instead of reading a lock with awk, sed, grep or cut
+(tests/test_shell_lock_reads.py).
 
 Standard library only: install_lock.sh runs it before anything is installed.
 """
@@ -111,18 +122,91 @@ def requirements(data: bytes) -> list[tuple[str, str]]:
     return [m.groups() for m in pins if m]
 
 
+class Missing(Exception):
+    """The lock lacks what was asked (exit 1)."""
+
+
+class Unreadable(Exception):
+    """The lock cannot be read, or is not a lock (exit 2)."""
+
+
+def normalized(name: str) -> str:
+    """A distribution name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path: str) -> bytes:
+    """A lock's bytes, once `problem` accepts them."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise Unreadable(f"{path}: cannot read the lock: {exc.strerror}") from None
+    why = problem(path, data)
+    if why:
+        raise Unreadable(why)
+    return data
+
+
+def entry(path: str, name: str) -> str:
+    """NAME's logical line (name==version --hash=sha256:...) in the lock at `path`, its words one space apart."""
+    data = read_lock(path)
+    found = [line for _, line in logical_lines(data.decode("ascii"))
+             if normalized(line.split("==", 1)[0].split("[", 1)[0]) == normalized(name)]
+    if not found:
+        raise Missing(f"{path} has no entry for {name}")
+    if len(found) > 1:
+        raise Unreadable(f"{path} pins {name} {len(found)} times: a lock pins each name once")
+    return " ".join(found[0].split())
+
+
+def version(path: str, name: str) -> str:
+    return requirements(entry(path, name).encode())[0][1]
+
+
+def pins(path: str) -> list[str]:
+    return [f"{name}=={version}" for name, version in requirements(read_lock(path))]
+
+
+def input_sha256(path: str, source: str) -> str:
+    """The sha256 of `source` that the lock's header records (`# input SOURCE sha256:<64 hex>`)."""
+    header = re.compile(rf"# input {re.escape(source)} sha256:([0-9a-f]{{64}})")
+    found = {m.group(1) for line in read_lock(path).decode("ascii").split("\n") if (m := header.fullmatch(line))}
+    if not found:
+        raise Missing(f"{path} records no {source} sha256 (# input {source} sha256:<64 hex>)")
+    if len(found) > 1:
+        raise Unreadable(f"{path} records {len(found)} sha256s of {source}: a lock records its input once")
+    return found.pop()
+
+
+QUESTIONS = {"entry": (entry, "LOCK NAME"), "version": (version, "LOCK NAME"),
+             "pins": (lambda path: "\n".join(pins(path)), "LOCK"), "input-sha256": (input_sha256, "LOCK INPUT")}
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in QUESTIONS:
+        answer, usage = QUESTIONS[argv[0]]
+        if len(argv) != len(usage.split()) + 1:
+            print(f"usage: lock_lines.py {argv[0]} {usage}", file=sys.stderr)
+            return 2
+        try:
+            print(answer(*argv[1:]))
+        except Missing as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        except Unreadable as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
     if len(argv) != 1:
-        print("usage: lock_lines.py LOCK", file=sys.stderr)
+        print(f"usage: lock_lines.py LOCK, or lock_lines.py {{{','.join(QUESTIONS)}}} LOCK ...", file=sys.stderr)
         return 2
     try:
-        with open(argv[0], "rb") as f:
-            why = problem(argv[0], f.read())
-    except OSError as exc:
-        why = f"{argv[0]}: cannot read the lock: {exc.strerror}"
-    if why:
-        print(why, file=sys.stderr)
-    return 1 if why else 0
+        read_lock(argv[0])
+    except Unreadable as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -306,7 +306,7 @@ MADE_FROM_COMMITTED = {
         "docker/locks/vllm-<track>-rocm.txt, copied by build_vllm.sh",
     ("docker/install_ray.sh", '"$work/requirements.txt"'):
         "the blocks of docker/requirements-ray.txt the image lacks, cut out by install_ray.sh",
-    ("ci/test.sh", "<(printf"): "uv's own entry, cut out of tests/requirements.lock by ci/test.sh"}
+    ("ci/test.sh", "<(printf"): "uv's own entry of tests/requirements.lock, read by lock_lines.py entry"}
 
 
 def _unchecked_lock_installs(installs: list[tuple[str, str]]) -> list[str]:
@@ -364,3 +364,67 @@ def test_verify_takes_lock_contents_from_the_owner():
     tree = ast.parse((ROOT / "tools/pins/verify.py").read_text())
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert "lock_lines.problem" in calls, calls
+
+
+# ------------------------------------------------------------------ the questions scripts ask
+
+READER = ROOT / "docker/lock_lines.py"
+
+
+def ask(*argv: str) -> subprocess.CompletedProcess:
+    """lock_lines.py run as the build steps and ci/test.sh run it: a script of the standard library."""
+    return subprocess.run([sys.executable, "-B", READER, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_reader_answers_the_scripts_questions(tmp_path):
+    lock = tmp_path / "l.txt"
+    lock.write_text(f"# input requirements.txt sha256:{'c' * 64}\n" + GOOD)
+    entry = ask("entry", str(lock), "rocm")
+    assert entry.returncode == 0 and entry.stdout == f"rocm==10.0.0 {HASH} --hash=sha256:{'b' * 64}\n", entry
+    # names compared as pip does; an extra stays on the entry, not on the version
+    assert ask("version", str(lock), "Rocm_SDK.Device-gfx942").stdout == "10.0.0\n"
+    assert ask("entry", str(lock), "rocm-sdk-device-gfx942").stdout.startswith("rocm-sdk-device-gfx942[extra]==")
+    assert ask("pins", str(lock)).stdout.splitlines() == [
+        "rocm==10.0.0", "torch==2.13.0+rocm10.0.0", "rocm-sdk-device-gfx942==10.0.0"]
+    assert ask("input-sha256", str(lock), "requirements.txt").stdout == "c" * 64 + "\n"
+
+
+def test_each_refusal_is_one_line_naming_the_lock_and_what_it_lacks(tmp_path):
+    lock = tmp_path / "l.txt"
+    lock.write_text(GOOD)
+    cases = {
+        # the lock lacks what was asked: exit 1
+        ("entry", str(lock), "uv"): (1, f"{lock} has no entry for uv"),
+        ("version", str(lock), "ray"): (1, f"{lock} has no entry for ray"),
+        ("input-sha256", str(lock), "requirements.txt"):
+            (1, f"{lock} records no requirements.txt sha256 (# input requirements.txt sha256:<64 hex>)"),
+        # no lock, not a lock, a wrong command: exit 2
+        ("version", str(tmp_path / "none.txt"), "ray"): (2, f"{tmp_path / 'none.txt'}: cannot read the lock"),
+        ("pins", str(tmp_path)): (2, f"{tmp_path}: cannot read the lock"),
+        ("version", str(lock)): (2, "usage: lock_lines.py version LOCK NAME"),
+    }
+    for argv, (status, line) in cases.items():
+        proc = ask(*argv)
+        assert (proc.returncode, proc.stdout) == (status, ""), (argv, proc)
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), (argv, proc.stderr)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(GOOD + "--extra-index-url https://evil.example/simple\n")
+    for argv in (("entry", str(bad), "rocm"), ("pins", str(bad)), ("input-sha256", str(bad), "requirements.txt")):
+        proc = ask(*argv)
+        assert proc.returncode == 2 and proc.stdout == "" and "--extra-index-url" in proc.stderr, (argv, proc)
+    twice = tmp_path / "twice.txt"
+    twice.write_text(GOOD + f"ROCM==10.0.1 {HASH}\n" + f"# input requirements.txt sha256:{'d' * 64}\n"
+                     + f"# input requirements.txt sha256:{'e' * 64}\n")
+    assert ask("version", str(twice), "rocm").returncode == 2
+    assert ask("input-sha256", str(twice), "requirements.txt").returncode == 2
+    # the check of a whole lock keeps its form: exit 0 or one line and exit 1
+    assert ask(str(lock)).returncode == 0 and ask(str(bad)).returncode == 1
+
+
+def test_the_committed_locks_answer_what_their_readers_ask():
+    """What ci/test.sh and the serve-files step ask of the committed locks."""
+    uv = ask("entry", "tests/requirements.lock", "uv")
+    assert uv.returncode == 0 and re.fullmatch(r"uv==\S+( --hash=sha256:[0-9a-f]{64})+\n", uv.stdout), uv
+    ray = ask("version", "docker/requirements-ray.txt", "ray")
+    assert ray.returncode == 0 and lock_lines.VERSION.fullmatch(ray.stdout.strip()), ray
