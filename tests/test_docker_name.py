@@ -11,22 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from owner_scan import ROOT, python_files
 
 from tools.build_scripts import PACKAGE, load
-
-ROOT = Path(__file__).resolve().parents[1]
-# Folders that hold no file of the repository (.gitignore's): environments, caches, build outputs.
-SKIPPED = {"__pycache__", "build", "dist", "node_modules", "selftest-results", "build-results", "pins-results"}
-
-
-def python_files(root: Path) -> list[Path]:
-    """Every Python file under root, hidden folders (.git, .venv, ...) and build outputs left out."""
-    out = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED and
-                         not d.endswith(".egg-info"))
-        out += [Path(folder, name) for name in sorted(names) if name.endswith(".py")]
-    return out
 
 
 def _docker(name: str | None) -> bool:
