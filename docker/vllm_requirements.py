@@ -26,7 +26,7 @@ except ImportError:
              "install docker/requirements-scripts.txt (the base image's torch stage does)")
 
 # Beside this file: pip's line joining (lock_lines.py), the one reader of installed metadata (pinned_dists.py).
-if __package__:  # imported as docker.vllm_requirements (the tests)
+if __package__:  # imported as a module of tools/build_scripts.py's private package (the pin tool, the tests)
     from .lock_lines import logical_lines
     from .pinned_dists import Problem, exact_version, shown
 else:  # run as a script in a build stage: Python puts its folder first on the path

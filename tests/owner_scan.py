@@ -2,12 +2,27 @@
 files they scan, and the comparison of what a scan found with the counted exceptions."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 AREAS = ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy")
+# Folders that hold no file of the repository (.gitignore's): caches and build outputs; hidden folders
+# (.git, .venv, .venv-tracks, ...) are left out too.
+NOT_THE_REPOSITORYS = {"__pycache__", "build", "dist", "node_modules", "selftest-results", "build-results",
+                       "pins-results"}
+
+
+def python_files(root: Path = ROOT) -> list[Path]:
+    """Every Python file of the repository under root, tests included; environments and caches left out."""
+    out = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in NOT_THE_REPOSITORYS and
+                         not d.endswith(".egg-info"))
+        out += [Path(folder, name) for name in sorted(names) if name.endswith(".py")]
+    return out
 
 Use = tuple[str, int, str]  # form, line, code
 

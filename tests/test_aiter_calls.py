@@ -12,6 +12,8 @@ import pytest
 
 from vllm_sdist import sdist_source, track_names
 
+from tools.build_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker/aiter_calls.py"
 # Functions vLLM 0.33 calls and vLLM 0.32 did not (from the two releases' sources).
@@ -25,13 +27,7 @@ def run(*args) -> subprocess.CompletedProcess:
 
 
 def _script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("aiter_calls", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("aiter_calls", module)
-    spec.loader.exec_module(module)
-    return module
+    return load("aiter_calls")
 
 
 @pytest.fixture(scope="module")

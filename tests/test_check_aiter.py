@@ -1,18 +1,8 @@
 """docker/check_aiter.py on fake wheels (no GPU, no ROCm)."""
-import importlib.util
 import zipfile
 from pathlib import Path
 
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "docker" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from tools.build_scripts import load
 
 check = load("check_aiter")
 MODULES = ["module_mla_asm", "module_mla_metadata", "module_mla_reduce"]

@@ -5,7 +5,6 @@ image), one line either way. Without Docker: the function with stand-in lookups,
 the build runs it, on a site folder of stand-in distributions."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import os
 import subprocess
@@ -17,20 +16,15 @@ from dockerfile_model import buildkit_parser, stages
 from vllm_aiter_mla import SUPPORTED_VLLM
 from vllm_aiter_mla.distributions import MetadataError
 
+from tools.build_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker/embed_check.py"
 IMAGE = "registry.example/vllm/vllm-openai-rocm:v0.34.0"
 TRACK = {"VLLM_IMAGE": IMAGE, "VLLM_TRACK": "0.34", "VLLM_VERSION": "0.34.0"}
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("embed_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-embed_check = load()
+embed_check = load("embed_check")
 
 
 def lookup(**installed):

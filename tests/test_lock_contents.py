@@ -24,9 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from docker import lock_lines
+from tools.build_scripts import load
 from tools.pins import model, verify
 
+lock_lines = load("lock_lines")
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "docker/install_lock.sh"
 HASH = "--hash=sha256:" + "a" * 64

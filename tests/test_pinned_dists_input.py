@@ -3,7 +3,6 @@ holds, the step gets its comparison or one error line, never a traceback."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -12,10 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("pinned_dists_input", ROOT / "docker/pinned_dists.py")
-pinned_dists = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pinned_dists)
+from tools.build_scripts import load
+
+pinned_dists = load("pinned_dists")
 
 
 def compare(tmp_path: Path, content: bytes) -> tuple[int | None, str, BaseException | None]:

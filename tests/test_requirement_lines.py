@@ -4,16 +4,17 @@ reads them (continuations, comments, `-r` includes, per-requirement options) and
 The real vLLM requirement files are read in tests/test_vllm_source.py."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tools.build_scripts import load
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 HASH = "sha256:" + "0" * 64
 
 
-vr = importlib.import_module("docker.vllm_requirements")
+vr = load("vllm_requirements")
 
 
 def write(path: Path, text: str) -> Path:

@@ -9,7 +9,6 @@ build tools satisfy vLLM's build requirements, and vLLM's ROCm runtime requireme
 distributions, under the constraints the script writes, without touching any of them."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 from venvs import make_venv
 
 from build_script_env import install_script_requirements, wheelhouse
+from tools.build_scripts import load
 from tools.pins import discover, model
 from vllm_sdist import sdist_source, track_names
 
@@ -69,7 +69,7 @@ def named_vllm_paths() -> set[str]:
 
 
 def _vr():
-    return importlib.import_module("docker.vllm_requirements")
+    return load("vllm_requirements")
 
 
 def test_every_vllm_file_the_scripts_name_exists(vllm_src):

@@ -21,9 +21,11 @@ from pathlib import Path
 from packaging.version import Version
 from rocm_vllm_runtime import files, schema
 
-from docker import pinned_dists
+from .. import build_scripts
 from . import discover, model, resolve
 from .model import PinError
+
+pinned_dists = build_scripts.load("pinned_dists")  # docker/pinned_dists.py: what the base image pins
 
 LOCKS_FILE = Path("docker/locks/locks.json")
 SCHEMA_FILE = model.REPO_ROOT / "docker/locks/locks.schema.json"  # its shape and patterns (JSON Schema)

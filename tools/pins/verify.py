@@ -8,9 +8,11 @@ from pathlib import Path
 from packaging.version import Version
 
 from rocm_vllm_runtime import files, numeric, schema, secret_values
-from docker import lock_lines
+from .. import build_scripts
 from . import model, render
 from .model import PinError
+
+lock_lines = build_scripts.load("lock_lines")  # docker/lock_lines.py, the one reader of a lock's lines
 
 SCHEMA_FILE = model.REPO_ROOT / "versions.schema.json"
 
