@@ -1,6 +1,12 @@
-"""python3 -m ci.pipeline summary | commit-tag | push-settings | tag
+"""python3 -m ci.pipeline summary | plan | driver | commit-tag | push-settings | tag
 
   summary        RESULTS_DIR                       Markdown table of a self-test run
+  plan           TARGET...                         publish.sh's settings checked (PUBLISH, REGISTRY, GIT_SHA,
+                                                   GIT_REF or GITHUB_REF), one value a line: the mode, the
+                                                   registry, the commit, the floating tag, the movable tag,
+                                                   1 or 0 (verify --strict) and the verify step's note
+  driver                                           the driver named by `docker buildx inspect`'s output on
+                                                   stdin, or nothing (publish.sh)
   commit-tag     GRAPH                             the commit tag the graph's targets share (publish.sh)
   push-settings  GRAPH DRIVER TAG                  bake's --set arguments that push each target by digest
                                                    (DRIVER docker: under <name>:unpublished-TAG) (publish.sh)
@@ -12,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("summary", help="Markdown summary of a self-test results directory")
     p.add_argument("results", type=Path)
     p.add_argument("--title", default="Self-test")
+    p = sub.add_parser("plan", help="publish.sh's settings checked, and what it runs with, one value a line")
+    p.add_argument("targets", nargs="+")
+    sub.add_parser("driver", help="the builder's driver named by `docker buildx inspect`'s output on stdin")
     p = sub.add_parser("commit-tag", help="the commit tag the targets of a resolved graph share")
     p.add_argument("graph")
     p = sub.add_parser("push-settings", help="bake's --set arguments that push each target by digest only")
@@ -40,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> None:
     if ns.command == "summary":
         print(summary.render(ns.results, ns.title))
+    elif ns.command == "plan":
+        print("\n".join(publish.run_plan(os.environ, ns.targets).lines()))
+    elif ns.command == "driver":
+        driver = publish.builder_driver(sys.stdin.read())
+        if driver:
+            print(driver)
     elif ns.command == "commit-tag":
         print(publish.commit_tag(publish.read_graph(ns.graph), ns.graph))
     elif ns.command == "push-settings":

@@ -1,6 +1,9 @@
 """What publishing decides (ci/pipeline/amd-runner/publish.sh and tag.sh run the commands around it).
 
-From the resolved graph (`docker buildx bake --print`, publish.sh's bake-print.json): the commit tag
+From the run's settings, before anything runs (the plan): PUBLISH, REGISTRY and GIT_SHA checked, the
+images' floating tag named from GIT_REF (a branch's branch-<name>, a git tag's name) and whether
+`tools.pins verify` runs with --strict. From the output of `docker buildx inspect`: the builder's
+driver. From the resolved graph (`docker buildx bake --print`, publish.sh's bake-print.json): the commit tag
 the targets share, and each target's push settings (pushed by digest only; with the engine's own
 builder, which cannot, under the scratch tag <name>:unpublished-<commit tag>). Then the tagging of
 what was pushed: each target asked for (the graph's default group) with its pushed digest from the
@@ -45,6 +48,130 @@ class Step:
     @property
     def digest(self) -> str:
         return self.ref.rsplit("@", 1)[1]
+
+
+# ------------------------------------------------------------------ the run's settings (publish.sh)
+
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+# The characters an image tag may hold; any other in a branch or git tag name becomes '-'.
+NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_.-]")
+TAG_MAX = 128
+# The CPU images (docker-bake.hcl: serve-cpu, ci-cpu, group cpu) build from the CPU vLLM image and none of
+# the ROCm pins.
+CPU_TARGETS = frozenset({"serve-cpu", "ci-cpu", "cpu"})
+VERIFY = "python3 -m tools.pins verify"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What publish.sh runs with, one value per line (lines()), in this order."""
+    mode: str       # push | print
+    registry: str   # REGISTRY without its trailing slash
+    sha: str        # GIT_SHA, 40 hex
+    tag: str        # the floating tag: branch-<name>, the git tag's name, or "" (another ref)
+    movable: str    # the branch's tag, which moves to each new commit (tag.sh's MOVABLE_TAGS), or ""
+    strict: bool    # tools.pins verify --strict
+    verify: str     # what the verify step says it runs, and why not --strict
+
+    def lines(self) -> list[str]:
+        return [self.mode, self.registry, self.sha, self.tag, self.movable, "1" if self.strict else "0", self.verify]
+
+
+def _shown(value: str) -> str:
+    """A setting's value inside a one-line message: as it is, or escaped where it is not printable."""
+    return value if value.isprintable() else repr(value)[1:-1]
+
+
+def publish_mode(environ: Mapping[str, str]) -> str:
+    """PUBLISH: push (the default, also when empty) or print."""
+    mode = environ.get("PUBLISH", "") or "push"
+    if mode not in ("push", "print"):
+        raise PublishError(f"PUBLISH={_shown(mode)}: set PUBLISH to push or print")
+    return mode
+
+
+def registry_prefix(environ: Mapping[str, str]) -> str:
+    """REGISTRY, the images' repository prefix, without one trailing slash."""
+    registry = environ.get("REGISTRY", "")
+    if not registry:
+        raise PublishError("REGISTRY is not set: set REGISTRY to the repository prefix to push to "
+                           "(e.g. ghcr.io/org/rocm-vllm)")
+    if registry.startswith("localhost/"):
+        raise PublishError(f"REGISTRY '{_shown(registry)}' is not a registry to push to: set REGISTRY "
+                           "(e.g. ghcr.io/org/rocm-vllm)")
+    if any("A" <= c <= "Z" for c in registry):
+        raise PublishError(f"REGISTRY '{_shown(registry)}' has upper-case letters, which image names cannot have: "
+                           "set REGISTRY in lower case")
+    if any(c.isspace() or not c.isprintable() for c in registry):
+        raise PublishError(f"REGISTRY '{_shown(registry)}' has a space or a control character, which image names "
+                           "cannot have: set REGISTRY to the repository prefix (e.g. ghcr.io/org/rocm-vllm)")
+    return registry.removesuffix("/")
+
+
+def commit_sha(environ: Mapping[str, str]) -> str:
+    """GIT_SHA, the commit being built: 40 lower-case hex (publish.sh fills it from git rev-parse HEAD)."""
+    sha = environ.get("GIT_SHA", "")
+    if not COMMIT_SHA.fullmatch(sha):
+        raise PublishError(f"GIT_SHA '{_shown(sha)}' is not a full 40-hex commit id: set GIT_SHA to the commit "
+                           "being built")
+    return sha
+
+
+def floating_tag(ref: str) -> tuple[str, bool]:
+    """The images' tag for the git ref and whether it is a branch's: refs/heads/<name> tags
+    branch-<name> (it moves to each new commit), refs/tags/<name> tags <name> (it never moves without
+    PUBLISH_FORCE=1), any other ref (refs/pull/1/merge) none (""). Characters a tag cannot have become
+    '-', leading '.' and '-' go, and the tag is cut at 128 characters. A git tag whose name would fall
+    in the branches' namespace (branch-...) is refused: a branch named v1.0 tags branch-v1.0, never the
+    release v1.0."""
+    kind, _, name = ref.removeprefix("refs/").partition("/") if ref.startswith("refs/") else ("", "", "")
+    if kind not in ("heads", "tags"):
+        return "", False
+    name = NOT_IN_TAG.sub("-", name).lstrip(".-")
+    branch = kind == "heads"
+    if branch and name:
+        name = f"branch-{name}"
+    elif name.startswith("branch-"):
+        raise PublishError(f"the git tag {_shown(ref.removeprefix('refs/tags/'))} would tag the images {name}, in the "
+                           "namespace of branch tags (branch-<branch>, moved by every push to that branch): name "
+                           "the release without the branch- prefix")
+    return name[:TAG_MAX], branch
+
+
+def verify_mode(mode: str, targets: Sequence[str]) -> tuple[bool, str]:
+    """Whether `tools.pins verify` runs with --strict (every pin resolved: a pushed image), and what the
+    verify step says: not for PUBLISH=print, which pushes nothing, nor for CPU images only."""
+    if mode == "print":
+        return False, f"{VERIFY}; not --strict: PUBLISH=print pushes nothing"
+    if all(t in CPU_TARGETS for t in targets):
+        return False, f"{VERIFY}; not --strict: the CPU images {' '.join(targets)} build from none of the ROCm pins"
+    return True, f"{VERIFY} --strict"
+
+
+def run_plan(environ: Mapping[str, str], targets: Sequence[str]) -> Plan:
+    """publish.sh's settings checked in its order (PUBLISH, REGISTRY, GIT_SHA, GIT_REF or GITHUB_REF,
+    the targets), each refusal one line naming the setting."""
+    mode = publish_mode(environ)
+    registry = registry_prefix(environ)
+    sha = commit_sha(environ)
+    tag, branch = floating_tag(environ.get("GIT_REF", "") or environ.get("GITHUB_REF", ""))
+    if not targets:
+        raise PublishError("no target to publish: name bake's targets or groups (e.g. base serve ci)")
+    for target in targets:
+        if not target or any(c.isspace() or not c.isprintable() for c in target):
+            raise PublishError(f"target '{_shown(target)}' is no name of docker-bake.hcl: name bake's targets or "
+                               "groups (e.g. base serve ci)")
+    strict, verify = verify_mode(mode, targets)
+    return Plan(mode, registry, sha, tag, tag if branch and tag else "", strict, verify)
+
+
+def builder_driver(inspect_output: str) -> str:
+    """The driver `docker buildx inspect` names on its first line starting with "Driver:" (the spaces
+    after the colon dropped), or "" where it names none (no such builder, or docker failed)."""
+    for line in inspect_output.splitlines():
+        if line.startswith("Driver:"):
+            return line.removeprefix("Driver:").lstrip(" ")
+    return ""
 
 
 # ------------------------------------------------------------------ the resolved graph

@@ -43,87 +43,43 @@
 #                (default ./selftest-results)
 #   DOCKER       docker command (default docker)
 # When $GITHUB_OUTPUT is set, writes tag=<tag> and image-prefix=<REGISTRY> to it.
+#
+# The settings are checked, and the floating tag and the verify mode decided, by ci/pipeline/publish.py
+# (python3 -m ci.pipeline plan) before anything runs; this script runs the commands.
+# Exit status: 0 published (PUBLISH=print: the graph printed); 1 a setting refused, the build or its push
+# failed, or a tag refused (one line each, nothing tagged); a failing verify or bake --print, its own.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
-mode=${PUBLISH:-push}
 if [ "$#" -eq 0 ]; then
   set -- base serve ci
 fi
-case "$mode" in
-  push|print) ;;
-  *) echo "error: PUBLISH=$mode: set PUBLISH to push or print" >&2; exit 1 ;;
-esac
-registry=${REGISTRY:-}
-if [ -z "$registry" ]; then
-  echo "error: REGISTRY is not set: set REGISTRY to the repository prefix to push to (e.g. ghcr.io/org/rocm-vllm)" >&2
+# The settings checked and what follows from them: ci/pipeline/publish.py (python3 -m ci.pipeline plan),
+# one value a line; a refused setting is its one line, and nothing runs.
+answer=$(GIT_SHA=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || true)} python3 -m ci.pipeline plan "$@") || exit 1
+mapfile -t plan <<<"$answer"
+if [ "${#plan[@]}" -ne 7 ]; then
+  echo "error: python3 -m ci.pipeline plan printed ${#plan[@]} lines, not the 7 this script reads: run the publish.sh of the same checkout as ci/pipeline" >&2
   exit 1
 fi
-case "$registry" in
-  localhost/*) echo "error: REGISTRY '$registry' is not a registry to push to: set REGISTRY (e.g. ghcr.io/org/rocm-vllm)" >&2; exit 1 ;;
-  *[A-Z]*) echo "error: REGISTRY '$registry' has upper-case letters, which image names cannot have: set REGISTRY in lower case" >&2; exit 1 ;;
-esac
-sha=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || true)}
-if ! [[ $sha =~ ^[0-9a-f]{40}$ ]]; then
-  echo "error: GIT_SHA '$sha' is not a full 40-hex commit id: set GIT_SHA to the commit being built" >&2
-  exit 1
-fi
-# The floating tag: the branch or git tag name (none for other refs, e.g. refs/pull/1/merge).
-ref=${GIT_REF:-${GITHUB_REF:-}}
-name=
-branch=0
-case "$ref" in
-  refs/tags/*|refs/heads/*) name=${ref#refs/*/} ;;
-esac
-case "$ref" in
-  refs/heads/*) branch=1 ;;
-esac
-name=${name//[^A-Za-z0-9_.-]/-}
-while [[ $name == [.-]* ]]; do name=${name#?}; done
-# Branches and releases have a tag namespace each: a branch's tag is branch-<name> (it moves to each
-# new commit), a git tag's is its name (it never moves without PUBLISH_FORCE=1), and no git tag's
-# name may start with branch-: a branch named v1.0 tags branch-v1.0, never the release v1.0.
-if [ "$branch" = 1 ] && [ -n "$name" ]; then
-  name=branch-$name
-elif [[ $name == branch-* ]]; then
-  echo "error: the git tag ${ref#refs/tags/} would tag the images $name, in the namespace of branch tags (branch-<branch>, moved by every push to that branch): name the release without the branch- prefix" >&2
-  exit 1
-fi
-name=${name:0:128}
+mode=${plan[0]} registry=${plan[1]} sha=${plan[2]} name=${plan[3]} movable=${plan[4]} strict=${plan[5]}
 
 # An empty setting means "the default": left to bake (an empty variable would override it).
 for setting in TRACK AITER_PIN GPU_ARCHS CACHE_REPO; do
   if [ -z "${!setting:-}" ]; then unset "$setting"; fi
 done
-pin_args=()
-if [ -n "${TRACK:-}" ]; then pin_args+=(--track "$TRACK"); fi
-if [ -n "${AITER_PIN:-}" ]; then pin_args+=(--aiter-pin "$AITER_PIN"); fi
-
-# The CPU images (serve-cpu, ci-cpu, group cpu) build from the CPU vLLM image (VLLM_CPU_IMAGE) and
-# none of the ROCm pins: publishing only them does not need every ROCm pin resolved.
-cpu_only=1
-for target in "$@"; do
-  case "$target" in
-    serve-cpu|ci-cpu|cpu) ;;
-    *) cpu_only=0 ;;
-  esac
-done
-if [ "$mode" = push ] && [ "$cpu_only" = 1 ]; then
-  echo "== verify pins (python3 -m tools.pins verify; not --strict: the CPU images $* build from none of the ROCm pins)" >&2
-  python3 -m tools.pins verify "${pin_args[@]}" >&2
-elif [ "$mode" = push ]; then
-  echo "== verify pins (python3 -m tools.pins verify --strict)" >&2
-  python3 -m tools.pins verify --strict "${pin_args[@]}" >&2
-else
-  echo "== verify pins (python3 -m tools.pins verify; not --strict: PUBLISH=print pushes nothing)" >&2
-  python3 -m tools.pins verify "${pin_args[@]}" >&2
-fi
+verify_args=()
+if [ "$strict" = 1 ]; then verify_args+=(--strict); fi
+if [ -n "${TRACK:-}" ]; then verify_args+=(--track "$TRACK"); fi
+if [ -n "${AITER_PIN:-}" ]; then verify_args+=(--aiter-pin "$AITER_PIN"); fi
+echo "== verify pins (${plan[6]})" >&2
+python3 -m tools.pins verify "${verify_args[@]}" >&2
 
 mkdir -p "$results"
 results=$(cd "$results" && pwd)
-export PUSH=1 REGISTRY=${registry%/} TAG=$name VCS_REF=$sha RESULTS_DIR=$results
+export PUSH=1 REGISTRY=$registry TAG=$name VCS_REF=$sha RESULTS_DIR=$results
 if [ -n "${CACHE_REPO:-}" ]; then export CACHE_REPO=${CACHE_REPO%/}; fi
 graph=$results/bake-print.json
 "$docker_cmd" buildx bake -f docker-bake.hcl -f docker-bake.pins.json --print "$@" >"$graph"
@@ -150,7 +106,8 @@ fi
 # Each target's output as the graph declares it, pushed by digest only: the tags are set by tag.sh.
 # The engine's own builder (docker driver) cannot push by digest: there each image is pushed under one
 # scratch tag, <name>:unpublished-<commit tag>, which no consumer takes, and tagged the same way.
-driver=$("$docker_cmd" buildx inspect ${BUILDER:+"$BUILDER"} 2>/dev/null | sed -n 's/^Driver: *//p' | head -n 1 || true)
+inspect=$("$docker_cmd" buildx inspect ${BUILDER:+"$BUILDER"} 2>/dev/null || true)
+driver=$(python3 -m ci.pipeline driver <<<"$inspect")
 read -r -a unpublished < <(python3 -m ci.pipeline push-settings "$graph" "$driver" "$tag")
 if [ "${#unpublished[@]}" -eq 0 ]; then
   echo "error: no push settings could be made from $graph (see above): nothing built, nothing tagged" >&2
@@ -162,6 +119,4 @@ if [ "$status" != 0 ]; then
   echo "error: the build or its push to $REGISTRY failed (exit $status; registry down or refusing, see above): nothing tagged" >&2
   exit 1
 fi
-movable=
-if [ "$branch" = 1 ] && [ -n "$name" ]; then movable=$name; fi
 MOVABLE_TAGS=$movable DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/tag.sh "$graph" "$results/bake-metadata.json"
