@@ -33,7 +33,7 @@ PIN = re.compile(r"\A([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:\[[A-Za-z0-9
                  r"==([A-Za-z0-9](?:[A-Za-z0-9.+!_-]*[A-Za-z0-9])?)\Z")
 HASH = re.compile(r"\A--hash=sha256:[0-9a-f]{64}\Z")
 # PEP 440's version grammar (packaging.version's, which the build stages lack when they install
-# their first lock; tests/test_lock_contents.py holds the two to the same answers): epoch, release,
+# their first lock; tests/test_lock_lines_contents.py holds the two to the same answers): epoch, release,
 # pre, post, dev and local segments, their spellings and separators.
 VERSION = re.compile(r"""
     v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*

@@ -1,5 +1,5 @@
 """docker-bake.hcl: `docker buildx bake --print` resolves and passes what docker-bake.pins.json renders from
-versions.json (the rendering itself: tests/test_pins_render.py)."""
+versions.json (the rendering itself: tests/test_render_pins.py)."""
 import json
 import os
 import shutil

@@ -209,6 +209,7 @@ def test_cpu_development_mode_measures_in_this_process_and_starts_no_child(monke
     assert {q: m.outcome for q, m in found.remedy.items()} == {1: Outcome.RAISED, 2: Outcome.RAISED}
 
 
+# measure_child.PRODUCTION is a server's factory, vllm_aiter_mla.upstream_kernels:production
 @pytest.mark.parametrize("environ, factory, device", [
     ({}, measure_child.PRODUCTION, CPU),  # AITER's kernels (the default)
     ({"AITER_MLA_KERNELS": "aiter"}, measure_child.PRODUCTION, CPU),

@@ -1,5 +1,5 @@
-"""The benchmark's orchestration on data: selection read from server logs, run verdicts, ratios,
-settings, and the `vllm bench serve` arguments as vLLM's own parser reads them."""
+"""The benchmark's orchestration on data: selection read from server logs (rocm_vllm_runtime.selection,
+through bench), run verdicts, ratios, settings, and the `vllm bench serve` arguments as vLLM's own parser reads them."""
 from __future__ import annotations
 
 import math
