@@ -15,6 +15,16 @@ NOT_THE_REPOSITORYS = {"__pycache__", "build", "dist", "node_modules", "selftest
                        "pins-results"}
 
 
+def shebang_shell(path: Path) -> bool:
+    """Whether a file's first line runs it with bash or sh (a shell script without the .sh suffix)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError:
+        return False
+    return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
+
+
 def python_files(root: Path = ROOT) -> list[Path]:
     """Every Python file of the repository under root, tests included; environments and caches left out."""
     out = []

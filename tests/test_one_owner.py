@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from owner_scan import shebang_shell
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES_PY = "runtime/src/rocm_vllm_runtime/files.py"
 CHILDREN_PY = "runtime/src/rocm_vllm_runtime/children.py"
@@ -202,18 +204,9 @@ SHELL_SCRIPTS = (".ci/run", "runtime/entrypoint.sh", "serve-cpu.sh")
 
 def product_shell() -> list[Path]:
     found = [p for area in SHELL_AREAS for p in ROOT.glob(f"{area}/**/*")
-             if p.is_file() and (p.suffix == ".sh" or _shebang_shell(p))]
+             if p.is_file() and (p.suffix == ".sh" or shebang_shell(p))]
     found += [ROOT / rel for rel in SHELL_SCRIPTS]
     return sorted(set(found))
-
-
-def _shebang_shell(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            first = f.readline()
-    except OSError:
-        return False
-    return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
 
 
 # The shell scripts' deletions besides the test cache's: each removes what the same script made a

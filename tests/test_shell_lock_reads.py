@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from dockerfile_model import buildkit_parser
+from owner_scan import shebang_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = ("Dockerfile.rocm", "Dockerfile.rocm_base", "tests/docker/vllm-cpu.Dockerfile")
@@ -33,22 +34,13 @@ ALLOWED: dict[str, tuple[int, str]] = {}
 def scripts() -> list[Path]:
     found = [p for p in ROOT.rglob("*.sh") if p.is_file() and not _skipped(p)]
     found += [p for area in ("ci", "docker") for p in (ROOT / area).rglob("*")
-              if p.is_file() and p.suffix == "" and _shebang_shell(p) and not _skipped(p)]
+              if p.is_file() and p.suffix == "" and shebang_shell(p) and not _skipped(p)]
     return sorted(set(found + [ROOT / ".ci/run"]))
 
 
 def _skipped(path: Path) -> bool:
     rel = path.relative_to(ROOT).as_posix()
     return rel.startswith((".git/", ".venv/")) or "/node_modules/" in rel
-
-
-def _shebang_shell(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            first = f.readline()
-    except OSError:
-        return False
-    return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
 
 
 def commands(code: str) -> list[tuple[str, str]]:

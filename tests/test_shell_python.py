@@ -14,6 +14,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from owner_scan import shebang_shell
+
 ROOT = Path(__file__).resolve().parents[1]
 # A Python interpreter as scripts name it: python, python3, "$python", ${PYTHON:-python3}, "$VENV/bin/python".
 PYTHON = r"""(?:(?<![\w./-])python3?\b|"?\$\{?[A-Za-z_]*(?:python|PYTHON)[^\s"]*"?|\S*/bin/python3?\b"?)"""
@@ -49,14 +51,7 @@ ALLOWED = {
 
 
 def _shell_script(path: Path) -> bool:
-    if path.suffix == ".sh":
-        return True
-    try:
-        with open(path, "rb") as f:
-            first = f.readline()
-    except OSError:
-        return False
-    return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
+    return path.suffix == ".sh" or shebang_shell(path)
 
 
 # Folders whose shell scripts (at any depth) are scanned; the files named in SCRIPTS besides.
