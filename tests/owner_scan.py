@@ -25,6 +25,28 @@ def shebang_shell(path: Path) -> bool:
     return first.startswith(b"#!") and (b"bash" in first or b"/sh" in first)
 
 
+# Folders whose shell scripts (at any depth) the shell scans read, besides the files each names.
+SHELL_AREAS = ("ci", "docker", "deploy", "runtime/bin")
+
+
+def shell_scripts(named: Iterable[str], areas: Iterable[str] = SHELL_AREAS, tests: bool = True) -> list[Path]:
+    """The shell scripts under areas (a .sh suffix or a bash/sh shebang; under a tests/ folder only with
+    tests), and the files named (relative to the repository), each once, sorted."""
+    found = [p for area in areas for p in ROOT.glob(f"{area}/**/*")
+             if p.is_file() and (tests or "/tests/" not in p.as_posix())
+             and (p.suffix == ".sh" or shebang_shell(p))]
+    found += [ROOT / rel for rel in named]
+    return sorted(set(found))
+
+
+def unread_shell(found: Iterable[Path], named: Iterable[str], areas: Iterable[str] = SHELL_AREAS) -> list[str]:
+    """What a shell scan would silently skip: a named file that does not exist, an area with no script found."""
+    rels = {p.relative_to(ROOT).as_posix() for p in found}
+    missing = [f"{rel} does not exist" for rel in named if not (ROOT / rel).is_file()]
+    return missing + [f"no shell script found in {area}" for area in areas
+                      if not any(rel.startswith(f"{area}/") for rel in rels)]
+
+
 def python_files(root: Path = ROOT) -> list[Path]:
     """Every Python file of the repository under root, tests included; environments and caches left out."""
     out = []

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from owner_scan import shebang_shell
+from owner_scan import shell_scripts, unread_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES_PY = "runtime/src/rocm_vllm_runtime/files.py"
@@ -197,16 +197,12 @@ def product_python() -> list[Path]:
     return found
 
 
-# Folders whose shell scripts (at any depth) are scanned for deletions; the files named in SHELL_SCRIPTS besides.
-SHELL_AREAS = ("ci", "docker", "deploy", "runtime/bin")
+# Scanned for deletions: the shell scripts of owner_scan.SHELL_AREAS (at any depth) and these files.
 SHELL_SCRIPTS = (".ci/run", "runtime/entrypoint.sh", "serve-cpu.sh")
 
 
 def product_shell() -> list[Path]:
-    found = [p for area in SHELL_AREAS for p in ROOT.glob(f"{area}/**/*")
-             if p.is_file() and (p.suffix == ".sh" or shebang_shell(p))]
-    found += [ROOT / rel for rel in SHELL_SCRIPTS]
-    return sorted(set(found))
+    return shell_scripts(SHELL_SCRIPTS)
 
 
 # The shell scripts' deletions besides the test cache's: each removes what the same script made a
@@ -327,10 +323,9 @@ def test_a_planted_use_in_a_real_module_is_caught() -> None:
 
 def test_the_shell_scan_reads_every_area() -> None:
     """Each folder holds a script the scan reads, and each named file exists (a rename would leave it unread)."""
-    found = {p.relative_to(ROOT).as_posix() for p in product_shell()}
-    assert not [rel for rel in SHELL_SCRIPTS if not (ROOT / rel).is_file()], SHELL_SCRIPTS
-    empty = [area for area in SHELL_AREAS if not any(rel.startswith(f"{area}/") for rel in found)]
-    assert not empty, f"no shell script found in {empty}: update SHELL_AREAS"
+    found = product_shell()
+    assert not unread_shell(found, SHELL_SCRIPTS), unread_shell(found, SHELL_SCRIPTS)
+    found = {p.relative_to(ROOT).as_posix() for p in found}
     assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
 
 

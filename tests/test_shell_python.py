@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from owner_scan import shebang_shell
+from owner_scan import shell_scripts, unread_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 # A Python interpreter as scripts name it: python, python3, "$python", ${PYTHON:-python3}, "$VENV/bin/python".
@@ -50,20 +50,12 @@ ALLOWED = {
 }
 
 
-def _shell_script(path: Path) -> bool:
-    return path.suffix == ".sh" or shebang_shell(path)
-
-
-# Folders whose shell scripts (at any depth) are scanned; the files named in SCRIPTS besides.
-SCRIPT_AREAS = ("ci", "docker", "deploy", "runtime/bin")
+# Scanned: the shell scripts of owner_scan.SHELL_AREAS (at any depth, tests/ folders left out) and these files.
 SCRIPTS = (".ci/run", "serve-cpu.sh", "runtime/entrypoint.sh", "Dockerfile.rocm", "Dockerfile.rocm_base")
 
 
 def scripts() -> list[Path]:
-    found = [p for area in SCRIPT_AREAS for p in ROOT.glob(f"{area}/**/*")
-             if p.is_file() and "/tests/" not in p.as_posix() and _shell_script(p)]
-    found += [ROOT / rel for rel in SCRIPTS]
-    return sorted(set(found))
+    return shell_scripts(SCRIPTS, tests=False)
 
 
 def uses(text: str) -> list[tuple[str, int]]:
@@ -106,10 +98,9 @@ def test_each_allowed_use_is_still_there() -> None:
 
 def test_every_area_and_script_is_read() -> None:
     """Each folder holds a script the scan reads, and each named file exists (a rename would leave it unread)."""
-    found = {p.relative_to(ROOT).as_posix() for p in scripts()}
-    assert not [rel for rel in SCRIPTS if not (ROOT / rel).is_file()], SCRIPTS
-    empty = [area for area in SCRIPT_AREAS if not any(rel.startswith(f"{area}/") for rel in found)]
-    assert not empty, f"no shell script found in {empty}: update SCRIPT_AREAS"
+    found = scripts()
+    assert not unread_shell(found, SCRIPTS), unread_shell(found, SCRIPTS)
+    found = {p.relative_to(ROOT).as_posix() for p in found}
     assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
 
 
