@@ -23,7 +23,9 @@ Standard library only: install_lock.sh runs it before anything is installed.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 
 # pip's comment rule and PEP 263 encoding declaration (pip/_internal/req/req_file.py, utils/encoding.py)
@@ -138,10 +140,18 @@ def normalized(name: str) -> str:
 def read_lock(path: str) -> bytes:
     """A lock's bytes, once `problem` accepts them."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # opened without waiting (a FIFO's writer would be waited for) and read only when a regular file
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise Unreadable(f"{path}: cannot read the lock: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unreadable(f"{path}: cannot read the lock: not a regular file (a folder, device or pipe)")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read()
+        except OSError as exc:
+            raise Unreadable(f"{path}: cannot read the lock: {exc.strerror}") from None
     why = problem(path, data)
     if why:
         raise Unreadable(why)

@@ -394,6 +394,8 @@ def test_the_reader_answers_the_scripts_questions(tmp_path):
 def test_each_refusal_is_one_line_naming_the_lock_and_what_it_lacks(tmp_path):
     lock = tmp_path / "l.txt"
     lock.write_text(GOOD)
+    fifo = tmp_path / "fifo.txt"  # no writer ever comes: read, it would wait for ever
+    os.mkfifo(fifo)
     cases = {
         # the lock lacks what was asked: exit 1
         ("entry", str(lock), "uv"): (1, f"{lock} has no entry for uv"),
@@ -403,6 +405,8 @@ def test_each_refusal_is_one_line_naming_the_lock_and_what_it_lacks(tmp_path):
         # no lock, not a lock, a wrong command: exit 2
         ("version", str(tmp_path / "none.txt"), "ray"): (2, f"{tmp_path / 'none.txt'}: cannot read the lock"),
         ("pins", str(tmp_path)): (2, f"{tmp_path}: cannot read the lock"),
+        ("pins", "/dev/null"): (2, "/dev/null: cannot read the lock: not a regular file"),
+        ("pins", str(fifo)): (2, f"{fifo}: cannot read the lock: not a regular file"),
         ("version", str(lock)): (2, "usage: lock_lines.py version LOCK NAME"),
     }
     for argv, (status, line) in cases.items():
