@@ -11,20 +11,7 @@ python=${PYTHON:-python3}
 source "$(dirname "$0")/lib.sh"
 use_ca_bundle
 find "$src" \( -name __pycache__ -o -name '*.egg-info' -o -name '*.pyc' \) -prune -exec rm -rf {} +
-if "$python" - <<'PY'
-import sys
-try:
-    import setuptools
-    major = int(setuptools.__version__.split(".")[0])
-    try:
-        import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1)
-    except ImportError:
-        import wheel  # noqa: F401
-except Exception:
-    sys.exit(1)
-sys.exit(0 if major >= 69 else 1)
-PY
-then
+if "$python" -B "$(dirname "$0")/wheel_build.py" setuptools; then
   echo "${name} wheel: building with the image's setuptools (no build isolation)"
   isolation=(--no-build-isolation)
 else

@@ -69,17 +69,7 @@ wheel() {
   (cd "$src" && python -m pip wheel --no-deps --no-build-isolation --wheel-dir "$out" .)
   python "$here/pinned_dists.py" compare "$out/pins-before.json" --step "vllm-wheel (compile)"
   rm -f "$out/pins-before.json"
-  python - "$out" "$VLLM_VERSION" <<'PY'
-import pathlib, sys
-out, want = pathlib.Path(sys.argv[1]), sys.argv[2]
-wheels = sorted(out.glob("vllm-*.whl"))
-if len(wheels) != 1:
-    sys.exit(f"vllm-wheel: ERROR: expected one vLLM wheel in {out}, found {len(wheels)}")
-found = wheels[0].name.split("-")[1]
-if found.split("+")[0] != want:
-    sys.exit(f"vllm-wheel: ERROR: built vLLM {found} but versions.json pins VLLM_VERSION={want}: check vllm.tag/commit")
-print(f"vllm-wheel: OK {wheels[0].name}")
-PY
+  python -B "$here/wheel_build.py" vllm "$out" "$VLLM_VERSION"
 }
 
 case "$step" in

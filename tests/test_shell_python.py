@@ -26,11 +26,6 @@ INLINE = re.compile(PYTHON + FLAGS + r"\s+-c\b")
 
 # (file, form) -> (how many, why)
 ALLOWED = {
-    ("docker/build_project_wheel.sh", "heredoc"): (1, "whether the image's setuptools builds wheels without "
-                                                         "isolation; still to move into a script beside it, as "
-                                                         "ray_layer.py"),
-    ("docker/build_vllm.sh", "heredoc"): (1, "the built vLLM wheel's version against VLLM_VERSION; still to move "
-                                                "into a script beside it, as ray_layer.py"),
     ("docker/build_vllm.sh", "inline"): (1, "a probe of the base image: is its torch a ROCm build "
                                                "(torch.version.hip), the exit status the answer"),
     ("docker/install_torch.sh", "inline"): (1, "prints the torch and HIP versions installed: an import that "
@@ -43,10 +38,12 @@ ALLOWED = {
     ("Dockerfile.rocm", "inline"): (3, "asks the image's Python for its site-packages folder (sysconfig), "
                                        "where a stage stages its files"),
     ("Dockerfile.rocm_base", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
+    ("deploy/kubernetes/overlays/multinode/leaderworkerset.yaml", "inline"): (
+        1, "the leader's wait until its group's Ray nodes are alive (ray.nodes()); compose.ray.yaml runs "
+           "deploy/ray/ray_cluster.py wait for that, which the image does not carry: still to move into the "
+           "runtime, so that both run one module"),
     ("ci/test-machine/registry.sh", "inline"): (2, "a free local port and a random password for the test registry "
                                                    "(the standard library's socket and secrets), no decision"),
-    ("ci/test-machine/k8s-tools.sh", "inline"): (2, "kubectl's version JSON on the test machine; still to move "
-                                                    "through the runtime's JSON reader"),
 }
 
 
@@ -56,6 +53,53 @@ SCRIPTS = (".ci/run", "serve-cpu.sh", "runtime/entrypoint.sh", "Dockerfile.rocm"
 
 def scripts() -> list[Path]:
     return shell_scripts(SCRIPTS, tests=False)
+
+
+# Shell that lives in YAML: the CI workflows' `run:` steps. (compose and Kubernetes commands are argv lists,
+# run with no shell; a `python3 -c` among them would be read as one here too.)
+WORKFLOWS = ".github/workflows"
+YAML_COMMANDS = ("compose.yaml", "compose.cpu.yaml", "compose.hostnet.yaml", "compose.ray.yaml", "deploy/kubernetes")
+
+
+def yaml_shell(path: Path) -> str:
+    """The shell of a YAML file: every `run:` value and every command list (as one line each)."""
+    import yaml  # noqa: PLC0415
+
+    parts: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "run" and isinstance(value, str):
+                    parts.append(value.rstrip("\n"))
+                elif key in ("command", "args", "test", "entrypoint") and isinstance(value, list):
+                    parts.append(" ".join(map(str, value)))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    class Loader(yaml.SafeLoader):  # compose's own tags (!reset, !override) read as plain values
+        pass
+
+    def untagged(loader, _suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node)
+        return loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("!", untagged)
+    for doc in yaml.load_all(path.read_text(), Loader=Loader):  # noqa: S506  (a SafeLoader)
+        walk(doc)
+    return "\n".join(parts)
+
+
+def yaml_files() -> list[Path]:
+    found = sorted((ROOT / WORKFLOWS).glob("*.yml"))
+    for name in YAML_COMMANDS:
+        path = ROOT / name
+        found += sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+    return found
 
 
 def uses(text: str) -> list[tuple[str, int]]:
@@ -74,9 +118,11 @@ def uses(text: str) -> list[tuple[str, int]]:
 def counted() -> tuple[Counter, dict[tuple[str, str], list[int]]]:
     count: Counter = Counter()
     lines: dict[tuple[str, str], list[int]] = {}
-    for path in scripts():
+    texts = [(path, path.read_text(errors="replace")) for path in scripts()]
+    texts += [(path, yaml_shell(path)) for path in yaml_files()]
+    for path, text in texts:
         rel = path.relative_to(ROOT).as_posix()
-        for form, line in uses(path.read_text(errors="replace")):
+        for form, line in uses(text):
             count[(rel, form)] += 1
             lines.setdefault((rel, form), []).append(line)
     return count, lines
@@ -102,6 +148,28 @@ def test_every_area_and_script_is_read() -> None:
     assert not unread_shell(found, SCRIPTS), unread_shell(found, SCRIPTS)
     found = {p.relative_to(ROOT).as_posix() for p in found}
     assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
+
+
+def test_every_workflow_step_and_yaml_command_is_read() -> None:
+    """The workflows' run steps and the compose and Kubernetes commands are read; a step with inline
+    Python is caught there as in a script."""
+    files = {p.relative_to(ROOT).as_posix(): yaml_shell(p) for p in yaml_files()}
+    assert {".github/workflows/ci.yml", ".github/workflows/images.yml", ".github/workflows/pins.yml",
+            "compose.yaml", "deploy/kubernetes/overlays/multinode/leaderworkerset.yaml"} <= set(files)
+    assert "bash .ci/run" in files[".github/workflows/ci.yml"]
+    assert "python3 -m rocm_vllm_runtime.health --timeout 8" in files["compose.yaml"]
+    assert "rocm_vllm_runtime.health --generate" in files["deploy/kubernetes/overlays/multinode/leaderworkerset.yaml"]
+
+
+def test_a_workflow_step_or_a_command_list_with_inline_python_is_caught(tmp_path) -> None:
+    workflow = tmp_path / "w.yml"
+    workflow.write_text("jobs:\n  a:\n    steps:\n      - run: |\n          echo hi\n"
+                        "          python3 -c 'import json; print(1)'\n"
+                        "      - run: python3 - <<'PY'\n")
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  a:\n    command: [\"python3\", \"-c\", \"print(1)\"]\n")
+    assert uses(yaml_shell(workflow)) == [("inline", 2), ("heredoc", 3)]
+    assert uses(yaml_shell(compose)) == [("inline", 1)]
 
 
 def test_the_scanner_catches_each_form() -> None:

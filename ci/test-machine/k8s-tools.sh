@@ -21,8 +21,10 @@ die() { log "error: $*"; exit 1; }
 
 client_minor() {  # minor version of kubectl's client, or nothing
   command -v kubectl >/dev/null 2>&1 || return 0
-  kubectl version --client -o json 2>/dev/null \
-    | python3 -c 'import json, re, sys; print(re.match(r"\d+", json.load(sys.stdin)["clientVersion"]["minor"]).group())' 2>/dev/null || true
+  # "Client Version: v1.32.4" (kubectl 1.28 and later), 'Minor:"20"' in the Go struct older ones print
+  kubectl version --client 2>/dev/null \
+    | sed -n -e 's/^Client Version: v[0-9]*\.\([0-9][0-9]*\).*/\1/p' -e 's/^Client Version: .*Minor:"\([0-9][0-9]*\).*/\1/p' \
+    | head -n 1 || true
 }
 
 usable() {
@@ -32,7 +34,7 @@ usable() {
 
 check() {
   usable || die "kubectl ${MIN_MINOR}+ not found (found: $(client_minor || true)); run: bash ci/test-machine/k8s-tools.sh install"
-  kubectl version --client -o json | python3 -c 'import json, sys; v = json.load(sys.stdin); print("kubectl", v["clientVersion"]["gitVersion"], "kustomize", v.get("kustomizeVersion", "?"))'
+  kubectl version --client | sed -n -e 's/^Client Version: /kubectl /p' -e 's/^Kustomize Version: /kustomize /p' | paste -sd ' ' -
 }
 
 install() {
