@@ -44,6 +44,8 @@ def env_dir(track: str) -> Path:
 
 def _key(track: str) -> str:
     digest = hashlib.sha256(versions()["tracks"][track]["vllm"]["sdist"]["sha256"].encode())
+    # the interpreter it is made from (this one's base: .ci/run's PYTHON, through the test venv)
+    digest.update(f"{sys.base_prefix} {sys.version}".encode())
     for name in INPUTS:
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
