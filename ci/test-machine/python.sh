@@ -6,10 +6,10 @@
 #
 # The distribution's Python 3.11 (Debian 12: /usr/bin/python3.11, PYTHON_DISTRIBUTION to name another)
 # where it can make a venv, installing Debian's python3.11-venv once when only that is missing (as root,
-# with apt). The suite's host work is mostly Python: on the 2-core test machine that interpreter took
-# 12-20 % less CPU than a self-built 3.11 without profile-guided optimisation for collecting the tests
-# and running unit-test files (ci/test-machine/compare-pythons.sh prints the figures). 3.11: the
-# version of the tests' torch and vLLM CPU wheels (tests/requirements.lock).
+# with apt). The suite's host work is mostly Python: on the 2-core test machine that interpreter took about
+# a tenth less CPU than a self-built 3.11 without profile-guided optimisation (0.905 of it over importing
+# vLLM's API server, collecting the tests and an engine test file: ci/test-machine/compare-pythons.sh
+# prints the figures). 3.11: the version of the tests' torch and vLLM CPU wheels (tests/requirements.lock).
 #
 # Where it cannot: one warning line on stderr, and `python3` of PATH is printed instead (the tests
 # run the same, on more CPU).
