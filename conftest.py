@@ -13,7 +13,7 @@ The terminal summary ends with one line saying what skipped and why.
 
 Time: the run prints its slowest tests (pytest.ini: --durations) and the time spent per test
 folder, and fails when the whole session takes longer than PYTEST_TIME_BUDGET seconds (default
-1800, 30 minutes: whole sessions on the 2-core machine take 1,030-1,070 s; CI stops a run at 90; 0 turns
+1800, 30 minutes: whole sessions on the 2-core machine take 1,030-1,170 s; CI stops a run at 90; 0 turns
 the budget off), so growth shows up as one named failure long before CI's limit, not as a run that never
 lands.
 """
