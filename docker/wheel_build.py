@@ -35,15 +35,15 @@ def setuptools_builds_wheels() -> bool:
     return False
 
 
-def vllm_wheel_problem(out: Path, want: str) -> str | None:
-    """Why OUT's built vLLM wheel is not the pinned release, or None with the one wheel it holds."""
+def built_vllm_wheel(out: Path, want: str) -> str:
+    """The name of OUT's one vLLM wheel, when it is the pinned release; else ValueError saying what differs."""
     wheels = sorted(out.glob("vllm-*.whl"))
     if len(wheels) != 1:
-        return f"expected one vLLM wheel in {out}, found {len(wheels)}"
+        raise ValueError(f"expected one vLLM wheel in {out}, found {len(wheels)}")
     found = wheels[0].name.split("-")[1]
     if found.split("+")[0] != want:
-        return f"built vLLM {found} but versions.json pins VLLM_VERSION={want}: check vllm.tag/commit"
-    return None
+        raise ValueError(f"built vLLM {found} but versions.json pins VLLM_VERSION={want}: check vllm.tag/commit")
+    return wheels[0].name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.cmd == "setuptools":
         return 0 if setuptools_builds_wheels() else 1
-    problem = vllm_wheel_problem(ns.out, ns.version)
-    if problem:
-        print(f"vllm-wheel: ERROR: {problem}", file=sys.stderr)
+    try:
+        name = built_vllm_wheel(ns.out, ns.version)
+    except ValueError as exc:
+        print(f"vllm-wheel: ERROR: {exc}", file=sys.stderr)
         return 1
-    print(f"vllm-wheel: OK {next(ns.out.glob('vllm-*.whl')).name}")
+    print(f"vllm-wheel: OK {name}")
     return 0
 
 

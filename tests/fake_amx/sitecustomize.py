@@ -29,6 +29,8 @@ def _on_import(target: str, before=None, after=None) -> None:
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(name)
+            if spec is None:  # not installed here: the import fails as it would without the hook
+                return None
             real_exec = spec.loader.exec_module
 
             def exec_module(module):
