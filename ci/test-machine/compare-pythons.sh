@@ -12,6 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 2 ] || { echo "usage: $0 PYTHON_A PYTHON_B [ROUNDS]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-2}
+case "$rounds" in [1-9]|[1-9][0-9]) ;; *) echo "error: ROUNDS='$rounds' is not a whole number from 1 to 99" >&2; exit 2 ;; esac
+for py in "$a" "$b"; do
+  [ -f "$py" ] && [ -x "$py" ] || { echo "error: $py is not an executable file (the python of a test venv)" >&2; exit 2; }
+done
 cpu() { /usr/bin/time -f "%U %S" "$@" 2>&1 >/dev/null | tail -n 1 | awk '{printf "%.2f", $1 + $2}'; }
 declare -A sum=([a]=0 [b]=0)
 for work in import collect engine; do

@@ -15,11 +15,14 @@
 # run the same, on more CPU).
 set -euo pipefail
 
-want=${PYTHON_DISTRIBUTION:-/usr/bin/python3.11}
+debian=/usr/bin/python3.11
+want=${PYTHON_DISTRIBUTION:-$debian}
 log() { echo "python: $*" >&2; }
-makes_venvs() { [ -x "$want" ] && "$want" -m ensurepip --version >/dev/null 2>&1; }
+runs() { [ -f "$want" ] && [ -x "$want" ]; }  # an executable file (a folder is "executable" too)
+makes_venvs() { runs && "$want" -m ensurepip --version >/dev/null 2>&1; }
 
-if [ -x "$want" ] && ! makes_venvs && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+# Debian's package gives ensurepip to Debian's interpreter only: nothing is installed for another one
+if [ "$want" = "$debian" ] && runs && ! makes_venvs && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   log "installing Debian's python3.11-venv (ensurepip for $want)"
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-venv \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-venv; }; } >&2 \
