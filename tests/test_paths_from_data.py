@@ -3,6 +3,8 @@ stays inside its root (rocm_vllm_runtime.files.inside): a value that would leave
 naming what to fix, and nothing is read or written outside."""
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -36,9 +38,6 @@ def test_a_file_name_from_pypi_cannot_leave_the_sdist_cache(tmp_path, filename, 
 
 
 def _sdist(path: Path, members: dict[str, bytes]) -> Path:
-    import io  # noqa: PLC0415
-    import tarfile  # noqa: PLC0415
-
     with tarfile.open(path, "w:gz") as tar:
         for name, body in members.items():
             info = tarfile.TarInfo(name)
@@ -47,22 +46,64 @@ def _sdist(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
+def _unpackers():
+    """Every entry point that unpacks an sdist: the lock's requirements/ tree and the whole tree the
+    tests read (tests/vllm_sdist.py), both through tools.pins.discover.unpack."""
+    from tools.pins import locks  # noqa: PLC0415
+
+    return {"lock's requirements": locks._sdist_tree, "whole sdist": discover.unpack}
+
+
+@pytest.mark.parametrize("unpacker", ["lock's requirements", "whole sdist"])
 @pytest.mark.parametrize("member", ["vllm-9.9/requirements/../../../../escape.txt",
                                     "vllm-9.9/requirements/a/../../../../../escape.txt",
                                     "vllm-9.9/requirements/../escape.txt", "vllm-9.9/requirements//escape.txt",
                                     "vllm-9.9/requirements/./escape.txt"])
-def test_an_sdist_member_cannot_leave_the_lock_s_scratch_folder(tmp_path, member):
-    """tools.pins lock unpacks the sdist's requirements/ into a scratch folder: every member's path is
-    joined name by name through files.inside, and one that is no path inside it stops the lock in one line."""
-    from tools.pins import locks  # noqa: PLC0415
-
+def test_an_sdist_member_cannot_leave_the_folder_it_is_unpacked_into(tmp_path, member, unpacker):
+    """Each member's path is joined name by name through files.inside, and one that is no path
+    inside the folder stops the unpacking in one line, whatever tarfile's own filters allow."""
     archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n",
                                                     member: b"escaped\n"})
     dest = tmp_path / "w" / "x" / "y" / "z" / "src"
     with pytest.raises(model.PinError) as err:
-        locks._sdist_tree(archive, dest)
+        _unpackers()[unpacker](archive, dest)
     assert "vllm-9.9.tar.gz" in str(err.value) and "\n" not in str(err.value)
     assert not [p for p in tmp_path.rglob("escape.txt")]
+
+
+@pytest.mark.parametrize("unpacker", ["lock's requirements", "whole sdist"])
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE, tarfile.CHRTYPE])
+def test_an_sdist_member_that_is_no_file_or_folder_stops_the_unpacking(tmp_path, kind, unpacker):
+    """A link (even one pointing inside), a FIFO or a device is refused in one line, nothing made."""
+    archive = tmp_path / "vllm-9.9.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("vllm-9.9/requirements/common.txt")
+        info.type, info.linkname = kind, "/etc/passwd" if kind == tarfile.SYMTYPE else "vllm-9.9/setup.py"
+        tar.addfile(info)
+    dest = tmp_path / "src"
+    with pytest.raises(model.PinError) as err:
+        _unpackers()[unpacker](archive, dest)
+    assert "neither a file nor a folder" in str(err.value) and "\n" not in str(err.value)
+    assert not (dest / "requirements" / "common.txt").exists()
+
+
+def test_the_whole_sdist_is_unpacked_below_its_top_folder_with_plain_modes(tmp_path):
+    archive = tmp_path / "vllm-9.9.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, mode, body in (("vllm-9.9/setup.py", 0o4775, b"#"), ("vllm-9.9/vllm/__init__.py", 0o666, b""),
+                                 ("vllm-9.9/empty", 0o700, None)):
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if body is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    dest = discover.unpack(archive, tmp_path / "src")
+    modes = {p.relative_to(dest).as_posix(): oct(p.stat().st_mode & 0o7777) for p in dest.rglob("*") if p.is_file()}
+    assert modes == {"setup.py": "0o755", "vllm/__init__.py": "0o644"}
+    assert (dest / "empty").is_dir()
 
 
 def test_an_sdist_s_requirements_are_unpacked_inside_the_scratch_folder(tmp_path):

@@ -4,7 +4,6 @@ from versions.json tracks.<track>.vllm.sdist), checked and unpacked into VLLM_SD
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -72,7 +71,6 @@ def sdist_source(track: str) -> Path:
         sha = model.track(versions(), track)["vllm"]["sdist"]["sha256"]
         src = cache_dir() / archive.name[: -len(".tar.gz")]
         if not (src / ".unpacked").is_file() or (src / ".unpacked").read_text().strip() != sha:
-            with tarfile.open(archive) as tar:
-                tar.extractall(cache_dir(), filter="data")
+            discover.unpack(archive, src)
             (src / ".unpacked").write_text(sha + "\n")
         return src

@@ -133,6 +133,41 @@ def fetch(sdist: Sdist, cache: Path) -> Path:
     return archive
 
 
+def unpack(archive: Path, dest: Path, keep=lambda path: True) -> Path:
+    """The sdist's files whose path below its top folder `keep` accepts, unpacked into dest (the top
+    folder left out). Each path is joined name by name through files.inside, so a member named ../
+    (or /, or with an empty part) stops it in one line with nothing written outside dest; only
+    folders and regular files are taken (a link or a device stops it), modes are 0644 or 0755.
+    Independent of tarfile's extraction filters (absent from Python 3.11 before 3.11.4)."""
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                path = member.name.split("/", 1)[1] if "/" in member.name else ""
+                if not path.strip("/") or not keep(path):
+                    continue
+                if not (member.isfile() or member.isdir()):
+                    raise PinError(f"{archive.name}: the member {member.name[:200]!r} is neither a file nor a "
+                                   "folder: not an sdist to unpack")
+                target = dest
+                try:
+                    for part in path.rstrip("/").split("/") if member.isdir() else path.split("/"):
+                        target = files.inside(target, part, "a member's path part")
+                except files.RefusedError as exc:
+                    raise PinError(f"{archive.name}: the member {member.name[:200]!r} is no path inside the "
+                                   f"sdist ({exc}): not an sdist to unpack") from None
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
+                target.chmod(0o755 if member.mode & 0o100 else 0o644)
+    except (tarfile.TarError, EOFError) as exc:
+        raise PinError(f"{archive}: not a readable sdist ({exc})") from None
+    except OSError as exc:
+        raise PinError(f"{archive.name}: cannot be unpacked into {dest} ({exc.strerror or exc})") from None
+    return dest
+
+
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

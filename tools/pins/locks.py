@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,27 +165,11 @@ def _includes(path: Path) -> list[Path]:
 
 
 def _sdist_tree(archive: Path, dest: Path) -> Path:
-    """The sdist's requirements/ folder, unpacked into dest: each member's path joined name by name
-    through files.inside, so a member named ../ (or /, or with an empty part) is refused in one line
-    and nothing is written outside dest."""
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.isfile() and len(m.name.split("/")) >= 3 and m.name.split("/")[1] == "requirements"]
-        if not members:
-            raise PinError(f"{archive.name}: no requirements/ folder in the sdist")
-        for member in members:
-            target = dest
-            try:
-                for part in member.name.split("/")[1:]:
-                    target = files.inside(target, part, "a member's path part")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
-            except files.RefusedError as exc:
-                raise PinError(f"{archive.name}: the member {member.name[:200]!r} is no path inside the sdist "
-                               f"({exc}): not an sdist to lock from") from None
-            except OSError as exc:
-                raise PinError(f"{archive.name}: the member {member.name[:200]!r} cannot be unpacked "
-                               f"({exc.strerror}): not an sdist to lock from") from None
+    """The sdist's requirements/ folder, unpacked into dest (discover.unpack: a member that would
+    leave dest is refused in one line and nothing is written outside it)."""
+    discover.unpack(archive, dest, keep=lambda path: path.startswith("requirements/"))
+    if not (dest / "requirements").is_dir():
+        raise PinError(f"{archive.name}: no requirements/ folder in the sdist")
     return dest
 
 
