@@ -66,6 +66,8 @@ KNOWN = {
     ("tools/pins/model.py", "replace"): (1, "versions.json and the lock files, renamed into place whole"),
     ("tools/pins/discover.py", "delete"): (1, "a download it made (.part) whose sha256 is wrong"),
     ("tools/pins/discover.py", "replace"): (1, "a checked download renamed into the sdist cache"),
+    ("tools/pins/discover.py", "write"): (1, "an sdist's files, unpacked into the folder its caller names (a lock's "
+                                          "scratch tree, the tests' sdist cache), each path joined by files.inside"),
     ("tools/pins/locks.py", "spawn"): (1, "uv pip compile, with its deadline (the pins job, outside the image)"),
     ("docker/check_aiter.py", "spawn"): (1, "ldd on a built module, in the aiter-wheel build stage"),
     ("docker/ray_layer.py", "spawn"): (1, "ray imported from the Ray layer it staged, in the ray-installed stage"),
@@ -75,8 +77,7 @@ KNOWN = {
     ("docker/pinned_dists.py", "write"): (5, "triton's alias metadata, the pin report, and torch's Triton "
                                                 "requirement (therock), in a build stage"),
     ("tools/pins/resolve.py", "write"): (1, "a file of a fetched commit in its scratch tree (fetch_files)"),
-    ("tools/pins/locks.py", "write"): (4, "an sdist's files in its scratch tree; a lock's input, override and "
-                                       "preference files"),
+    ("tools/pins/locks.py", "write"): (3, "a lock's input, override and preference files"),
     ("tools/pins/model.py", "write"): (1, "versions.json's writer: its temporary file (all files or none)"),
     ("backend/src/vllm_aiter_mla/cpu_dev.py", "write"): (1, "the CPU development mode's call counts (a file "
                                                            "under /tmp); the backend package does not depend "
