@@ -844,7 +844,7 @@ def test_resolve_names_every_item_it_cannot_reach(tree, blackhole):
     d = sources_at(path, blackhole)
     before = {p.name: p.read_text() for p in tree.iterdir()}
     proc = resolve_all(path, "--registry", blackhole, "--write",
-                       env=offline_env(NO_PROXY="*", PINS_TIMEOUT="3", PINS_CONNECT_TIMEOUT="1"))
+                       env=offline_env(NO_PROXY="*", PINS_TIMEOUT="1", PINS_CONNECT_TIMEOUT="0.5"))
     assert proc.returncode == 1
     *lines, summary = proc.stderr.strip().splitlines()
     tracks = model.track_names(d)
