@@ -2,6 +2,8 @@
 
     python engine_driver.py --backend ours|cpu_mla --plan plan.json --out result.json
 
+The results so far are written to --out after each engine (the plan's engines in its order).
+
 One process runs every configuration of one backend the tests ask for (``plan.json``: a list of
 runs, each naming its model, dtype, schedule, fault and kernels), one engine after another: vLLM, torch and
 the plugin are imported once, and the runs that share an engine's settings (model, dtype, prefix
@@ -400,10 +402,13 @@ def main() -> None:
     for run in read_plan(args.plan):
         engines.setdefault(engine_settings(run), []).append(run)
     found: dict[str, dict] = {}
-    for runs in engines.values():
+    for runs in engines.values():  # in the plan's order: the run a test waits for first, first
         found.update(run_engine(args.backend, runs))
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(found, f)
+        # after each engine, whole (a reader never sees half a file): a test reads its run as soon as it is here
+        partial = f"{args.out}.part"
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(found, f)
+        os.replace(partial, args.out)
 
 
 if __name__ == "__main__":
