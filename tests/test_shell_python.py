@@ -40,8 +40,7 @@ ALLOWED = {
     ("Dockerfile.rocm_base", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
     ("deploy/kubernetes/overlays/multinode/leaderworkerset.yaml", "inline"): (
         1, "the leader's wait until its group's Ray nodes are alive (ray.nodes()); compose.ray.yaml runs "
-           "deploy/ray/ray_cluster.py wait for that, which the image does not carry: still to move into the "
-           "runtime, so that both run one module"),
+           "the image's rocm_vllm_runtime.ray_cluster wait for that: still to run that module here too"),
     ("ci/test-machine/registry.sh", "inline"): (2, "a free local port and a random password for the test registry "
                                                    "(the standard library's socket and secrets), no decision"),
 }

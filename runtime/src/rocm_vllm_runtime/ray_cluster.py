@@ -1,13 +1,14 @@
-"""Ray cluster membership for compose.ray.yaml: every node advertises what it runs as a Ray custom
-resource, and the head serves only when the expected number of nodes has joined and every one of
-them matches the head.
+"""Ray cluster membership for compose.ray.yaml (run by deploy/ray/ray-node.sh, from the image's
+runtime package): every node advertises what it runs as a Ray custom resource, and the head serves
+only when the expected number of nodes has joined and every one of them matches the head.
 
-  python3 ray_cluster.py identity        the resource name of this node: image manifest + GPUs
-  python3 ray_cluster.py wait N          (head) wait until N alive nodes carry the head's identity;
-                                         a node that differs is refused with one line, exit 1
-  python3 ray_cluster.py settings        RAY_NODES and RAY_JOIN_TIMEOUT checked, printed as one
-                                         line `N S` for ray-node.sh; exit 2 with one line naming
-                                         the setting when one is no whole number >= 1
+  python3 -m rocm_vllm_runtime.ray_cluster identity    the resource name of this node: image content + GPUs
+  python3 -m rocm_vllm_runtime.ray_cluster wait N      (head) wait until N alive nodes carry the head's
+                                                       identity; a node that differs is refused with one
+                                                       line, exit 1
+  python3 -m rocm_vllm_runtime.ray_cluster settings    RAY_NODES and RAY_JOIN_TIMEOUT checked, printed as
+                                                       one line `N S`; exit 2 with one line naming the
+                                                       setting when one is no whole number >= 1
 
 RAY_NODES (default 2) and RAY_JOIN_TIMEOUT (seconds, default 1200) are whole numbers from 1 to
 MAX_SETTING (unset or empty: the default): no sign, fraction, exponent, NaN or infinity.
@@ -22,13 +23,16 @@ this repository differ.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from rocm_vllm_runtime import numeric
 
 PREFIX = "rocm-vllm-"
 DEFAULT_MANIFEST = "/opt/rocm-vllm/manifest.json"
@@ -54,23 +58,9 @@ class SettingError(ValueError):
     """A setting that is no whole number >= 1; the message is one line naming it."""
 
 
-def _numeric():
-    """rocm_vllm_runtime.numeric: the installed one (the image), else this checkout's file, loaded
-    alone (the runtime package stays unimported: owned_paths looks for it)."""
-    try:
-        from rocm_vllm_runtime import numeric  # noqa: PLC0415
-    except ModuleNotFoundError:
-        path = Path(__file__).resolve().parents[2] / "runtime/src/rocm_vllm_runtime/numeric.py"
-        spec = importlib.util.spec_from_file_location("ray_cluster_numeric", path)
-        numeric = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(numeric)
-    return numeric
-
-
 def whole_number(name: str, value: str | None, default: int, unit: str) -> int:
     """value (unset: default) as a whole number from 1 to MAX_SETTING (read by the one reading of
     numbers, rocm_vllm_runtime.numeric), else SettingError."""
-    numeric = _numeric()
     if value is None or value == "":
         return default
     try:
@@ -83,6 +73,8 @@ def whole_number(name: str, value: str | None, default: int, unit: str) -> int:
 
 def settings(env: Mapping[str, str]) -> dict[str, int]:
     return {name: whole_number(name, env.get(name), default, unit) for name, default, unit in SETTINGS}
+
+
 OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
 
 
@@ -139,9 +131,9 @@ def check(nodes: Iterable[Mapping], expected: int, head_identity: str) -> tuple[
     return len(alive) == expected, ""
 
 
-def wait(expected: int, timeout: float, interval: float = 5.0) -> int:
+def wait(expected: int, timeout: float, interval: float = 5.0, env: Mapping[str, str] = os.environ) -> int:
     import ray
-    me = identity()
+    me = identity(env)
     ray.init(address="auto", logging_level="ERROR")
     deadline = time.monotonic() + timeout
     joined = 0
@@ -163,24 +155,29 @@ def wait(expected: int, timeout: float, interval: float = 5.0) -> int:
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["identity"] and len(argv) == 1:
-        print(identity())
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.ray_cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("identity", help="this node's identity (a Ray resource name)")
+    commands.add_parser("settings", help="check RAY_NODES and RAY_JOIN_TIMEOUT, print them as `N S`")
+    command = commands.add_parser("wait", help="(head) wait for N nodes that carry this node's identity")
+    command.add_argument("nodes", metavar="N", help="the number of nodes (a whole number >= 1)")
+    args = parser.parse_args(argv)
+    if args.command == "identity":
+        print(identity(env))
         return 0
     try:
-        if argv[:1] == ["settings"] and len(argv) == 1:
-            found = settings(os.environ)
+        if args.command == "settings":
+            found = settings(env)
             print(found["RAY_NODES"], found["RAY_JOIN_TIMEOUT"])
             return 0
-        if argv[:1] == ["wait"] and len(argv) == 2:
-            expected = whole_number("RAY_NODES", argv[1], 2, "nodes")
-            return wait(expected, settings(os.environ)["RAY_JOIN_TIMEOUT"])
+        expected = whole_number("RAY_NODES", args.nodes, 2, "nodes")
+        return wait(expected, settings(env)["RAY_JOIN_TIMEOUT"], env=env)
     except SettingError as exc:
         print(exc, file=sys.stderr, flush=True)
         return 2
-    print("usage: ray_cluster.py identity | settings | wait N", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
