@@ -1,5 +1,6 @@
-"""Stand-ins for what a Ray node's script runs, for the tests of compose.ray.yaml's node script
-(deploy/ray/ray-node.sh). Ray itself is not in the CPU test image: vLLM 0.32's CPU platform refuses Ray.
+"""Stand-ins for what a Ray node's script runs, shared by the tests of compose.ray.yaml's node script
+(deploy/ray/ray-node.sh) and of the LeaderWorkerSet's leader and worker (tests/test_kubernetes.py).
+Ray itself is not in the CPU test image: vLLM 0.32's CPU platform refuses Ray.
 
 * `ray`, a command that records its arguments, one line per call; `ray status` fails (the head is
   gone), every other call succeeds;

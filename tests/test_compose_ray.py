@@ -89,7 +89,7 @@ def stand_ins(tmp_path):
 
 def test_node_script_runs_the_images_membership_module():
     """The mounted deploy/ray holds the node script only: settings, identity and wait are the image's
-    module."""
+    module, the one the LeaderWorkerSet runs too."""
     script = NODE_SCRIPT.read_text()
     for command in ("settings", "identity", 'wait "$nodes"'):
         assert f"python3 -m rocm_vllm_runtime.ray_cluster {command}" in script, command

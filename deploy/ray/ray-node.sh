@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One node of a Ray cluster serving one model (compose.ray.yaml). Runs after the image's guard
 # (the entrypoint runs it for every command), on the host network. Cluster membership (settings,
-# identity, wait) is the image's module rocm_vllm_runtime.ray_cluster.
+# identity, wait) is the image's module rocm_vllm_runtime.ray_cluster, which the LeaderWorkerSet runs too.
 #
 #   ray-node.sh head     start the Ray head, wait for RAY_NODES nodes that match this one (image
 #                        manifest, GPUs), then the server with --distributed-executor-backend ray

@@ -1,7 +1,8 @@
-"""rocm_vllm_runtime.ray_cluster, the Ray cluster membership compose.ray.yaml's node script
-(deploy/ray/ray-node.sh) runs: the check of Ray's node list against the head's identity, the
-identity over every layer the repository owns, the settings (RAY_NODES, RAY_JOIN_TIMEOUT) and the
-wait's messages. The node script that runs it: tests/test_compose_ray.py."""
+"""rocm_vllm_runtime.ray_cluster, the Ray cluster membership both multi-host deployments run
+(compose.ray.yaml through deploy/ray/ray-node.sh, the LeaderWorkerSet with --lws): the check of
+Ray's node list against the head's identity, the identity over every layer the repository owns,
+the settings (RAY_NODES or LWS_GROUP_SIZE, RAY_JOIN_TIMEOUT) and the wait's messages. The node
+scripts that run it: tests/test_compose_ray.py and tests/test_kubernetes.py."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,10 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from rocm_vllm_runtime import ray_cluster
+from rocm_vllm_runtime.ray_cluster import COMPOSE, LWS
 
 
 def node(identity, alive=True, address="10.0.0.9"):
@@ -17,7 +21,7 @@ def node(identity, alive=True, address="10.0.0.9"):
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "LWS_"))}
     return subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.ray_cluster", *args], env={**clean, **env},
                           capture_output=True, text=True, timeout=120)
 
@@ -35,6 +39,18 @@ def test_cluster_ready_only_when_every_expected_node_matches_the_head():
     assert not ready and "gfx950x8" in error
     ready, error = ray_cluster.check([node(me)] * 3, 2, me)
     assert not ready and "RAY_NODES" in error
+
+
+def test_a_group_names_its_own_settings_and_pods():
+    """--lws: the same check, the LeaderWorkerSet's words (its group size, its pods; no compose)."""
+    me = "rocm-vllm-0123456789ab-gfx942x8"
+    assert ray_cluster.check([node(me), node(me)], 2, me, LWS) == (True, "")
+    ready, error = ray_cluster.check([node(me), {"Alive": True, "NodeManagerAddress": "10.0.0.7",
+                                                 "Resources": {"GPU": 8.0}}], 2, me, LWS)
+    assert not ready and error.startswith("error: Ray node 10.0.0.7 runs no rocm-vllm identity, the head ")
+    assert "pods" in error and "SERVE_IMAGE" not in error and "\n" not in error
+    ready, error = ray_cluster.check([node(me)] * 3, 2, me, LWS)
+    assert not ready and "3 Ray nodes joined, LWS_GROUP_SIZE says 2" in error and "RAY_NODES" not in error
 
 
 # ----------------------------------------------------------------- identity
@@ -90,17 +106,44 @@ def test_counts_take_their_defaults_when_unset_or_empty_and_wait_checks_its_argu
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "4 30\n", "")
 
 
+@pytest.mark.parametrize("value", ["", "abc", "0", "-2", "2.0", "1e3", "inf", " 2", "99999999999"])
+def test_a_group_size_is_required_and_a_whole_number(value):
+    """--lws: the node count is LWS_GROUP_SIZE, which the LeaderWorkerSet controller sets in each pod:
+    no default, and a bad one is one line naming it (exit 2)."""
+    proc = run("settings", "--lws", env={"LWS_GROUP_SIZE": value, "RAY_JOIN_TIMEOUT": "30"})
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert proc.stderr.startswith(f"error: LWS_GROUP_SIZE={value!r} is not a whole number of nodes from 1 to "), \
+        proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    proc = run("wait", "--lws", value, env={"RAY_JOIN_TIMEOUT": "30"})
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: LWS_GROUP_SIZE={value!r} is not"), proc.stderr
+
+
+def test_a_group_reads_its_size_and_the_join_timeout():
+    assert ray_cluster.settings({"LWS_GROUP_SIZE": "3"}, LWS) == {"LWS_GROUP_SIZE": 3, "RAY_JOIN_TIMEOUT": 1200}
+    proc = run("settings", "--lws", env={"LWS_GROUP_SIZE": "2", "RAY_JOIN_TIMEOUT": "010", "RAY_NODES": "x"})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "2 10\n", "")  # RAY_NODES is compose's: not read
+    proc = run("settings", "--lws", env={"LWS_GROUP_SIZE": "2", "RAY_JOIN_TIMEOUT": "nan"})
+    assert proc.returncode == 2 and proc.stderr.startswith("error: RAY_JOIN_TIMEOUT='nan'"), proc.stderr
+    proc = run("identity", "--lws", env={})
+    assert proc.returncode == 2 and "usage:" in proc.stderr  # the identity is the same in both
+
+
 # ----------------------------------------------------------------- the wait, with a stand-in ray module
 
-def test_the_wait_says_how_many_joined_and_what_to_do(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("deployment, says", [
+    (COMPOSE, "error: 1 of 2 Ray nodes joined within 0s: start the workers (docker compose -f compose.ray.yaml "
+              "--profile worker up -d) or raise RAY_JOIN_TIMEOUT"),
+    (LWS, "error: 1 of 2 Ray nodes joined within 0s: read the worker pods' logs, or raise RAY_JOIN_TIMEOUT"),
+])
+def test_the_wait_says_what_to_do_in_each_deployment(monkeypatch, capsys, tmp_path, deployment, says):
     env = {"ROCM_VLLM_MANIFEST": str(tmp_path / "manifest.json")}
     me = ray_cluster.identity(env)
     listed = [[node(me)]]
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=lambda **kwargs: None,
                                                                   nodes=lambda: listed[0]))
-    assert ray_cluster.wait(2, 0, interval=0, env=env) == 1
-    assert capsys.readouterr().err == ("error: 1 of 2 Ray nodes joined within 0s: start the workers (docker compose "
-                                       "-f compose.ray.yaml --profile worker up -d) or raise RAY_JOIN_TIMEOUT\n")
+    assert ray_cluster.wait(2, 0, interval=0, deployment=deployment, env=env) == 1
+    assert capsys.readouterr().err == says + "\n"
     listed[0] = [node(me), node(me, address="10.0.0.2")]
-    assert ray_cluster.wait(2, 0, interval=0, env=env) == 0
+    assert ray_cluster.wait(2, 0, interval=0, deployment=deployment, env=env) == 0
     assert capsys.readouterr().err == f"[rocm-vllm] ray: 2 of 2 nodes joined, all {me}\n"
