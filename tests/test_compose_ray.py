@@ -1,29 +1,25 @@
 """compose.ray.yaml (one model across hosts with Ray, Docker alone): `docker compose config`
 validates each profile, the nodes get the GPU devices, groups and host network, and the node
 script deploy/ray/ray-node.sh runs its head and worker paths against stand-ins for the `ray`
-command, the `ray` module and the image's entrypoint (Ray itself is not in the CPU test image:
-vLLM 0.32's CPU platform refuses Ray)."""
+command, the `ray` module and the image's entrypoint (tests/ray_stand_ins.py; Ray itself is not in
+the CPU test image: vLLM 0.32's CPU platform refuses Ray). The script's membership checks are the
+image's rocm_vllm_runtime.ray_cluster (the checkout's, on PYTHONPATH), tested on its own in
+runtime/tests/test_ray_cluster.py."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import compose_cli
 import pytest
+import ray_stand_ins
+from ray_stand_ins import node
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_FILE = "compose.ray.yaml"
 NODE_SCRIPT = ROOT / "deploy/ray/ray-node.sh"
 BASE_ENV = {"RENDER_GID": "109", "RAY_HEAD_ADDRESS": "10.0.0.1"}
-
-spec = importlib.util.spec_from_file_location("ray_cluster", ROOT / "deploy/ray/ray_cluster.py")
-ray_cluster = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ray_cluster)
 
 
 def compose_config(*profiles, env=None, check=True, files=(RAY_FILE,)):
@@ -79,91 +75,25 @@ def test_required_settings_are_named(missing):
     assert proc.returncode != 0 and missing in proc.stderr, proc.stderr
 
 
-# ----------------------------------------------------------------- membership check
-
-def node(identity, alive=True, address="10.0.0.9"):
-    return {"Alive": alive, "NodeManagerAddress": address, "Resources": {"GPU": 8.0, identity: 1.0, "CPU": 64.0}}
-
-
-def test_cluster_ready_only_when_every_expected_node_matches_the_head():
-    me = "rocm-vllm-0123456789ab-gfx942x8"
-    assert ray_cluster.check([node(me)], 2, me) == (False, "")
-    assert ray_cluster.check([node(me), node(me)], 2, me) == (True, "")
-    assert ray_cluster.check([node(me), node(me), node("x", alive=False)], 2, me) == (True, "")
-    ready, error = ray_cluster.check([node(me), node("rocm-vllm-ffffffffffff-gfx942x8", address="10.0.0.7")], 2, me)
-    assert not ready and error.startswith("error: Ray node 10.0.0.7") and "SERVE_IMAGE" in error and "\n" not in error
-    ready, error = ray_cluster.check([node(me), node("rocm-vllm-0123456789ab-gfx950x8")], 2, me)
-    assert not ready and "gfx950x8" in error
-    ready, error = ray_cluster.check([node(me)] * 3, 2, me)
-    assert not ready and "RAY_NODES" in error
-
-
-def test_identity_names_the_manifest_and_the_gpus(tmp_path):
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text('{"vllm": {"version": "0.32.0"}}')
-    a = ray_cluster.identity({"ROCM_VLLM_MANIFEST": str(manifest)})
-    manifest.write_text('{"vllm": {"version": "0.32.1"}}')
-    b = ray_cluster.identity({"ROCM_VLLM_MANIFEST": str(manifest)})
-    assert a.startswith("rocm-vllm-") and a != b and a.endswith("-cpu")
-
-
-def test_identity_covers_every_owned_layer_not_only_the_manifest(tmp_path):
-    """The manifest sits below the runtime, backend and application layers: two images of different
-    commits of this repository can share it. Their identities must differ all the same."""
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text('{"vllm": {"version": "0.33.0"}}')
-    app = tmp_path / "app"
-    (app / "ci" / "suites").mkdir(parents=True)
-    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 1\n")
-    env = {"ROCM_VLLM_MANIFEST": str(manifest), "ROCM_VLLM_APP_DIR": str(app)}
-    before = ray_cluster.identity(env)
-    (app / "ci" / "suites" / "__pycache__").mkdir()
-    (app / "ci" / "suites" / "__pycache__" / "test_smoke.cpython-312.pyc").write_bytes(b"cache")
-    assert ray_cluster.identity(env) == before  # byte-code caches are not content
-    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 2\n")
-    assert ray_cluster.identity(env) != before
-    # the installed backend and runtime packages count: a changed file of a package changes the digest
-    package = tmp_path / "vllm_aiter_mla"
-    package.mkdir()
-    (package / "backend.py").write_text("a\n")
-    one = ray_cluster.content_digest([manifest, package])
-    (package / "backend.py").write_text("b\n")
-    assert ray_cluster.content_digest([manifest, package]) != one
-    owned = ray_cluster.owned_paths(env)
-    assert {p.name for p in owned[2:]} == set(ray_cluster.OWNED_PACKAGES)  # found where they are installed
-
-
 # ----------------------------------------------------------------- the node script, with stand-ins
-
-def executable(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
 
 @pytest.fixture()
 def stand_ins(tmp_path):
-    """PATH with a `ray` command that records its arguments, a `ray` module whose nodes() come from
-    FAKE_RAY_NODES, a python3 that is this interpreter, and an entrypoint that prints its argv."""
-    bin_dir, py_dir = tmp_path / "bin", tmp_path / "py" / "ray"
-    bin_dir.mkdir()
-    py_dir.mkdir(parents=True)
-    log = tmp_path / "ray-calls.txt"
-    executable(bin_dir / "ray", f'#!/bin/sh\necho "$*" >> {log}\n'
-                                '[ "$1" = status ] && exit 1\nexit 0\n')
-    (bin_dir / "python3").symlink_to(sys.executable)
-    (py_dir / "__init__.py").write_text("import json, os\n\ndef init(**kwargs):\n    pass\n\n"
-                                        "def nodes():\n    return json.loads(os.environ['FAKE_RAY_NODES'])\n")
-    entry = executable(tmp_path / "entrypoint.sh", '#!/bin/sh\necho "ENTRYPOINT $*"\n')
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text("{}")
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "py"),
-           "ROCM_VLLM_ENTRYPOINT": str(entry), "ROCM_VLLM_MANIFEST": str(manifest),
-           "RAY_HEAD_ADDRESS": "10.0.0.1", "RAY_JOIN_TIMEOUT": "1", "HOME": str(tmp_path)}
-    # the identity as the node script computes it: the same python3, the same environment
-    me = subprocess.run([bin_dir / "python3", ROOT / "deploy/ray/ray_cluster.py", "identity"], env=env,
-                        capture_output=True, text=True, check=True).stdout.strip()
-    return env, log, me
+    """tests/ray_stand_ins.py's stand-ins, with the settings compose.ray.yaml gives (the entrypoint
+    through ROCM_VLLM_ENTRYPOINT, a join timeout of 1 s): (env, the `ray` calls' log, the identity)."""
+    found = ray_stand_ins.stand_ins(tmp_path)
+    env = {**found.env, "ROCM_VLLM_ENTRYPOINT": str(found.entrypoint), "RAY_HEAD_ADDRESS": "10.0.0.1",
+           "RAY_JOIN_TIMEOUT": "1"}
+    return env, found.log, found.me
+
+
+def test_node_script_runs_the_images_membership_module():
+    """The mounted deploy/ray holds the node script only: settings, identity and wait are the image's
+    module, the one the LeaderWorkerSet runs too."""
+    script = NODE_SCRIPT.read_text()
+    for command in ("settings", "identity", 'wait "$nodes"'):
+        assert f"python3 -m rocm_vllm_runtime.ray_cluster {command}" in script, command
+    assert not list(NODE_SCRIPT.parent.glob("*.py"))
 
 
 def run_node(role, env, timeout=120):
@@ -220,15 +150,3 @@ def test_node_script_refuses_a_count_that_is_no_whole_number(stand_ins, role, se
     assert " is not a whole number of " in proc.stderr and proc.stderr.count("\n") == 1 and \
         "Traceback" not in proc.stderr, proc.stderr
     assert not log.exists() and "ENTRYPOINT" not in proc.stdout
-
-
-def test_counts_take_their_defaults_when_unset_or_empty_and_wait_checks_its_argument(stand_ins):
-    env, log, me = stand_ins
-    assert ray_cluster.settings({}) == {"RAY_NODES": 2, "RAY_JOIN_TIMEOUT": 1200}
-    assert ray_cluster.settings({"RAY_NODES": "", "RAY_JOIN_TIMEOUT": "30"}) == {"RAY_NODES": 2, "RAY_JOIN_TIMEOUT": 30}
-    proc = subprocess.run([sys.executable, ROOT / "deploy/ray/ray_cluster.py", "wait", "two"], env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: RAY_NODES='two' is not a whole number"), proc.stderr
-    proc = subprocess.run([sys.executable, ROOT / "deploy/ray/ray_cluster.py", "wait", "2"],
-                          env={**env, "RAY_JOIN_TIMEOUT": "inf"}, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: RAY_JOIN_TIMEOUT='inf'"), proc.stderr

@@ -2,7 +2,9 @@
 the Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail), and the settings a
 ROCm server needs are in the rendered objects. The overlays render from a copy of deploy/kubernetes
 with base/secrets.env written as docs/multi-host.md says (the file the Secret is made from; without it the
-render stops, naming it). tests/test_kubernetes_run.py runs the rendered containers on Docker.
+render stops, naming it). The LeaderWorkerSet's leader and worker scripts run as rendered against
+stand-ins for Ray and the entrypoint (tests/ray_stand_ins.py). tests/test_kubernetes_run.py runs the
+rendered containers on Docker.
 
 LeaderWorkerSet is a custom resource whose CRD schema is not packaged on PyPI, Debian or npm:
 its pod templates (leader and worker) are validated as core PodTemplates, and its own fields
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import jsonschema
 import pytest
+import ray_stand_ins
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -r tests/requirements.txt")
 yaml = pytest.importorskip("yaml", reason="pip install -r tests/requirements.txt")
@@ -362,21 +366,106 @@ def test_without_the_secrets_file_the_render_stops_naming_it(tmp_path, overlay):
     assert (K8S / "base/.gitignore").read_text().splitlines()[-1] == "secrets.env"
 
 
-BAD_JOIN_TIMEOUTS = ("", "abc", "0", "-5", "nan", "inf", "1e3", "1.5", "010", " 5", "9999999999")
+# ----------------------------------------------------------------- the LeaderWorkerSet's scripts, with stand-ins
+
+IMAGE_ENTRYPOINT = "/opt/rocm-vllm/entrypoint.sh"
+
+
+@pytest.fixture()
+def stand_ins(tmp_path) -> ray_stand_ins.StandIns:
+    return ray_stand_ins.stand_ins(tmp_path)
+
+
+def run_lws(rendered, role: str, found: ray_stand_ins.StandIns, **env: str) -> subprocess.CompletedProcess:
+    """A LeaderWorkerSet container's script as rendered, with its plain env, what the controller
+    injects (a group of 2, the leader at 10.0.0.1), a join timeout of 1 s and tests/ray_stand_ins.py's
+    stand-ins (the image's python3 -m rocm_vllm_runtime.ray_cluster is the checkout's); the leader's
+    path to the image's entrypoint points at the stand-in."""
+    c = container(pod_templates(one(rendered["multinode"], "LeaderWorkerSet"))[role])
+    args = list(c["args"])
+    assert args[2].count(IMAGE_ENTRYPOINT) == (role == "leader"), args[2]
+    args[2] = args[2].replace(IMAGE_ENTRYPOINT, str(found.entrypoint))
+    plain = {name: value for name, value in env_of(c).items() if isinstance(value, str)}
+    injected = {"LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "10.0.0.1",
+                "LWS_WORKER_INDEX": "0" if role == "leader" else "1"}
+    return subprocess.run(args, env={**plain, **found.env, **injected, "RAY_JOIN_TIMEOUT": "1", **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_lws_scripts_run_the_images_membership_module(rendered):
+    """No Python written inline: the settings, the identity and the wait are the module compose.ray.yaml's
+    node script runs too (tests/test_shell_python.py holds the manifest to no inline Python)."""
+    templates = pod_templates(one(rendered["multinode"], "LeaderWorkerSet"))
+    leader, worker = container(templates["leader"])["args"][2], container(templates["worker"])["args"][2]
+    for script in (leader, worker):
+        assert "python3 -m rocm_vllm_runtime.ray_cluster settings --lws" in script
+        assert "python3 -m rocm_vllm_runtime.ray_cluster identity" in script
+        assert '--resources="{\\"$me\\": 1}"' in script
+        assert "python3 -c" not in script and "case " not in script
+    assert 'python3 -m rocm_vllm_runtime.ray_cluster wait --lws "$nodes"' in leader
+
+
+def test_lws_leader_advertises_its_identity_waits_for_its_group_then_serves(rendered, stand_ins):
+    me = stand_ins.me
+    proc = run_lws(rendered, "leader", stand_ins, FAKE_RAY_NODES=json.dumps(
+        [ray_stand_ins.node(me, address="10.0.0.1"), ray_stand_ins.node(me, address="10.0.0.2")]))
+    assert proc.returncode == 0, proc.stderr
+    (start,) = stand_ins.log.read_text().splitlines()
+    assert start.startswith("start --head --port=6379 --num-gpus=8") and f'--resources={{"{me}": 1}}' in start
+    assert f"[rocm-vllm] ray: 2 of 2 nodes joined, all {me}" in proc.stderr
+    assert proc.stdout.strip() == "ENTRYPOINT serve --distributed-executor-backend ray --pipeline-parallel-size 2"
+
+
+def test_lws_leader_refuses_a_node_that_differs_and_a_group_that_never_fills(rendered, stand_ins):
+    me, node = stand_ins.me, ray_stand_ins.node
+    other = "rocm-vllm-ffffffffffff-gfx90ax8"
+    differs = json.dumps([node(me), node(other, address="10.0.0.5")])
+    proc = run_lws(rendered, "leader", stand_ins, FAKE_RAY_NODES=differs)
+    assert proc.returncode == 1 and "ENTRYPOINT" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: Ray node 10.0.0.5 runs ['{other}'], the head {me}: "), proc.stderr
+    # a worker that advertises no identity (one of an older manifest) is refused as well
+    bare = {"Alive": True, "NodeManagerAddress": "10.0.0.6", "Resources": {"GPU": 8.0}}
+    proc = run_lws(rendered, "leader", stand_ins, FAKE_RAY_NODES=json.dumps([node(me), bare]))
+    assert proc.returncode == 1 and "error: Ray node 10.0.0.6 runs no rocm-vllm identity" in proc.stderr
+    proc = run_lws(rendered, "leader", stand_ins, FAKE_RAY_NODES=json.dumps([node(me)]))
+    assert proc.returncode == 1 and "ENTRYPOINT" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == ("error: 1 of 2 Ray nodes joined within 1s: read the worker pods' "
+                                                    "logs, or raise RAY_JOIN_TIMEOUT"), proc.stderr
+
+
+def test_lws_worker_joins_the_leader_with_its_identity_and_exits_when_it_is_gone(rendered, stand_ins):
+    proc = run_lws(rendered, "worker", stand_ins)
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("error: lost the Ray head 10.0.0.1:6379"), proc.stderr
+    start, status = stand_ins.log.read_text().splitlines()
+    assert start.startswith("start --address=10.0.0.1:6379 --num-gpus=8")
+    assert f'--resources={{"{stand_ins.me}": 1}}' in start and status == "status --address=10.0.0.1:6379"
+
+
+# Read by rocm_vllm_runtime.numeric, as compose's (empty: the default, 1200 s; "010": 10 s).
+BAD_JOIN_TIMEOUTS = ("abc", "0", "-5", "nan", "inf", "1e3", "1.5", " 5", "9999999999", "0x10", "+5")
 
 
 @pytest.mark.parametrize("value", BAD_JOIN_TIMEOUTS)
 @pytest.mark.parametrize("role", ("leader", "worker"))
-def test_lws_scripts_refuse_a_join_timeout_that_is_no_whole_number_of_seconds(rendered, role, value, tmp_path):
+def test_lws_scripts_refuse_a_join_timeout_that_is_no_whole_number_of_seconds(rendered, role, value, stand_ins):
     """Before Ray starts: one line naming RAY_JOIN_TIMEOUT, exit 2 (bash arithmetic would read `abc` as 0
     and stop at `1e3` with its own message). `ray` is a stand-in that records any call."""
-    lws = one(rendered["multinode"], "LeaderWorkerSet")
-    c = container(pod_templates(lws)[role])
-    (tmp_path / "ray").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'calls'}\nexit 1\n")
-    (tmp_path / "ray").chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "RAY_JOIN_TIMEOUT": value, "RAY_PORT": "6379",
-           "GPUS_PER_NODE": "8", "LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "10.0.0.1"}
-    proc = subprocess.run(c["args"], env=env, capture_output=True, text=True, timeout=30)
+    proc = run_lws(rendered, role, stand_ins, RAY_JOIN_TIMEOUT=value)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: RAY_JOIN_TIMEOUT='{value}' "), proc.stderr
-    assert not (tmp_path / "calls").exists()
+    assert " is not a whole number of seconds " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not stand_ins.log.exists()
+
+
+@pytest.mark.parametrize("value", ("", "010"))
+@pytest.mark.parametrize("role", ("leader", "worker"))
+def test_lws_scripts_take_an_empty_or_zero_padded_join_timeout_as_compose_does(rendered, role, value, stand_ins):
+    """Empty: the default (1200 s); leading zeros: decimal (bash arithmetic would read 010 as 8)."""
+    nodes = [ray_stand_ins.node(stand_ins.me), ray_stand_ins.node(stand_ins.me, address="10.0.0.2")]
+    proc = run_lws(rendered, role, stand_ins, RAY_JOIN_TIMEOUT=value, FAKE_RAY_NODES=json.dumps(nodes))
+    assert stand_ins.log.read_text().startswith("start "), proc.stderr
+    if role == "leader":
+        assert proc.returncode == 0 and proc.stdout.startswith("ENTRYPOINT serve "), proc.stderr
+    else:
+        assert proc.returncode == 1 and proc.stderr.strip().endswith("error: lost the Ray head 10.0.0.1:6379")

@@ -43,14 +43,15 @@ the Secret (unset), the second with it empty: startup, readiness and liveness pr
 
 multinode (LeaderWorkerSet + Ray): the leader's container runs as rendered with a group of size 1
 (LWS_GROUP_SIZE=1, LWS_LEADER_ADDRESS=127.0.0.1, the values the LeaderWorkerSet controller injects):
-it validates RAY_JOIN_TIMEOUT, starts the Ray head, sees its group complete and runs the image's
-serve command with --distributed-executor-backend ray. There vLLM 0.32's CPU platform stops: its
-Ray device key is empty ("current platform cpu does not support ray", vllm/v1/executor/ray_utils.py),
-so on CPU the leader exits with that line and its probes, its exec liveness probe and a completion
-are not run; the test asserts that this is where it ends (should a CPU vLLM serve through Ray, the
-test goes on with the probes and a completion). Not run at all: a worker joining a head (a second
-Ray node on the same host network) and a group of two; the worker's container is run as rendered
-up to its settings check (a RAY_JOIN_TIMEOUT that is no number stops it in one line before Ray)."""
+it validates RAY_JOIN_TIMEOUT, starts the Ray head with its identity, sees its group complete (the
+image's rocm_vllm_runtime.ray_cluster) and runs the image's serve command with
+--distributed-executor-backend ray. There vLLM 0.32's CPU platform stops: its Ray device key is
+empty ("current platform cpu does not support ray", vllm/v1/executor/ray_utils.py), so on CPU the
+leader exits with that line and its probes, its exec liveness probe and a completion are not run;
+the test asserts that this is where it ends (should a CPU vLLM serve through Ray, the test goes on
+with the probes and a completion). Not run at all: a worker joining a head (a second Ray node on the
+same host network) and a group of two; the worker's container is run as rendered up to its settings
+check (a RAY_JOIN_TIMEOUT that is no number stops it in one line before Ray)."""
 from __future__ import annotations
 
 import base64
@@ -664,7 +665,8 @@ def test_multinode_leader_runs_as_rendered_until_vllm_refuses_ray_on_cpu(h, serv
     restarted = (f" (started again {restarts} time(s), as the kubelet restarts it: Ray's head start timed out)"
                  if restarts else "")
     assert "Ray runtime started" in log, log[-3000:]
-    assert "error: fewer than" not in log and "[rocm-vllm] serve: " in log, log[-3000:]
+    assert "Ray nodes joined within" not in log and "[rocm-vllm] serve: " in log, log[-3000:]
+    assert "[rocm-vllm] ray: 1 of 1 nodes joined, all rocm-vllm-" in log, log[-3000:]
     assert "--distributed-executor-backend ray --pipeline-parallel-size 1" in log, log[-3000:]
     if outcome == "seen":
         status = "exited" if run.await_log("never printed: wait for the exit", 120) == "exited" else "running"

@@ -4,7 +4,7 @@ runtime/entrypoint.sh and runtime/bin commands) and the Dockerfiles' RUN lines r
 Python written inline, neither a heredoc (`python3 - ARGS <<'PY'`, `python3 <<EOF`) nor `python3 -c`.
 Such Python escapes the architecture tests of the owners, which read .py files (tests/test_one_owner.py,
 tests/test_one_json_reader.py, tests/test_one_reader.py): what it decides goes into a module that they
-read (ci/pipeline/publish.py, docker/ray_layer.py), and the script runs it.
+read (ci/pipeline/publish.py, docker/ray_layer.py, rocm_vllm_runtime.ray_cluster), and the script runs it.
 
 What remains is counted in ALLOWED, per file and form with its reason, so that a further one fails, and an
 entry whose uses are gone fails until it is removed. The scanner is checked against planted uses."""
@@ -38,10 +38,6 @@ ALLOWED = {
     ("Dockerfile.rocm", "inline"): (3, "asks the image's Python for its site-packages folder (sysconfig), "
                                        "where a stage stages its files"),
     ("Dockerfile.rocm_base", "inline"): (1, "asks the image's Python for its site-packages folder (sysconfig)"),
-    ("deploy/kubernetes/overlays/multinode/leaderworkerset.yaml", "inline"): (
-        1, "the leader's wait until its group's Ray nodes are alive (ray.nodes()); compose.ray.yaml runs "
-           "deploy/ray/ray_cluster.py wait for that, which the image does not carry: still to move into the "
-           "runtime, so that both run one module"),
     ("ci/test-machine/registry.sh", "inline"): (2, "a free local port and a random password for the test registry "
                                                    "(the standard library's socket and secrets), no decision"),
 }
@@ -195,8 +191,12 @@ python3 -B "$here/ray_layer.py" plan "$lock" "$work"
 
 def test_the_scripts_moved_into_modules_hold_none() -> None:
     """What moved: publish.sh and tag.sh (ci/pipeline/publish.py), install_ray.sh (docker/ray_layer.py),
-    propose-pins.sh (python3 -m tools.pins tracks --names)."""
+    propose-pins.sh (python3 -m tools.pins tracks --names), the LeaderWorkerSet leader's wait for its
+    group's Ray nodes (python3 -m rocm_vllm_runtime.ray_cluster wait --lws)."""
     for rel in ("ci/pipeline/amd-runner/publish.sh", "ci/pipeline/amd-runner/tag.sh", "docker/install_ray.sh",
                 "ci/pipeline/propose-pins.sh"):
         assert uses((ROOT / rel).read_text()) == [], rel
         assert not any(key[0] == rel for key in ALLOWED), rel
+    lws = "deploy/kubernetes/overlays/multinode/leaderworkerset.yaml"
+    assert uses(yaml_shell(ROOT / lws)) == [] and not any(key[0] == lws for key in ALLOWED)
+    assert "rocm_vllm_runtime.ray_cluster wait --lws" in yaml_shell(ROOT / lws)

@@ -251,9 +251,9 @@ def test_a_removed_row_and_an_added_import_are_both_caught(doc, found, tmp_path)
     for key in listed:
         missing, stale = unlisted_and_stale({k: v for k, v in listed.items() if k != key}, found)
         assert missing == [_row(key, found[key])] and stale == [], key
-    rel = "deploy/ray/ray_cluster.py"
+    rel = "runtime/src/rocm_vllm_runtime/ray_cluster.py"
     text = (ROOT / rel).read_text() + "\nfrom tools.pins import model  # noqa\n"
     copy = tree(tmp_path, {p.relative_to(ROOT).as_posix(): p.read_text() for p in python_files(ROOT)
                            if p.relative_to(ROOT).parts[0] in ("deploy", "tools", "runtime")} | {rel: text})
     added = edges(copy, listed_folders(doc))
-    assert ("deploy", "tools") in added and ("deploy", "tools") not in listed_edges(doc)
+    assert ("runtime/src", "tools") in added and ("runtime/src", "tools") not in listed_edges(doc)

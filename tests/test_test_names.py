@@ -62,9 +62,6 @@ MAPPED: dict[str, tuple[tuple[str, ...], str]] = {
     "ci/cpu_serve.py": (
         ("tests/test_readme_cpu.py", "tests/test_engine_integration.py"),
         "serve-cpu.sh's helper, run by the Docker tests of the CPU path"),
-    "deploy/ray/ray_cluster.py": (
-        ("tests/test_compose_ray.py",),
-        "tested with compose.ray.yaml and ray-node.sh, the Ray-with-Docker setup it belongs to"),
     "docker/check_amdsmi.py": (
         ("tests/test_build_scripts.py",),
         "one of the build scripts run for real there, with the others"),

@@ -5,7 +5,8 @@ argv from SERVE_* settings), manifest (the image manifest), devices (amd-smi/roc
 listings), jitcache (the AITER JIT cache volume), versions (installed versions), report
 and selftest (the `selftest` command: runs the pytest suites, writes JSON and JUnit),
 bench (the serving benchmark of attention backends side by side, measured by `vllm bench
-serve`; the bench suite uses it).
+serve`; the bench suite uses it), ray_cluster (Ray cluster membership of the multi-host
+deployments: compose.ray.yaml's node script and the Kubernetes LeaderWorkerSet).
 
 Modules are named after what they do; the functional cores (device listing
 parsing, guard decisions, serve arguments, report building, benchmark verdicts and ratios)
