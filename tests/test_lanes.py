@@ -133,3 +133,45 @@ def test_a_line_of_progress_while_the_lanes_collect(tmp_path):
     (items,) = [i for i, line in enumerate(lines) if line.startswith("2 workers [")]
     assert len(progress) >= 3, proc.stdout
     assert max(progress) < items, f"a progress line after collection ended:\n{proc.stdout}"
+
+
+def test_each_docker_unit_starts_with_its_lead_file(tmp_path):
+    """DOCKER_LEADS: the files a Docker unit starts with, in every worker's collection alike (the
+    first unit's lead makes the CPU vLLM image at once, the second's needs only the Debian base)."""
+    conftest = (ROOT / "conftest.py").read_text()
+    real = 'DOCKER_LEADS = ("tests/test_engine_integration.py", "tests/test_therock_docker.py")'
+    assert real in conftest
+    (tmp_path / "conftest.py").write_text(conftest.replace(real, 'DOCKER_LEADS = ("suite/test_e_docker.py", '
+                                                                 '"suite/test_z_docker.py")'))
+    (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_a_docker.py").write_text(module(True, ["d1", "d2"]))
+    (suite / "test_b_plain.py").write_text(module(False, ["p0", "p1"]))
+    (suite / "test_c_docker.py").write_text(module('docker(unit="second")', ["d3"]))
+    (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
+    (suite / "test_z_docker.py").write_text(module('docker(unit="second")', ["d9"]))
+    record = tmp_path / "record.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
+    env["LANE_RECORD"] = str(record)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
+                           "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ran = [line.split() for line in record.read_text().splitlines()]
+    assert [n for _, n in ran if n in ("d1", "d2", "d5")] == ["d5", "d1", "d2"], ran
+    assert [n for _, n in ran if n in ("d3", "d9")] == ["d9", "d3"], ran
+
+
+def test_the_docker_leads_are_docker_files_one_of_each_unit():
+    """The real DOCKER_LEADS name files that exist, hold Docker tests, and lead different units."""
+    import ast  # noqa: PLC0415
+
+    tree = ast.parse((ROOT / "conftest.py").read_text())
+    (leads,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["DOCKER_LEADS"]]
+    units = []
+    for path in leads:
+        text = (ROOT / path).read_text()
+        assert "pytest.mark.docker" in text, path
+        units.append("second" if 'pytestmark = pytest.mark.docker(unit="second")' in text else "first")
+    assert units == ["first", "second"], dict(zip(leads, units))
