@@ -46,7 +46,7 @@ def test_within_the_budget_the_time_is_reported_with_the_slowest_tests_and_folde
     (lane,) = lanes  # one process: one lane, which ran the Docker test too
     total, name, docker = re.fullmatch(r"\s*([\d.]+)s  (\S+) \(Docker tests ([\d.]+)s\)", lane).groups()
     assert name == "main" and float(total) >= 1.3 and 1.2 > float(docker) >= 0.1, lane
-    assert "of its 1800s budget (PYTEST_TIME_BUDGET)" in proc.stdout
+    assert "of its 1500s budget (PYTEST_TIME_BUDGET)" in proc.stdout
 
 
 @pytest.mark.parametrize("bad", ["abc", "-5", "nan", "1.5"])
