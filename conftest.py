@@ -230,23 +230,27 @@ def is_docker_unit(unit: str) -> bool:
     return unit in {f"{DOCKER_UNIT} {name}" for name in DOCKER_UNITS}
 
 
+# Markers of a test that takes minutes, in the order their units are handed out: the engine tests' units
+# (CPU all along) before the other long ones (which wait on the network or on time limits in part), so
+# that a lane free while the Docker lanes download their first images has CPU work to do.
 LONG_MARKERS = ("engine", "long")
 
 
-def is_long(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(m) for m in LONG_MARKERS)
+def long_rank(item: pytest.Item) -> int:
+    """0 for a short test, else how early its unit goes out: len(LONG_MARKERS) for the first marker."""
+    return next((len(LONG_MARKERS) - n for n, m in enumerate(LONG_MARKERS) if item.get_closest_marker(m)), 0)
 
 
-def _units() -> tuple[dict[str, str], set[str]]:
-    """Each test's unit, and the units that hold a long test (as the workers wrote them)."""
+def _units() -> tuple[dict[str, str], dict[str, int]]:
+    """Each test's unit, and the units that hold a long test with their rank (as the workers wrote them)."""
     folder = Path(os.environ[REPORTS_ENV])
-    units, long = {}, set()
+    units, long = {}, {}
     for path in folder.glob(_LANE_FILE.format(worker="*")):
         for line in path.read_text().splitlines():
             nodeid, unit, flag = line.rsplit("\t", 2)  # the last two fields: a test id may hold a tab
             units[nodeid] = unit
-            if flag == "1":
-                long.add(unit)
+            if int(flag):
+                long[unit] = max(long.get(unit, 0), int(flag))
     return units, long
 
 
@@ -258,7 +262,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: lead.get(item.nodeid.split("::", 1)[0], len(lead)))
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker and os.environ.get(REPORTS_ENV):
-        lines = "".join(f"{item.nodeid}\t{unit_of(item)}\t{int(is_long(item))}\n" for item in items)
+        lines = "".join(f"{item.nodeid}\t{unit_of(item)}\t{long_rank(item)}\n" for item in items)
         (Path(os.environ[REPORTS_ENV]) / _LANE_FILE.format(worker=worker)).write_text(lines)
 
 
@@ -272,7 +276,7 @@ def pytest_xdist_make_scheduler(config, log):
         """Units of work (unit_of), each to one worker whole; the Docker units first."""
 
         _units: dict[str, str] | None = None
-        _long: set[str] = set()
+        _long: dict[str, int] = {}
 
         def _split_scope(self, nodeid: str) -> str:
             if self._units is None:  # read once, after every worker has collected
@@ -281,8 +285,10 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             # the longest chains of the session (the Docker units) first, then the units with a long test
-            first = next((unit for unit in self.workqueue if is_docker_unit(unit)), None) or next(
-                (unit for unit in self.workqueue if unit in self._long), None)
+            # (LONG_MARKERS' order; in collection order within a rank)
+            long = [unit for unit in self.workqueue if unit in self._long]
+            first = next((unit for unit in self.workqueue if is_docker_unit(unit)), None) or (
+                max(long, key=lambda unit: self._long[unit]) if long else None)
             if first is not None:
                 self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)

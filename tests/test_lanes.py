@@ -51,8 +51,10 @@ def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tm
                                            "\ndef test_skips():\n    pytest.skip('for the count')\n")
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]) + pause)
     (suite / "test_g_plain.py").write_text(module(False, ["g0", "g1"]) + pause)
-    # collected last, but a test that takes minutes: handed out before the short files
+    # collected last, but a test that takes minutes: handed out before the short files; an engine test's
+    # file, collected after it, before it
     (suite / "test_z_long.py").write_text(module("long", ["z0"]) + pause)
+    (suite / "test_zz_engine.py").write_text(module("engine", ["y0"]))
     # two files sharing a session fixture of their folder: made once, by one lane
     engine = suite / "engine"
     engine.mkdir()
@@ -80,7 +82,7 @@ def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tm
     ran = [line.split() for line in record.read_text().splitlines()]
     first = [(w, n) for w, n in ran if n in ("d1", "d2", "d5")]
     second = [(w, n) for w, n in ran if n in ("d3", "d4", "d6")]
-    plain = [(w, n) for w, n in ran if n[0] in "pqg"]  # z0 aside
+    plain = [(w, n) for w, n in ran if n[0] in "pqg"]  # y0 and z0 aside
     shared = [(w, n) for w, n in ran if n[0] in "hi" or n == "made-engine-runs"]
     assert [n for _, n in first] == ["d1", "d2", "d5"] and [n for _, n in second] == ["d3", "d4", "d6"], ran  # in order
     (first_lane,), (second_lane,) = {w for w, _ in first}, {w for w, _ in second}
@@ -90,8 +92,11 @@ def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tm
         assert lane not in {w for w, _ in plain[:2]}, ran  # beside the others, not after them
     assert len({w for w, _ in plain}) >= 2, ran  # the plain files spread over the free lanes
     assert len({w for w, _ in shared}) == 1 and [n for _, n in shared].count("made-engine-runs") == 1, ran
+    (engine_lane,) = {w for w, n in ran if n == "y0"}
+    assert next(n for w, n in ran if w == engine_lane) == "y0", ran  # the first its lane ran
     (long_lane,) = {w for w, n in ran if n == "z0"}
-    assert next(n for w, n in ran if w == long_lane) == "z0", ran  # the first its lane ran
+    assert [n for _, n in ran if n[0] in "pqgz"][0] == "z0", ran  # before the short files
+    assert [n for _, n in ran].index("y0") < [n for _, n in ran].index("z0"), ran  # the engine's unit first
     lanes = proc.stdout.split("time per lane", 1)[1].split("\n=", 1)[0].splitlines()[1:]
     assert sorted(line.split()[1] for line in lanes) == sorted({w for w, _ in ran}), proc.stdout[-2000:]
     assert [line for line in lanes if "(Docker tests " in line] == \

@@ -833,7 +833,6 @@ def resolve_all(path, *args, env, timeout=300):
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
-@pytest.mark.long  # about 60 s: each item waits out its time limits
 def test_resolve_names_every_item_it_cannot_reach(tree, blackhole):
     """No host answers (the SYN is dropped): `resolve --write` names every item in one line each,
     naming the host (each track's AITER pin and vLLM, the base image, the wheels), each ended by its
