@@ -185,7 +185,7 @@ def pytest_runtest_logreport(report) -> None:
 # * tests that use a costly session fixture of their folder (SHARED_SESSION_FIXTURES) are one unit,
 #   so that one worker makes it once;
 # * every other test file is a unit of its own, handed to whichever worker is free next; units with a
-#   test that takes minutes (marked engine or long) before the others, so that no lane ends the
+#   test that takes minutes (marked engine, then long) before the others, so that no lane ends the
 #   session on one.
 # Each worker names each test's unit in a file of the reports folder; the controller's scheduler
 # reads them. (xdist's own loadgroup reads groups from test ids, which pytest 9 no longer lets a
