@@ -8,7 +8,7 @@ containerd image store (PUBLISH_DOCKER_HOST), whose own builder pushes provenanc
 registry build cache without a builder image from a registry.
 
 1. The CPU vLLM image (the integration test's) is pushed once: the serve image's big base layers,
-   moved into the publishing engine and pushed from there uncompressed (no gzip of 4 GB).
+   moved into the publishing engine and pushed from there uncompressed (no gzip of 3 GB).
 2. publish.sh resolves the graph of serve-cpu with PUSH=1 (PUBLISH=print: its tags, registry cache
    refs and attestations); the publishing engine builds it with those settings (plus --network host,
    which bake 0.13 cannot give), pushes it by digest with the registry build cache and a provenance
@@ -173,7 +173,7 @@ def published(h, registry, clients, cpu_vllm_image, context_dir, tmp_path_factor
 
     # 1. the base layers, once: the CPU vLLM image from the tests' engine, moved into the publishing
     # engine as it is (docker save | docker load) and pushed from there with its layers as loaded
-    # (uncompressed OCI layers): the tests' engine would gzip 4 GB on the way (about 240 s of CPU on
+    # (uncompressed OCI layers): the tests' engine would gzip 3 GB on the way (minutes of CPU on
     # 2 cores). The publishing engine keeps it under base_ref until the end (its build finds the base's
     # layers there); the consumer already holds the same image (same config digest).
     base_ref = f"{repo}/vllm-cpu:{cpu_vllm_image.rsplit(':', 1)[1]}"

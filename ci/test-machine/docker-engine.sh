@@ -33,7 +33,7 @@
 #                          registry build cache, which the classic store refuses. A second engine with
 #                          its own DOCKER_ENGINE_ROOT publishes images for the registry tests (.ci/run);
 #                          images of one store are not seen by the other.
-#   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer (default 60)
+#   DOCKER_ENGINE_TIMEOUT  seconds to wait for the engine to answer, and to stop (1-3600, default 60)
 #   DOCKER_ENGINE_KEEP_CACHE  build cache `prune` keeps, most recently used first (default 4GB;
 #                          tagged images are always kept: the tests reuse them by name)
 #   DOCKER_ENGINE_NO_INSTALL=1  never install packages; fail if dockerd is absent
@@ -50,6 +50,11 @@ PLUGIN_DIRS="/usr/libexec/docker/cli-plugins /usr/lib/docker/cli-plugins /usr/lo
 
 log() { echo "docker-engine: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# DOCKER_ENGINE_TIMEOUT: seconds, 1 to 3600, no sign or leading zero (bash would read 08 as octal)
+bad_timeout() { log "error: DOCKER_ENGINE_TIMEOUT='$TIMEOUT' is not a whole number of seconds from 1 to 3600 (default 60)"; exit 2; }
+case "$TIMEOUT" in [1-9]|[1-9][0-9]|[1-9][0-9][0-9]|[1-3][0-9][0-9][0-9]) ;; *) bad_timeout ;; esac
+[ "$TIMEOUT" -le 3600 ] || bad_timeout
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
@@ -135,8 +140,10 @@ stop() {
     log "stopping dockerd (pid $pid)"
     as_root kill -TERM "$pid"
     local waited=0
-    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
-    kill -0 "$pid" 2>/dev/null && die "dockerd (pid $pid) still running after 30s"
+    # as long as a start may take: on a busy machine dockerd and its containerd take more than 30 s to stop
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$TIMEOUT" ]; do sleep 1; waited=$((waited + 1)); done
+    kill -0 "$pid" 2>/dev/null && die "dockerd (pid $pid) still running after ${TIMEOUT}s (raise DOCKER_ENGINE_TIMEOUT or read $LOG)"
+    log "dockerd stopped after ${waited}s"
   fi
   rm -f "$PIDFILE"
 }
