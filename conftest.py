@@ -202,8 +202,10 @@ SHARED_SESSION_FIXTURES = ("engine_runs",)
 # units need the Debian base (built once, under a lock) and most of their tests the CPU vLLM image
 # (likewise). The first unit builds that image at once (the integration test's first fixture), while
 # the second starts with tests that need only the Debian base (TheRock's stand-in builds) instead of
-# waiting for the image with a core idle (about 60 s of a cold run's first minutes).
-DOCKER_LEADS = ("tests/test_engine_integration.py", "tests/test_therock_docker.py")
+# waiting for the image with a core idle (about 60 s of a cold run's first minutes). The prune test goes
+# before the integration test: it starts and stops an engine of its own (seconds), and its dockerd took
+# more than 60 s to stop when it ran later, beside the other lane's builds and servers (3 s alone).
+DOCKER_LEADS = ("tests/test_docker_engine_prune.py", "tests/test_engine_integration.py", "tests/test_therock_docker.py")
 
 
 def docker_unit(item: pytest.Item) -> str | None:
