@@ -35,6 +35,18 @@ def module(marked: bool | str, names: list[str]) -> str:
     return body + "".join(f"\ndef test_{n}():\n    record('{n}')\n" for n in names)
 
 
+def in_three_lanes(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """The suite under tmp_path/suite run as ci/test.sh runs it (three lanes): the process and the
+    recorded [worker, test] pairs, in the order the tests ran."""
+    record = tmp_path / "record.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
+    env["LANE_RECORD"] = str(record)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
+                           "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, [line.split() for line in record.read_text().splitlines()]
+
+
 def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tmp_path):
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text((ROOT / "pytest.ini").read_text().replace("testpaths =", "# testpaths ="))
@@ -73,13 +85,7 @@ def test_docker_units_take_a_lane_each_first_and_in_order_and_the_rest_spread(tm
         "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
         "from report_lines import ReportLines\n\n"
         "def test_writes_a_summary_line():\n    ReportLines('nested section').append('a line from a lane')\n")
-    record = tmp_path / "record.txt"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
-    env["LANE_RECORD"] = str(record)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
-                           "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    ran = [line.split() for line in record.read_text().splitlines()]
+    proc, ran = in_three_lanes(tmp_path)
     first = [(w, n) for w, n in ran if n in ("d1", "d2", "d5")]
     second = [(w, n) for w, n in ran if n in ("d3", "d4", "d6")]
     plain = [(w, n) for w, n in ran if n[0] in "pqg"]  # y0 and z0 aside
@@ -157,13 +163,7 @@ def test_each_docker_unit_starts_with_its_lead_file(tmp_path):
     (suite / "test_c_docker.py").write_text(module('docker(unit="second")', ["d3"]))
     (suite / "test_e_docker.py").write_text(module(True, ["d5"]))
     (suite / "test_z_docker.py").write_text(module('docker(unit="second")', ["d9"]))
-    record = tmp_path / "record.txt"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI", "PYTEST_XDIST_WORKER")}
-    env["LANE_RECORD"] = str(record)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
-                           "suite"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    ran = [line.split() for line in record.read_text().splitlines()]
+    proc, ran = in_three_lanes(tmp_path)
     assert [n for _, n in ran if n in ("d1", "d2", "d5")] == ["d5", "d1", "d2"], ran
     assert [n for _, n in ran if n in ("d3", "d9")] == ["d9", "d3"], ran
 
