@@ -115,3 +115,28 @@ def test_an_sdist_s_requirements_are_unpacked_inside_the_scratch_folder(tmp_path
     dest = locks._sdist_tree(archive, tmp_path / "src")
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.txt")) == [
         "requirements/common.txt", "requirements/sub/rocm.txt"]
+
+
+@pytest.mark.parametrize("planted", ["link to a folder outside", "link to a file outside", "fifo"])
+def test_an_sdist_unpacked_over_a_kept_tree_never_writes_through_what_is_planted_there(tmp_path, planted):
+    """A tree unpacked before (the tests' sdist cache) may hold what somebody put there: a symbolic
+    link on a member's path is refused (it could lead outside), and a FIFO where a file goes is refused
+    rather than waited on; one line, nothing written outside."""
+    import os  # noqa: PLC0415
+
+    archive = _sdist(tmp_path / "vllm-9.9.tar.gz", {"vllm-9.9/requirements/common.txt": b"numpy\n"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "src"
+    (dest / "requirements").mkdir(parents=True)
+    if planted == "link to a folder outside":
+        (dest / "requirements").rmdir()
+        (dest / "requirements").symlink_to(outside)
+    elif planted == "link to a file outside":
+        (dest / "requirements" / "common.txt").symlink_to(outside / "common.txt")
+    else:
+        os.mkfifo(dest / "requirements" / "common.txt")
+    with pytest.raises(model.PinError) as err:
+        discover.unpack(archive, dest)
+    assert "vllm-9.9.tar.gz" in str(err.value) and "\n" not in str(err.value)
+    assert list(outside.iterdir()) == []

@@ -137,7 +137,8 @@ def unpack(archive: Path, dest: Path, keep=lambda path: True) -> Path:
     """The sdist's files whose path below its top folder `keep` accepts, unpacked into dest (the top
     folder left out). Each path is joined name by name through files.inside, so a member named ../
     (or /, or with an empty part) stops it in one line with nothing written outside dest; only
-    folders and regular files are taken (a link or a device stops it), modes are 0644 or 0755.
+    folders and regular files are taken (a link or a device stops it), modes are 0644 or 0755. Into a
+    tree already there, a symbolic link or a file that is not a regular one on a member's path stops it.
     Independent of tarfile's extraction filters (absent from Python 3.11 before 3.11.4)."""
     try:
         with tarfile.open(archive) as tar:
@@ -150,14 +151,19 @@ def unpack(archive: Path, dest: Path, keep=lambda path: True) -> Path:
                                    "folder: not an sdist to unpack")
                 target = dest
                 try:
-                    for part in path.rstrip("/").split("/") if member.isdir() else path.split("/"):
+                    for part in path.split("/"):  # tarfile gives a folder's name without its trailing /
                         target = files.inside(target, part, "a member's path part")
+                        if target.is_symlink():  # already there (a kept tree): it could lead outside dest
+                            raise files.RefusedError(f"{target} is a symbolic link")
                 except files.RefusedError as exc:
                     raise PinError(f"{archive.name}: the member {member.name[:200]!r} is no path inside the "
                                    f"sdist ({exc}): not an sdist to unpack") from None
                 if member.isdir():
                     target.mkdir(parents=True, exist_ok=True)
                     continue
+                if target.exists() and not target.is_file():  # a FIFO would block the write, a folder fail it
+                    raise PinError(f"{archive.name}: {target} is there and is no regular file: remove it, then "
+                                   "unpack again")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(tar.extractfile(member).read())
                 target.chmod(0o755 if member.mode & 0o100 else 0o644)
