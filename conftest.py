@@ -251,8 +251,8 @@ def _units() -> tuple[dict[str, str], dict[str, int]]:
         for line in path.read_text().splitlines():
             nodeid, unit, flag = line.rsplit("\t", 2)  # the last two fields: a test id may hold a tab
             units[nodeid] = unit
-            if int(flag):
-                long[unit] = max(long.get(unit, 0), int(flag))
+            if rank := int(flag):
+                long[unit] = max(long.get(unit, 0), rank)
     return units, long
 
 
