@@ -172,16 +172,26 @@ def http_json(url: str, payload=None, timeout: float = 300):
 
 @pytest.fixture(scope="module")
 def cpu_vllm_image(h):
-    # one maker at a time: both Docker lanes start with it (conftest.py), a second waits and takes it
+    return made_cpu_vllm_image(h)
+
+
+def made_cpu_vllm_image(h) -> str:
+    # one maker at a time: both Docker lanes need it (conftest.py), a second waits and takes it
     with held(Path(tempfile.gettempdir()) / "rocm-vllm-cpu-vllm-image.lock"):
         return _cpu_vllm_image(h)
 
 
-def _cpu_vllm_image(h) -> str:
+def debian_base(h) -> str:
+    """The Debian image of the test builds and of the CPU main job (made without a registry, once per engine)."""
     t0 = time.monotonic()
     proc = h.run(["bash", ROOT / "ci/test-machine/debian-test-image.sh"], what="Debian base image")
     base = proc.stdout.strip().splitlines()[-1]
     h.note(f"step 1a Debian base image {base}: {time.monotonic() - t0:.1f}s")
+    return base
+
+
+def _cpu_vllm_image(h) -> str:
+    base = debian_base(h)
     # the tag and the build are the CPU main job's (serve-cpu.sh): one image for both
     tag = cpu_serve.cpu_vllm_tag(base)
     if image_exists(tag):
@@ -303,6 +313,43 @@ def images(h, cpu_vllm_image, context_dir):
 
 
 # ----------------------------------------------------------------- tests
+# The first two make the images every later Docker test builds on (the other unit's tests wait for them
+# under their locks), each a check of its own: a fault in them is named here, not in a fixture's setup.
+
+def test_the_debian_base_has_the_python_and_glibc_its_locks_are_made_for(h):
+    """The base of the CPU vLLM image and of the CPU main job: the Python and glibc of the test machine's
+    platform (docker/locks/locks.json), for which the CPU image's lock is made; git and the CA store."""
+    from tools.pins import locks  # noqa: PLC0415
+
+    platform = locks.load(ROOT)["platforms"]["test-machine"]
+    base = debian_base(h)
+    probe = ("import os, platform, shutil, sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}', "
+             "platform.libc_ver()[1], shutil.which('git') is not None, "
+             "os.path.isfile('/etc/ssl/certs/ca-certificates.crt'))")
+    proc = h.run(["docker", "run", "--rm", "--network", "host", base, "python3", "-c", probe],
+                 what="Debian base: Python, glibc, git, CA store")
+    assert proc.stdout.split() == [platform["python"], platform["glibc"], "True", "True"], proc.stdout
+
+
+def test_the_cpu_vllm_image_holds_its_lock_and_nothing_else(h):
+    """Every distribution of the CPU vLLM image's lock at its locked version, and nothing else but the
+    venv's pip: none of the CUDA builds the lock leaves out (torchvision, torchaudio, torchcodec, triton)."""
+    from tools import build_scripts  # noqa: PLC0415
+
+    lock_lines = build_scripts.load("lock_lines")
+    tag = made_cpu_vllm_image(h)
+    listing = ("import importlib.metadata as m; "
+               "print('\\n'.join(d.metadata['Name'] + ' ' + d.version for d in m.distributions()))")
+    proc = h.run(["docker", "run", "--rm", "--network", "host", tag, "python", "-c", listing],
+                 what="CPU vLLM image: installed distributions")
+    installed = {lock_lines.normalized(name): version for name, version in
+                 (line.split() for line in proc.stdout.splitlines() if line.strip())}
+    locked = {lock_lines.normalized(name): version
+              for name, version in lock_lines.requirements(lock_lines.read_lock(str(cpu_serve.CPU_LOCK)))}
+    assert installed.pop("pip", None), "the image's venv has no pip"
+    assert installed == locked, (f"not locked: {sorted(set(installed) - set(locked))}; locked, not installed: "
+                                 f"{sorted(set(locked) - set(installed))}; other versions: "
+                                 f"{sorted(n for n in set(installed) & set(locked) if installed[n] != locked[n])}")
 
 def test_images_carry_backend_entrypoint_and_no_sources(h, images):
     serve, ci = images["tags"]["serve"], images["tags"]["ci"]

@@ -166,27 +166,63 @@ def push_command(target: dict, metadata: Path) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def published(h, registry, clients, cpu_vllm_image, context_dir, tmp_path_factory):
+def base_pushed(h, registry, clients, cpu_vllm_image):
+    """1. The base layers, once: the CPU vLLM image from the tests' engine, moved into the publishing
+    engine as it is (docker save | docker load) and pushed from there with its layers as loaded
+    (uncompressed OCI layers): the tests' engine would gzip 3 GB on the way (minutes of CPU on 2 cores).
+    The publishing engine keeps it under its ref until the end (its build finds the base's layers
+    there); the consumer already holds the same image (the same config)."""
     publisher, consumer = clients["publisher"], clients["consumer"]
-    sha = git_commit()
-    repo = registry["prefix"]
-
-    # 1. the base layers, once: the CPU vLLM image from the tests' engine, moved into the publishing
-    # engine as it is (docker save | docker load) and pushed from there with its layers as loaded
-    # (uncompressed OCI layers): the tests' engine would gzip 3 GB on the way (minutes of CPU on
-    # 2 cores). The publishing engine keeps it under base_ref until the end (its build finds the base's
-    # layers there); the consumer already holds the same image (same config digest).
-    base_ref = f"{repo}/vllm-cpu:{cpu_vllm_image.rsplit(':', 1)[1]}"
+    ref = f"{registry['prefix']}/vllm-cpu:{cpu_vllm_image.rsplit(':', 1)[1]}"
     move = publisher.run(["bash", "-o", "pipefail", "-c", 'docker --host "$1" save "$2" | docker load --quiet',
                           "move", consumer.host, cpu_vllm_image], timeout=1800,
                          what="move the CPU vLLM image into the publishing engine")
-    publisher.run(["docker", "tag", cpu_vllm_image, base_ref], what="tag the CPU vLLM image")
+    publisher.run(["docker", "tag", cpu_vllm_image, ref], what="tag the CPU vLLM image")
     publisher.run(["docker", "image", "rm", cpu_vllm_image], what="untag its local name")
-    push = publisher.run(["docker", "push", "--quiet", base_ref], timeout=1800, what="push the CPU vLLM image")
-    base = f"{base_ref}@{index_of(consumer, base_ref)['digest']}"
+    push = publisher.run(["docker", "push", "--quiet", ref], timeout=1800, what="push the CPU vLLM image")
     size = int(integration.inspect(cpu_vllm_image, "{{.Size}}")) / 1e9
     h.note(f"registry 1: CPU vLLM image ({size:.2f} GB) moved into the publishing engine {move.seconds:.1f}s, "
            f"pushed to {registry['address']} (layers as loaded, uncompressed) {push.seconds:.1f}s")
+    yield {"ref": ref, "pinned": f"{ref}@{index_of(consumer, ref)['digest']}"}
+    # what this session named in the two engines (the registry's storage goes with the registry);
+    # layers shared with other images stay
+    for client in (publisher, consumer):
+        fmt = "{{.Repository}} {{.Tag}} {{.Digest}}"
+        listed = subprocess.run(["docker", "image", "ls", "--digests", "--format", fmt],
+                                capture_output=True, text=True, env=client.env)
+        names = sorted({f"{name}:{tag}" if tag != "<none>" else f"{name}@{digest}"
+                        for name, tag, digest in (line.split() for line in listed.stdout.splitlines() if line.strip())
+                        if name.startswith(f"{registry['prefix']}/")})
+        if names:
+            subprocess.run(["docker", "image", "rm", *names], capture_output=True, env=client.env)
+
+
+def image_manifest(client: Client, ref: str) -> dict:
+    """The registry's image manifest of ref (of its linux/amd64 entry when ref is an index)."""
+    raw = json.loads(client.run(["docker", "buildx", "imagetools", "inspect", "--raw", ref],
+                                what=f"manifest of {ref}").stdout)
+    if "manifests" not in raw:
+        return raw
+    (entry,) = [m for m in raw["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
+    return image_manifest(client, f"{ref.split('@', 1)[0]}@{entry['digest']}")
+
+
+def test_the_base_is_pushed_once_uncompressed_as_the_consumer_holds_it(h, clients, cpu_vllm_image, base_pushed):
+    """The serve image's base in the registry is the consumer's CPU vLLM image itself (the same config,
+    so the consumer's pull later fetches none of its 3 GB), its layers uncompressed as loaded."""
+    manifest = image_manifest(clients["consumer"], base_pushed["pinned"])
+    assert manifest["config"]["digest"] == integration.inspect(cpu_vllm_image, "{{.Id}}"), manifest["config"]
+    kinds = {layer["mediaType"] for layer in manifest["layers"]}
+    assert kinds <= {"application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar"}, kinds
+    assert len(manifest["layers"]) == len(json.loads(integration.inspect(cpu_vllm_image, "{{json .RootFS.Layers}}")))
+
+
+@pytest.fixture(scope="module")
+def published(h, registry, clients, base_pushed, context_dir, tmp_path_factory):
+    publisher = clients["publisher"]
+    sha = git_commit()
+    repo = registry["prefix"]
+    base = base_pushed["pinned"]
 
     # 2. publish.sh's graph, built and pushed by the publishing engine, tagged by tag.sh
     results = tmp_path_factory.mktemp("publish")
@@ -209,17 +245,6 @@ def published(h, registry, clients, cpu_vllm_image, context_dir, tmp_path_factor
     h.note(f"  {SBOM_NOT_MADE}")
     yield {"sha": sha, "repo": repo, "base": base, "graph": graph, "target": target, "digest": digest,
            "ref": f"{repo}/{TARGET}@{digest}", "results": results, "build_s": build.seconds}
-    # what this session named in the two engines (the registry's storage goes with the registry);
-    # layers shared with other images stay
-    for client in (publisher, consumer):
-        fmt = "{{.Repository}} {{.Tag}} {{.Digest}}"
-        listed = subprocess.run(["docker", "image", "ls", "--digests", "--format", fmt],
-                                capture_output=True, text=True, env=client.env)
-        names = sorted({f"{name}:{tag}" if tag != "<none>" else f"{name}@{digest}"
-                        for name, tag, digest in (line.split() for line in listed.stdout.splitlines() if line.strip())
-                        if name.startswith(f"{repo}/")})
-        if names:
-            subprocess.run(["docker", "image", "rm", *names], capture_output=True, env=client.env)
 
 
 def test_pushed_with_its_tags_cache_and_provenance(h, clients, published):
