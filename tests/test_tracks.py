@@ -167,6 +167,37 @@ def stepped_aside() -> list[str]:
     return model.stepped_aside(versions(), model.backend_supported_vllm(ROOT)[1])
 
 
+# What a track's Python finds: its vLLM's version, then where the backend's and the runtime's packages
+# are loaded from (found, not imported). Run with -I, so that neither this process's PYTHONPATH nor the
+# working folder can stand in for the environment's own installs.
+ENVIRONMENT_PROBE = """
+from importlib.metadata import version
+from importlib.util import find_spec
+print(version("vllm"))
+print(find_spec("vllm_aiter_mla").origin)
+print(find_spec("rocm_vllm_runtime").origin)
+"""
+
+
+# Its own item, before the suites' (definition order: both environments, then both suites, in one lane
+# since the file is one unit): made from nothing, an environment takes about 85 s and a track's suites
+# about 50 s, too long for one item. The suite test still calls track_python (at once when the
+# environment is made), so it also runs alone.
+@pytest.mark.long  # made when none is kept: a venv with torch, the test requirements and vLLM's source
+@pytest.mark.parametrize("track", OTHER_TRACKS)
+def test_the_tracks_environment_has_its_own_vllm(track):
+    """The track's environment (tests/track_env.py) has the track's vLLM release (versions.json) and
+    this checkout's backend and runtime, editable: the track's suites test this checkout's code."""
+    python = track_python(track)
+    probe = subprocess.run([python, "-I", "-c", ENVIRONMENT_PROBE], capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    found, backend, runtime = probe.stdout.splitlines()
+    want = versions()["tracks"][track]["vllm"]["version"]
+    assert _release(found) == want, f"the track {track} environment has vLLM {found}, not {want}"
+    for origin, source in ((backend, "backend/src/vllm_aiter_mla"), (runtime, "runtime/src/rocm_vllm_runtime")):
+        assert Path(origin).resolve() == (ROOT / source / "__init__.py").resolve(), (track, origin, ROOT)
+
+
 @pytest.mark.long  # minutes: the backend's vLLM-dependent tests in the track's own environment
 @pytest.mark.parametrize("track", OTHER_TRACKS)
 def test_track_suites_pass_on_the_tracks_own_vllm(track):
