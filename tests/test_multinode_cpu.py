@@ -33,10 +33,16 @@ backend. With the PyTorch rotary embedding (forward_native) the CPU engine's tok
 TP 2, alone or batched, equal those of a plain float64 forward of the checkpoint. On ROCm the
 rotary embedding runs forward_hip; this setting is for the CPU engine.
 
-Checks: the two nodes become healthy within START_LIMIT_S; the served tokens equal a single-node
-engine's (TP 1, same backend and weights); a fault across the nodes (a follower with other weights)
-fails this; concurrent requests are answered; after the follower is killed, the leader stops
-answering /health with 200 within DETECTION_LIMIT_S.
+Two tests share one running cluster (the module-scoped fixture `cluster`, which removes its
+containers at the end of the module). The fixture starts the single-node reference (one engine, TP 1,
+same backend and weights) as a detached container first and the two nodes after it, so that the
+reference runs while the cluster starts; the two nodes must become healthy within START_LIMIT_S, then
+the reference's tokens are collected once its container has exited (within REFERENCE_LIMIT_S). The
+first test: the served tokens equal the single node's (a fault across the nodes, a follower with
+other weights, fails this); concurrent requests are answered; the backend's CPU development mode ran
+on both nodes; the health probe passes with both nodes up. The second test kills the follower: the
+leader stops answering /health with 200 within DETECTION_LIMIT_S. It needs only the fixture (run
+alone, `-k follower`, it gets a cluster of its own); it leaves the cluster broken, so it runs last.
 
 Losing the follower: vLLM 0.32's /health only reports an engine that has already failed, and the
 leader watches only its own worker processes, not the follower's: while no request arrives after the
@@ -56,7 +62,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -79,8 +88,10 @@ MAX_TOKENS = 12
 START_LIMIT_S = 900
 DETECTION_LIMIT_S = 120
 IDLE_WATCH_S = 10
-AFTER_WATCH_S = 30
+AFTER_WATCH_S = 15
 NAMES = ("rocm-vllm-mn-leader", "rocm-vllm-mn-follower")
+REFERENCE_NAME = "rocm-vllm-mn-reference"
+REFERENCE_LIMIT_S = 900
 # vLLM's rotary embedding in plain PyTorch instead of its CPU kernel (see the module docstring)
 COMPILATION = {"custom_ops": ["-rotary_embedding"]}
 
@@ -204,23 +215,66 @@ def state(name: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, serve_image, tmp_path):
-    model = write_model(tmp_path / "model")
-    (tmp_path / "vllm_serve.py").write_text(SERVE_SCRIPT)
-    (tmp_path / "reference.py").write_text(REFERENCE_SCRIPT)
-    # readable by the image's non-root user
-    for path in (tmp_path, model, *tmp_path.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    mounts = ["-v", f"{model}:{MODEL_DIR}:ro", "-v", f"{tmp_path}:/opt/mn:ro"]
-    prompts = [[5], [3, 9, 27, 81, 243, 729, 187], *load_prompts(4, seed=23)]
+def run_seconds(name: str) -> float:
+    """How long a container ran (Docker's start and finish times)."""
+    started, finished = (datetime.fromisoformat(t) for t in subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.StartedAt}} {{.State.FinishedAt}}", name],
+        capture_output=True, text=True, check=True).stdout.split())
+    return (finished - started).total_seconds()
 
-    ref = h.run(["docker", "run", "--rm", "--network", "host", "--shm-size", "1g", *mounts, *FAKE_AMX_ARGS,
-                 *node_env("0"), serve_image, "python3", "/opt/mn/reference.py", MODEL_DIR, json.dumps(prompts),
-                 str(MAX_TOKENS), json.dumps(COMPILATION)], timeout=900, what="single-node reference (TP 1)")
-    (line,) = [x for x in ref.stdout.splitlines() if x.startswith("TOKENS ")]
-    reference = json.loads(line.removeprefix("TOKENS "))
-    h.note(f"multinode 1: single-node reference (TP 1, {HEADS}-head tiny model, backend CPU development mode), "
-           f"{len(prompts)} prompts x {MAX_TOKENS} tokens: {ref.seconds:.1f}s")
+
+def reference_tokens(h, started: float) -> tuple[list[list[int]], float]:
+    """The TOKENS line of the detached single-node reference once it has exited (REFERENCE_LIMIT_S from its
+    start), and how long it ran."""
+    try:
+        waited = subprocess.run(["docker", "wait", REFERENCE_NAME], capture_output=True, text=True,
+                                timeout=max(1.0, REFERENCE_LIMIT_S - (time.monotonic() - started)))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the single-node reference (TP 1, container {REFERENCE_NAME}) did not finish in "
+                    f"{REFERENCE_LIMIT_S}s:\n{logs(REFERENCE_NAME)}")
+    out = h.run(["docker", "logs", REFERENCE_NAME], check=False, what="the single-node reference's output")
+    lines = [x for x in out.stdout.splitlines() if x.startswith("TOKENS ")]
+    if waited.stdout.strip() != "0" or len(lines) != 1:
+        pytest.fail(f"the single-node reference (TP 1, container {REFERENCE_NAME}) failed: exit status "
+                    f"{waited.stdout.strip() or waited.stderr.strip()!r}, {len(lines)} TOKENS lines:\n"
+                    f"{logs(REFERENCE_NAME)}")
+    return json.loads(lines[0].removeprefix("TOKENS ")), run_seconds(REFERENCE_NAME)
+
+
+@dataclass
+class Cluster:
+    """The module's running two-node cluster (fixture `cluster`) and the single node's tokens."""
+    base: str
+    prompts: list[list[int]]
+    reference: list[list[int]]
+    follower_killed: bool = False
+
+    def require_intact(self) -> None:
+        """Both nodes up and the leader healthy, as the cluster fixture left them."""
+        if self.follower_killed:
+            pytest.fail("the follower was killed by an earlier test of this module and the cluster is not started "
+                        "again: run this module's tests in file order")
+        states = {n: state(n) for n in NAMES}
+        status = health(self.base)
+        if status != 200 or any(not s.startswith("running") for s in states.values()):
+            pytest.fail(f"the two-node cluster is not up (/health: {status}, containers {states}):\n"
+                        f"--- leader\n{logs(NAMES[0])}\n--- follower\n{logs(NAMES[1])}")
+
+
+@pytest.fixture(scope="module")
+def cluster(h, serve_image, tmp_path_factory) -> Iterator[Cluster]:
+    """The single-node reference started detached, then the two nodes while it runs; the nodes once the
+    leader's /health answers 200, the reference's tokens once it has exited. Every container is removed at
+    the end."""
+    tmp = tmp_path_factory.mktemp("multinode")
+    model = write_model(tmp / "model")
+    (tmp / "vllm_serve.py").write_text(SERVE_SCRIPT)
+    (tmp / "reference.py").write_text(REFERENCE_SCRIPT)
+    # readable by the image's non-root user
+    for path in (tmp, model, *tmp.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    mounts = ["-v", f"{model}:{MODEL_DIR}:ro", "-v", f"{tmp}:/opt/mn:ro"]
+    prompts = [[5], [3, 9, 27, 81, 243, 729, 187], *load_prompts(4, seed=23)]
 
     api_port, master_port = free_port(), free_port()
     base = f"http://127.0.0.1:{api_port}"
@@ -232,9 +286,16 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, se
         NAMES[0]: [*common, "--node-rank", "0", "--host", "127.0.0.1", "--port", str(api_port)],
         NAMES[1]: [*common, "--node-rank", "1", "--headless"],
     }
-    for name in NAMES:
+    containers = (REFERENCE_NAME, *NAMES)
+    for name in containers:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     try:
+        t_ref = time.monotonic()
+        # no network: the reference needs none, and the ports its engine opens stay off the nodes' host network
+        h.run(["docker", "run", "-d", "--name", REFERENCE_NAME, "--network", "none", "--shm-size", "1g", *mounts,
+               *FAKE_AMX_ARGS, *node_env("0"), serve_image, "python3", "/opt/mn/reference.py", MODEL_DIR,
+               json.dumps(prompts), str(MAX_TOKENS), json.dumps(COMPILATION)],
+              what="start the single-node reference (TP 1)")
         t0 = time.monotonic()
         for rank, name in enumerate(NAMES):
             h.run(["docker", "run", "-d", "--name", name, "--network", "host", "--shm-size", "1g", *mounts,
@@ -246,65 +307,83 @@ def test_two_nodes_tensor_parallel_equal_tokens_and_follower_loss_detected(h, se
                 pytest.fail(f"the two-node cluster did not become healthy (last /health: {status}, containers "
                             f"{states}, {time.monotonic() - t0:.0f}s):\n--- leader\n{logs(NAMES[0])}\n"
                             f"--- follower\n{logs(NAMES[1])}")
+            if (ref_state := state(REFERENCE_NAME)).startswith("exited") and ref_state != "exited 0":
+                reference_tokens(h, t_ref)  # fails now, with the reference's log tail
             time.sleep(2)
         started = time.monotonic() - t0
+        # the nodes first: the time they took to start is not stretched by a reference that ends later
+        reference, ref_s = reference_tokens(h, t_ref)
+        h.note(f"multinode 1: single-node reference (TP 1, {HEADS}-head tiny model, backend CPU development mode), "
+               f"{len(prompts)} prompts x {MAX_TOKENS} tokens: {ref_s:.1f}s (while the two nodes start)")
         h.note(f"multinode 2: two nodes (TP 2 across them, --nnodes 2, follower --headless) healthy after "
                f"{started:.1f}s")
-
-        served = [complete(base, p) for p in prompts]
-        h.note(f"  tokens (two nodes) {served[:2]} ... single node {reference[:2]} ...")
-        assert served == reference, f"two nodes {served} != single node {reference}"
-        load = load_prompts(8, seed=29)
-        t_load = time.monotonic()
-        with ThreadPoolExecutor(max_workers=len(load)) as pool:
-            answered = list(pool.map(lambda p: len(complete(base, p)), load))
-        load_s = time.monotonic() - t_load
-        assert answered == [MAX_TOKENS] * len(load)
-        for name in NAMES:
-            assert "vllm-aiter-mla CPU development mode" in logs(name, tail=100000), \
-                f"{name}: the backend's CPU development mode did not run"
-        h.note(f"multinode 3: {len(prompts)} requests with tokens equal to the single node's, then {len(load)} "
-               f"concurrent requests answered in {load_s:.1f}s: {len(prompts) + len(load)} requests served")
-
-        ready = health_probe(base)
-        assert ready.returncode == 0, f"the health probe fails with both nodes up: {ready.stderr}"
-        h.run(["docker", "kill", NAMES[1]], what="kill the follower")
-        t_kill = time.monotonic()
-        idle = []
-        while time.monotonic() - t_kill < IDLE_WATCH_S:
-            idle.append(health(base))
-            time.sleep(1)
-        idle_note = ("/health answered 200 throughout" if set(idle) == {200}
-                     else f"/health answered {sorted(set(map(str, idle)))}")
-        t_probe = time.monotonic()
-        lost = health_probe(base)
-        probe_s = time.monotonic() - t_probe
-        # The probe's verdict is its one line: its exit status can also be docker exec's 137, when the failed
-        # request brings the leader's server down (the container stops) before the probe itself exits.
-        assert lost.returncode != 0 and lost.stderr.startswith("unhealthy: "), \
-            f"the health probe did not report the follower (TP rank 1) gone: rc {lost.returncode}, {lost.stderr!r}"
-        assert probe_s < DETECTION_LIMIT_S, f"the health probe after the loss hung ({lost.stderr.strip()})"
-        probe = f"rc {lost.returncode}, {lost.stderr.strip()[:200]}"
-        while (status := health(base)) == 200:
-            if time.monotonic() - t_kill > DETECTION_LIMIT_S:
-                pytest.fail(f"/health still 200 {DETECTION_LIMIT_S}s after the follower was killed:\n"
-                            f"{logs(NAMES[0])}")
-            time.sleep(0.5)
-        detected = time.monotonic() - t_kill
-        h.note(f"multinode 4: follower killed; idle for {IDLE_WATCH_S}s: {idle_note}; the health probe (--generate): "
-               f"{probe!r} after {probe_s:.1f}s; leader /health {status} {time.monotonic() - t_probe:.1f}s after that "
-               f"request was sent, {detected:.1f}s after the kill")
-        after = []
-        t_after = time.monotonic()
-        while time.monotonic() - t_after < AFTER_WATCH_S:
-            after.append(health(base))
-            time.sleep(1)
-        recovered = 200 in after
-        errors = [line.strip()[:200] for line in logs(NAMES[0], 400).splitlines()
-                  if "Connection closed by peer" in line or "EngineDeadError:" in line][-2:]
-        h.note(f"  afterwards ({AFTER_WATCH_S}s): leader container {state(NAMES[0])}, /health "
-               f"{sorted(set(map(str, after)))}: {'recovered' if recovered else 'no recovery (failure reported)'}; "
-               f"leader log: {errors}")
+        yield Cluster(base, prompts, reference)
     finally:
-        for name in NAMES:
+        for name in containers:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def test_two_nodes_tensor_parallel_equal_tokens_concurrent_requests_and_probe(h, cluster):
+    cluster.require_intact()
+    base, prompts, reference = cluster.base, cluster.prompts, cluster.reference
+    served = [complete(base, p) for p in prompts]
+    h.note(f"  tokens (two nodes) {served[:2]} ... single node {reference[:2]} ...")
+    assert served == reference, f"two nodes {served} != single node {reference}"
+    load = load_prompts(8, seed=29)
+    t_load = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(load)) as pool:
+        answered = list(pool.map(lambda p: len(complete(base, p)), load))
+    load_s = time.monotonic() - t_load
+    assert answered == [MAX_TOKENS] * len(load)
+    for name in NAMES:
+        assert "vllm-aiter-mla CPU development mode" in logs(name, tail=100000), \
+            f"{name}: the backend's CPU development mode did not run"
+    h.note(f"multinode 3: {len(prompts)} requests with tokens equal to the single node's, then {len(load)} "
+           f"concurrent requests answered in {load_s:.1f}s: {len(prompts) + len(load)} requests served")
+
+    ready = health_probe(base)
+    assert ready.returncode == 0, f"the health probe fails with both nodes up: {ready.stderr}"
+
+
+def test_follower_loss_detected_by_probe_and_health(h, cluster):
+    cluster.require_intact()
+    base = cluster.base
+    # from here on the cluster is broken for any later test (Cluster.require_intact)
+    cluster.follower_killed = True
+    h.run(["docker", "kill", NAMES[1]], what="kill the follower")
+    t_kill = time.monotonic()
+    idle = []
+    while time.monotonic() - t_kill < IDLE_WATCH_S:
+        idle.append(health(base))
+        time.sleep(1)
+    idle_note = ("/health answered 200 throughout" if set(idle) == {200}
+                 else f"/health answered {sorted(set(map(str, idle)))}")
+    t_probe = time.monotonic()
+    lost = health_probe(base)
+    probe_s = time.monotonic() - t_probe
+    # The probe's verdict is its one line: its exit status can also be docker exec's 137, when the failed
+    # request brings the leader's server down (the container stops) before the probe itself exits.
+    assert lost.returncode != 0 and lost.stderr.startswith("unhealthy: "), \
+        f"the health probe did not report the follower (TP rank 1) gone: rc {lost.returncode}, {lost.stderr!r}"
+    assert probe_s < DETECTION_LIMIT_S, f"the health probe after the loss hung ({lost.stderr.strip()})"
+    probe = f"rc {lost.returncode}, {lost.stderr.strip()[:200]}"
+    while (status := health(base)) == 200:
+        if time.monotonic() - t_kill > DETECTION_LIMIT_S:
+            pytest.fail(f"/health still 200 {DETECTION_LIMIT_S}s after the follower was killed:\n"
+                        f"{logs(NAMES[0])}")
+        time.sleep(0.5)
+    detected = time.monotonic() - t_kill
+    h.note(f"multinode 4: follower killed; idle for {IDLE_WATCH_S}s: {idle_note}; the health probe (--generate): "
+           f"{probe!r} after {probe_s:.1f}s; leader /health {status} {time.monotonic() - t_probe:.1f}s after that "
+           f"request was sent, {detected:.1f}s after the kill")
+    after = []
+    t_after = time.monotonic()
+    while time.monotonic() - t_after < AFTER_WATCH_S:
+        after.append(health(base))
+        time.sleep(1)
+    recovered = 200 in after
+    errors = [line.strip()[:200] for line in logs(NAMES[0], 400).splitlines()
+              if "Connection closed by peer" in line or "EngineDeadError:" in line][-2:]
+    h.note(f"  afterwards ({AFTER_WATCH_S}s): leader container {state(NAMES[0])}, /health "
+           f"{sorted(set(map(str, after)))}: {'recovered' if recovered else 'no recovery (failure reported)'}; "
+           f"leader log: {errors}")
