@@ -14,7 +14,8 @@ or none (a CPU vLLM image, the backend's CPU development mode).
 Settings (build args): VLLM_IMAGE (empty: vLLM built here), VLLM_TRACK, VLLM_VERSION.
 Supported: one line on stdout naming the image, its vLLM and its AITER (or "no AITER"); exit 0.
 Else one line on stderr naming the image, what it has, what is supported and the setting to change;
-exit 1. Standard library and the backend package only.
+exit 1. Standard library, the backend package and the runtime's reader of installed metadata
+(rocm_vllm_runtime.distributions) only.
 """
 from __future__ import annotations
 
@@ -22,12 +23,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
+from rocm_vllm_runtime.distributions import (AITER_DISTRIBUTIONS, NO_VERSION, VLLM_DISTRIBUTIONS, MetadataError, find,
+                                             no_version_problem)
 from vllm_aiter_mla import SUPPORTED_VLLM
-from vllm_aiter_mla.distributions import NO_VERSION, MetadataError, find, no_version_problem
-from vllm_aiter_mla.plugin import VLLM_DISTRIBUTIONS, vllm_version_problem
+from vllm_aiter_mla.plugin import vllm_version_problem
 
-# The AITER wheel's distribution names (amd-aiter; older builds: aiter), as the image manifest reads them.
-AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 SUPPORTED = f"vllm-aiter-mla supports vLLM {SUPPORTED_VLLM} (releases only) with any AITER, or none on a CPU image"
 
 Lookup = Callable[..., "tuple[str, str] | None"]

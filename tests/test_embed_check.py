@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from dockerfile_model import buildkit_parser, stages
 from vllm_aiter_mla import SUPPORTED_VLLM
-from vllm_aiter_mla.distributions import MetadataError
+from rocm_vllm_runtime.distributions import MetadataError
 
 from tools.build_scripts import load
 
@@ -102,9 +102,10 @@ def dist(site: Path, name: str, version: str) -> None:
 
 def run_script(site: Path, env: dict) -> subprocess.CompletedProcess:
     """As backend-installed runs it: the backend and the image's distributions on PYTHONPATH (the
-    site folder first, so its stand-ins are what is installed)."""
+    site folder first, so its stand-ins are what is installed), then the runtime's source folder (the
+    step mounts its reader of installed metadata there)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    clean["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "backend/src")])
+    clean["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "backend/src"), str(ROOT / "runtime/src")])
     return subprocess.run([sys.executable, "-B", str(SCRIPT)], env={**clean, **env}, capture_output=True, text=True)
 
 

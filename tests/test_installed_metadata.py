@@ -1,19 +1,19 @@
 """One owner per kind of risky operation: reading installed metadata (versions, Requires-Dist,
 entry points of installed distributions).
 
-Owners: vllm_aiter_mla.distributions (the plugin, the image's runtime: its
-self-test report, bench and manifest steps) and, for the build scripts that run in the base
-image's Python without it, docker/pinned_dists.py (`version`, `torch_triton_requirement`). No other shipped
-code imports importlib.metadata (or pkg_resources); docker/install_ray.sh's inline scripts
-read every installed distribution in the Ray stage, where neither reader is mounted, and are
-named here as that one exception."""
+Owners: rocm_vllm_runtime.distributions (the image's runtime: its manifest steps, self-test report and
+bench; the plugin asks through it) and, for the build scripts that run in the base image's Python
+without it, docker/pinned_dists.py (`version`, `torch_triton_requirement`). No other shipped code
+imports importlib.metadata (or pkg_resources); docker/install_ray.sh's inline scripts read every
+installed distribution in the Ray stage, where neither reader is mounted, and are named here as that
+one exception."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OWNERS = {"backend/src/vllm_aiter_mla/distributions.py", "docker/pinned_dists.py"}
+OWNERS = {"runtime/src/rocm_vllm_runtime/distributions.py", "docker/pinned_dists.py"}
 EXCEPTIONS = {"docker/install_ray.sh"}
 SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "docker", "tools", "deploy",
            "Dockerfile.rocm", "Dockerfile.rocm_base")
@@ -47,7 +47,7 @@ def readers(root: Path) -> set[str]:
 def test_only_the_owners_read_installed_metadata():
     others = readers(ROOT) - OWNERS - EXCEPTIONS
     assert not others, (f"{', '.join(sorted(others))}: read installed metadata through "
-                        "vllm_aiter_mla.distributions (build scripts: docker/pinned_dists.py)")
+                        "rocm_vllm_runtime.distributions (build scripts: docker/pinned_dists.py)")
     assert OWNERS <= readers(ROOT), "an owner no longer reads installed metadata: update OWNERS"
 
 

