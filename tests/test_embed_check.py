@@ -125,10 +125,14 @@ def test_the_script_refuses_an_image_outside_the_range_in_one_line_and_embeds_a_
                            f"(track 0.34; supported: vLLM {SUPPORTED_VLLM}, any AITER or none)\n")
 
 
-def test_the_aiter_names_are_the_manifests():
-    from rocm_vllm_runtime import manifest
+def test_the_distribution_names_are_the_runtimes():
+    """The build check, the manifest and the plugin read vLLM and AITER by the same names: one owner
+    (rocm_vllm_runtime.distributions), no copy of them (a copy here or in the manifest fails)."""
+    from rocm_vllm_runtime import distributions, manifest
 
-    assert embed_check.AITER_DISTRIBUTIONS == manifest.AITER_DISTRIBUTIONS
+    for name in ("AITER_DISTRIBUTIONS", "VLLM_DISTRIBUTIONS"):
+        assert getattr(embed_check, name) is getattr(distributions, name), name
+        assert getattr(manifest, name) is getattr(distributions, name), name
 
 
 def test_the_build_runs_the_check_where_the_backend_is_installed_and_before_the_manifest():
