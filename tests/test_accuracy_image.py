@@ -9,14 +9,15 @@ tokenizer mounted, the tiny_mla tasks' data mounted at the default ACCURACY_DATA
 lm-eval offline. Every container runs with `--network none` (an air-gapped host: loopback only, no
 hub, no PyPI). Checks:
 
-1. the gate passes: suite passed, its four checks passed in selftest.json and JUnit, both
+1. without the dataset (nothing mounted at /data/accuracy, the default gsm8k tasks): one error
+   line saying what to mount, the failed-suite exit status (1), no server started (first: it
+   needs only the image, whose build is then its setup);
+2. the gate passes: suite passed, its four checks passed in selftest.json and JUnit, both
    backends answer the same 30 of 40 questions with identical responses;
-2. with the engine tests' decode fault in this backend's server processes
+3. with the engine tests' decode fault in this backend's server processes
    (ROCM_VLLM_TEST_FAULT=last-slot-off-by-one, backend/tests/engine mounted), and vLLM's CPU_MLA
-   taken from run 1's results (ACCURACY_REFERENCE, not served again), the suite fails and names the
-   questions this backend lost, in JUnit, selftest.json and the output;
-3. without the dataset (nothing mounted at /data/accuracy, the default gsm8k tasks): one error
-   line saying what to mount, the failed-suite exit status (1), no server started.
+   taken from run 2's results (ACCURACY_REFERENCE, not served again), the suite fails and names the
+   questions this backend lost, in JUnit, selftest.json and the output.
 
 Figures go to the terminal summary. The gate's command line without data, in the test venv:
 runtime/tests/test_accuracy_cpu.py."""
@@ -120,6 +121,27 @@ def gen_comparison(doc: dict) -> dict:
     return doc["comparisons"]["cpu-vllm"]["tasks"]["tiny_mla_gen"]["strip"]
 
 
+# First: the check that needs only the ci image, so that the image's build is its setup, apart from the
+# passing gate's run (the next test's setup).
+def test_missing_dataset_is_one_line_and_a_failed_suite(h, ci_image, tmp_path):
+    """Nothing mounted at /data/accuracy and the default tasks (gsm8k 5-shot, gsm8k_loglik)."""
+    results = tmp_path / "results"
+    proc = selftest(h, ci_image, results, "selftest accuracy without the dataset (ci image)", {},
+                    {"ROCM_VLLM_REQUIRE_GPU": "0"}, timeout=600)
+    h.note(f"accuracy 1: without the dataset: rc={proc.returncode}, {proc.seconds:.1f}s, "
+           f"stderr {proc.stderr.strip()!r}")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    expected = ("no data for gsm8k, gsm8k_loglik in /data/accuracy: mount a directory holding "
+                "gsm8k/test.jsonl, gsm8k/train.jsonl (JSON lines")
+    # the entrypoint's start-up line ([rocm-vllm] GPU check ...), then the one error line
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("[rocm-vllm] ")]
+    assert len(lines) == 1 and lines[0].startswith("selftest: error: "), proc.stderr
+    assert expected in lines[0] and "set ACCURACY_DATA" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and "== accuracy" not in proc.stdout
+    suite = json.loads((results / "selftest.json").read_text())["suites"][0]
+    assert (suite["name"], suite["status"]) == ("accuracy", "failed") and expected in suite["reason"]
+
+
 @pytest.fixture(scope="module")
 def passing(h, ci_image, model, tmp_path_factory):
     """The gate without a fault, both backends served: (the run, its results folder)."""
@@ -132,7 +154,7 @@ def test_accuracy_gate_passes_in_the_ci_image(h, passing):
     report = json.loads((results / "selftest.json").read_text()) if (results / "selftest.json").is_file() else {}
     doc = report.get("accuracy") or {}
     runs = doc.get("runs", {})
-    h.note(f"accuracy 1: selftest accuracy in the ci image: rc={proc.returncode}, {proc.seconds:.1f}s; "
+    h.note(f"accuracy 2: selftest accuracy in the ci image: rc={proc.returncode}, {proc.seconds:.1f}s; "
            + "; ".join(f"{n}: server + lm-eval {r.get('total_s')}s (lm-eval {r.get('eval_s')}s)"
                        for n, r in runs.items()))
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
@@ -174,7 +196,7 @@ def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci
     report = json.loads((results / "selftest.json").read_text()) if (results / "selftest.json").is_file() else {}
     doc = report.get("accuracy") or {}
     gen = gen_comparison(doc) if doc.get("comparisons") else {}
-    h.note(f"accuracy 2: with the decode fault: rc={proc.returncode}, {proc.seconds:.1f}s; "
+    h.note(f"accuracy 3: with the decode fault: rc={proc.returncode}, {proc.seconds:.1f}s; "
            + (f"{gen['ours_correct']} vs {gen['reference_correct']} of {gen['n']} right, {gen['lost']} lost / "
               f"{gen['won']} won, p = {gen['p_value']:.3g}" if gen else "no comparison"))
     assert proc.returncode == 1, proc.stdout[-5000:] + proc.stderr[-3000:]
@@ -200,22 +222,3 @@ def test_accuracy_gate_fails_and_names_the_questions_with_the_decode_fault(h, ci
     assert all(f" {d} (ours " in text for d in lost), text  # each with both answers, in the full report
     assert all(f"  question {d}: target " in proc.stdout for d in lost)
     h.note(f"  questions lost: {', '.join(lost)}")
-
-
-def test_missing_dataset_is_one_line_and_a_failed_suite(h, ci_image, tmp_path):
-    """Nothing mounted at /data/accuracy and the default tasks (gsm8k 5-shot, gsm8k_loglik)."""
-    results = tmp_path / "results"
-    proc = selftest(h, ci_image, results, "selftest accuracy without the dataset (ci image)", {},
-                    {"ROCM_VLLM_REQUIRE_GPU": "0"}, timeout=600)
-    h.note(f"accuracy 3: without the dataset: rc={proc.returncode}, {proc.seconds:.1f}s, "
-           f"stderr {proc.stderr.strip()!r}")
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    expected = ("no data for gsm8k, gsm8k_loglik in /data/accuracy: mount a directory holding "
-                "gsm8k/test.jsonl, gsm8k/train.jsonl (JSON lines")
-    # the entrypoint's start-up line ([rocm-vllm] GPU check ...), then the one error line
-    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("[rocm-vllm] ")]
-    assert len(lines) == 1 and lines[0].startswith("selftest: error: "), proc.stderr
-    assert expected in lines[0] and "set ACCURACY_DATA" in lines[0], proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr and "== accuracy" not in proc.stdout
-    suite = json.loads((results / "selftest.json").read_text())["suites"][0]
-    assert (suite["name"], suite["status"]) == ("accuracy", "failed") and expected in suite["reason"]
