@@ -15,7 +15,7 @@ from pathlib import Path
 import child_standins
 import pytest
 import torch
-from rocm_vllm_runtime import children
+from rocm_vllm_runtime import children, distributions
 
 import vllm_aiter_mla
 from vllm_aiter_mla import crash_safe, measure, measure_child, measurement_record
@@ -56,18 +56,18 @@ def _no_scan():
 
 
 def test_aiter_found_by_its_wheel_name_needs_no_scan(monkeypatch, fresh_builds):
-    real = measurement_record.build_of
-    monkeypatch.setattr(measurement_record, "build_of",
+    real = distributions.build_of
+    monkeypatch.setattr(distributions, "build_of",
                         lambda *names: "amd-aiter 0.1.9 0123456789abcdef" if "amd-aiter" in names else real(*names))
-    monkeypatch.setattr(measurement_record, "providers_of", lambda name: _no_scan())
+    monkeypatch.setattr(distributions, "providers_of", lambda name: _no_scan())
     assert measurement_record.builds()["aiter"] == "amd-aiter 0.1.9 0123456789abcdef"
 
 
 def test_aiter_that_cannot_be_imported_needs_no_scan(monkeypatch, fresh_builds):
-    real = measurement_record.build_of
-    monkeypatch.setattr(measurement_record, "build_of",
+    real = distributions.build_of
+    monkeypatch.setattr(distributions, "build_of",
                         lambda *names: None if set(names) & {"amd-aiter", "aiter"} else real(*names))
-    monkeypatch.setattr(measurement_record, "providers_of", lambda name: _no_scan())
+    monkeypatch.setattr(distributions, "providers_of", lambda name: _no_scan())
     monkeypatch.setitem(sys.modules, "aiter", None)  # not importable here, whatever is installed
     assert measurement_record.builds()["aiter"] == "not installed"
 
@@ -77,11 +77,11 @@ def test_aiter_under_another_wheel_name_is_found_by_the_scan(monkeypatch, fresh_
     (tmp_path / "aiter" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "aiter", raising=False)
-    real = measurement_record.build_of
-    monkeypatch.setattr(measurement_record, "build_of", lambda *names: (
+    real = distributions.build_of
+    monkeypatch.setattr(distributions, "build_of", lambda *names: (
         None if set(names) & {"amd-aiter", "aiter"} else "rocm-aiter 2.0 fedcba9876543210" if names == ("rocm-aiter",)
         else real(*names)))
-    monkeypatch.setattr(measurement_record, "providers_of", lambda name: ["rocm-aiter"] if name == "aiter" else [])
+    monkeypatch.setattr(distributions, "providers_of", lambda name: ["rocm-aiter"] if name == "aiter" else [])
     assert measurement_record.builds()["aiter"] == "rocm-aiter 2.0 fedcba9876543210"
 
 
