@@ -24,5 +24,5 @@ for plugin in buildx compose; do
     exit 1
   fi
 done
-# ci/cpu_serve.py imports the runtime package (standard library only) from this checkout
-PYTHONPATH=runtime/src${PYTHONPATH:+:$PYTHONPATH} exec python3 -m ci.cpu_serve "$@"
+# tools/cpu_serve.py imports the runtime package (standard library only) from this checkout
+PYTHONPATH=runtime/src${PYTHONPATH:+:$PYTHONPATH} exec python3 -m tools.cpu_serve "$@"

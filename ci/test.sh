@@ -17,7 +17,7 @@ echo "== installing test requirements (tests/requirements.lock, locked from test
 # Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m tools.pins lock
 # tests remakes the lock). First uv, by pip from its own entry in the lock; then uv installs the
 # lock (parallel downloads: a fraction of pip's time on a machine with nothing kept), from the
-# sources pip's settings name, read by the venv's pip (ci/uv_pip.py, with the runtime's modules from its
+# sources pip's settings name, read by the venv's pip (tools/uv_pip.py, with the runtime's modules from its
 # source folder: the packages are installed after the lock); torch's CPU build from pip's
 # find-links, else PyTorch's CPU index. Every index is consulted for every name, as pip does: the
 # hashes decide. Every module is compiled to bytecode at install (--compile-bytecode; a second run
@@ -29,7 +29,7 @@ echo "== installing test requirements (tests/requirements.lock, locked from test
 uv_entry=$("$PYTHON" -B docker/lock_lines.py entry tests/requirements.lock uv 2>&1) \
   || { echo "error: $uv_entry" >&2; exit 1; }
 "$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "$uv_entry")
-PYTHONPATH=runtime/src "$VENV/bin/python" -m ci.uv_pip --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
+PYTHONPATH=runtime/src "$VENV/bin/python" -m tools.uv_pip --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
   --require-hashes --no-deps --compile-bytecode -r tests/requirements.lock
 # this repository's own packages, from their source folders
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime

@@ -39,7 +39,7 @@ import pytest
 
 from rocm_vllm_runtime.manifest import parse_manifest
 
-from ci import cpu_serve
+from tools import cpu_serve
 from cache_lock import held
 from vllm_sdist import cpu_track, cpu_vllm_version
 
@@ -255,7 +255,7 @@ def bake_settings(h, cpu_image: str, context: Path) -> dict:
 def build_command(target: dict, tag: str | None, extra=(), stage: str | None = None,
                   output: str | None = None) -> list[str]:
     """`docker buildx build --network host` with a bake target's settings (the CPU main job's,
-    ci/cpu_serve.py); stage/output: build another stage with the target's settings and export it."""
+    tools/cpu_serve.py); stage/output: build another stage with the target's settings and export it."""
     return cpu_serve.build_command(target, tag, extra, stage=stage, output=output)
 
 

@@ -2,7 +2,7 @@
 paragraph, read from README.md (one command, the curl check, the stop command), run end to end on
 a copy of the checkout (as a fresh clone has it) to one completion on 127.0.0.1, then stopped with
 the README's stop command (marker docker). The images are the integration test's: the CPU vLLM
-image by the tag derived from its inputs (ci/cpu_serve.py makes it for both), the serve-cpu layers
+image by the tag derived from its inputs (tools/cpu_serve.py makes it for both), the serve-cpu layers
 from the build cache. Only the port differs from the README (a free one: VLLM_PORT, and the
 README's 127.0.0.1:8000 read as 127.0.0.1:<port>); the compose project and volumes are the
 test's own (COMPOSE_PROJECT_NAME, HF_CACHE_VOLUME, AITER_JIT_VOLUME), removed at the end
@@ -23,7 +23,7 @@ import compose_cli
 import pytest
 
 import test_engine_integration as integration
-from ci import cpu_serve
+from tools import cpu_serve
 from test_engine_integration import ROOT, free_port
 
 # The integration test's fixtures (pytest collects fixtures among a module's globals).
@@ -75,7 +75,7 @@ def test_readme_block_reader_takes_indented_and_fenced_blocks():
 
 
 def test_a_track_typo_in_the_command_names_the_known_tracks():
-    proc = subprocess.run([sys.executable, "-m", "ci.cpu_serve"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.cpu_serve"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "TRACK": "0.3"}, timeout=60)
     known = ", ".join(sorted(json.loads((ROOT / "versions.json").read_text())["tracks"]))
     assert proc.returncode == 1

@@ -59,7 +59,7 @@ MAPPED: dict[str, tuple[tuple[str, ...], str]] = {
     "backend/src/vllm_aiter_mla/upstream_kernels.py": (
         ("backend/tests/test_crash_safe.py", "tests/test_tracks.py"),
         "a thin loader: where its factory is measured (measure_child.PRODUCTION), and that vLLM is reached through it"),
-    "ci/cpu_serve.py": (
+    "tools/cpu_serve.py": (
         ("tests/test_readme_cpu.py", "tests/test_engine_integration.py"),
         "serve-cpu.sh's helper, run by the Docker tests of the CPU path"),
     "docker/check_amdsmi.py": (

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ci import uv_pip
+from tools import uv_pip
 from tools.pins import model, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_a_configuration_file_pip_cannot_parse_is_named_never_shown(tmp_path):
     conf.write_text("index-url = https://user:s3cret@mirror.example/simple\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PIP_CONFIG_FILE=str(conf), HOME=str(tmp_path))
-    code = "import sys; from ci import uv_pip; uv_pip.pip_settings()"
+    code = "import sys; from tools import uv_pip; uv_pip.pip_settings()"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(conf) in proc.stderr and "s3cret" not in proc.stderr and "mirror.example" not in proc.stderr

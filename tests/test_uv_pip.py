@@ -1,4 +1,4 @@
-"""ci/uv_pip.py: uv, which installs the test and track environments, is given the package sources
+"""tools/uv_pip.py: uv, which installs the test and track environments, is given the package sources
 and network settings pip would use, from pip's configuration files and its PIP_* variables as pip
 itself reads them (uv reads neither); uv's own settings win where both are set."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.pins.locks import uv_command
-from ci.uv_pip import (TORCH_CPU_INDEX, command, parse_config_list, pip_settings, pip_sources, torch_sources,
+from tools.uv_pip import (TORCH_CPU_INDEX, command, parse_config_list, pip_settings, pip_sources, torch_sources,
                        uv_environment)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_the_command_line_runs_uv_with_the_sources_and_environment(tmp_path):
     env = _environment(tmp_path, "[global]\ncert = /etc/ca.pem\nextra-index-url = https://extra.example/simple\n")
     # as ci/test.sh runs it: a module of the repository root, the runtime's modules from their source folder
     env["PYTHONPATH"] = str(ROOT / "runtime/src")
-    run_module = [sys.executable, "-m", "ci.uv_pip"]
+    run_module = [sys.executable, "-m", "tools.uv_pip"]
     proc = subprocess.run([*run_module, "--torch", fake, "pip", "install", "-r", "x.lock"], cwd=ROOT,
                           env={**env, "PIP_DEFAULT_TIMEOUT": "59.1"}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,7 @@ torch stands in).
 Installed with uv (the test environment's, tests/requirements.lock): on a machine with nothing
 kept, three track environments of about a hundred packages each are made in one test run, and
 uv's parallel downloads and shared cache take a fraction of pip's time. uv reads none of pip's settings:
-the sources and network settings pip would use are passed to it by ci/uv_pip.py, as for the test
+the sources and network settings pip would use are passed to it by tools/uv_pip.py, as for the test
 environment (ci/test.sh)."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from packaging.requirements import Requirement
 
 from tools.pins.locks import uv_command
 from cache_lock import held
-from ci.uv_pip import pip_settings, pip_sources, torch_sources, uv_environment
+from tools.uv_pip import pip_settings, pip_sources, torch_sources, uv_environment
 from vllm_sdist import sdist_source, versions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -483,7 +483,7 @@ STREAMS = ("import os, sys; print(os.getcwd(), os.environ.get('STREAMS_PROBE', '
 
 def test_the_childs_folder_environment_and_streams_are_the_callers_choice(tmp_path):
     """cwd and env for each door; run's stdout, output's stderr and started's streams (no log)
-    go where the caller says (ci/cpu_serve.py: a build's stdout dropped, a log followed on stderr,
+    go where the caller says (tools/cpu_serve.py: a build's stdout dropped, a log followed on stderr,
     a long tool's progress on the terminal while its stdout is read)."""
     from rocm_vllm_runtime import children  # noqa: PLC0415
 

@@ -21,7 +21,7 @@ environment).
 Standard library only, and the runtime's children, numeric and secret_values modules: ci/test.sh runs it
 before the test environment has the repository's packages, with runtime/src on PYTHONPATH.
 
-    python3 -m ci.uv_pip [--torch] UV pip install ARGS...
+    python3 -m tools.uv_pip [--torch] UV pip install ARGS...
 
 runs `UV pip install ARGS...` with those sources added and that environment (--torch: with torch's
 CPU sources too).
@@ -184,7 +184,7 @@ def command(argv: Sequence[str], settings: Mapping[str, str]) -> list[str]:
     if with_torch:
         args = args[1:]
     if len(args) < 3 or args[1:3] != ["pip", "install"]:
-        raise SystemExit("usage: python3 -m ci.uv_pip [--torch] UV pip install ARGS...")
+        raise SystemExit("usage: python3 -m tools.uv_pip [--torch] UV pip install ARGS...")
     sources = torch_sources(settings) if with_torch else pip_sources(settings)
     if any(a == "--index-strategy" or a.startswith("--index-strategy=") for a in args):
         sources = _without_strategy(sources)  # the caller's own choice
