@@ -344,11 +344,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 @pytest.fixture(scope="session")
 def ci_dir() -> Path:
-    """The repository's ci/ folder (in-image suites, pipeline scripts), for tests that run its files."""
+    """The repository's ci/ folder (the CI pipeline's scripts), for tests that run its files."""
     return Path(__file__).resolve().parent / "ci"
 
 
 @pytest.fixture(scope="session")
 def runtime_dir() -> Path:
-    """The repository's runtime/ folder (the image's entrypoint, selftest command and runtime package)."""
+    """The repository's runtime/ folder (the image's entrypoint, selftest command, runtime package and
+    self-test suites)."""
     return Path(__file__).resolve().parent / "runtime"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AREAS = ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy")
+AREAS = ("runtime/src", "runtime/suites", "backend/src", "ci", "docker", "tools", "deploy")
 # Folders that hold no file of the repository (.gitignore's): caches and build outputs; hidden folders
 # (.git, .venv, .venv-tracks, ...) are left out too.
 NOT_THE_REPOSITORYS = {"__pycache__", "build", "dist", "node_modules", "selftest-results", "build-results",
@@ -61,12 +61,12 @@ Use = tuple[str, int, str]  # form, line, code
 
 def product_files(owner: str, areas: Iterable[str] = AREAS) -> list[Path]:
     """The Python files of the product in ``areas``: the owner, tests and conftest files left out,
-    the image's self-test suites (ci/suites/test_*.py) kept."""
+    the image's self-test suites (runtime/suites/test_*.py) kept."""
     out = []
     for area in areas:
         for path in sorted((ROOT / area).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            suite = rel.startswith("ci/suites/")
+            suite = rel.startswith("runtime/suites/")
             if rel == owner or "/tests/" in rel or path.name == "conftest.py" or \
                     (path.name.startswith("test_") and not suite):
                 continue

@@ -1,4 +1,4 @@
-"""Dockerfile.rocm: stages, layer order (backend/ and ci/ last), what the targets carry.
+"""Dockerfile.rocm: stages, layer order (backend/ and runtime/ last), what the targets carry.
 
 Static: BuildKit's own parser (the `dockerfile` package), no engine needed. The build itself
 runs in tests/test_engine_integration.py."""
@@ -90,8 +90,8 @@ def installs_vllm(c):
     return c.cmd.upper() == "RUN" and "vllm-wheel" in mounts_from(c)
 
 
-def adds_backend_or_ci(c):
-    """The instruction brings backend/ or ci/ app files into the target image."""
+def adds_backend_or_runtime(c):
+    """The instruction brings backend/ or runtime/ app files into the target image."""
     if c.cmd.upper() == "RUN" and {"backend-wheel", "runtime-wheel"} & set(mounts_from(c)):
         return True
     if c.cmd.upper() == "COPY":
@@ -99,34 +99,34 @@ def adds_backend_or_ci(c):
         if src and src[0].split("=", 1)[1] in ("app-files", "backend-wheel", "backend-installed", "runtime-wheel",
                                                   "runtime-installed"):
             return True
-        if not src and any(p.startswith(("backend/", "ci/")) for p in c.value[:-1]):
+        if not src and any(p.startswith(("backend/", "runtime/", "ci/")) for p in c.value[:-1]):
             return True
     return False
 
 
 def layer_order_problems(commands, target):
-    """Why the target's layer order is wrong (empty: right): every backend/ci layer comes after
-    the vLLM install, and after the first of them only backend/ci layers and metadata follow."""
+    """Why the target's layer order is wrong (empty: right): every backend/runtime layer comes after
+    the vLLM install, and after the first of them only backend/runtime layers and metadata follow."""
     _, instructions = lineage(commands, target, {"VLLM_IMAGE": ""})
     problems = []
     kinds = []
     for stage, c in instructions:
         if c.cmd.upper() in LAYER_CMDS:
-            kinds.append(("vllm" if installs_vllm(c) else "app" if adds_backend_or_ci(c) else "other", stage, c))
+            kinds.append(("vllm" if installs_vllm(c) else "app" if adds_backend_or_runtime(c) else "other", stage, c))
     names = [k for k, _, _ in kinds]
     if "vllm" not in names:
         problems.append(f"{target}: no vLLM install (RUN --mount=from=vllm-wheel) in its lineage")
     if "app" not in names:
-        problems.append(f"{target}: neither backend/ nor ci/ files are added")
+        problems.append(f"{target}: neither backend/ nor runtime/ files are added")
     if problems:
         return problems
     first_app = names.index("app")
     if names.index("vllm") > first_app or "vllm" in names[first_app:]:
-        problems.append(f"{target}: backend/ci layers come before the vLLM install")
+        problems.append(f"{target}: backend/runtime layers come before the vLLM install")
     for kind, stage, c in kinds[first_app:]:
         if kind != "app":
             problems.append(f"{target}: {stage}:{c.start_line} {c.cmd} {text_of(c)[:60]} comes after the "
-                            "backend/ci layers: a backend/ change would rebuild it")
+                            "backend/runtime layers: a backend/ change would rebuild it")
     return problems
 
 
@@ -165,11 +165,12 @@ def test_layer_order_check_can_fail(commands):
     broken = broken.replace("FROM base AS vllm-built\n", "FROM base AS vllm-built\n" + backend_install, 1)
     assert broken != text
     problems = layer_order_problems(parse_text(broken), "serve")
-    assert any("before the vLLM install" in p or "comes after the backend/ci layers" in p for p in problems), problems
+    assert any("before the vLLM install" in p or "comes after the backend/runtime layers" in p
+               for p in problems), problems
     # a slow step after the app files is caught too
     slow = text.replace('LABEL org.opencontainers.image.revision="${VCS_REF}" \\\n      io.rocm-vllm.target="serve"',
                         'RUN echo slow\nLABEL org.opencontainers.image.revision="${VCS_REF}"', 1)
-    assert any("comes after the backend/ci layers" in p for p in layer_order_problems(parse_text(slow), "serve"))
+    assert any("comes after the backend/runtime layers" in p for p in layer_order_problems(parse_text(slow), "serve"))
 
 
 def test_existing_vllm_image_path_replaces_the_vllm_build(commands):
@@ -222,8 +223,8 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
         src = flag(c, "--from=")
         if c.cmd.upper() == "COPY":
             assert not src or src[0].split("=", 1)[1] in STAGED_ROOTS, f"{stage}:{c.start_line}: COPY {src}"
-            assert not any(p.startswith(("backend/", "ci/")) for p in c.value[:-1]) or stage == "app-files", \
-                f"{stage}:{c.start_line}"
+            app_source = any(p.startswith(("backend/", "runtime/", "ci/")) for p in c.value[:-1])
+            assert not app_source or stage == "app-files", f"{stage}:{c.start_line}"
         for f in flag(c, "--mount="):
             if "type=cache" in f:
                 assert "target=/root/.cache" in f, f"{stage}:{c.start_line}: cache mount outside /root/.cache"
@@ -235,13 +236,13 @@ def test_targets_carry_no_sources_or_build_stages(commands, target):
 def test_app_files_leave_out_build_tooling_and_byte_code(commands):
     _, cmds = stage_map(commands)["app-files"]
     sources = [p for c in cmds if c.cmd.upper() == "COPY" for p in c.value[:-1]]
-    for needed in ("runtime/entrypoint.sh", "runtime/bin/", "ci/suites/", "runtime/models/tiny-mla/config.json",
+    for needed in ("runtime/entrypoint.sh", "runtime/bin/", "runtime/suites/", "runtime/models/tiny-mla/config.json",
                    "runtime/models/tiny-mla/tokenizer.json", "runtime/models/tiny-mla/tokenizer_config.json"):
         assert needed in sources
     # the runtime package comes installed (runtime-installed), never as source files
     tooling = ("docker/", "tools/pins", "ci/pipeline", "ci/test-machine", "runtime/src", "runtime/tests",
                "runtime/pyproject")
-    assert not any(p.startswith(tooling) or p in ("ci/", "docker") for p in sources)
+    assert not any(p.startswith(tooling) or p in ("ci/", "runtime/", "docker") for p in sources)
     assert any("__pycache__" in text_of(c) for c in cmds if c.cmd.upper() == "RUN")
 
 
@@ -261,7 +262,7 @@ def ray_layer_problems(commands, target) -> list[str]:
         f"{target}: the Ray layer is in {stage}, not a COPY --link of serve-base"]
     if any(installs_vllm(x) for _, x in layers[ray[0]:]):
         problems.append(f"{target}: the Ray layer comes before the vLLM install")
-    if any(adds_backend_or_ci(x) for _, x in layers[:ray[0]]):
+    if any(adds_backend_or_runtime(x) for _, x in layers[:ray[0]]):
         problems.append(f"{target}: the Ray layer comes after runtime/backend/app layers: a backend/ change "
                         "would rebuild it")
     declared = {v.split("=")[0] for x in stages["ray-installed"][1] if x.cmd.upper() == "ARG" for v in x.value}

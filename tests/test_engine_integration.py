@@ -361,10 +361,9 @@ def test_images_carry_backend_entrypoint_and_no_sources(h, images):
         assert labels["io.rocm-vllm.track"] == cpu_track()
     check = ("import importlib.util as u, os, sys; "
              "missing = [m for m in ('vllm', 'vllm_aiter_mla', 'rocm_vllm_runtime') if u.find_spec(m) is None]; "
-             "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci/tests', "
-             "'/opt/rocm-vllm/ci/docker', '/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', "
-             "'/opt/rocm-vllm/ci/selftest', '/opt/rocm-vllm/runtime', '/opt/runtime', "
-             "'/opt/rocm-vllm/ci/suites/__pycache__') if os.path.exists(p)]; "
+             "present = [p for p in ('/opt/backend', '/opt/vllm', '/opt/app', '/opt/rocm-vllm/ci', "
+             "'/opt/rocm-vllm/docker', '/opt/rocm-vllm/locks', '/opt/rocm-vllm/runtime', '/opt/runtime', "
+             "'/opt/rocm-vllm/suites/__pycache__') if os.path.exists(p)]; "
              "print('pytest', u.find_spec('pytest') is not None, 'missing', missing, 'present', present); "
              "sys.exit(1 if missing or present else 0)")
     for tag, has_pytest in ((serve, False), (ci, True)):

@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OWNERS = {"runtime/src/rocm_vllm_runtime/distributions.py", "docker/pinned_dists.py"}
 EXCEPTIONS = {"docker/install_ray.sh"}
-SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "ci", "docker", "tools", "deploy",
-           "Dockerfile.rocm", "Dockerfile.rocm_base")
+SHIPPED = ("backend/src", "runtime/src", "runtime/bin", "runtime/entrypoint.sh", "runtime/suites", "ci", "docker",
+           "tools", "deploy", "Dockerfile.rocm", "Dockerfile.rocm_base")
 READS = re.compile(r"\bimportlib(?:\.metadata\b|\s+import\s+[^\n]*\bmetadata\b)|\bimportlib_metadata\b|"
                    r"\bpkg_resources\b")
 

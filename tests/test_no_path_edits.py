@@ -1,7 +1,7 @@
 """No product code edits Python's import path: a module imports what its package declares, the import
 graph sees it, and the environment (ci/test.sh's, uv's for tools/pins, the image's) provides it. The
-product's Python (runtime/src, runtime/models, backend/src, backend/bench, ci/, docker/ and tools/, without
-tests) is read as syntax trees; these fail:
+product's Python (runtime/src, runtime/models, runtime/suites, backend/src, backend/bench, ci/, docker/ and tools/,
+without tests) is read as syntax trees; these fail:
 sys.path.insert/append/extend/remove, an assignment to sys.path or sys.path[...], site.addsitedir.
 
 An exception would be counted in ALLOWED, per file with its reason, so that a further one fails, and an
@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EDITS = {"insert", "append", "extend", "remove"}
 # The folders of the product's Python: the packages, the scripts beside them (the tiny model's writers,
-# the backend's benchmarks, the Ray launcher) and the build and pipeline tooling.
-AREAS = ("runtime/src", "runtime/models", "backend/src", "backend/bench", "ci", "docker", "tools")
+# the backend's benchmarks, the Ray launcher), the self-test suites' helpers and the build and pipeline tooling.
+AREAS = ("runtime/src", "runtime/models", "runtime/suites", "backend/src", "backend/bench", "ci", "docker", "tools")
 
 # file -> (how many, why)
 ALLOWED: dict[str, tuple[int, str]] = {}

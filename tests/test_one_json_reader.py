@@ -3,7 +3,7 @@
 merge of versions.json that kept both sides was reported as "not canonical" and `tools.pins format` then
 silently dropped one; a body read whole from an HTTP answer that never ends grew until the process
 died. So the product's Python (runtime/src, backend/src, ci/, docker/, tools/ and deploy/, without tests; the in-image
-suites of ci/suites included) is read as syntax trees, and these fail outside files.py:
+suites of runtime/suites included) is read as syntax trees, and these fail outside files.py:
 
 * json.load, json.loads, json.JSONDecoder (however imported);
 * .read() with no size of an HTTP answer: a name bound by `with urlopen(...) as name` (or

@@ -1,8 +1,8 @@
 """One owner per kind of risky operation, and no other door.
 
-The product's Python (runtime/src, backend/src, ci/, docker/ and tools/, without tests) is read as syntax trees, its
-shell scripts (ci/, docker/, deploy/, runtime/bin, runtime/entrypoint.sh, serve-cpu.sh, .ci/run) line by line;
-every call of a kind below must stand in its owner's function:
+The product's Python (runtime/src, runtime/suites, backend/src, ci/, docker/ and tools/, without tests) is read as
+syntax trees, its shell scripts (ci/, docker/, deploy/, runtime/bin, runtime/entrypoint.sh, serve-cpu.sh, .ci/run)
+line by line; every call of a kind below must stand in its owner's function:
 
 * deleting (shutil.rmtree, os.unlink/remove/rmdir, Path.unlink/rmdir, `rm` in shell):
   rocm_vllm_runtime.files._delete, behind files.remove_made (a folder this program made, inside a
@@ -189,7 +189,7 @@ def shell_uses(text: str, path: str) -> list[Use]:
 
 def product_python() -> list[Path]:
     found = []
-    for base in ("runtime/src", "backend/src", "ci", "docker", "tools"):
+    for base in ("runtime/src", "runtime/suites", "backend/src", "ci", "docker", "tools"):
         for path in sorted((ROOT / base).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name in ("conftest.py", "rocm_fake.py"):

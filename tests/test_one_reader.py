@@ -2,8 +2,8 @@
 operation): rocm_vllm_runtime.numeric. int() and float() took "++8011" past a check into a
 traceback, a 5000-digit value past int()'s digit limit, 1e10 seconds into an overflow; urllib's
 port of N + 65536 wrapped round onto N. So the product's Python (runtime/src, backend/src, ci/,
-docker/, tools/ and deploy/, without tests; the in-image suites of ci/suites included) is read as syntax trees,
-and these fail outside numeric.py:
+docker/, tools/ and deploy/, without tests; the in-image suites of runtime/suites included) is read as
+syntax trees, and these fail outside numeric.py:
 
 * int() or float() of a value read from the environment (os.environ, os.getenv, env.get(...),
   env[...], or a name assigned from one of those in the same module);

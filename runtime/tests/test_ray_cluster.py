@@ -70,14 +70,14 @@ def test_identity_covers_every_owned_layer_not_only_the_manifest(tmp_path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"vllm": {"version": "0.33.0"}}')
     app = tmp_path / "app"
-    (app / "ci" / "suites").mkdir(parents=True)
-    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 1\n")
+    (app / "suites").mkdir(parents=True)
+    (app / "suites" / "test_smoke.py").write_text("x = 1\n")
     env = {"ROCM_VLLM_MANIFEST": str(manifest), "ROCM_VLLM_APP_DIR": str(app)}
     before = ray_cluster.identity(env)
-    (app / "ci" / "suites" / "__pycache__").mkdir()
-    (app / "ci" / "suites" / "__pycache__" / "test_smoke.cpython-312.pyc").write_bytes(b"cache")
+    (app / "suites" / "__pycache__").mkdir()
+    (app / "suites" / "__pycache__" / "test_smoke.cpython-312.pyc").write_bytes(b"cache")
     assert ray_cluster.identity(env) == before  # byte-code caches are not content
-    (app / "ci" / "suites" / "test_smoke.py").write_text("x = 2\n")
+    (app / "suites" / "test_smoke.py").write_text("x = 2\n")
     assert ray_cluster.identity(env) != before
     # the installed backend and runtime packages count: a changed file of a package changes the digest
     package = tmp_path / "vllm_aiter_mla"

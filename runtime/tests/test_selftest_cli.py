@@ -104,24 +104,24 @@ def test_pytest_args_after_options(ci_dir: Path, suites: Path, tmp_path: Path) -
 
 
 # The route rows but the first two (each measures its layer's decode calls at start-up, with the reference
-# kernel on the CPU: minutes in all) run in this repository's own session (ci/suites/test_selector.py), on
+# kernel on the CPU: minutes in all) run in this repository's own session (runtime/suites/test_selector.py), on
 # every track and in the image (tests/test_engine_integration.py); laid out as in the image, the first two
 # show the route's path through the suite's helpers.
 LAID_OUT_SELECTION = "not test_each_layer_runs_the_own_path_or_vllms_built_in or bf16-16-heads"
 
 
 @pytest.mark.long  # the selector suite in a child pytest
-def test_real_selector_suite_runs_laid_out_as_in_the_image(ci_dir: Path, tmp_path: Path) -> None:
-    """The repository's suites copied as the image lays them out (/opt/rocm-vllm/ci/suites, no
-    pytest.ini above them, no ci/ package): `selftest selector` imports its helpers and passes."""
+def test_real_selector_suite_runs_laid_out_as_in_the_image(runtime_dir: Path, tmp_path: Path) -> None:
+    """The repository's suites copied as the image lays them out (/opt/rocm-vllm/suites, no
+    pytest.ini above them, no package above them): `selftest selector` imports its helpers and passes."""
     import shutil  # noqa: PLC0415
 
-    suites = tmp_path / "opt/rocm-vllm/ci/suites"
-    shutil.copytree(ci_dir / "suites", suites, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    suites = tmp_path / "opt/rocm-vllm/suites"
+    shutil.copytree(runtime_dir / "suites", suites, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # the tiny model's config as the image holds it, and its TINY_MLA_MODEL (Dockerfile.rocm)
     model = tmp_path / "opt/rocm-vllm/models/tiny-mla"
     model.mkdir(parents=True)
-    shutil.copy(ci_dir.parent / "runtime/models/tiny-mla/config.json", model / "config.json")
+    shutil.copy(runtime_dir / "models/tiny-mla/config.json", model / "config.json")
     # run from elsewhere: `python -m pytest` makes its working directory importable
     env = dict(os.environ, SELFTEST_SUITES=str(suites), PATH="/usr/bin:/bin", TINY_MLA_MODEL=str(model))
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "selector", "--", "-k", LAID_OUT_SELECTION],

@@ -50,7 +50,7 @@ def summary_of(tmp_path: Path, ours: list[bool], ours_ll: list[float] | None = N
     for split in ("train", "test"):
         (data / f"{split}.jsonl").write_text('{"question": "q", "answer": "a #### 1"}\n')
     env = {**os.environ, "SELFTEST_SUITES": str(suites), "SELFTEST_RESULTS_DIR": str(results),
-           "ACCURACY_DATA": str(tmp_path / "data"), "ACCURACY_TASKS_DIR": str(REPO / "ci/suites/accuracy_tasks")}
+           "ACCURACY_DATA": str(tmp_path / "data"), "ACCURACY_TASKS_DIR": str(REPO / "runtime/suites/accuracy_tasks")}
     proc = subprocess.run([sys.executable, "-m", "rocm_vllm_runtime", "accuracy", "--json",
                            str(results / "selftest.json")], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)

@@ -117,7 +117,7 @@ class Settings:
 
 
 def default_tasks_dir(env: Mapping[str, str]) -> str:
-    return str(Path(env.get("SELFTEST_SUITES") or "/opt/rocm-vllm/ci/suites") / "accuracy_tasks")
+    return str(Path(env.get("SELFTEST_SUITES") or "/opt/rocm-vllm/suites") / "accuracy_tasks")
 
 
 # ---------------------------------------------------------------- tasks and their local data

@@ -1,7 +1,7 @@
 """`selftest [selector|smoke|bench|accuracy|all] [--json PATH] [--junit PATH] [-- PYTEST_ARGS...]`
 
 Runs the pytest suites under the suites directory (env SELFTEST_SUITES, default
-/opt/rocm-vllm/ci/suites, where the image keeps them), then prints each check with its outcome, the
+/opt/rocm-vllm/suites, where the image keeps them), then prints each check with its outcome, the
 installed versions and the GPU archs found, and writes the same as JSON
 (--json) and JUnit XML (--junit, pytest's own). Exit status: 0 every suite
 passed; 1 a check failed; 2 a suite could not run (its files are missing, or e.g.
@@ -46,7 +46,7 @@ ARTIFACTS = {"bench": "bench.json", "accuracy": "accuracy.json"}
 
 
 # Where the image keeps the suites (Dockerfile.rocm, app-files).
-IMAGE_SUITES = "/opt/rocm-vllm/ci/suites"
+IMAGE_SUITES = "/opt/rocm-vllm/suites"
 
 
 def suites_dir() -> Path:

@@ -38,7 +38,8 @@ from rocm_vllm_runtime.manifest import ManifestError, load_manifest
 from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
 
-CI_DIR = Path(__file__).resolve().parent.parent
+# runtime/ in this repository, /opt/rocm-vllm in the image: the tiny model is under models/ in both
+RUNTIME_DIR = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.gpu
 
@@ -228,7 +229,7 @@ def _free_port() -> int:
 
 def _model_dir() -> Path:
     for candidate in (os.environ.get("TINY_MLA_MODEL"), tiny_model({}),
-                      str(CI_DIR.parent / "runtime" / "models" / "tiny-mla")):
+                      str(RUNTIME_DIR / "models" / "tiny-mla")):
         if candidate and (Path(candidate) / "config.json").is_file():
             return Path(candidate)
     pytest.fail("tiny MLA model not found: set TINY_MLA_MODEL to its directory")
