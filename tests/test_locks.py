@@ -117,6 +117,12 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (fresh / "uv.lock").read_text() == (PINS_PROJECT / "uv.lock").read_text(), \
         "tools/pins/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project tools/pins"
+    # the pin tool's resolver is the test environment's: both make a lock the same way, and the lock
+    # from scratch does not hang on which uv release an index lists as its newest
+    pins_uv = [p["version"] for p in tomllib.loads((PINS_PROJECT / "uv.lock").read_text())["package"]
+               if p["name"] == "uv"]
+    assert pins_uv == [requirement_blocks((ROOT / "tests/requirements.lock").read_text())["uv"][0]
+                       .split("==", 1)[1].split()[0].rstrip("\\").strip()], pins_uv
     # the check can fail
     (fresh / "pyproject.toml").write_text(project.replace('"urllib3",', '"urllib3",\n    "idna",'))
     assert _uv("lock", "--check", "--project", str(fresh)).returncode != 0
