@@ -27,8 +27,10 @@ PROJECT = ROOT / "tools/pins/pyproject.toml"
 
 
 def declared() -> set[str]:
-    """The project's dependencies by import name."""
-    return {name.split(";")[0].strip().replace("-", "_") for name in
+    """The project's dependencies by import name (without their version specifiers and markers)."""
+    from packaging.requirements import Requirement
+
+    return {Requirement(line).name.replace("-", "_") for line in
             tomllib.loads(PROJECT.read_text())["project"]["dependencies"]}
 
 
