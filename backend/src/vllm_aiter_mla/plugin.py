@@ -79,9 +79,10 @@ def check_vllm_version(found: str | None) -> None:
 
 def _installed_vllm_problem() -> tuple[str | None, str | None]:
     """(the installed vLLM's version, why this package cannot serve it or None)."""
+    dists = _distributions()
     try:
         found = _installed_vllm_version()
-    except _distributions().MetadataError as exc:
+    except dists.MetadataError as exc:
         return None, f"vLLM's version cannot be read: {exc}"
     return found, vllm_version_problem(found)
 
