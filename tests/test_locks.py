@@ -19,6 +19,7 @@ from packaging.version import Version
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tools import build_scripts
 from tools.pins import locks, model
 from json_cases import paths, replaced
 from tests import vllm_sdist
@@ -121,8 +122,8 @@ def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
     # from scratch does not hang on which uv release an index lists as its newest
     pins_uv = [p["version"] for p in tomllib.loads((PINS_PROJECT / "uv.lock").read_text())["package"]
                if p["name"] == "uv"]
-    assert pins_uv == [requirement_blocks((ROOT / "tests/requirements.lock").read_text())["uv"][0]
-                       .split("==", 1)[1].split()[0].rstrip("\\").strip()], pins_uv
+    lock_lines = build_scripts.load("lock_lines")  # the one lock reader
+    assert pins_uv == [lock_lines.version(str(ROOT / "tests/requirements.lock"), "uv")], pins_uv
     # the check can fail
     (fresh / "pyproject.toml").write_text(project.replace('"urllib3",', '"urllib3",\n    "idna",'))
     assert _uv("lock", "--check", "--project", str(fresh)).returncode != 0
