@@ -42,6 +42,7 @@ from pathlib import Path
 
 from . import bench, children, files, numeric, schema, web
 from .selection import selection
+from .selftest import suites_dir
 from .secret_values import shown
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
@@ -117,7 +118,8 @@ class Settings:
 
 
 def default_tasks_dir(env: Mapping[str, str]) -> str:
-    return str(Path(env.get("SELFTEST_SUITES") or "/opt/rocm-vllm/suites") / "accuracy_tasks")
+    """The suites' accuracy_tasks folder, wherever selftest finds the suites (SELFTEST_SUITES, else the image's)."""
+    return str(suites_dir(env) / "accuracy_tasks")
 
 
 # ---------------------------------------------------------------- tasks and their local data

@@ -23,7 +23,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rocm_vllm_runtime import children, files, report
@@ -49,8 +49,9 @@ ARTIFACTS = {"bench": "bench.json", "accuracy": "accuracy.json"}
 IMAGE_SUITES = "/opt/rocm-vllm/suites"
 
 
-def suites_dir() -> Path:
-    return Path(os.environ.get("SELFTEST_SUITES") or IMAGE_SUITES)
+def suites_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where the suites are: SELFTEST_SUITES, else where the image keeps them."""
+    return Path(env.get("SELFTEST_SUITES") or IMAGE_SUITES)
 
 
 def run_suite(name: str, directory: Path, pytest_args: Sequence[str],
