@@ -35,8 +35,7 @@ def _marks(name: str) -> list:
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
     chosen = bench.choose(NAMES, bench.backends(bench.plugin_names()))
-    kfd = ENV.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
-    if any(b.needs_gpu for b in chosen) and not os.path.exists(kfd):
+    if kfd := bench.missing_device(chosen, ENV):
         pytest.skip(f"no {kfd}: no AMD GPU in this container to start servers on "
                     "(ACCURACY_BACKENDS=cpu-plugin,cpu-vllm runs on CPU)")
     settings = accuracy.Settings.from_env(ENV)

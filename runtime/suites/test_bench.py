@@ -43,8 +43,7 @@ def _results_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
     env = os.environ
     chosen = bench.choose(NAMES, bench.backends(bench.plugin_names()))
-    kfd = env.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
-    if any(b.needs_gpu for b in chosen) and not os.path.exists(kfd):
+    if kfd := bench.missing_device(chosen, env):
         pytest.skip(f"no {kfd}: no AMD GPU in this container to start servers on "
                     "(BENCH_BACKENDS=cpu-plugin,cpu-vllm runs on CPU)")
     load = bench.Load.from_env(env)

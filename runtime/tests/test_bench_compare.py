@@ -84,6 +84,19 @@ def test_choose_names_what_is_wrong() -> None:
         bench.choose([], known)
 
 
+def test_a_gpu_backend_without_the_device_node_is_named(tmp_path: Path) -> None:
+    """The suites skip a GPU backend where the container has no compute device node (the guard's
+    ROCM_VLLM_KFD_PATH, default /dev/kfd): the node's path is named; CPU backends need none."""
+    known = bench.backends([])
+    absent, present = str(tmp_path / "no-kfd"), str(tmp_path)
+    gpu, cpu = [known["plugin"], known["cpu-vllm"]], [known["cpu-plugin"], known["cpu-vllm"]]
+    assert bench.missing_device(gpu, {"ROCM_VLLM_KFD_PATH": absent}) == absent
+    assert bench.missing_device(gpu, {"ROCM_VLLM_KFD_PATH": present}) is None
+    assert bench.missing_device(cpu, {"ROCM_VLLM_KFD_PATH": absent}) is None
+    assert bench.missing_device(gpu, {"ROCM_VLLM_KFD_PATH": ""}) in (None, "/dev/kfd")  # empty: the default
+    assert (bench.missing_device(gpu, {}) is None) == Path("/dev/kfd").exists()
+
+
 def test_load_settings() -> None:
     assert Load.from_env({}) == Load(1000, 1024, 128, 64, 0, 4, ())
     load = Load.from_env({"BENCH_NUM_PROMPTS": "4", "BENCH_WARMUPS": "0", "BENCH_ARGS": "--dataset-name 'sharegpt'"})

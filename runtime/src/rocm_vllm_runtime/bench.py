@@ -39,6 +39,7 @@ from pathlib import Path
 
 from . import children, files, health, numeric, web
 from .distributions import MetadataError, entry_points_of
+from .guard import kfd_path
 from .selection import OURS, VLLMS, Selection, selection
 from .secret_values import shown
 
@@ -130,6 +131,13 @@ def choose(names: Sequence[str], known: Mapping[str, Backend], setting: str = "B
     if len(set(names)) != len(names):
         raise BenchError(f"{setting} / --backends names a backend twice: {', '.join(names)}")
     return [known[n] for n in names]
+
+
+def missing_device(chosen: Sequence[Backend], env: Mapping[str, str] = os.environ) -> str | None:
+    """The compute device node (guard.kfd_path) that a chosen backend needs and this container lacks;
+    None when every chosen backend runs on the CPU or the node is there."""
+    kfd = kfd_path(env)
+    return kfd if any(b.needs_gpu for b in chosen) and not os.path.exists(kfd) else None
 
 
 def mismatch(backend: Backend, selected: Selection, complete: bool) -> str:

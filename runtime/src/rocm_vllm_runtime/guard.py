@@ -47,6 +47,7 @@ AITER_ARCHS = ("gfx942", "gfx950")
 REQUIRE_GPU_ENV = "ROCM_VLLM_REQUIRE_GPU"
 KFD_ENV = "ROCM_VLLM_KFD_PATH"
 DEFAULT_KFD = "/dev/kfd"
+
 DRI_ENV = "ROCM_VLLM_DRI_PATH"
 DEFAULT_DRI = "/dev/dri"
 USE_AITER_ENV = "VLLM_ROCM_USE_AITER"
@@ -61,6 +62,11 @@ REQUIRE_GPU_VALUES = ("0", "1")
 RENDER_GID_HINT = ("set RENDER_GID to the host's render group id "
                    "(echo RENDER_GID=$(getent group render | cut -d: -f3) >> .env; "
                    "docker run: --group-add <that id>)")
+
+
+def kfd_path(env: Mapping[str, str]) -> str:
+    """The ROCm compute device node this container is to have (ROCM_VLLM_KFD_PATH, default /dev/kfd)."""
+    return env.get(KFD_ENV) or DEFAULT_KFD
 
 
 @dataclass(frozen=True)
@@ -224,7 +230,7 @@ def decide(inputs: GuardInputs) -> Decision:
                        f"GPU check off ({REQUIRE_GPU_ENV}=0): AITER off (VLLM_ROCM_USE_AITER=0)")
         return decision
 
-    kfd = env.get(KFD_ENV) or DEFAULT_KFD
+    kfd = kfd_path(env)
     if not inputs.has_kfd:
         return _problem(decision, level, (
             f"no {kfd} in the container, so no AMD GPU can be used: run it with "
@@ -353,7 +359,7 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
         mode=mode,
         listings=listings,
         env=env,
-        has_kfd=os.path.exists(env.get(KFD_ENV) or DEFAULT_KFD),
+        has_kfd=os.path.exists(kfd_path(env)),
         manifest=manifest,
         manifest_error=manifest_error,
         aiter_installed=jitcache.aiter_prebuilt_dir() is not None,
