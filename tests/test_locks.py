@@ -90,40 +90,40 @@ def test_every_lock_is_what_its_inputs_lock_to_now():
         assert f"lock {lock.name}: {lock.output} up to date" in proc.stdout
 
 
-PINS_PROJECT = ROOT / "tools/pins"
+TOOLS_PROJECT = ROOT / "tools"
 
 
 def _uv(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*locks.uv_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_the_pin_tools_lock_is_what_its_project_locks_to(tmp_path):
-    """tools/pins/uv.lock (the environment `uv run --locked --project tools/pins` makes) passes uv's own
-    check, and uv makes the same file from tools/pins/pyproject.toml alone, up to locks.json's
+def test_the_tools_lock_is_what_its_project_locks_to(tmp_path):
+    """tools/uv.lock (the environment `uv run --locked --project tools` makes) passes uv's own
+    check, and uv makes the same file from tools/pyproject.toml alone, up to locks.json's
     exclude_newer: the lock is reproducible from the repository's files. A dependency the lock
     lacks fails the check."""
     uv_or_skip()
-    project = (PINS_PROJECT / "pyproject.toml").read_text()
+    project = (TOOLS_PROJECT / "pyproject.toml").read_text()
     spec = json.loads((ROOT / "docker/locks/locks.json").read_text())
     assert tomllib.loads(project)["tool"]["uv"]["exclude-newer"] == spec["exclude_newer"], \
-        "tools/pins/pyproject.toml exclude-newer is not docker/locks/locks.json's exclude_newer: make them one date " \
-        "and run uv lock --upgrade --project tools/pins"
-    proc = _uv("lock", "--check", "--project", "tools/pins")
-    assert proc.returncode == 0, f"run uv lock --project tools/pins: {proc.stderr[-2000:]}"
-    fresh = tmp_path / "tools" / "pins"  # where its path source, ../../runtime, is the runtime as in the checkout
-    fresh.mkdir(parents=True)
+        "tools/pyproject.toml exclude-newer is not docker/locks/locks.json's exclude_newer: make them one date " \
+        "and run uv lock --upgrade --project tools"
+    proc = _uv("lock", "--check", "--project", "tools")
+    assert proc.returncode == 0, f"run uv lock --project tools: {proc.stderr[-2000:]}"
+    fresh = tmp_path / "tools"  # where its path source, ../runtime, is the runtime as in the checkout
+    fresh.mkdir()
     (tmp_path / "runtime").symlink_to(ROOT / "runtime")
     (fresh / "pyproject.toml").write_text(project)
     proc = _uv("lock", "--project", str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (fresh / "uv.lock").read_text() == (PINS_PROJECT / "uv.lock").read_text(), \
-        "tools/pins/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project tools/pins"
+    assert (fresh / "uv.lock").read_text() == (TOOLS_PROJECT / "uv.lock").read_text(), \
+        "tools/uv.lock is not what its project locks to from scratch: run uv lock --upgrade --project tools"
     # the pin tool's resolver is the test environment's: both make a lock the same way, and the lock
     # from scratch does not hang on which uv release an index lists as its newest
-    pins_uv = [p["version"] for p in tomllib.loads((PINS_PROJECT / "uv.lock").read_text())["package"]
+    tools_uv = [p["version"] for p in tomllib.loads((TOOLS_PROJECT / "uv.lock").read_text())["package"]
                if p["name"] == "uv"]
     lock_lines = build_scripts.load("lock_lines")  # the one lock reader
-    assert pins_uv == [lock_lines.version(str(ROOT / "tests/requirements.lock"), "uv")], pins_uv
+    assert tools_uv == [lock_lines.version(str(ROOT / "tests/requirements.lock"), "uv")], tools_uv
     # the check can fail
     (fresh / "pyproject.toml").write_text(project.replace('"urllib3",', '"urllib3",\n    "idna",'))
     assert _uv("lock", "--check", "--project", str(fresh)).returncode != 0

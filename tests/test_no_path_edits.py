@@ -1,5 +1,5 @@
 """No product code edits Python's import path: a module imports what its package declares, the import
-graph sees it, and the environment (ci/test.sh's, uv's for tools/pins, the image's) provides it. The
+graph sees it, and the environment (ci/test.sh's, uv's for tools/, the image's) provides it. The
 product's Python (runtime/src, runtime/models, runtime/suites, backend/src, backend/bench, ci/, docker/ and tools/,
 without tests) is read as syntax trees; these fail:
 sys.path.insert/append/extend/remove, an assignment to sys.path or sys.path[...], site.addsitedir.

@@ -1,5 +1,5 @@
-"""The pin tool as a locked project that uv runs (tools/pins/pyproject.toml, tools/pins/uv.lock): what it
-imports is what the project declares; a Python without those libraries stops in one line naming the
+"""The tools of tools/ as one locked project that uv runs (tools/pyproject.toml, tools/uv.lock): what they
+import is what the project declares; a Python without those libraries stops in one line naming the
 uv command (and how to install uv where it is missing) and makes nothing; the documented command
 runs the tool in an environment uv makes from the lock, also when several first runs meet, a link
 stands in the environment's place or its Python is gone. tests/test_locks.py holds the lock to
@@ -23,7 +23,7 @@ from tools.pins import locks
 from tools.pins.model import PinError
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ROOT / "tools/pins/pyproject.toml"
+PROJECT = ROOT / "tools/pyproject.toml"
 
 
 def declared() -> set[str]:
@@ -34,17 +34,22 @@ def declared() -> set[str]:
             tomllib.loads(PROJECT.read_text())["project"]["dependencies"]}
 
 
-def test_the_tool_imports_only_what_its_project_declares():
+def imported_outside_the_standard_library(paths: list[Path]) -> set[str]:
+    """The top-level names these files import by absolute name, less the standard library's."""
     imported = set()
-    for path in (ROOT / "tools/pins").glob("*.py"):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
+    return {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
+
+
+def test_the_tool_imports_only_what_its_project_declares():
     # the checkout's build scripts (docker/lock_lines.py, docker/pinned_dists.py) come through tools/build_scripts.py
     # (a relative import), never by the folder's name
-    outside = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
+    outside = imported_outside_the_standard_library(sorted((ROOT / "tools/pins").glob("*.py")))
     # jsonschema: through rocm_vllm_runtime.schema, which the tool validates with
     assert outside | {"jsonschema"} == set(cli.NEEDED) == declared() - {"uv"}, (outside, declared())
     assert "uv" in declared()  # the resolver of `resolve --write` and `lock`, beside the environment's Python
@@ -53,7 +58,7 @@ def test_the_tool_imports_only_what_its_project_declares():
 def test_the_runtime_is_this_checkouts_editable_one():
     """The tool's owners (numeric, secret_values, files, ...) come from the runtime beside it: a path source."""
     sources = tomllib.loads(PROJECT.read_text())["tool"]["uv"]["sources"]
-    assert sources == {"rocm-vllm-runtime": {"path": "../../runtime", "editable": True}}
+    assert sources == {"rocm-vllm-runtime": {"path": "../runtime", "editable": True}}
     assert (PROJECT.parent / sources["rocm-vllm-runtime"]["path"] / "pyproject.toml").is_file()
 
 
@@ -89,8 +94,8 @@ def test_a_python_without_the_libraries_stops_in_one_line_naming_the_uv_command(
     proc = bare(tmp_path, "tracks", "--json", uv_on_path=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pins/pyproject.toml): "
-        "run the pin tool with uv from the repository root: uv run --locked --project tools/pins python -m tools.pins "
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pyproject.toml): "
+        "run the pin tool with uv from the repository root: uv run --locked --project tools python -m tools.pins "
         "with the same arguments"], proc.stderr
     # nothing made: no environment in the cache or home folder
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
@@ -102,9 +107,9 @@ def test_without_uv_the_line_says_how_to_install_it(tmp_path):
                 "https://user:hunter2@mirror.example\nx", uv_on_path=False)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.strip() == (
-        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pins/pyproject.toml): "
+        "error: this Python lacks jsonschema, packaging, rocm_vllm_runtime, urllib3 (tools/pyproject.toml): "
         f"install uv ({cli.UV_INSTALL}), then run the pin tool with uv from the repository root: "
-        "uv run --locked --project tools/pins python -m tools.pins with the same arguments"), proc.stderr
+        "uv run --locked --project tools python -m tools.pins with the same arguments"), proc.stderr
     assert not any((tmp_path / "home").iterdir()) and not any((tmp_path / "cache").iterdir())
 
 
@@ -116,8 +121,8 @@ def test_with_the_runtime_the_line_shows_the_arguments_masked(monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         cli.libraries_or_exit(["resolve", "--registry", "https://user:hunter2@mirror.example\nx"])
     line = str(stopped.value)
-    assert line.startswith("error: this Python lacks no_such_library_here (tools/pins/pyproject.toml): run the pin "
-                           "tool with uv from the repository root: uv run --locked --project tools/pins "
+    assert line.startswith("error: this Python lacks no_such_library_here (tools/pyproject.toml): run the pin "
+                           "tool with uv from the repository root: uv run --locked --project tools "
                            "python -m tools.pins resolve --registry "), line
     assert "hunter2" not in line and "\n" not in line and line.endswith("\\nx'"), line
 
@@ -129,7 +134,7 @@ def test_resolve_and_lock_without_uv_say_how_to_install_it(tmp_path, monkeypatch
         locks.uv_command()
     assert str(stopped.value) == (
         "uv not found beside this Python or on PATH: install uv (https://docs.astral.sh/uv/getting-started/"
-        "installation/) and run the pin tool with it from the repository root: uv run --locked --project tools/pins "
+        "installation/) and run the pin tool with it from the repository root: uv run --locked --project tools "
         "python -m tools.pins ...")
 
 
@@ -156,9 +161,9 @@ def test_an_unset_home_stops_only_what_needs_the_sdist_cache_in_one_line(monkeyp
 # ------------------------------------------------------------------ under uv (PyPI, or uv's cache)
 
 def uv_run(env_dir: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    """The documented command, its environment at env_dir (UV_PROJECT_ENVIRONMENT: tools/pins/.venv otherwise)."""
+    """The documented command, its environment at env_dir (UV_PROJECT_ENVIRONMENT: tools/.venv otherwise)."""
     uv = locks.uv_command()[0]
-    return subprocess.run([uv, "run", "--locked", "--project", "tools/pins", "python", "-m", "tools.pins", *args],
+    return subprocess.run([uv, "run", "--locked", "--project", "tools", "python", "-m", "tools.pins", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(env_dir), **extra})
 

@@ -80,7 +80,7 @@ class Client:
     @property
     def env(self) -> dict[str, str]:
         """The scripts' python3 is this test environment's (the runtime package installed), as under
-        uv run --locked --project tools/pins it is the pin tool's."""
+        uv run --locked --project tools it is the tools' environment's."""
         keep = ("HOME", "LANG", "TMPDIR", "CA_BUNDLE")
         return {**{k: v for k, v in os.environ.items() if k in keep},
                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",

@@ -131,9 +131,9 @@ def test_jobs_do_what_the_readme_says() -> None:
     assert [s["run"] for _, s in steps(pins) if "run" in s] == [f"{UV_RUN} bash ci/pipeline/propose-pins.sh"]
 
 
-# How a workflow runs the pin tool, or a script that runs it: under uv, in the environment uv makes
-# from tools/pins/uv.lock (the pin tool makes none of its own; a runner's python3 lacks its libraries).
-UV_RUN = "uv run --locked --project tools/pins"
+# How a workflow runs the pin tool, or a script that runs it: under uv, in the tools' environment that uv
+# makes from tools/uv.lock (the pin tool makes none of its own; a runner's python3 lacks its libraries).
+UV_RUN = "uv run --locked --project tools"
 RUNS_THE_PIN_TOOL = re.compile(r"python3 -m tools\.pins|ci/pipeline/amd-runner/publish\.sh"
                                r"|ci/pipeline/propose-pins\.sh")
 
@@ -147,7 +147,7 @@ def pin_tool_steps_outside_uv(docs: dict[str, dict]) -> list[str]:
             for step in job.get("steps", []):
                 have_uv = have_uv or step.get("uses", "").startswith("astral-sh/setup-uv@")
                 for line in step.get("run", "").splitlines():
-                    if RUNS_THE_PIN_TOOL.search(line) and not (have_uv and UV_RUN in line):
+                    if RUNS_THE_PIN_TOOL.search(line) and not (have_uv and f"{UV_RUN} " in line):
                         out.append(f"{name} {job_name}: {line.strip()}")
     return out
 
@@ -161,6 +161,10 @@ def test_workflows_run_the_pin_tool_under_uv() -> None:
     assert pin_tool_steps_outside_uv({"x.yml": bare}) == ["x.yml j: python3 -m tools.pins tracks --json"]
     no_setup = {"jobs": {"j": {"steps": [{"run": f"{UV_RUN} bash ci/pipeline/propose-pins.sh"}]}}}
     assert len(pin_tool_steps_outside_uv({"x.yml": no_setup})) == 1
+    # another project's folder under tools/ is not the tools' project
+    elsewhere = {"jobs": {"j": {"steps": [{"uses": "astral-sh/setup-uv@v7"},
+                                          {"run": f"{UV_RUN}/pins python3 -m tools.pins tracks --json"}]}}}
+    assert len(pin_tool_steps_outside_uv({"x.yml": elsewhere})) == 1
 
 
 def test_every_variable_secret_and_input_is_documented() -> None:

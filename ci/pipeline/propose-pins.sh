@@ -2,9 +2,9 @@
 # Follow upstream and propose the results as pull requests. Never pushes to the base branch:
 # each change goes to a branch of its own and a pull request carries it.
 #
-#   uv run --locked --project tools/pins bash ci/pipeline/propose-pins.sh
+#   uv run --locked --project tools bash ci/pipeline/propose-pins.sh
 #
-# (under uv, python3 is the pin tool's environment, made from tools/pins/uv.lock)
+# (under uv, python3 is the tools' environment, made from tools/uv.lock)
 #
 # 1. New vLLM releases (python3 -m tools.pins discover): one pull request per release, on the branch
 #    pins/vllm-<version>, adding it as the default release track from its sdist (AITER named by its
@@ -20,7 +20,7 @@
 #   PINS_UP_TO    leave out vLLM releases after this one (default: none)
 #   PINS_SDIST_CACHE  where discover keeps sdists (default ~/.cache/rocm-vllm-pins)
 #   PINS_PYTHON   Python with uv for `tools.pins lock` (default .venv/bin/python when present, else python3:
-#                 run under `uv run --locked --project tools/pins`, the pin tool's environment, which has uv)
+#                 run under `uv run --locked --project tools`, the tools' environment, which has uv)
 #   PINS_BRANCH   branch the proposal is pushed to, force-updated (default pins/resolve)
 #   PINS_BASE     base branch of the pull request (default main)
 #   PINS_REMOTE   git remote to push the branch to (default origin)
@@ -52,7 +52,7 @@ mkdir -p "$results"
 read -r -a items <<<"$what"
 read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"
 tests_cmd=${PINS_TESTS:-bash ci/test.sh tests/test_pins.py tests/test_discover.py tests/test_vllm_source.py tests/test_tracks.py tests/test_aiter_calls.py}
-# The Python that runs `tools.pins lock` (it needs uv: tools/pins/uv.lock and tests/requirements.lock install it).
+# The Python that runs `tools.pins lock` (it needs uv: tools/uv.lock and tests/requirements.lock install it).
 pins_python=${PINS_PYTHON:-python3}
 [ -n "${PINS_PYTHON:-}" ] || [ ! -x .venv/bin/python ] || pins_python=.venv/bin/python
 discover_args=(--sdist-cache "${PINS_SDIST_CACHE:-$HOME/.cache/rocm-vllm-pins}")

@@ -17,11 +17,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-# What the tool imports beyond the standard library, by import name: tools/pins/pyproject.toml's dependencies
+# What the tool imports beyond the standard library, by import name: tools/pyproject.toml's dependencies
 # (less uv, which only `resolve` and `lock` run: locks.uv_command says how to get it).
 NEEDED = ("jsonschema", "packaging", "rocm_vllm_runtime", "urllib3")
-# How the tool runs where this Python lacks them: uv makes and keeps its environment from tools/pins/uv.lock.
-UV_RUN = ("uv", "run", "--locked", "--project", "tools/pins", "python", "-m", "tools.pins")
+# How the tool runs where this Python lacks them: uv makes and keeps its environment from tools/uv.lock.
+UV_RUN = ("uv", "run", "--locked", "--project", "tools", "python", "-m", "tools.pins")
 UV_INSTALL = "https://docs.astral.sh/uv/getting-started/installation/"
 # The characters str.splitlines breaks a line at, shown escaped: each error is one line whatever the file holds.
 _LINE_BREAKS = str.maketrans({c: ascii(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
@@ -32,7 +32,7 @@ def libraries_or_exit(argv: list[str]) -> None:
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if not missing:
         return
-    sys.exit(f"error: this Python lacks {', '.join(missing)} (tools/pins/pyproject.toml): {_install_uv()}run the pin "
+    sys.exit(f"error: this Python lacks {', '.join(missing)} (tools/pyproject.toml): {_install_uv()}run the pin "
              f"tool with uv from the repository root: {_uv_command(argv, 'rocm_vllm_runtime' not in missing)}")
 
 

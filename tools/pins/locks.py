@@ -140,13 +140,13 @@ def without(body: str, removed: set[str]) -> str:
 
 
 def uv_command() -> list[str]:
-    """uv from this Python's environment (tools/pins/uv.lock and tests/requirements.lock install it), else from PATH."""
+    """uv from this Python's environment (tools/uv.lock and tests/requirements.lock install it), else from PATH."""
     here = Path(sys.executable).parent / "uv"
     found = str(here) if here.is_file() else shutil.which("uv")
     if not found:
         raise PinError("uv not found beside this Python or on PATH: install uv "
                        "(https://docs.astral.sh/uv/getting-started/installation/) and run the pin tool with it from "
-                       "the repository root: uv run --locked --project tools/pins python -m tools.pins ...")
+                       "the repository root: uv run --locked --project tools python -m tools.pins ...")
     return [found]
 
 

@@ -5,8 +5,8 @@
 #   ci/pipeline/amd-runner/publish.sh [TARGET...]        default targets: base serve ci
 #
 # Its python3 runs the pin tool and the pipeline's Python (python3 -m ci.pipeline: the commit tag and
-# push settings read from the graph, tag.sh's checks): run it under uv (uv run --locked --project tools/pins
-# bash ...), whose environment, made from tools/pins/uv.lock, has their libraries and the runtime package.
+# push settings read from the graph, tag.sh's checks): run it under uv (uv run --locked --project tools
+# bash ...), whose environment, made from tools/uv.lock, has their libraries and the runtime package.
 #
 # Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
 # what differs per run:

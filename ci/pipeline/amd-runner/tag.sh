@@ -17,7 +17,7 @@
 #
 # Settings: PUBLISH_FORCE (0|1), MOVABLE_TAGS, DOCKER (docker command, default docker).
 # The logic is ci/pipeline/publish.py's (python3 -m ci.pipeline tag); its python3 needs the runtime
-# package: run under uv as publish.sh is (uv run --locked --project tools/pins bash ...).
+# package: run under uv as publish.sh is (uv run --locked --project tools bash ...).
 set -euo pipefail
 
 if [ "$#" -ne 2 ]; then

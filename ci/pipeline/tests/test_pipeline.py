@@ -19,7 +19,7 @@ from tools.pins import model, render
 
 REPO = Path(__file__).resolve().parents[3]
 # The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
-# in the pin tool's environment that uv makes (uv run --locked --project tools/pins puts its bin first on PATH).
+# in the tools' environment that uv makes (uv run --locked --project tools puts its bin first on PATH).
 TOOLS_BIN = str(Path(sys.executable).parent)
 SHA = "0123456789abcdef0123456789abcdef01234567"
 KNOWN_PIN = "v0.1.20.post1"  # the fully resolved AITER pin of versions.json
@@ -147,7 +147,7 @@ def pushed_settings(targets: dict) -> dict[str, dict]:
 
 def publish_print(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     results = tmp_path / "results"
-    # python3 with the runtime package first on PATH, as under uv run --locked --project tools/pins
+    # python3 with the runtime package first on PATH, as under uv run --locked --project tools
     env = {**os.environ, "PATH": f"{TOOLS_BIN}:{os.environ['PATH']}", "PUBLISH": "print",
            "REGISTRY": "registry.example/team", "GIT_SHA": SHA, "RESULTS_DIR": str(results), **settings}
     for name in ("DOCKER", "BUILDER", "CACHE_REPO", "GPU_ARCHS", "TAG", "PUSH", "ATTEST", "CACHE_FROM", "CACHE_TO"):

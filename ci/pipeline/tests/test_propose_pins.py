@@ -17,7 +17,7 @@ from vllm_sdist import cache_dir, sdist_archive, track_names
 
 REPO = Path(__file__).resolve().parents[3]
 # The folder of this test environment's python3: the scripts' python3 has the runtime package there, as
-# in the pin tool's environment that uv makes (uv run --locked --project tools/pins puts its bin first on PATH).
+# in the tools' environment that uv makes (uv run --locked --project tools puts its bin first on PATH).
 TOOLS_BIN = str(Path(sys.executable).parent)
 NEWEST = model.load(REPO / "versions.json")["tracks"][model.track_names(model.load(REPO / "versions.json"))[0]][
     "vllm"]["version"]
