@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from owner_scan import python_files
 
 from tools.pins import __main__ as cli
 from tools.pins import locks
@@ -53,6 +54,16 @@ def test_the_tool_imports_only_what_its_project_declares():
     # jsonschema: through rocm_vllm_runtime.schema, which the tool validates with
     assert outside | {"jsonschema"} == set(cli.NEEDED) == declared() - {"uv"}, (outside, declared())
     assert "uv" in declared()  # the resolver of `resolve --write` and `lock`, beside the environment's Python
+
+
+def test_every_program_of_tools_imports_only_what_the_project_declares():
+    """cpu_serve.py, uv_pip.py and build_scripts.py run in the project's environment too: what any Python
+    file of tools/ imports (its environment, tools/.venv, left out) is the standard library or declared."""
+    files = python_files(ROOT / "tools")
+    names = {path.relative_to(ROOT).as_posix() for path in files}
+    assert {"tools/cpu_serve.py", "tools/uv_pip.py", "tools/build_scripts.py", "tools/pins/__main__.py"} <= names
+    outside = imported_outside_the_standard_library(files)
+    assert outside <= declared() and "rocm_vllm_runtime" in outside, (outside, declared())
 
 
 def test_the_runtime_is_this_checkouts_editable_one():
