@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The repository's test command (README.md "Run the tests").
 # Creates a virtual environment from the repository's own requirement files,
-# installs the backend and runtime packages (editable), then runs every suite this machine can run.
+# installs the runtime and backend packages (editable), then runs every suite this machine can run.
 # Suites that need something absent (a Docker engine, an AMD GPU) skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,24 +15,29 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 echo "== installing test requirements (tests/requirements.lock, locked from tests/requirements.txt)"
 # Exactly the locked set, every file hash-checked, nothing resolved here (python3 -m tools.pins lock
-# tests remakes the lock). First uv, by pip from its own entry in the lock; then uv installs the
-# lock (parallel downloads: a fraction of pip's time on a machine with nothing kept), from the
-# sources pip's settings name, read by the venv's pip (tools/uv_pip.py, with the runtime's modules from its
-# source folder: the packages are installed after the lock); torch's CPU build from pip's
-# find-links, else PyTorch's CPU index. Every index is consulted for every name, as pip does: the
-# hashes decide. Every module is compiled to bytecode at install (--compile-bytecode; a second run
-# finds it current in seconds): where PYTHONDONTWRITEBYTECODE is set, Python never writes it at
-# import, and every test process that imports vLLM and torch would compile them from source again
-# (about 15 s of CPU each).
-# uv's entry is read by the lock reader (docker/lock_lines.py: standard library only), with this machine's Python;
-# where the lock lacks it: "tests/requirements.lock has no entry for uv".
-uv_entry=$("$PYTHON" -B docker/lock_lines.py entry tests/requirements.lock uv 2>&1) \
-  || { echo "error: $uv_entry" >&2; exit 1; }
-"$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "$uv_entry")
-PYTHONPATH=runtime/src "$VENV/bin/python" -m tools.uv_pip --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
+# tests remakes the lock).
+# First pip installs uv and the runtime's build backend, setuptools and wheel (a fresh venv's setuptools
+# may be too old; it has no wheel). Each comes from its entry in the lock, read by docker/lock_lines.py
+# (standard library only) with this machine's Python. Where the lock lacks one, this stops in one line
+# ("tests/requirements.lock has no entry for NAME").
+entries=()
+for name in uv setuptools wheel; do
+  entry=$("$PYTHON" -B docker/lock_lines.py entry tests/requirements.lock "$name" 2>&1) \
+    || { echo "error: $entry" >&2; exit 1; }
+  entries+=("$entry")
+done
+"$VENV/bin/python" -m pip install --quiet --require-hashes --no-deps -r <(printf '%s\n' "${entries[@]}")
+# The runtime package, editable, from its source folder: tools/uv_pip.py imports it.
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e runtime
+# Then uv installs the lock, from the sources pip's settings name (tools/uv_pip.py): a fraction of pip's
+# time with nothing kept. Torch's CPU build comes from pip's find-links, else PyTorch's CPU index. Every
+# index is consulted for every name, as pip does: the hashes decide. Every module is compiled at install
+# (--compile-bytecode): where PYTHONDONTWRITEBYTECODE is set, each test process importing vLLM and torch
+# would compile them again (about 15 s of CPU each).
+"$VENV/bin/python" -m tools.uv_pip --torch "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" \
   --require-hashes --no-deps --compile-bytecode -r tests/requirements.lock
-# this repository's own packages, from their source folders
-"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend -e runtime
+# The backend package, editable, from its source folder.
+"$VENV/bin/python" -m pip install --quiet --no-deps --no-index --no-build-isolation -e backend
 
 # Several lanes at once (pytest-xdist; conftest.py hands out the Docker tests as one unit, first,
 # and every other test file to whichever lane is free): on the 2-core machine a lane often waits on

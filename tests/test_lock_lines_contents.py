@@ -307,7 +307,8 @@ MADE_FROM_COMMITTED = {
         "docker/locks/vllm-<track>-rocm.txt, copied by build_vllm.sh",
     ("docker/install_ray.sh", '"$work/requirements.txt"'):
         "the blocks of docker/requirements-ray.txt the image lacks, cut out by install_ray.sh",
-    ("ci/test.sh", "<(printf"): "uv's own entry of tests/requirements.lock, read by lock_lines.py entry"}
+    ("ci/test.sh", "<(printf"): "the entries of uv, setuptools and wheel in tests/requirements.lock, each read by "
+                                "lock_lines.py entry"}
 
 
 def _unchecked_lock_installs(installs: list[tuple[str, str]]) -> list[str]:
@@ -429,7 +430,9 @@ def test_each_refusal_is_one_line_naming_the_lock_and_what_it_lacks(tmp_path):
 
 def test_the_committed_locks_answer_what_their_readers_ask():
     """What ci/test.sh and the serve-files step ask of the committed locks."""
-    uv = ask("entry", "tests/requirements.lock", "uv")
-    assert uv.returncode == 0 and re.fullmatch(r"uv==\S+( --hash=sha256:[0-9a-f]{64})+\n", uv.stdout), uv
+    for name in ("uv", "setuptools", "wheel"):
+        entry = ask("entry", "tests/requirements.lock", name)
+        assert entry.returncode == 0, entry
+        assert re.fullmatch(rf"{name}==\S+( --hash=sha256:[0-9a-f]{{64}})+\n", entry.stdout), entry
     ray = ask("version", "docker/requirements-ray.txt", "ray")
     assert ray.returncode == 0 and lock_lines.VERSION.fullmatch(ray.stdout.strip()), ray

@@ -269,8 +269,9 @@ FROM_VERSIONS = {("docker/install_ray.sh", '--requirement "$work/requirements.tx
 LOCK_ARGUMENTS = {("docker/install_lock.sh", '-r "$lock"'):
                   "TheRock's wheels, the ROCm PyTorch wheels and AITER's own requirements, each locked against "
                   "its one index on a host that reaches it (python3 -m tools.pins resolve therock / wheels / aiter)",
-                  ("ci/test.sh", '-r <(printf \'%s\\n\' "$uv_entry")'):
-                  "uv's own entry of tests/requirements.lock (docker/lock_lines.py entry), before uv installs the rest"}
+                  ("ci/test.sh", '-r <(printf \'%s\\n\' "${entries[@]}")'):
+                  "the entries of uv, setuptools and wheel in tests/requirements.lock (docker/lock_lines.py entry), "
+                  "before uv installs the rest"}
 
 
 def pip_installs() -> list[tuple[str, str]]:

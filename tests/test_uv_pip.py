@@ -139,7 +139,8 @@ def test_the_command_line_runs_uv_with_the_sources_and_environment(tmp_path):
                     f"'timeout': os.environ.get('UV_HTTP_TIMEOUT')}}, open({str(seen)!r}, 'w'))\n")
     fake.chmod(0o755)
     env = _environment(tmp_path, "[global]\ncert = /etc/ca.pem\nextra-index-url = https://extra.example/simple\n")
-    # as ci/test.sh runs it: a module of the repository root, the runtime's modules from their source folder
+    # as ci/test.sh runs it: a module of the repository root, with the runtime importable (ci/test.sh installs it
+    # first; here from its source folder)
     env["PYTHONPATH"] = str(ROOT / "runtime/src")
     run_module = [sys.executable, "-m", "tools.uv_pip"]
     proc = subprocess.run([*run_module, "--torch", fake, "pip", "install", "-r", "x.lock"], cwd=ROOT,

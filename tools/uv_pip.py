@@ -18,8 +18,8 @@ environment).
 * cert, timeout (a whole number of seconds for uv, rounded up) and proxy: SSL_CERT_FILE,
   UV_HTTP_TIMEOUT and HTTPS_PROXY/HTTP_PROXY, each where uv's own is unset.
 
-Standard library only, and the runtime's children, numeric and secret_values modules: ci/test.sh runs it
-before the test environment has the repository's packages, with runtime/src on PYTHONPATH.
+Standard library only, and the runtime's children, numeric and secret_values modules: ci/test.sh installs
+the runtime (editable) before it runs this module; the tools' project (tools/pyproject.toml) declares it.
 
     python3 -m tools.uv_pip [--torch] UV pip install ARGS...
 
