@@ -24,5 +24,5 @@ for plugin in buildx compose; do
     exit 1
   fi
 done
-# tools/cpu_serve.py imports the runtime package (standard library only) from this checkout
+# The machine's own python3, with nothing installed: tools/cpu_serve.py imports the runtime from runtime/src
 PYTHONPATH=runtime/src${PYTHONPATH:+:$PYTHONPATH} exec python3 -m tools.cpu_serve "$@"
