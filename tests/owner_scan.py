@@ -64,7 +64,7 @@ def product_files(owner: str, areas: Iterable[str] = AREAS) -> list[Path]:
     the image's self-test suites (runtime/suites/test_*.py) kept."""
     out = []
     for area in areas:
-        for path in sorted((ROOT / area).rglob("*.py")):
+        for path in sorted(python_files(ROOT / area)):
             rel = path.relative_to(ROOT).as_posix()
             suite = rel.startswith("runtime/suites/")
             if rel == owner or "/tests/" in rel or path.name == "conftest.py" or \

@@ -13,6 +13,8 @@ import ast
 from collections import Counter
 from pathlib import Path
 
+from owner_scan import python_files
+
 ROOT = Path(__file__).resolve().parents[1]
 EDITS = {"insert", "append", "extend", "remove"}
 # The folders of the product's Python: the packages, the scripts beside them (the tiny model's writers,
@@ -40,7 +42,7 @@ def uses(source: str) -> list[int]:
 
 def scanned(base: str) -> list[Path]:
     """The product's Python files under one of AREAS, tests left out."""
-    return [path for path in sorted((ROOT / base).rglob("*.py"))
+    return [path for path in sorted(python_files(ROOT / base))
             if "/tests/" not in path.relative_to(ROOT).as_posix()
             and not path.name.startswith("test_") and path.name != "conftest.py"]
 

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from owner_scan import shell_scripts, unread_shell
+from owner_scan import python_files, shell_scripts, unread_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES_PY = "runtime/src/rocm_vllm_runtime/files.py"
@@ -190,7 +190,7 @@ def shell_uses(text: str, path: str) -> list[Use]:
 def product_python() -> list[Path]:
     found = []
     for base in ("runtime/src", "runtime/suites", "backend/src", "ci", "docker", "tools"):
-        for path in sorted((ROOT / base).rglob("*.py")):
+        for path in sorted(python_files(ROOT / base)):
             rel = path.relative_to(ROOT).as_posix()
             if "/tests/" in rel or path.name.startswith("test_") or path.name in ("conftest.py", "rocm_fake.py"):
                 continue

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from owner_scan import python_files
 
 from rocm_vllm_runtime import accuracy, bench, health, web
 
@@ -223,7 +224,7 @@ def test_only_the_web_module_opens_http_connections():
     owner = "runtime/src/rocm_vllm_runtime/web.py"
     found = {}
     for area in ("runtime/src", "backend/src", "ci", "docker", "tools", "deploy"):
-        for path in sorted((ROOT / area).rglob("*.py")):
+        for path in sorted(python_files(ROOT / area)):
             rel = path.relative_to(ROOT).as_posix()
             if rel == owner or rel in ELSEWHERE or "/tests/" in rel or path.name == "conftest.py":
                 continue
