@@ -88,3 +88,50 @@ def outside_owner(owner: str, uses: Callable[[str], list[Use]],
     wrong = [line for key, n in counts.items() if n != known.get(key, (0, ""))[0] for line in where[key]]
     stale = [key for key in known if counts[key] != known[key][0]]
     return wrong, stale
+
+
+# Shell that lives in YAML: the CI workflows' `run:` steps. (compose and Kubernetes commands are argv lists,
+# run with no shell; a `python3 -c` among them would be read as one here too.)
+WORKFLOWS = ".github/workflows"
+YAML_COMMANDS = ("compose.yaml", "compose.cpu.yaml", "compose.hostnet.yaml", "compose.ray.yaml", "deploy/kubernetes")
+
+
+def yaml_shell(path: Path) -> str:
+    """The shell of a YAML file: every `run:` value and every command list (as one line each)."""
+    import yaml  # noqa: PLC0415
+
+    parts: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "run" and isinstance(value, str):
+                    parts.append(value.rstrip("\n"))
+                elif key in ("command", "args", "test", "entrypoint") and isinstance(value, list):
+                    parts.append(" ".join(map(str, value)))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    class Loader(yaml.SafeLoader):  # compose's own tags (!reset, !override) read as plain values
+        pass
+
+    def untagged(loader, _suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node)
+        return loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("!", untagged)
+    for doc in yaml.load_all(path.read_text(), Loader=Loader):  # noqa: S506  (a SafeLoader)
+        walk(doc)
+    return "\n".join(parts)
+
+
+def yaml_files() -> list[Path]:
+    found = sorted((ROOT / WORKFLOWS).glob("*.yml"))
+    for name in YAML_COMMANDS:
+        path = ROOT / name
+        found += sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+    return found

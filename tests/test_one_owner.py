@@ -1,8 +1,9 @@
 """One owner per kind of risky operation, and no other door.
 
 The product's Python (runtime/src, runtime/suites, backend/src, ci/, docker/ and tools/, without tests) is read as
-syntax trees, its shell scripts (ci/, docker/, deploy/, runtime/bin, runtime/entrypoint.sh, serve-cpu.sh, .ci/run)
-line by line; every call of a kind below must stand in its owner's function:
+syntax trees, its shell line by line: the scripts (ci/, docker/, deploy/, runtime/bin, runtime/entrypoint.sh,
+serve-cpu.sh, .ci/run), the Dockerfiles' RUN lines, and the YAML's commands (the workflows' run steps, compose's and
+Kubernetes' command lists: owner_scan.yaml_shell); every call of a kind below must stand in its owner's function:
 
 * deleting (shutil.rmtree, os.unlink/remove/rmdir, Path.unlink/rmdir, `rm` in shell):
   rocm_vllm_runtime.files._delete, behind files.remove_made (a folder this program made, inside a
@@ -30,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from owner_scan import python_files, shell_scripts, unread_shell
+from owner_scan import python_files, shell_scripts, unread_shell, yaml_files, yaml_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES_PY = "runtime/src/rocm_vllm_runtime/files.py"
@@ -178,12 +179,11 @@ def python_uses(text: str, path: str) -> list[Use]:
 
 
 def shell_uses(text: str, path: str) -> list[Use]:
-    """Every deletion command in a shell script (comments left out)."""
+    """Every deletion command in a shell script, each of a line's (comments left out)."""
     uses = []
     for number, line in enumerate(text.splitlines(), 1):
         code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
-        if SHELL_DELETE.search(code):
-            uses.append(Use(path, number, "delete", "rm", ""))
+        uses += [Use(path, number, "delete", "rm", "") for _ in SHELL_DELETE.finditer(code)]
     return uses
 
 
@@ -198,8 +198,9 @@ def product_python() -> list[Path]:
     return found
 
 
-# Scanned for deletions: the shell scripts of owner_scan.SHELL_AREAS (at any depth) and these files.
-SHELL_SCRIPTS = (".ci/run", "runtime/entrypoint.sh", "serve-cpu.sh")
+# Scanned for deletions: the shell scripts of owner_scan.SHELL_AREAS (at any depth), these files, and the YAML's
+# commands (owner_scan.yaml_files).
+SHELL_SCRIPTS = (".ci/run", "runtime/entrypoint.sh", "serve-cpu.sh", "Dockerfile.rocm", "Dockerfile.rocm_base")
 
 
 def product_shell() -> list[Path]:
@@ -221,6 +222,8 @@ SHELL_KNOWN = {
     "docker/install_vllm.sh": (1, "its own mktemp work folder"),
     "docker/install_amdsmi.sh": (1, "its own mktemp work folder"),
     "ci/test-machine/docker-engine.sh": (2, "the pid file of the engine it started"),
+    "Dockerfile.rocm": (1, "compiled Python in the copy of the app this stage made"),
+    "Dockerfile.rocm_base": (1, "the constraints and pins files the same RUN wrote in /tmp"),
     "ci/test-machine/registry.sh": (4, "the pid file, mktemp storage and credentials of the registry it started, "
                                        "the policy-rc.d it wrote for the install"),
 }
@@ -256,6 +259,8 @@ def all_uses() -> list[Use]:
         uses += python_uses(path.read_text(), path.relative_to(ROOT).as_posix())
     for path in product_shell():
         uses += shell_uses(path.read_text(errors="replace"), path.relative_to(ROOT).as_posix())
+    for path in yaml_files():
+        uses += shell_uses(yaml_shell(path), path.relative_to(ROOT).as_posix())
     return uses
 
 
@@ -327,12 +332,24 @@ def test_the_shell_scan_reads_every_area() -> None:
     found = product_shell()
     assert not unread_shell(found, SHELL_SCRIPTS), unread_shell(found, SHELL_SCRIPTS)
     found = {p.relative_to(ROOT).as_posix() for p in found}
-    assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh"} <= found
+    assert {"deploy/ray/ray-node.sh", "runtime/bin/selftest", "runtime/entrypoint.sh", "serve-cpu.sh",
+            "Dockerfile.rocm", "Dockerfile.rocm_base"} <= found
+
+
+def test_a_deletion_in_a_workflow_step_or_a_yaml_command_is_caught(tmp_path) -> None:
+    workflow = tmp_path / "w.yml"
+    workflow.write_text("jobs:\n  a:\n    steps:\n      - run: |\n          echo hi\n          rm -rf ~/.cache\n")
+    compose = tmp_path / "compose.yaml"
+    compose.write_text('services:\n  a:\n    command: ["sh", "-c", "rm -f /data/x && serve"]\n')
+    for path in (workflow, compose):
+        assert violations(shell_uses(yaml_shell(path), ".github/workflows/ci.yml")) != [], path.name
+    assert ".github/workflows/ci.yml" in {p.relative_to(ROOT).as_posix() for p in yaml_files()}
 
 
 def test_a_planted_shell_deletion_is_caught() -> None:
     assert violations(shell_uses('x=1\nrm -rf "$HOME/venv-old"\n', ".ci/run")) != []
     assert violations(shell_uses('find "$d" -name x -delete\n', "ci/test-machine/disk-space.sh")) != []
     assert violations(shell_uses("# rm -rf in a comment\necho rm\n", ".ci/run")) == []
+    assert len(violations(shell_uses('rm -f "$a" && rm -rf "$b"\n', ".ci/run"))) == 2  # each of a line's
     text = (ROOT / "docker/build_aiter.sh").read_text()
     assert violations(shell_uses(text + '\nrm -rf "$HOME"\n', "docker/build_aiter.sh")) != []

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from owner_scan import shell_scripts, unread_shell
+from owner_scan import shell_scripts, unread_shell, yaml_files, yaml_shell
 
 ROOT = Path(__file__).resolve().parents[1]
 # A Python interpreter as scripts name it: python, python3, "$python", ${PYTHON:-python3}, "$VENV/bin/python".
@@ -49,53 +49,6 @@ SCRIPTS = (".ci/run", "serve-cpu.sh", "runtime/entrypoint.sh", "Dockerfile.rocm"
 
 def scripts() -> list[Path]:
     return shell_scripts(SCRIPTS, tests=False)
-
-
-# Shell that lives in YAML: the CI workflows' `run:` steps. (compose and Kubernetes commands are argv lists,
-# run with no shell; a `python3 -c` among them would be read as one here too.)
-WORKFLOWS = ".github/workflows"
-YAML_COMMANDS = ("compose.yaml", "compose.cpu.yaml", "compose.hostnet.yaml", "compose.ray.yaml", "deploy/kubernetes")
-
-
-def yaml_shell(path: Path) -> str:
-    """The shell of a YAML file: every `run:` value and every command list (as one line each)."""
-    import yaml  # noqa: PLC0415
-
-    parts: list[str] = []
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "run" and isinstance(value, str):
-                    parts.append(value.rstrip("\n"))
-                elif key in ("command", "args", "test", "entrypoint") and isinstance(value, list):
-                    parts.append(" ".join(map(str, value)))
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    class Loader(yaml.SafeLoader):  # compose's own tags (!reset, !override) read as plain values
-        pass
-
-    def untagged(loader, _suffix, node):
-        if isinstance(node, yaml.MappingNode):
-            return loader.construct_mapping(node)
-        return loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)
-
-    Loader.add_multi_constructor("!", untagged)
-    for doc in yaml.load_all(path.read_text(), Loader=Loader):  # noqa: S506  (a SafeLoader)
-        walk(doc)
-    return "\n".join(parts)
-
-
-def yaml_files() -> list[Path]:
-    found = sorted((ROOT / WORKFLOWS).glob("*.yml"))
-    for name in YAML_COMMANDS:
-        path = ROOT / name
-        found += sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
-    return found
 
 
 def uses(text: str) -> list[tuple[str, int]]:
