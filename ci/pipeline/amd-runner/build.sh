@@ -14,9 +14,7 @@ cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
-if [ "$#" -eq 0 ]; then
-  set -- ci serve
-fi
+[ "$#" -gt 0 ] || set -- ci serve
 if ! command -v "$docker_cmd" >/dev/null 2>&1; then
   echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2
   exit 1

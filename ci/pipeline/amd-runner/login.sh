@@ -52,6 +52,4 @@ fi
 password=
 echo "== logged in to $host as $REGISTRY_USERNAME" >&2
 trap '"$docker_cmd" logout "$host" >/dev/null 2>&1 || echo "warning: docker logout $host failed" >&2' EXIT
-status=0
-"$@" || status=$?
-exit "$status"
+"$@" || exit
