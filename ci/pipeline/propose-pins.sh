@@ -40,14 +40,10 @@ author=${PINS_AUTHOR:-github-actions[bot] <41898282+github-actions[bot]@users.no
 results=${RESULTS_DIR:-pins-results}
 files=(versions.json docker-bake.pins.json Dockerfile.rocm_base Dockerfile.rocm backend/src/vllm_aiter_mla/__init__.py)
 
-if [ "$branch" = "$base" ]; then
-  echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2
-  exit 1
-fi
-if ! git diff --quiet HEAD -- "${files[@]}"; then
-  echo "error: ${files[*]} have uncommitted changes: run in a clean checkout" >&2
-  exit 1
-fi
+[ "$branch" != "$base" ] \
+  || { echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2; exit 1; }
+git diff --quiet HEAD -- "${files[@]}" \
+  || { echo "error: ${files[*]} have uncommitted changes: run in a clean checkout" >&2; exit 1; }
 mkdir -p "$results"
 read -r -a items <<<"$what"
 read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"

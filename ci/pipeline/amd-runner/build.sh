@@ -15,10 +15,8 @@ cd "$(dirname "$(readlink -f "$0")")/../../.."
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
 [ "$#" -gt 0 ] || set -- ci serve
-if ! command -v "$docker_cmd" >/dev/null 2>&1; then
-  echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2
-  exit 1
-fi
+command -v "$docker_cmd" >/dev/null 2>&1 \
+  || { echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2; exit 1; }
 VCS_REF=${VCS_REF:-$(git rev-parse HEAD 2>/dev/null || true)}
 export VCS_REF
 mkdir -p "$results"

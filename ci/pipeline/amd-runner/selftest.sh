@@ -38,10 +38,8 @@ if [ "$#" -gt 0 ] && [ "$1" != "--" ]; then
   shift
 fi
 
-if [ ! -e "$kfd" ]; then
-  echo "error: no $kfd on this host: load the amdgpu driver (ROCm) or run on an AMD GPU runner" >&2
-  exit 1
-fi
+[ -e "$kfd" ] \
+  || { echo "error: no $kfd on this host: load the amdgpu driver (ROCm) or run on an AMD GPU runner" >&2; exit 1; }
 if [ -z "${RENDER_GID:-}" ]; then
   render_node=$(ls "$dri"/renderD* 2>/dev/null | head -n 1 || true)
   if [ -z "$render_node" ]; then
