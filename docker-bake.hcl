@@ -85,15 +85,16 @@ variable "pin_build_args" {
 // set: <name>:<TAG> for the default track, <name>:<TAG>-vllm<track> for another.
 function "image_tags" {
   params = [name]
-  result = PUSH == "1" ? pushed_tags("${REGISTRY}/${name}") : concat(
+  result = PUSH == "1" ? pushed_tags("${REGISTRY}/${name}", built_on()) : concat(
     ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}"],
     TRACK == default_track ? ["${REGISTRY}/${name}:${TAG}"] : [])
 }
 
+// Tags of a pushed image: its commit tag and, when TAG is set, the floating tag.
 function "pushed_tags" {
-  params = [image]
+  params = [image, on]
   result = distinct(concat(
-    ["${image}:${commit_tag(VCS_REF)}"],
+    ["${image}:${commit_tag(VCS_REF, on)}"],
     TAG == "" ? [] : [TRACK == default_track ? "${image}:${TAG}" : "${image}:${TAG}-vllm${TRACK}"]))
 }
 
@@ -110,11 +111,11 @@ function "built_on" {
   result = VLLM_IMAGE != "" ? "image${substr(sha256(VLLM_IMAGE), 0, 12)}" : "aiter${aiter_short()}"
 }
 
-// Tag of a pushed build: what it holds (the track's vLLM version, the AITER commit or the vLLM image:
-// built_on) and the commit it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
+// Tag of a pushed build: what it holds (the track's vLLM version, then built_on or "cpu") and the commit
+// it was built from. A revision that is not a full commit id stops bake, naming VCS_REF.
 function "commit_tag" {
-  params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_build_args.VLLM_VERSION}-${built_on()}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
+  params = [revision, on]
+  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_build_args.VLLM_VERSION}-${on}-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
 }
 
 // An empty object: reading an attribute of it stops bake with that attribute's name as the message.
@@ -151,10 +152,11 @@ function "unresolved" {
 }
 
 // Build cache key of a target, from what its layers depend on: the base's has no vLLM version (a
-// vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack).
+// vLLM bump keeps the AITER layers' cache); vLLM targets' add it (a track has one stack); a CPU
+// image's (<name>-cpu) is <name>-cpu-vllm<vLLM version> (no AITER, no GPU archs).
 function "cache_key" {
   params = [name]
-  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : "${name}-vllm${track_build_args.VLLM_VERSION}-${built_on()}-${archs_key(GPU_ARCHS)}"
+  result = name == "base" ? "base-${stack()}-aiter${aiter_short()}-${archs_key(GPU_ARCHS)}" : trimsuffix(name, "-cpu") != name ? "${name}-vllm${track_build_args.VLLM_VERSION}" : "${name}-vllm${track_build_args.VLLM_VERSION}-${built_on()}-${archs_key(GPU_ARCHS)}"
 }
 
 // GPU_ARCHS as a tag component: gfx942;gfx950 (or gfx942,gfx950) -> gfx942-gfx950.
@@ -163,14 +165,10 @@ function "archs_key" {
   result = length(compact(split(";", replace(archs, ",", ";")))) > 0 ? join("-", compact(split(";", replace(archs, ",", ";")))) : no_value().GPU_ARCHS_is_empty_set_it_eg_gfx942
 }
 
-function "cache_from" {
-  params = [name]
-  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${cache_key(name)}"])
-}
-
-function "cache_to" {
-  params = [name]
-  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${cache_key(name)},mode=max"])
+// A target's build cache: extra (CACHE_FROM or CACHE_TO), then with CACHE_REPO <CACHE_REPO>:<cache_key><mode>.
+function "cache_refs" {
+  params = [extra, name, mode]
+  result = compact([extra, CACHE_REPO == "" ? "" : "type=registry,ref=${CACHE_REPO}:${cache_key(name)}${mode}"])
 }
 
 group "default" { targets = ["base"] }
@@ -220,8 +218,8 @@ target "base" {
     PYPI_INDEX_URL        = PYPI_INDEX_URL
   }
   tags       = image_tags("base")
-  cache-from = cache_from("base")
-  cache-to   = cache_to("base")
+  cache-from = cache_refs(CACHE_FROM, "base", "")
+  cache-to   = cache_refs(CACHE_TO, "base", ",mode=max")
 }
 
 // The verified AITER source alone (no ROCm, no compile): quick pin check on any builder.
@@ -230,8 +228,8 @@ target "base-aiter-src" {
   dockerfile = "Dockerfile.rocm_base"
   target     = "aiter-verified"
   output     = ["type=cacheonly"]
-  cache-from = CACHE_FROM == "" ? [] : [CACHE_FROM]
-  cache-to   = CACHE_TO == "" ? [] : [CACHE_TO]
+  cache-from = compact([CACHE_FROM])
+  cache-to   = compact([CACHE_TO])
 }
 
 // Dockerfile.rocm's settings, shared by its targets (each names its own tags and cache).
@@ -260,31 +258,16 @@ target "_rocm" {
   args       = { VLLM_IMAGE = VLLM_IMAGE }
 }
 
-// vLLM built for ROCm on the base image (Dockerfile.rocm, stage vllm).
-target "vllm" {
-  inherits   = ["_rocm", pins_check("vllm", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
-  target     = "vllm"
-  tags       = image_tags("vllm")
-  cache-from = cache_from("vllm")
-  cache-to   = cache_to("vllm")
-}
-
-// OpenAI-compatible server: vLLM + the AITER MLA backend (Dockerfile.rocm, stage serve).
-target "serve" {
-  inherits   = ["_rocm", pins_check("serve", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
-  target     = "serve"
-  tags       = image_tags("serve")
-  cache-from = cache_from("serve")
-  cache-to   = cache_to("serve")
-}
-
-// serve + pytest and the self-test suites (Dockerfile.rocm, stage ci).
-target "ci" {
-  inherits   = ["_rocm", pins_check("ci", VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
-  target     = "ci"
-  tags       = image_tags("ci")
-  cache-from = cache_from("ci")
-  cache-to   = cache_to("ci")
+// Dockerfile.rocm's stages: vllm (vLLM built for ROCm on the base image), serve (OpenAI-compatible
+// server: vLLM + the AITER MLA backend) and ci (serve + pytest and the self-test suites).
+target "rocm_stage" {
+  name       = stage
+  matrix     = { stage = ["vllm", "serve", "ci"] }
+  inherits   = ["_rocm", pins_check(stage, VLLM_IMAGE != "" ? [] : unresolved("vllm"))]
+  target     = stage
+  tags       = image_tags(stage)
+  cache-from = cache_refs(CACHE_FROM, stage, "")
+  cache-to   = cache_refs(CACHE_TO, stage, ",mode=max")
 }
 
 // ---------------------------------------------------------------- CPU path (no AMD GPU)
@@ -303,26 +286,7 @@ variable "VLLM_CPU_IMAGE" { default = "docker.io/vllm/vllm-openai-cpu:v${track_b
 // of VCS_REF>, and the floating TAG as for the ROCm images.
 function "cpu_tags" {
   params = [name]
-  result = PUSH == "1" ? distinct(concat(
-    ["${REGISTRY}/${name}:${cpu_commit_tag(VCS_REF)}"],
-    TAG == "" ? [] : [TRACK == default_track ? "${REGISTRY}/${name}:${TAG}" : "${REGISTRY}/${name}:${TAG}-vllm${TRACK}"]
-  )) : ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}", "${REGISTRY}/${name}:${TAG}"]
-}
-
-function "cpu_commit_tag" {
-  params = [revision]
-  result = length(regexall("^[0-9a-f]{40}$", revision)) == 1 ? "vllm${track_build_args.VLLM_VERSION}-cpu-${substr(revision, 0, 12)}" : no_value().VCS_REF_must_be_the_full_40_hex_commit_id_with_PUSH_1
-}
-
-// Registry build cache of a CPU image: <CACHE_REPO>:<name>-vllm<vLLM version> (no AITER, no GPU archs).
-function "cpu_cache_from" {
-  params = [name]
-  result = concat(CACHE_FROM == "" ? [] : [CACHE_FROM], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_build_args.VLLM_VERSION}"])
-}
-
-function "cpu_cache_to" {
-  params = [name]
-  result = concat(CACHE_TO == "" ? [] : [CACHE_TO], CACHE_REPO == "" ? [] : ["type=registry,ref=${CACHE_REPO}:${name}-vllm${track_build_args.VLLM_VERSION},mode=max"])
+  result = PUSH == "1" ? pushed_tags("${REGISTRY}/${name}", "cpu") : ["${REGISTRY}/${name}:${TAG}-vllm${TRACK}", "${REGISTRY}/${name}:${TAG}"]
 }
 
 // Dockerfile.rocm's existing-image path on the CPU vLLM image, which is the named context `base`
@@ -338,20 +302,15 @@ target "_cpu" {
   attest   = PUSH == "1" && ATTEST == "1" ? ["type=sbom", "type=provenance,mode=max"] : ["type=sbom,disabled=true", "type=provenance,disabled=true"]
 }
 
-target "serve-cpu" {
+// serve-cpu and ci-cpu: the serve and ci stages.
+target "cpu_stage" {
+  name       = "${stage}-cpu"
+  matrix     = { stage = ["serve", "ci"] }
   inherits   = ["_dockerfile_rocm", "_embed", "_cpu"]
-  target     = "serve"
-  tags       = cpu_tags("serve-cpu")
-  cache-from = cpu_cache_from("serve-cpu")
-  cache-to   = PUSH == "1" ? cpu_cache_to("serve-cpu") : (CACHE_TO == "" ? [] : [CACHE_TO])
-}
-
-target "ci-cpu" {
-  inherits   = ["_dockerfile_rocm", "_embed", "_cpu"]
-  target     = "ci"
-  tags       = cpu_tags("ci-cpu")
-  cache-from = cpu_cache_from("ci-cpu")
-  cache-to   = PUSH == "1" ? cpu_cache_to("ci-cpu") : (CACHE_TO == "" ? [] : [CACHE_TO])
+  target     = stage
+  tags       = cpu_tags("${stage}-cpu")
+  cache-from = cache_refs(CACHE_FROM, "${stage}-cpu", "")
+  cache-to   = PUSH == "1" ? cache_refs(CACHE_TO, "${stage}-cpu", ",mode=max") : compact([CACHE_TO])
 }
 
 group "cpu" { targets = ["serve-cpu", "ci-cpu"] }

@@ -10,10 +10,7 @@
 # CONSTRAINTS (pinned_dists.py constraints) serve only the unresolved path. Settings: AITER_TAG,
 # AITER_REQUIREMENTS_LOCK (in LOCKS_DIR), AITER_REQUIREMENTS_LOCK_SHA256 ("none": the commit has no
 # requirements.txt), PYPI_INDEX_URL (default PyPI; a mirror, https:// or file://), ALLOW_UNRESOLVED.
-# Refused in one line before anything is installed: a requirements.txt without a pinned lock (unless
-# ALLOW_UNRESOLVED=1: unhashed, under the constraints, with a warning), a lock made from another
-# requirements.txt (its "# input requirements.txt sha256:"), a pin and source that disagree on
-# having one, a lock that is not the pinned one.
+# Each refusal below is one line, before anything is installed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh

@@ -16,7 +16,6 @@ Standard library only: it runs in the vLLM image being built. Errors: one line `
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -34,14 +33,10 @@ class LayerError(Exception):
     """One line: what is wrong and what to change."""
 
 
-def normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def held() -> dict[str, str]:
     """NAME -> VERSION of every installed distribution, the first of a name on sys.path, as the build
     scripts' one reader of installed metadata (pinned_dists.py, beside this file) reads them."""
-    return pinned_dists.installed(normalized)
+    return pinned_dists.installed(lock_lines.normalized)
 
 
 def constraints(installed: dict[str, str]) -> str:
@@ -58,7 +53,7 @@ def lock_entries(lock: Path) -> dict[str, str]:
     problem = lock_lines.problem(str(lock), data)
     if problem:
         raise LayerError(f"{problem}; make it again: {LOCK_COMMAND}")
-    return {normalized(line.split("==", 1)[0].split("[", 1)[0]): line
+    return {lock_lines.normalized(line.split("==", 1)[0].split("[", 1)[0]): line
             for _, line in lock_lines.logical_lines(data.decode("ascii"))}
 
 
@@ -88,7 +83,7 @@ def site_folders(root: Path) -> list[Path]:
 def installed_under(root: Path) -> set[str]:
     """Distributions installed under root: dist-info folders in its site-packages (Ray's wheel carries
     more inside ray/)."""
-    return {normalized(p.name[: -len(".dist-info")].rsplit("-", 1)[0]) for site in site_folders(root)
+    return {lock_lines.normalized(p.name[: -len(".dist-info")].rsplit("-", 1)[0]) for site in site_folders(root)
             for p in site.glob("*.dist-info")}
 
 

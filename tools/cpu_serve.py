@@ -297,8 +297,7 @@ def main() -> int:
     address = f"{env.get('VLLM_BIND_ADDRESS') or '127.0.0.1'}:{env.get('VLLM_PORT') or '8000'}"
     say(f"step 4/4: serving on {address}")
     request = json.dumps({"model": TINY_MODEL, "prompt": [5, 7, 9], "max_tokens": 8, "return_token_ids": True})
-    engine = ENGINE_SCRIPT
-    prefix = f'eval "$(bash {engine} env)" && ' if env.get("SERVE_CPU_PROJECT_ENGINE") == "1" else ""
+    prefix = f'eval "$(bash {ENGINE_SCRIPT} env)" && ' if env.get("SERVE_CPU_PROJECT_ENGINE") == "1" else ""
     print(f"check:  curl -s {address}/v1/completions -H 'Content-Type: application/json' -d '{request}'")
     print(f"stop:   {prefix}docker compose -f {' -f '.join(COMPOSE_FILES)} down")
     return 0

@@ -186,14 +186,10 @@ def command(argv: Sequence[str], settings: Mapping[str, str]) -> list[str]:
     if len(args) < 3 or args[1:3] != ["pip", "install"]:
         raise SystemExit("usage: python3 -m tools.uv_pip [--torch] UV pip install ARGS...")
     sources = torch_sources(settings) if with_torch else pip_sources(settings)
-    if any(a == "--index-strategy" or a.startswith("--index-strategy=") for a in args):
-        sources = _without_strategy(sources)  # the caller's own choice
+    if "--index-strategy" in sources and any(a == "--index-strategy" or a.startswith("--index-strategy=")
+                                             for a in args):
+        sources = sources[:-2]  # the caller's own choice (_as_pip_chooses adds the strategy last)
     return [*args, *sources]
-
-
-def _without_strategy(sources: list[str]) -> list[str]:
-    i = sources.index("--index-strategy") if "--index-strategy" in sources else -1
-    return sources if i < 0 else sources[:i] + sources[i + 2:]
 
 
 def main(argv: Sequence[str]) -> None:

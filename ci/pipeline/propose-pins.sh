@@ -40,14 +40,10 @@ author=${PINS_AUTHOR:-github-actions[bot] <41898282+github-actions[bot]@users.no
 results=${RESULTS_DIR:-pins-results}
 files=(versions.json docker-bake.pins.json Dockerfile.rocm_base Dockerfile.rocm backend/src/vllm_aiter_mla/__init__.py)
 
-if [ "$branch" = "$base" ]; then
-  echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2
-  exit 1
-fi
-if ! git diff --quiet HEAD -- "${files[@]}"; then
-  echo "error: ${files[*]} have uncommitted changes: run in a clean checkout" >&2
-  exit 1
-fi
+[ "$branch" != "$base" ] \
+  || { echo "error: PINS_BRANCH is the base branch '$base': set PINS_BRANCH to a branch of its own" >&2; exit 1; }
+git diff --quiet HEAD -- "${files[@]}" \
+  || { echo "error: ${files[*]} have uncommitted changes: run in a clean checkout" >&2; exit 1; }
 mkdir -p "$results"
 read -r -a items <<<"$what"
 read -r -a release_items <<<"${PINS_RELEASE_WHAT:-aiter vllm}"
@@ -61,6 +57,9 @@ name=${author%% <*}
 email=${author#*<}
 email=${email%>}
 start=$(git rev-parse HEAD)
+
+# A section of a pull request's body: the line $1, then standard input as a code block.
+section() { echo "$1"; echo; echo '```'; cat; echo '```'; }
 
 # Push HEAD to $1 and open (or update) its pull request into $base with title $2 and body file $3.
 propose() {
@@ -129,29 +128,14 @@ for version in $releases; do
     echo
     cat "$out/summary.md"
     echo
-    echo "\`python3 -m tools.pins resolve ${release_items[*]} --track $track --write\` (exit $resolve_status):"
+    section "\`python3 -m tools.pins resolve ${release_items[*]} --track $track --write\` (exit $resolve_status):" \
+      <"$out/resolve.log"
     echo
-    echo '```'
-    cat "$out/resolve.log"
-    echo '```'
+    section "\`python3 -m tools.pins verify --strict --track $track\` (exit $verify_status):" <"$out/verify.log"
     echo
-    echo "\`python3 -m tools.pins verify --strict --track $track\` (exit $verify_status):"
+    section "\`python3 -m tools.pins lock vllm-$track\` (exit $lock_status):" <"$out/lock.log"
     echo
-    echo '```'
-    cat "$out/verify.log"
-    echo '```'
-    echo
-    echo "\`python3 -m tools.pins lock vllm-$track\` (exit $lock_status):"
-    echo
-    echo '```'
-    cat "$out/lock.log"
-    echo '```'
-    echo
-    echo "Tests (\`$tests_cmd\`): exit $tests_status; last lines:"
-    echo
-    echo '```'
-    tail -n 20 "$out/tests.log"
-    echo '```'
+    tail -n 20 "$out/tests.log" | section "Tests (\`$tests_cmd\`): exit $tests_status; last lines:"
   } >"$body"
   git switch --quiet -C "pins/vllm-$version"
   git -c "user.name=$name" -c "user.email=$email" commit --quiet \
@@ -162,10 +146,7 @@ done
 git switch --quiet --detach "$start"
 
 echo "== python3 -m tools.pins resolve ${items[*]} --write"
-set +e
-python3 -m tools.pins resolve "${items[@]}" --write >"$results/resolve.log" 2>&1
-status=$?
-set -e
+python3 -m tools.pins resolve "${items[@]}" --write >"$results/resolve.log" 2>&1 && status=0 || status=$?
 cat "$results/resolve.log"
 if [ "$status" -ne 0 ]; then
   echo "error: python3 -m tools.pins resolve failed (exit $status): see the line above; nothing proposed" >&2
@@ -179,25 +160,14 @@ if git diff --quiet HEAD -- "${files[@]}"; then
   exit 0
 fi
 
-set +e
-python3 -m tools.pins verify --strict >"$results/verify.log" 2>&1
-verify_status=$?
-set -e
+python3 -m tools.pins verify --strict >"$results/verify.log" 2>&1 && verify_status=0 || verify_status=$?
 cat "$results/verify.log"
 
 body=$results/pr-body.md
 {
-  echo "Pins resolved by \`python3 -m tools.pins resolve ${items[*]} --write\`:"
+  section "Pins resolved by \`python3 -m tools.pins resolve ${items[*]} --write\`:" <"$results/resolve.log"
   echo
-  echo '```'
-  cat "$results/resolve.log"
-  echo '```'
-  echo
-  echo "\`python3 -m tools.pins verify --strict\` (exit $verify_status):"
-  echo
-  echo '```'
-  cat "$results/verify.log"
-  echo '```'
+  section "\`python3 -m tools.pins verify --strict\` (exit $verify_status):" <"$results/verify.log"
   echo
   echo "Proposed by the scheduled pins job (ci/pipeline/propose-pins.sh); the images are built when this merges."
 } >"$body"

@@ -9,20 +9,15 @@
 #                                                 untagged images, build cache beyond DOCKER_ENGINE_KEEP_CACHE
 #   bash ci/test-machine/docker-engine.sh stop    stop the engine started by `start`
 #
-# The engine runs with its own data root, exec root and socket, so it never
-# touches a system Docker installation. Containers and builds use host
-# networking only (--bridge=none --iptables=false): no bridge network is made.
+# The engine runs with its own data root, exec root and socket, so it never touches a system Docker
+# installation. Containers and builds use host networking only (--bridge=none --iptables=false).
 #
-# Installation (Debian 12 CI machines): Debian 13 ("trixie") packages install
-# cleanly on Debian 12. A trixie apt source is added with a low pin priority
-# (100), so nothing else on the machine is upgraded from it; only the packages
-# named with `-t trixie` come from there.
+# Installation (Debian 12 CI machines): Debian 13 ("trixie") packages install cleanly on Debian 12. The
+# trixie apt source has a low pin priority (100): only the packages named with `-t trixie` come from it.
 #
-# Client plugins: a docker client installed elsewhere (for example a static
-# binary in /usr/local/bin) may shadow the packaged /usr/bin/docker. `env`
-# therefore prints DOCKER_CONFIG pointing at a directory whose cli-plugins/
-# holds links to the packaged buildx and compose plugins, so `docker buildx` and
-# `docker compose` work whichever docker binary comes first in PATH.
+# Client plugins: a docker client installed elsewhere (e.g. a static binary in /usr/local/bin) may shadow
+# the packaged /usr/bin/docker, so `env` prints DOCKER_CONFIG naming a folder whose cli-plugins/ links the
+# packaged buildx and compose plugins: they work whichever docker binary comes first in PATH.
 #
 # Settings (environment):
 #   DOCKER_ENGINE_ROOT     state directory (data root, exec root, socket, log)
@@ -91,9 +86,8 @@ answers() { client version >/dev/null 2>&1; }
 
 prepare_client_config() {
   mkdir -p "$CONFIG_DIR/cli-plugins"
-  local p
+  local p src
   for p in buildx compose; do
-    local src
     if src=$(find_plugin "$p"); then ln -sf "$src" "$CONFIG_DIR/cli-plugins/docker-$p"; fi
   done
   [ -f "$CONFIG_DIR/config.json" ] || echo '{}' >"$CONFIG_DIR/config.json"

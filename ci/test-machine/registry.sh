@@ -11,10 +11,9 @@
 #   bash ci/test-machine/registry.sh status   exit 0 when the registry answers
 #   bash ci/test-machine/registry.sh stop     stop it and remove its storage
 #
-# The password is random, made at `start`, kept only in the 0600 file TEST_REGISTRY_AUTH names
-# (and bcrypt-hashed in the registry's htpasswd file); nothing here prints it. Docker and BuildKit
-# reach a registry on 127.0.0.0/8 over plain HTTP without settings; cosign needs
-# --allow-http-registry.
+# The password is random, made at `start`, kept only in the 0600 file TEST_REGISTRY_AUTH names (and
+# bcrypt-hashed in the registry's htpasswd file); nothing here prints it. Docker and BuildKit reach a
+# registry on 127.0.0.0/8 over plain HTTP without settings; cosign needs --allow-http-registry.
 #
 # Settings (environment):
 #   REGISTRY_STATE       state folder (the registry's pid and start time, port, configuration, credentials;

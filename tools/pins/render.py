@@ -14,7 +14,6 @@ while it is stale.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import model
@@ -103,7 +102,7 @@ def bake_pins(data: dict) -> dict:
 
 def bake_text(data: dict) -> str:
     """The file's one layout: keys sorted, two-space indent, a trailing newline."""
-    return json.dumps(bake_pins(data), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return model.canonical(bake_pins(data))
 
 
 def update(data: dict, root: Path = model.REPO_ROOT) -> dict[Path, str]:

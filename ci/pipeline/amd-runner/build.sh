@@ -14,13 +14,9 @@ cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
-if [ "$#" -eq 0 ]; then
-  set -- ci serve
-fi
-if ! command -v "$docker_cmd" >/dev/null 2>&1; then
-  echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2
-  exit 1
-fi
+[ "$#" -gt 0 ] || set -- ci serve
+command -v "$docker_cmd" >/dev/null 2>&1 \
+  || { echo "error: '$docker_cmd' not found: install Docker with buildx or set DOCKER" >&2; exit 1; }
 VCS_REF=${VCS_REF:-$(git rev-parse HEAD 2>/dev/null || true)}
 export VCS_REF
 mkdir -p "$results"

@@ -16,10 +16,8 @@
 set -euo pipefail
 
 docker_cmd=${DOCKER:-docker}
-if [ "$#" -eq 0 ]; then
-  echo "error: no command given: ci/pipeline/amd-runner/login.sh COMMAND [ARGS...]" >&2
-  exit 1
-fi
+[ "$#" -gt 0 ] \
+  || { echo "error: no command given: ci/pipeline/amd-runner/login.sh COMMAND [ARGS...]" >&2; exit 1; }
 host=${REGISTRY_HOST:-}
 if [ -z "$host" ]; then
   first=${REGISTRY:-}
@@ -36,10 +34,8 @@ if [ -z "$password" ]; then
   echo "== REGISTRY_PASSWORD not set: using this runner's existing credentials for $host" >&2
   exec "$@"
 fi
-if [ -z "${REGISTRY_USERNAME:-}" ]; then
-  echo "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME" >&2
-  exit 1
-fi
+[ -n "${REGISTRY_USERNAME:-}" ] \
+  || { echo "error: REGISTRY_PASSWORD is set but REGISTRY_USERNAME is not: set REGISTRY_USERNAME" >&2; exit 1; }
 # One line on failure (a wrong credential, a registry that does not answer): docker's last line,
 # the password masked should it ever echo it.
 if ! out=$(printf '%s' "$password" | "$docker_cmd" login --username "$REGISTRY_USERNAME" --password-stdin "$host" 2>&1); then
@@ -52,6 +48,4 @@ fi
 password=
 echo "== logged in to $host as $REGISTRY_USERNAME" >&2
 trap '"$docker_cmd" logout "$host" >/dev/null 2>&1 || echo "warning: docker logout $host failed" >&2' EXIT
-status=0
-"$@" || status=$?
-exit "$status"
+"$@" || exit

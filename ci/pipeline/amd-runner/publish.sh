@@ -10,20 +10,12 @@
 #
 # Tags, cache refs and attestations are declared in docker-bake.hcl (PUSH=1); this script passes
 # what differs per run:
-# 1. `python3 -m tools.pins verify --strict`: a pushed image has every pin resolved
-#    (PUBLISH=print: verify without --strict).
-# 2. `docker buildx bake --print` with PUSH=1, REGISTRY, TAG (the branch or git tag name of
-#    GIT_REF) and VCS_REF=GIT_SHA: the resolved graph, written to RESULTS_DIR/bake-print.json.
-#    Tags vllm<version>-aiter<12 hex>-<12 hex of GIT_SHA> (+ branch-<branch name> or the git tag name),
-#    cache-from/cache-to type=registry (one ref per target in CACHE_REPO, keyed so that a vLLM
-#    bump reuses the AITER layers), attest type=sbom / type=provenance,mode=max.
-# 3. ci/pipeline/amd-runner/build.sh with PUSH=1: bake builds that graph and pushes each image by
-#    digest only (its output with push-by-digest=true; with the engine's own builder, which cannot,
-#    under the scratch tag <name>:unpublished-<commit tag>): no tag is set while any target may fail.
+# 1. `python3 -m tools.pins verify --strict`: a pushed image has every pin resolved (PUBLISH=print: no --strict).
+# 2. `docker buildx bake --print` with PUSH=1, REGISTRY, TAG (the branch or git tag name of GIT_REF) and
+#    VCS_REF=GIT_SHA: the resolved graph, written to RESULTS_DIR/bake-print.json.
+# 3. ci/pipeline/amd-runner/build.sh with PUSH=1: each image pushed by digest only (ci/pipeline/publish.py),
+#    so no tag is set while any target may fail.
 # 4. ci/pipeline/amd-runner/tag.sh: every tag of the graph checked against the registry, then set.
-#    A tag that already points to another digest is refused (nothing tagged, one line) unless
-#    PUBLISH_FORCE=1; the branch's own tag (GIT_REF refs/heads/<name>: branch-<name>) moves to the
-#    new commit. A git tag whose name starts with branch- is refused before anything runs.
 # A registry that does not answer, or refuses the credentials (login.sh), stops the run in one line,
 # before anything is tagged.
 #
@@ -53,9 +45,7 @@ cd "$(dirname "$(readlink -f "$0")")/../../.."
 
 docker_cmd=${DOCKER:-docker}
 results=${RESULTS_DIR:-selftest-results}
-if [ "$#" -eq 0 ]; then
-  set -- base serve ci
-fi
+[ "$#" -gt 0 ] || set -- base serve ci
 # The settings checked and what follows from them: ci/pipeline/publish.py (python3 -m ci.pipeline plan),
 # one value a line; a refused setting is its one line, and nothing runs.
 answer=$(GIT_SHA=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || true)} python3 -m ci.pipeline plan "$@") || exit 1
@@ -103,9 +93,7 @@ if [ -n "${BUILDER:-}" ]; then
   export BUILDX_BUILDER=$BUILDER
 fi
 
-# Each target's output as the graph declares it, pushed by digest only: the tags are set by tag.sh.
-# The engine's own builder (docker driver) cannot push by digest: there each image is pushed under one
-# scratch tag, <name>:unpublished-<commit tag>, which no consumer takes, and tagged the same way.
+# Each target pushed by digest only, or by the engine's own builder under a scratch tag (publish.py push_settings).
 inspect=$("$docker_cmd" buildx inspect ${BUILDER:+"$BUILDER"} 2>/dev/null || true)
 driver=$(python3 -m ci.pipeline driver <<<"$inspect")
 read -r -a unpublished < <(python3 -m ci.pipeline push-settings "$graph" "$driver" "$tag")
@@ -113,10 +101,8 @@ if [ "${#unpublished[@]}" -eq 0 ]; then
   echo "error: no push settings could be made from $graph (see above): nothing built, nothing tagged" >&2
   exit 1
 fi
-status=0
-BAKE_ARGS="${unpublished[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || status=$?
-if [ "$status" != 0 ]; then
-  echo "error: the build or its push to $REGISTRY failed (exit $status; registry down or refusing, see above): nothing tagged" >&2
+BAKE_ARGS="${unpublished[*]}" DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/build.sh "$@" || {
+  echo "error: the build or its push to $REGISTRY failed (exit $?; registry down or refusing, see above): nothing tagged" >&2
   exit 1
-fi
+}
 MOVABLE_TAGS=$movable DOCKER="$docker_cmd" bash ci/pipeline/amd-runner/tag.sh "$graph" "$results/bake-metadata.json"

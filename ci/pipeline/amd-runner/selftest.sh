@@ -38,10 +38,8 @@ if [ "$#" -gt 0 ] && [ "$1" != "--" ]; then
   shift
 fi
 
-if [ ! -e "$kfd" ]; then
-  echo "error: no $kfd on this host: load the amdgpu driver (ROCm) or run on an AMD GPU runner" >&2
-  exit 1
-fi
+[ -e "$kfd" ] \
+  || { echo "error: no $kfd on this host: load the amdgpu driver (ROCm) or run on an AMD GPU runner" >&2; exit 1; }
 if [ -z "${RENDER_GID:-}" ]; then
   render_node=$(ls "$dri"/renderD* 2>/dev/null | head -n 1 || true)
   if [ -z "$render_node" ]; then
@@ -61,12 +59,8 @@ args=(run --rm
   -v "$results:/results"
   -v "${JIT_CACHE_VOLUME:-rocm-vllm-aiter-jit}:/var/cache/aiter-jit"
   -e SELFTEST_RESULTS_DIR=/results)
-if [ -n "${HF_CACHE:-}" ]; then
-  args+=(-v "$HF_CACHE:/root/.cache/huggingface")
-fi
-if [ -n "${ACCURACY_DATA_DIR:-}" ]; then
-  args+=(-v "$ACCURACY_DATA_DIR:/data/accuracy:ro")
-fi
+[ -z "${HF_CACHE:-}" ] || args+=(-v "$HF_CACHE:/root/.cache/huggingface")
+[ -z "${ACCURACY_DATA_DIR:-}" ] || args+=(-v "$ACCURACY_DATA_DIR:/data/accuracy:ro")
 if [ -n "${ACCURACY_REFERENCE_DIR:-}" ]; then
   if [ ! -f "$ACCURACY_REFERENCE_DIR/accuracy.json" ]; then
     echo "error: ACCURACY_REFERENCE_DIR=$ACCURACY_REFERENCE_DIR holds no accuracy.json: name the results directory of an earlier accuracy run" >&2
@@ -75,9 +69,7 @@ if [ -n "${ACCURACY_REFERENCE_DIR:-}" ]; then
   args+=(-v "$(cd "$ACCURACY_REFERENCE_DIR" && pwd):/data/accuracy-reference:ro" -e ACCURACY_REFERENCE=/data/accuracy-reference)
 fi
 for name in HIP_VISIBLE_DEVICES PYTEST_ADDOPTS $(compgen -e | grep -E '^(BENCH|ACCURACY)_' | grep -vE '^ACCURACY_(DATA|REFERENCE)_DIR$' || true); do
-  if [ -n "${!name:-}" ]; then
-    args+=(-e "$name=${!name}")
-  fi
+  [ -z "${!name:-}" ] || args+=(-e "$name=${!name}")
 done
 
 echo "== selftest $suite in $image (render GID $RENDER_GID, results $results)"

@@ -5,15 +5,11 @@
 #   ci/pipeline/amd-runner/tag.sh GRAPH METADATA
 #
 # GRAPH: the resolved graph (`docker buildx bake --print`, publish.sh's bake-print.json): the targets
-# asked for (its default group) and their tags. METADATA: the build's metadata file (bake --metadata-file, or one `docker buildx build
-# --metadata-file` per target merged into {target: metadata}): each target's pushed digest
-# (containerimage.digest). Every tag is checked against the registry before any is set:
-# - a tag that does not exist yet, or already points to the pushed digest: set (or kept);
-# - a tag that points to another digest: refused, nothing tagged, one line naming the tag and both
-#   digests; PUBLISH_FORCE=1 moves it. MOVABLE_TAGS (space-separated tag names) move without
-#   asking: a branch's tag follows its newest commit. Only branch tags (branch-<name>, publish.sh's
-#   namespace for branches, which no release tag has) can be movable: any other name is refused.
-# A target without a pushed digest in METADATA (its build or push failed): nothing tagged.
+# asked for (its default group) and their tags. METADATA: the build's metadata file (bake --metadata-file,
+# or one `docker buildx build --metadata-file` per target merged into {target: metadata}): each target's
+# pushed digest. Every tag is checked against the registry before any is set; a tag on another digest is
+# refused, nothing tagged, unless PUBLISH_FORCE=1 or it is one of MOVABLE_TAGS (branch tags, branch-<name>:
+# a branch's tag follows its newest commit). A target without a pushed digest: nothing tagged.
 #
 # Settings: PUBLISH_FORCE (0|1), MOVABLE_TAGS, DOCKER (docker command, default docker).
 # The logic is ci/pipeline/publish.py's (python3 -m ci.pipeline tag); its python3 needs the runtime
