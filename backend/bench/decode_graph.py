@@ -517,12 +517,7 @@ def bench(
 def _replayed(graph: torch.cuda.CUDAGraph, buffers: DecodePlanBuffers, b: int) -> Callable[[], DecodePlan]:
     def fn() -> DecodePlan:
         graph.replay()
-        return DecodePlan(
-            qo_indptr=buffers.qo_indptr[: b + 1],
-            kv_indptr=buffers.kv_indptr[: b + 1],
-            kv_indices=buffers.kv_indices,
-            kv_last_page_lens=buffers.kv_last_page_lens[:b],
-        )
+        return buffers.plan(b)
 
     return fn
 
