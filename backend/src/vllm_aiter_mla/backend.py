@@ -333,11 +333,10 @@ class DecodeKernelsMixin:
             self._take_route()
 
     def reserve_workspace(self) -> None:
-        """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
-        sized: the persistent-mode work buffers and, where the remedy loaded, its slot table (for any
-        query length, as the real-cache measurement may give it one) are allocated here, so that memory
-        is counted; the metadata builder takes them over. A measurement begun at the model's construction
-        is collected first, where the loader did not (``process_weights_after_loading``)."""
+        """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is sized: the
+        persistent-mode work buffers and, where the remedy loaded, its slot table (for any query length)
+        are allocated here, so that memory is counted; the metadata builder takes them over. A
+        measurement begun at the model's construction is collected first, where the loader did not."""
         self._collect_route()
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
@@ -410,12 +409,9 @@ class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
 
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str, ahead: bool = False) -> Route:
     """The layer's route: its configuration first (``routing.choose_route``), then each decode call
-    it would make measured on this GPU (``layer_measurement``): AITER or vLLM's Triton decode serves
-    each query length. Raises (one line) only where neither kernel was measured right for a call: the
-    server must not start with a known-wrong answer; the built-in would make the same AITER call.
-    ``ahead`` (the model's construction): the measurement is begun instead, where it runs in a child
-    (``measure_state.begin_ahead``), and the route is own where AITER's kernels load (``Route.pending``:
-    which kernel serves each query length, or a refusal, is decided when it is collected)."""
+    it would make measured on this GPU (``measure_state.measured_route``, ``ahead`` as there). Raises
+    (one line) only where neither kernel was measured right for a call: the server must not start with
+    a known-wrong answer; the built-in would make the same AITER call."""
     facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
     route, _ = measured_route(vllm_config, choose_route(facts), kv_cache_dtype, ahead=ahead)
     if route.refusal:

@@ -148,13 +148,11 @@ def _loaded(splits: int):
 
 
 def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, cache: torch.Tensor) -> LayerMeasurement:
-    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype),
-    once vLLM allocated it and before CUDA-graph capture (``crash_safe.measure_on_cache``: every call
-    still served, the probe's keys in the cache's highest rows, restored afterwards), once per process and
-    cache geometry: caches of one shape, strides and dtype put the keys at the same offsets from their
-    bases, so one measurement answers for every layer sharing it. Its outcome replaces the set of calls'
-    measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
-    there with the remedy, or refuses; one start-up line says what the cache measurement found."""
+    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype)
+    before CUDA-graph capture (``crash_safe.measure_on_cache``), once per process and cache geometry:
+    caches of one shape, strides and dtype put the keys at the same offsets from their bases. Its outcome
+    replaces the set of calls' measurement (``layer_measurement``), so the route every layer takes next
+    follows it; one start-up line says what it found."""
     global generation
     collect_ahead()
     kernels, _, triton, _, device = _loaded(splits)
@@ -284,10 +282,8 @@ def begun_ahead(calls: tuple[measure.DecodeCall, ...]) -> bool:
 
 def collect_ahead() -> None:
     """Collect every first measurement begun at the model's construction (``begin_ahead``), in the order
-    begun: each set measured in this process where its child found a call safe, and agreed across the
-    tensor-parallel group (``layer_measurement``: one exchange per set on every rank, as at construction
-    before). Then, where a set's route is a refusal (no kernel measured right for a call), the server
-    stops here in one line, before its KV cache is allocated and anything is served."""
+    begun (``layer_measurement``: one exchange per set on every rank). Then, where a set's route is a
+    refusal, the server stops here in one line, before its KV cache is allocated and anything is served."""
     refusals = []
     while _AHEAD:
         calls, (splits, route) = next(iter(_AHEAD.items()))
