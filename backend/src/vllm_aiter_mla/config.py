@@ -15,6 +15,7 @@ SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 # Latent cache row: kv_lora_rank (512) + rope (64).
 SUPPORTED_LATENT_SIZES = (576,)
 
+
 COMPILE_THREADS_ENV = "AITER_MLA_COMPILE_THREADS"
 MAX_COMPILE_THREADS = 256
 
@@ -34,12 +35,15 @@ def compile_threads_setting(environ: Mapping[str, str] = os.environ) -> int | No
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
     if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
-        raise ValueError(f"ROCM_AITER_MLA does not support --kv-cache-dtype {kv_cache_dtype}; "
-                         f"use one of {', '.join(SUPPORTED_KV_CACHE_DTYPES)}.")
+        raise ValueError(
+            f"ROCM_AITER_MLA does not support --kv-cache-dtype {kv_cache_dtype}; "
+            f"use one of {', '.join(SUPPORTED_KV_CACHE_DTYPES)}."
+        )
 
 
-def check_unsupported_features(alibi_slopes: object | None, sliding_window: int | None,
-                               logits_soft_cap: float | None) -> None:
+def check_unsupported_features(
+    alibi_slopes: object | None, sliding_window: int | None, logits_soft_cap: float | None
+) -> None:
     found = []
     if alibi_slopes is not None:
         found.append("ALiBi slopes")
@@ -48,5 +52,7 @@ def check_unsupported_features(alibi_slopes: object | None, sliding_window: int 
     if logits_soft_cap:
         found.append(f"logit soft-cap ({logits_soft_cap})")
     if found:
-        raise ValueError(f"ROCM_AITER_MLA does not support {', '.join(found)}; "
-                         "choose another backend with --attention-backend (e.g. TRITON_MLA).")
+        raise ValueError(
+            f"ROCM_AITER_MLA does not support {', '.join(found)}; "
+            "choose another backend with --attention-backend (e.g. TRITON_MLA)."
+        )

@@ -33,11 +33,23 @@ def output_buffer(out: torch.Tensor | None, shape: tuple[int, int, int], out_dty
     return out.zero_() if zeroed else out
 
 
-def mla_decode(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, plan: DecodePlan, *,
-               kernels: MLAKernels, kv_lora_rank: int, scale: float, max_seqlen_q: int, decode_heads: int,
-               out_dtype: torch.dtype, q_scale: torch.Tensor | None = None, kv_scale: torch.Tensor | None = None,
-               work: PersistentWork | None = None, v_scale_dropped: bool = False,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+def mla_decode(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    plan: DecodePlan,
+    *,
+    kernels: MLAKernels,
+    kv_lora_rank: int,
+    scale: float,
+    max_seqlen_q: int,
+    decode_heads: int,
+    out_dtype: torch.dtype,
+    q_scale: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
+    work: PersistentWork | None = None,
+    v_scale_dropped: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Run MLA decode for the rows described by ``plan``.
 
     q: [T, H, kv_lora_rank + rope] (absorbed q_nope followed by q_pe), or the pair
@@ -65,9 +77,21 @@ def mla_decode(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: to
     extra = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
     if work is not None:
         extra.update(work.kernel_kwargs())
-    kernels.mla_decode_fwd(q, kv_cache.view(-1, 1, 1, head_dim), o, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
-                           plan.kv_last_page_lens, max_seqlen_q, page_size=1, nhead_kv=1, sm_scale=scale, logit_cap=0.0,
-                           **extra)
+    kernels.mla_decode_fwd(
+        q,
+        kv_cache.view(-1, 1, 1, head_dim),
+        o,
+        plan.qo_indptr,
+        plan.kv_indptr,
+        plan.kv_indices,
+        plan.kv_last_page_lens,
+        max_seqlen_q,
+        page_size=1,
+        nhead_kv=1,
+        sm_scale=scale,
+        logit_cap=0.0,
+        **extra,
+    )
     if v_scale_dropped:
         if kv_scale is None:
             raise ValueError("v_scale_dropped needs the kv_scale the kernel was given")

@@ -51,8 +51,12 @@ def _import_aiter() -> MLAKernels:
             "backend with --attention-backend TRITON_MLA. For CPU development only, set "
             f"{KERNELS_ENV}=reference."
         ) from exc
-    return MLAKernels("aiter", mla_decode_fwd, getattr(aiter, "get_mla_metadata_info_v1", None),
-                      getattr(aiter, "get_mla_metadata_v1", None))
+    return MLAKernels(
+        "aiter",
+        mla_decode_fwd,
+        getattr(aiter, "get_mla_metadata_info_v1", None),
+        getattr(aiter, "get_mla_metadata_v1", None),
+    )
 
 
 @functools.cache
@@ -61,6 +65,10 @@ def load_kernels(mode: str | None = None) -> MLAKernels:
     if mode == "reference":
         from . import reference  # noqa: PLC0415
 
-        return MLAKernels("reference", reference.mla_decode_fwd, reference.get_mla_metadata_info_v1,
-                          reference.get_mla_metadata_v1)
+        return MLAKernels(
+            "reference",
+            reference.mla_decode_fwd,
+            reference.get_mla_metadata_info_v1,
+            reference.get_mla_metadata_v1,
+        )
     return _import_aiter()

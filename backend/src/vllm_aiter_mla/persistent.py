@@ -48,11 +48,20 @@ def largest_specs(all_specs) -> list[tuple[tuple[int, ...], torch.dtype]]:
     return merged
 
 
-def allocate_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype,
-                  kv_dtype: torch.dtype, device: torch.device | str) -> PersistentWork:
+def allocate_work(
+    kernels: MLAKernels,
+    max_reqs: int,
+    max_qlen: int,
+    heads: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    device: torch.device | str,
+) -> PersistentWork:
     if kernels.get_mla_metadata_info_v1 is None or kernels.get_mla_metadata_v1 is None:
-        raise ValueError("This AITER build has no get_mla_metadata_v1 (persistent MLA decode); install the AITER "
-                         "build of this project's image (vLLM's built-in decodes with them too).")
+        raise ValueError(
+            "This AITER build has no get_mla_metadata_v1 (persistent MLA decode); "
+            "install the AITER build of this project's image (vLLM's built-in decodes with them too)."
+        )
     # Every step is planned for its own query length (1 .. max_qlen), and AITER's needs are not
     # monotonic in it (gfx950 bf16 tiles fewer than 128 packed rows by 64): each buffer is sized
     # by the largest of its sizes over every query length served.
@@ -99,8 +108,24 @@ def plan_work(kernels: MLAKernels, work: PersistentWork, plan: DecodePlan, max_s
     """Fill the work buffers for this step (uniform query length ``max_seqlen_q``)."""
     if max_seqlen_q > work.max_qlen:
         raise ValueError(f"query length {max_seqlen_q} exceeds the persistent work buffers' {work.max_qlen}")
-    kernels.get_mla_metadata_v1(plan.qo_indptr, plan.kv_indptr, plan.kv_last_page_lens, work.heads, 1, True,
-                                work.work_meta_data, work.work_info_set, work.work_indptr, work.reduce_indptr,
-                                work.reduce_final_map, work.reduce_partial_map, page_size=1, kv_granularity=16,
-                                max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q, fast_mode=True,
-                                dtype_q=work.q_dtype, dtype_kv=work.kv_dtype)
+    kernels.get_mla_metadata_v1(
+        plan.qo_indptr,
+        plan.kv_indptr,
+        plan.kv_last_page_lens,
+        work.heads,
+        1,
+        True,
+        work.work_meta_data,
+        work.work_info_set,
+        work.work_indptr,
+        work.reduce_indptr,
+        work.reduce_final_map,
+        work.reduce_partial_map,
+        page_size=1,
+        kv_granularity=16,
+        max_seqlen_qo=max_seqlen_q,
+        uni_seqlen_qo=max_seqlen_q,
+        fast_mode=True,
+        dtype_q=work.q_dtype,
+        dtype_kv=work.kv_dtype,
+    )

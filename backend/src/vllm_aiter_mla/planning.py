@@ -43,22 +43,32 @@ class DecodePlan:
     kv_last_page_lens: torch.Tensor
 
 
-def _check_inputs(block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                  block_size: int) -> int:
+def _check_inputs(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+) -> int:
     if block_table.dim() != 2:
         raise ValueError(f"block_table must be 2-D [num_reqs, max_blocks], got {tuple(block_table.shape)}")
     num_reqs = block_table.shape[0]
     if seq_lens.shape != (num_reqs,):
         raise ValueError(f"seq_lens must have shape ({num_reqs},), got {tuple(seq_lens.shape)}")
     if query_start_loc.shape != (num_reqs + 1,):
-        raise ValueError(f"query_start_loc must have shape ({num_reqs + 1},), got {tuple(query_start_loc.shape)}")
+        raise ValueError(
+            f"query_start_loc must have shape ({num_reqs + 1},), got {tuple(query_start_loc.shape)}"
+        )
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     return num_reqs
 
 
-def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                block_size: int) -> DecodePlan:
+def plan_decode(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+) -> DecodePlan:
     """Exactly-sized plan. Synchronises once with the device (the total key count)."""
     num_reqs = _check_inputs(block_table, seq_lens, query_start_loc, block_size)
     device = block_table.device
@@ -71,8 +81,12 @@ def plan_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_l
     pos = torch.arange(total, device=device) - kv_indptr[req]
     blocks = block_table.to(torch.int64)[req, pos // block_size]
     kv_indices = blocks * block_size + pos % block_size
-    return DecodePlan(query_start_loc.to(_INT), kv_indptr.to(_INT), kv_indices.to(_INT),
-                      torch.ones(num_reqs, dtype=_INT, device=device))
+    return DecodePlan(
+        qo_indptr=query_start_loc.to(_INT),
+        kv_indptr=kv_indptr.to(_INT),
+        kv_indices=kv_indices.to(_INT),
+        kv_last_page_lens=torch.ones(num_reqs, dtype=_INT, device=device),
+    )
 
 
 @dataclass(frozen=True)
@@ -105,15 +119,22 @@ class DecodePlanBuffers:
     req_ids: torch.Tensor  # int32 [max_reqs + 1]  0..max_reqs
 
     @classmethod
-    def allocate(cls, max_reqs: int, max_blocks: int, block_size: int, device: torch.device | str,
-                 max_keys: int | None = None) -> "DecodePlanBuffers":
+    def allocate(
+        cls,
+        max_reqs: int,
+        max_blocks: int,
+        block_size: int,
+        device: torch.device | str,
+        max_keys: int | None = None,
+    ) -> "DecodePlanBuffers":
         """``max_keys``: a smaller ``kv_indices`` than ``max_reqs x max_blocks x block_size``
         (the most keys a batch of these buffers can have), for tests of the overflow guard.
         Not the KV cache's slot count: requests sharing prefix blocks reference a slot once
         each."""
         if max_reqs < 1 or max_blocks < 1 or block_size < 1:
-            raise ValueError(f"max_reqs, max_blocks and block_size must be >= 1, got {max_reqs}, {max_blocks}, "
-                             f"{block_size}")
+            raise ValueError(
+                f"max_reqs, max_blocks and block_size must be >= 1, got {max_reqs}, {max_blocks}, {block_size}"
+            )
         max_slots = max_blocks * block_size
         capacity = max_reqs * max_slots if max_keys is None else min(max_keys, max_reqs * max_slots)
         return cls(
@@ -146,10 +167,11 @@ class DecodePlanBuffers:
         ``capacity`` (reads one int back from the device: call it off the hot path)."""
         dropped = int(self.overflow.item())
         if dropped > 0:
-            raise RuntimeError(f"vllm-aiter-mla: a decode step had {dropped} keys more than the plan buffers hold "
-                               f"({self.capacity}); their kv_indptr was clamped, so some requests attended to fewer "
-                               "keys. This is a bug in the buffers' sizing: please report it with --max-num-seqs and "
-                               "--max-model-len.")
+            raise RuntimeError(
+                f"vllm-aiter-mla: a decode step had {dropped} keys more than the plan buffers hold "
+                f"({self.capacity}); their kv_indptr was clamped, so some requests attended to fewer keys. "
+                "This is a bug in the buffers' sizing: please report it with --max-num-seqs and --max-model-len."
+            )
 
 
 @dataclass(frozen=True)
@@ -186,9 +208,15 @@ def _scratch(workspace: PlanWorkspace | None, name: str, n: int, dtype: torch.dt
     return getattr(workspace, name)[:n]
 
 
-def plan_decode_into(buffers: DecodePlanBuffers, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     query_start_loc: torch.Tensor | None, workspace: PlanWorkspace | None = None, *,
-                     uniform_qlen: int | None = None) -> DecodePlan:
+def plan_decode_into(
+    buffers: DecodePlanBuffers,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor | None,
+    workspace: PlanWorkspace | None = None,
+    *,
+    uniform_qlen: int | None = None,
+) -> DecodePlan:
     """Write the plan into ``buffers`` and return views of them.
 
     With ``uniform_qlen`` (the layout AITER's decode needs) ``query_start_loc`` is not
@@ -214,8 +242,10 @@ def plan_decode_into(buffers: DecodePlanBuffers, block_table: torch.Tensor, seq_
         num_reqs = _check_inputs(block_table, seq_lens, buffers.req_ids[: block_table.shape[0] + 1], bs)
     num_blocks = block_table.shape[1]
     if num_reqs > buffers.max_reqs or num_blocks > buffers.max_blocks:
-        raise ValueError(f"batch ({num_reqs} requests x {num_blocks} blocks) exceeds the plan buffers "
-                         f"({buffers.max_reqs} x {buffers.max_blocks}); allocate larger DecodePlanBuffers")
+        raise ValueError(
+            f"batch ({num_reqs} requests x {num_blocks} blocks) exceeds the plan buffers "
+            f"({buffers.max_reqs} x {buffers.max_blocks}); allocate larger DecodePlanBuffers"
+        )
     num_slots = num_blocks * bs
     n = num_reqs * num_slots
     device = block_table.device
@@ -250,7 +280,9 @@ def plan_decode_into(buffers: DecodePlanBuffers, block_table: torch.Tensor, seq_
     block_base = _scratch(workspace, "block_base", num_reqs * num_blocks, _INT, device)
     torch.mul(block_table, buffers.block_size_t, out=block_base.view(num_reqs, num_blocks))
     slots = _scratch(workspace, "slots", n, _INT, device)
-    torch.add(block_base.view(num_reqs, num_blocks, 1), buffers.offsets, out=slots.view(num_reqs, num_blocks, bs))
+    torch.add(
+        block_base.view(num_reqs, num_blocks, 1), buffers.offsets, out=slots.view(num_reqs, num_blocks, bs)
+    )
 
     # Destination of slot (b, p) in kv_indices: kv_indptr[b] + p, or the spare
     # entry at `capacity` when p is past the request's length (dest >= kv_indptr[b+1]).
@@ -275,8 +307,10 @@ def decode_query_len(query_start_loc_cpu: torch.Tensor, num_decode_tokens: int) 
         raise ValueError("decode batch without query rows")
     qlen = max(live)
     if any(n != qlen for n in live) or num_decode_tokens != len(lens) * qlen:
-        raise ValueError(f"decode rows with query lengths {sorted(set(lens))} in {num_decode_tokens} tokens cannot be "
-                         f"laid out as {len(lens)} x {qlen} rows, which AITER's MLA decode needs")
+        raise ValueError(
+            f"decode rows with query lengths {sorted(set(lens))} in {num_decode_tokens} tokens cannot be laid out "
+            f"as {len(lens)} x {qlen} rows, which AITER's MLA decode needs"
+        )
     return qlen
 
 
@@ -286,8 +320,14 @@ class DecodeStep:
     max_seqlen_q: int
 
 
-def plan_decode_step(buffers: DecodePlanBuffers, block_table: torch.Tensor, seq_lens: torch.Tensor, qlen: int,
-                     max_seq_len: int, workspace: PlanWorkspace | None = None) -> DecodeStep:
+def plan_decode_step(
+    buffers: DecodePlanBuffers,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    qlen: int,
+    max_seq_len: int,
+    workspace: PlanWorkspace | None = None,
+) -> DecodeStep:
     """One decode step with the PyTorch planner (the CPU path): the uniform plan for query
     length ``qlen`` (:func:`decode_query_len`). ``max_seq_len`` (known on the host)
     narrows the block table."""

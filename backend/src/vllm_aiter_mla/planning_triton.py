@@ -484,8 +484,13 @@ def grouped_shape(programs: int, num_reqs: int, longest: int | None) -> tuple[in
     return group, min(triton.next_power_of_2(group * longest), MAX_CHUNK), max(1, -(-num_reqs // group))
 
 
-def plan_decode_triton(buffers: DecodePlanBuffers, block_table: torch.Tensor, seq_lens: torch.Tensor, qlen: int,
-                       max_seq_len: int | None = None) -> DecodePlan:
+def plan_decode_triton(
+    buffers: DecodePlanBuffers,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    qlen: int,
+    max_seq_len: int | None = None,
+) -> DecodePlan:
     """Plan one decode step on the GPU (uniform query length ``qlen``).
 
     ``block_table`` [B, W] and ``seq_lens`` [B] are int32 on the plan buffers' device;
@@ -558,9 +563,17 @@ def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, ql
         run(_plan_grouped_kernel, programs)(*args, **sizes, GROUP=group, CHUNK=chunk, num_warps=GROUPED_NUM_WARPS)
     else:
         _, block_t, direct, group, programs = shape
-        run(_plan_kernel, programs)(*args, **sizes, BLOCK_T=block_t, GROUP=group,
-                                    COLS=min(block_t, WALK_ROW_ELEMS // group), WINDOW=LONG_WINDOW, DIRECT=direct,
-                                    FAST=FAST_TILES, num_warps=NUM_WARPS)
+        run(_plan_kernel, programs)(
+            *args,
+            **sizes,
+            BLOCK_T=block_t,
+            GROUP=group,
+            COLS=min(block_t, WALK_ROW_ELEMS // group),
+            WINDOW=LONG_WINDOW,
+            DIRECT=direct,
+            FAST=FAST_TILES,
+            num_warps=NUM_WARPS,
+        )
     return buffers.plan(num_reqs)
 
 

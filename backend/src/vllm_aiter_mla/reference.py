@@ -25,8 +25,11 @@ import math
 
 import torch
 
-_FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-                                                        "float8_e5m2fnuz") if hasattr(torch, name))
+_FP8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
 
 
 def _dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -109,10 +112,17 @@ def _fail(message: str) -> None:
     raise ValueError(f"mla_decode_fwd contract: {message}")
 
 
-def _check_decode_contract(q: torch.Tensor, kv_buffer: torch.Tensor, o: torch.Tensor,
-                           indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], max_seqlen_q: int,
-                           page_size: int, nhead_kv: int, logit_cap: float,
-                           work: tuple[torch.Tensor | None, ...]) -> str:
+def _check_decode_contract(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    o: torch.Tensor,
+    indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    max_seqlen_q: int,
+    page_size: int,
+    nhead_kv: int,
+    logit_cap: float,
+    work: tuple[torch.Tensor | None, ...],
+) -> str:
     """AITER's host-side checks. Returns the decode mode. Value checks (which read tensors) are skipped only while a
     CUDA graph is being captured; shape and dtype checks always run."""
     if logit_cap > 0:
@@ -309,7 +319,9 @@ def mla_decode_fwd(
 
     q_lens = torch.full((n_reqs,), max_seqlen_q, dtype=torch.int64, device=q.device)
     n_pages = kv_indptr[1:] - kv_indptr[:-1]
-    k_lens = torch.where(n_pages > 0, (n_pages - 1) * page_size + kv_last_page_lens[:n_reqs], torch.zeros_like(n_pages))
+    k_lens = torch.where(
+        n_pages > 0, (n_pages - 1) * page_size + kv_last_page_lens[:n_reqs], torch.zeros_like(n_pages)
+    )
     if max_seqlen_k is None:
         max_seqlen_k = int(k_lens.max()) if n_reqs > 0 else 0
 
@@ -324,7 +336,9 @@ def mla_decode_fwd(
     # the rows read, then converted (not the whole cache: vLLM's is gigabytes)
     kv = _dequantize(kv_buffer.reshape(-1, head_dim)[flat_rows], kv_scale)  # [B, Lk, D]
     qf = _dequantize(q, q_scale)[q_idx]  # [B, Mq, H, D]
-    out, lse = _attend(qf, kv, kv[..., :v_dim], q_valid, k_valid, q_lens, k_lens, scale, causal=True)
+    out, lse = _attend(
+        qf, kv, kv[..., :v_dim], q_valid, k_valid, q_lens, k_lens, scale, causal=True
+    )
     _scatter_rows(o, out, q_idx, q_valid)
     lse_flat = torch.empty(total_q, num_heads, dtype=torch.float32, device=q.device)
     _scatter_rows(lse_flat, lse, q_idx, q_valid)

@@ -110,11 +110,22 @@ def take_slot_table(rows: int, width: int, device: torch.device | str) -> torch.
     return torch.zeros((rows, width), dtype=torch.int32, device=device)
 
 
-def triton_mla_decode(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, plan: DecodePlan,
-                      *, kernels: TritonDecode, kv_lora_rank: int, scale: float, max_seqlen_q: int, decode_heads: int,
-                      out_dtype: torch.dtype, q_scale: torch.Tensor | None = None,
-                      kv_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                      table: torch.Tensor | None = None) -> torch.Tensor:
+def triton_mla_decode(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    plan: DecodePlan,
+    *,
+    kernels: TritonDecode,
+    kv_lora_rank: int,
+    scale: float,
+    max_seqlen_q: int,
+    decode_heads: int,
+    out_dtype: torch.dtype,
+    q_scale: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """MLA decode of the rows ``plan`` describes by vLLM's Triton kernels; the arguments are
     ``decode.mla_decode``'s (same q, cache, plan, head count and output buffer). ``table``: the
     plan's ``slot_table`` (``kernels.rows_per_request(max_seqlen_q)`` rows a request), made here if
