@@ -99,10 +99,7 @@ def release_of(file: Path) -> str:
 
 
 def _find(nodes, kind, name: str):
-    for node in nodes:
-        if isinstance(node, kind) and node.name == name:
-            return node
-    return None
+    return next((node for node in nodes if isinstance(node, kind) and node.name == name), None)
 
 
 def _launches(method: ast.FunctionDef) -> list[ast.Call]:

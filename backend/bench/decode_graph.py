@@ -54,13 +54,7 @@ import torch
 from vllm_aiter_mla import reference
 from vllm_aiter_mla.decode import mla_decode
 from vllm_aiter_mla.kernels import load_kernels
-from vllm_aiter_mla.planning import (
-    DecodePlan,
-    DecodePlanBuffers,
-    PlanWorkspace,
-    plan_decode,
-    plan_decode_into,
-)
+from vllm_aiter_mla.planning import DecodePlan, DecodePlanBuffers, PlanWorkspace, plan_decode, plan_decode_into
 
 KV_LORA_RANK = 512
 ROPE_DIM = 64
@@ -102,12 +96,9 @@ def plan_loop(
         kv_indptr.append(kv_indptr[-1] + n)
     num_reqs = len(kv_indptr) - 1
     kv_indices = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int32)
-    return DecodePlan(
-        qo_indptr=query_start_loc_cpu.to(device=device, dtype=torch.int32),
-        kv_indptr=torch.tensor(kv_indptr, dtype=torch.int32).to(device),
-        kv_indices=kv_indices.to(device),
-        kv_last_page_lens=torch.ones(num_reqs, dtype=torch.int32).to(device),
-    )
+    return DecodePlan(query_start_loc_cpu.to(device=device, dtype=torch.int32),
+                      torch.tensor(kv_indptr, dtype=torch.int32).to(device), kv_indices.to(device),
+                      torch.ones(num_reqs, dtype=torch.int32).to(device))
 
 
 def compare_plans(got: DecodePlan, want: DecodePlan, num_reqs: int) -> str | None:
@@ -203,20 +194,8 @@ def run_case(case: Case, replays: int, device: torch.device, use_graph: bool, se
 
     def step() -> DecodePlan:
         plan = plan_decode_into(buffers, block_table, seq_lens, query_start_loc, workspace=workspace)
-        reference.mla_decode_fwd(
-            q,
-            kv_cache.view(-1, 1, 1, HEAD_DIM),
-            o,
-            plan.qo_indptr,
-            plan.kv_indptr,
-            plan.kv_indices,
-            plan.kv_last_page_lens,
-            ql,
-            page_size=1,
-            nhead_kv=1,
-            sm_scale=SCALE,
-            max_seqlen_k=max_slots,
-        )
+        reference.mla_decode_fwd(q, kv_cache.view(-1, 1, 1, HEAD_DIM), o, *_plan_args(plan), ql, page_size=1,
+                                 nhead_kv=1, sm_scale=SCALE, max_seqlen_k=max_slots)
         return plan
 
     graph = None
@@ -242,17 +221,8 @@ def run_case(case: Case, replays: int, device: torch.device, use_graph: bool, se
         # Eager oracle on fresh tensors.
         bt_e, sl_e, qsl_e = block_table.clone(), seq_lens.clone(), query_start_loc.clone()
         plan_e = plan_decode(bt_e, sl_e, qsl_e, bs)
-        o_e = mla_decode(
-            q.clone(),
-            kv_cache.clone(),
-            plan_e,
-            kernels=kernels,
-            kv_lora_rank=KV_LORA_RANK,
-            scale=SCALE,
-            max_seqlen_q=ql,
-            decode_heads=h,
-            out_dtype=case.dtype,
-        )
+        o_e = mla_decode(q.clone(), kv_cache.clone(), plan_e, kernels=kernels, kv_lora_rank=KV_LORA_RANK, scale=SCALE,
+                         max_seqlen_q=ql, decode_heads=h, out_dtype=case.dtype)
         plan_l = plan_loop(bt_e.cpu(), sl_e.cpu(), qsl_e.cpu(), bs, device)
 
         problems = []
@@ -517,12 +487,7 @@ def bench(
 def _replayed(graph: torch.cuda.CUDAGraph, buffers: DecodePlanBuffers, b: int) -> Callable[[], DecodePlan]:
     def fn() -> DecodePlan:
         graph.replay()
-        return DecodePlan(
-            qo_indptr=buffers.qo_indptr[: b + 1],
-            kv_indptr=buffers.kv_indptr[: b + 1],
-            kv_indices=buffers.kv_indices,
-            kv_last_page_lens=buffers.kv_last_page_lens[:b],
-        )
+        return buffers.plan(b)
 
     return fn
 

@@ -2,7 +2,8 @@
 """Decode planning per step: the plugin's Triton planner against the decode-metadata step of
 vLLM's built-in ROCM_AITER_MLA backend, one column per vLLM release, side by side in one run.
 
-Plain PyTorch + Triton on a GPU (no vLLM installed). For each batch:
+Plain PyTorch + Triton on a GPU (no vLLM installed). backend/bench/README.md ("Decode planning speed")
+tells what each column times and how the plans are compared. For each batch:
 
 * ``ours``: ``plan_decode_triton`` as the backend calls it (``max_seq_len`` known on the
   host): one launch writing qo_indptr, kv_indptr and kv_indices into persistent buffers.
@@ -11,40 +12,22 @@ Plain PyTorch + Triton on a GPU (no vLLM installed). For each batch:
   the planning part of that release's ``AiterMLAMetadataBuilder._build_decode``
   (builtin_planner.py beside this file). ``full graphs``: the step as the builder runs it
   when vLLM runs decode batches in full CUDA graphs (its default cudagraph mode,
-  FULL_AND_PIECEWISE, does for this backend): kv_indptr (a prefix sum; padding rows of a
-  padded multi-token batch get the query length), the ``fill_(-1)`` of its persistent
-  page-index buffer, its Triton kernel expanding block-table entries into pages (read from
-  the release's file at run time), and the copies into its persistent kv_indptr and
-  qo_indptr. ``no full graphs``: the prefix sum and the kernel only. Its buffer is sized as
-  the builder sizes it, ``max_num_seqs x max_model_len`` entries: by default the smallest
-  that holds the batch (its requests x its longest request: the cheapest fill the built-in
-  can have); ``--max-num-seqs`` and ``--max-model-len`` size it (and the block table's width,
-  which sets the kernel's grid) as a server would.
-* ``bound``: the time to write ``kv_indices`` (int32, one per key) at the GPU's write
-  bandwidth, measured in the same run on the same number of bytes: the faster of a fill
-  kernel and a memset. ``copy``: a device-to-device copy of those bytes (read + write).
+  FULL_AND_PIECEWISE, does for this backend), the ``fill_(-1)`` of its page-index buffer and
+  its persistent copies included. ``no full graphs``: the prefix sum and the kernel only. Its
+  buffer holds ``max_num_seqs x max_model_len`` entries: by default the smallest that holds the
+  batch; ``--max-num-seqs`` and ``--max-model-len`` size it (and the block table's width, which
+  sets the kernel's grid) as a server would.
+* ``bound``: writing ``kv_indices`` (int32, one per key) at the GPU's write bandwidth (the faster
+  of a fill kernel and a memset); ``copy``: a device-to-device copy of those bytes.
 
-What is compared: kv_indptr (int32, requests + 1) and the first kv_indptr[-1] entries of
-kv_indices. Both write slot ids (page size 1: block-table entry ``b`` of block size ``K``
-covers slots ``b*K .. b*K+K-1``; the built-in's kernel expands each entry the same way), so
-the two arrays are compared as they are. Every batch is a valid decode batch (a request has
-at least its query length of keys; padding rows have length 0). The one place the plans
-differ by design: at query length 1 the built-in gives a padding row 0 keys, ours 1 (its
-query length); such a batch (marked ``*``) is compared on the keys both plan: the
-built-in's kv_indptr must be the prefix sum of its lengths and its indices ours with the
-padding rows' keys left out.
-
-Every plan is first checked: ours against the PyTorch planner (``plan_decode_into``, or,
-where its scratch of requests x longest request would not fit, the exact-size
-``plan_decode``), each built-in against ours, and the built-in's buffer past its keys must
-hold -1 where it fills; a difference ends the run with status 1 before anything is timed.
-GPU times are CUDA-graph replays (a measure of device time alone: vLLM runs both steps
-eagerly, outside the model's graph): a graph of ``--calls`` calls, replayed ``--replays``
-times behind a GPU sleep that holds the queue full, median of ``--trials``, per call. Host
-times are the eager call's (median of 100, ours and the built-ins called in turn), what the
-metadata builder pays each step before the model's graph replays; for the built-in that is
-only the calls above, not the rest of its ``_build_decode`` (a lower bound). ``x ours``:
-the built-in's time over ours.
+Both write slot ids and are compared as they are (kv_indptr and the first kv_indptr[-1] entries
+of kv_indices), but for padding rows at query length 1 (the built-in plans them 0 keys, ours 1;
+marked ``*``, compared on the keys both plan). Every plan is first checked (ours against the
+PyTorch planner, each built-in against ours); a difference ends the run with status 1 before
+anything is timed. GPU times are CUDA-graph replays: a graph of ``--calls`` calls, replayed
+``--replays`` times behind a GPU sleep, median of ``--trials``, per call. Host times are the
+eager call's (median of 100); for the built-in only the calls above, a lower bound of its
+``_build_decode``. ``x ours``: the built-in's time over ours.
 
 Usage::
 

@@ -350,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
         read = time.perf_counter() - loading
         print(f"fresh    GPU initialised {initialised:.2f} s, kernels loaded {loaded:.2f} s, installed builds read "
               f"{read:.2f} s (once per process)", flush=True)
-    if args.cold_steps:
         breakdown(f"{sets[0][0]}, a fresh process's first", sets[0][1], kernels, triton, device)
         return 0
     if args.later_only:
@@ -364,14 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device   {device} ({name}), initialised in {initialised:.2f} s; torch {torch.__version__}; "
           f"remedy {'vLLM Triton file' if args.triton_file else 'PyTorch stand-in'}, {splits} splits", flush=True)
+
+    def me(*options: str) -> list[str]:  # this bench in a fresh process, with these options
+        return [sys.executable, *([] if __spec__ is None else ["-m", __spec__.name]),
+                *([os.path.abspath(__file__)] if __spec__ is None else []), "--device", str(device),
+                "--sets", args.sets, *options, *(["--triton-file", args.triton_file] if args.triton_file else [])]
+
     with tempfile.TemporaryDirectory(prefix="start-cost-") as scratch:
-        me = [sys.executable, *([] if __spec__ is None else ["-m", __spec__.name]),
-              *([os.path.abspath(__file__)] if __spec__ is None else []), "--device", str(device), "--sets", args.sets,
-              "--load-s", f"{args.load_s:g}", *(["--triton-file", args.triton_file] if args.triton_file else [])]
         for mode in ("serial", "begun"):  # each a fresh process, its records and Triton's cache empty
             env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(scratch, f"triton-load-{mode}"),
                    crash_safe.RECORDS_ENV: os.path.join(scratch, f"records-load-{mode}")}
-            subprocess.run([*me, "--load-run", mode], env=env, check=False)
+            subprocess.run(me("--load-s", f"{args.load_s:g}", "--load-run", mode), env=env, check=False)
         if args.load_only:
             return 0
         triton_cold = os.path.join(scratch, "triton-first")
@@ -382,13 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton-ahead")  # nothing compiled yet
         begun_ahead(sets, kernels, triton, splits, device, factory_name, os.path.join(scratch, "records-ahead"))
         os.environ["TRITON_CACHE_DIR"] = triton_cold
-        again = [sys.executable, *([] if __spec__ is None else ["-m", __spec__.name]),
-                 *([os.path.abspath(__file__)] if __spec__ is None else []),
-                 "--device", str(device), "--sets", args.sets, "--later-only", folder,
-                 *(["--triton-file", args.triton_file] if args.triton_file else [])]
-        subprocess.run(again, check=False)
-        subprocess.run([*again[:again.index("--later-only")], "--cold-steps",
-                        *(["--triton-file", args.triton_file] if args.triton_file else [])], check=False)
+        subprocess.run(me("--later-only", folder), check=False)
+        subprocess.run(me("--cold-steps"), check=False)
         for label, calls in sets:
             breakdown(label, calls, kernels, triton, device)
         label, calls = sets[0]

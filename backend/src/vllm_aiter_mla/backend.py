@@ -81,13 +81,8 @@ class AiterMLAMetadata(BuiltinMetadata):
     them for the built-in's prefill code (``context_chunk_kv_indices``)."""
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
 
 
 class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
@@ -128,7 +123,7 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         # row's qlen keys included). The planners clamp kv_indptr to the capacity regardless.
         self._plan_buffers = DecodePlanBuffers.allocate(
             max_reqs=vllm_config.scheduler_config.max_num_seqs,
-            max_blocks=_cdiv(max(vllm_config.model_config.max_model_len, longest), self.page_size),
+            max_blocks=-(-max(vllm_config.model_config.max_model_len, longest) // self.page_size),
             block_size=self.page_size,
             device=device,
         )
@@ -155,25 +150,13 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             "%s (vllm-aiter-mla %s): decode=%s mla_decode_fwd persistent, %d heads per GPU run as %d (the "
             "built-in's head count), query length <= %d (KV as pages of 1 slot, block size %d), each call "
             "measured at start-up; prefill=%s by vLLM's built-in impl (fused context gather: %s)",
-            BACKEND_NAME,
-            __version__,
-            self._kernels.name,
-            self.num_heads,
-            self._decode_heads,
-            longest,
-            self.page_size,
-            prefill,
-            "on" if self._fused_context_gather else "off",
-        )
+            BACKEND_NAME, __version__, self._kernels.name, self.num_heads, self._decode_heads, longest, self.page_size,
+            prefill, "on" if self._fused_context_gather else "off")
         if vllm_builtin.on_rocm() and prefill != AITER_PREFILL_BACKEND:
             logger.warning_once(
                 "%s: MLA prefill runs on %s, not AITER's flash_attn_varlen_func (%s). Set "
                 "VLLM_ROCM_USE_AITER=1 (and leave --attention-config.mla_prefill_backend unset) "
-                "to prefill with AITER.",
-                BACKEND_NAME,
-                prefill,
-                AITER_PREFILL_BACKEND,
-            )
+                "to prefill with AITER.", BACKEND_NAME, prefill, AITER_PREFILL_BACKEND)
 
     def _take_route(self) -> None:
         """Query lengths vLLM's Triton decode serves (measured: AITER wrong there; the latest measurement,
@@ -202,17 +185,9 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
             metadata.context_chunk_kv_indices = builtin_context_chunk_kv_indices(self, prefill)
         return metadata
 
-    def _build_decode(
-        self,
-        block_table_tensor: torch.Tensor,
-        seq_lens_device: torch.Tensor,
-        max_seq_len: int,
-        query_start_loc_cpu: torch.Tensor,
-        query_start_loc_device: torch.Tensor,
-        num_decode_tokens: int,
-        max_query_len: int,
-        dcp_tot_seq_lens_device: torch.Tensor | None,
-    ) -> AiterMLADecodeMetadata:
+    def _build_decode(self, block_table_tensor: torch.Tensor, seq_lens_device: torch.Tensor, max_seq_len: int,
+                      query_start_loc_cpu: torch.Tensor, query_start_loc_device: torch.Tensor, num_decode_tokens: int,
+                      max_query_len: int, dcp_tot_seq_lens_device: torch.Tensor | None) -> AiterMLADecodeMetadata:
         # max_query_len is min(longest query of the whole batch, reorder threshold): prefill
         # rows count too. AITER needs the decode rows' own uniform length.
         qlen = decode_query_len(query_start_loc_cpu, num_decode_tokens)
@@ -231,16 +206,9 @@ class AiterMLAMetadataBuilder(MLACommonMetadataBuilder[AiterMLAMetadata]):
         self._steps += 1
         if self._steps % OVERFLOW_CHECK_STEPS == 0:
             self._plan_buffers.check_overflow()
-        return AiterMLADecodeMetadata(
-            block_table=block_table_tensor,
-            seq_lens=seq_lens_device,
-            dcp_tot_seq_lens=dcp_tot_seq_lens_device,
-            plan=plan,
-            max_query_len=qlen,
-            work=self._work,
-            attn_out_dtype=self.model_config.dtype,
-            slot_table=table,
-        )
+        return AiterMLADecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
+                                      dcp_tot_seq_lens=dcp_tot_seq_lens_device, plan=plan, max_query_len=qlen,
+                                      work=self._work, attn_out_dtype=self.model_config.dtype, slot_table=table)
 
 
 def _fp8_view(kv_cache: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
@@ -365,11 +333,10 @@ class DecodeKernelsMixin:
             self._take_route()
 
     def reserve_workspace(self) -> None:
-        """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is
-        sized: the persistent-mode work buffers and, where the remedy loaded, its slot table (for any
-        query length, as the real-cache measurement may give it one) are allocated here, so that memory
-        is counted; the metadata builder takes them over. A measurement begun at the model's construction
-        is collected first, where the loader did not (``process_weights_after_loading``)."""
+        """Called by vLLM (0.33 and later) in its memory-profiling run, before the KV cache is sized: the
+        persistent-mode work buffers and, where the remedy loaded, its slot table (for any query length)
+        are allocated here, so that memory is counted; the metadata builder takes them over. A
+        measurement begun at the model's construction is collected first, where the loader did not."""
         self._collect_route()
         vllm_config = self._vllm_config
         dtype = work_dtype(vllm_config, self._decode_kv_cache_dtype)
@@ -381,30 +348,17 @@ class DecodeKernelsMixin:
             reserve_slot_table(vllm_config.scheduler_config.max_num_seqs * rows,
                                vllm_config.model_config.max_model_len + longest, vllm_config.device_config.device)
 
-    def forward_mqa(
-        self,
-        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: AiterMLAMetadata,
-        layer: AttentionLayer,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c_and_k_pe_cache: torch.Tensor,
+                    attn_metadata: AiterMLAMetadata, layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert decode is not None and decode.plan is not None
         out = self._decode(q, kv_c_and_k_pe_cache, decode.plan, decode.max_query_len, decode.attn_out_dtype, layer,
                            decode.work, decode.slot_table)
         return out, None
 
-    def _decode(
-        self,
-        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-        kv_cache: torch.Tensor,
-        plan: DecodePlan,
-        max_query_len: int,
-        out_dtype: torch.dtype,
-        layer: AttentionLayer,
-        work: PersistentWork | None = None,
-        table: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor, plan: DecodePlan,
+                max_query_len: int, out_dtype: torch.dtype, layer: AttentionLayer, work: PersistentWork | None = None,
+                table: torch.Tensor | None = None) -> torch.Tensor:
         q_scale = kv_scale = None
         if kv_cache.dtype == torch.uint8 or _is_fp8(kv_cache):
             if isinstance(q, tuple):
@@ -416,25 +370,12 @@ class DecodeKernelsMixin:
                 q = (q.float() / q_scale).to(fp8_dtype)
         if self._real_cache_pending or self._route_generation not in (None, measure_state.generation):
             self._before_decode(kv_cache)
+        args = dict(kv_lora_rank=self.kv_lora_rank, scale=self.scale, max_seqlen_q=max_query_len,
+                    decode_heads=self._decode_heads, out_dtype=out_dtype, q_scale=q_scale, kv_scale=kv_scale)
         if max_query_len in self._triton_qlens:  # measured: AITER wrong here, vLLM's Triton decode right
-            return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, kv_lora_rank=self.kv_lora_rank,
-                                     scale=self.scale, max_seqlen_q=max_query_len, decode_heads=self._decode_heads,
-                                     out_dtype=out_dtype, q_scale=q_scale, kv_scale=kv_scale, table=table)
-        return mla_decode(
-            q,
-            kv_cache,
-            plan,
-            kernels=self._kernels,
-            kv_lora_rank=self.kv_lora_rank,
-            scale=self.scale,
-            max_seqlen_q=max_query_len,
-            decode_heads=self._decode_heads,
-            out_dtype=out_dtype,
-            q_scale=q_scale,
-            kv_scale=kv_scale,
-            work=work,
-            v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens,
-        )
+            return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, table=table, **args)
+        return mla_decode(q, kv_cache, plan, kernels=self._kernels, work=work,
+                          v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens, **args)
 
 
 class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
@@ -447,36 +388,15 @@ class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
     can_return_lse_for_decode: bool = False
     supports_dcp: bool = False  # the own builder refuses DCP; routing gives -dcp layers to the built-in
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int,
-        alibi_slopes: list[float] | None,
-        sliding_window: int | None,
-        kv_cache_dtype: str,
-        logits_soft_cap: float | None,
-        attn_type: str,
-        kv_sharing_target_layer_name: str | None,
-        **mla_args,
-    ) -> None:
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
+                 logits_soft_cap: float | None, attn_type: str, kv_sharing_target_layer_name: str | None,
+                 **mla_args) -> None:
         check_unsupported_features(alibi_slopes, sliding_window, logits_soft_cap)
         if attn_type != AttentionType.DECODER:
             raise ValueError(f"{BACKEND_NAME} supports decoder self-attention only, got {attn_type}")
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            kv_cache_dtype,
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            **mla_args,
-        )
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                         logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
         if getattr(self, "_fp8_prefill_enabled", False):
             # routing gives these layers to the built-in (its builder makes the fp8 prefill metadata)
             raise ValueError(f"{BACKEND_NAME}: a layer with vLLM's built-in fp8 prefill reached the own path "
@@ -487,15 +407,11 @@ class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
 # ---- the ROCM_AITER_MLA entry: vLLM's built-in backend, each layer routed to own or built-in ----
 
 
-
 def layer_route(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: str, ahead: bool = False) -> Route:
     """The layer's route: its configuration first (``routing.choose_route``), then each decode call
-    it would make measured on this GPU (``layer_measurement``): AITER or vLLM's Triton decode serves
-    each query length. Raises (one line) only where neither kernel was measured right for a call: the
-    server must not start with a known-wrong answer; the built-in would make the same AITER call.
-    ``ahead`` (the model's construction): the measurement is begun instead, where it runs in a child
-    (``measure_state.begin_ahead``), and the route is own where AITER's kernels load (``Route.pending``:
-    which kernel serves each query length, or a refusal, is decided when it is collected)."""
+    it would make measured on this GPU (``measure_state.measured_route``, ``ahead`` as there). Raises
+    (one line) only where neither kernel was measured right for a call: the server must not start with
+    a known-wrong answer; the built-in would make the same AITER call."""
     facts = layer_facts(vllm_config, num_heads, latent_size, kv_cache_dtype)
     route, _ = measured_route(vllm_config, choose_route(facts), kv_cache_dtype, ahead=ahead)
     if route.refusal:

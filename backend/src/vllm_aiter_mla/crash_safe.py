@@ -1,51 +1,31 @@
 """A layer's decode calls measured so that no call can take the server or the other tensor-parallel
 ranks down: first in a child process under a time limit, its outcome recorded; then in this process
-only where the child found the call safe; then agreed across the tensor-parallel group.
+only where the child found the call safe; then agreed across the tensor-parallel group. backend/README.md
+("A call that crashes or hangs ends a child, not the server") tells it in full.
 
 * **First measurement, in a child** (``measure_child``, started through the image runtime's one
   supervisor of child processes, ``rocm_vllm_runtime.children.output``, which kills the child and all
-  it started at the deadline): the remedy's tasks first (vLLM's Triton decode at each query length),
-  then AITER's. On a GPU the child first compiles the remedy's Triton kernels for all its tasks side
-  by side, launching nothing (``measure_child.warm_up``); a child that ends during those compiles is
-  started again to measure one task at a time without them, and where they pass the time limit the
-  remedy's tasks are so measured and AITER's go to the next child. The child reports each task as it
-  begins and ends; when it ends otherwise, the task it
-  was in is measured as ``ended the process`` (a signal: SIGABRT from a missing kernel, a GPU memory
-  fault; or a non-zero exit) or ``passed the time limit`` (``AITER_MLA_MEASURE_TIMEOUT_S``, default
-  300 s), that kernel's remaining tasks as ``not measured``, and the other kernel's remaining tasks run
-  in a second child. So at most two children run under the limit (a third only after one that ended
-  at once). None of these outcomes is
-  served: AITER's call goes to the remedy where the remedy measured right, else the server refuses to
-  start in one line.
-* **Begun ahead** (``begin``): a server may begin a set of calls' first measurement (its record read,
-  else its children run) in a thread while it goes on constructing the model and loading weights;
-  ``measure_layer`` collects it, waiting only for what is left.
-* **The record** (``measurement_record``), in ``AITER_MLA_MEASURED_DIR`` (default:
-  ``aiter-mla-measured`` in the image's persistent cache, ``$ROCM_VLLM_JIT_CACHE`` or
-  ``/var/cache/aiter-jit``, where that folder exists; else no record is kept and each start measures
-  in a child): a later start of the same image on the same GPU with the same calls reads it and starts
-  no child. A record that cannot be trusted is measured again and replaced.
-* **In this process**: the server's own kernels are what serve, so each of AITER's tasks the first
-  measurement found served (``correct`` or ``drops the V scale``) is measured again here, through the
-  same function, and this measurement decides; so is the remedy's (found ``correct``) wherever it
-  would serve: where AITER is not served on this rank, and where the group needs it (another rank's
-  AITER is not served there: ``measure_and_agree``). Elsewhere the first measurement's outcome of the
-  remedy stands (it serves nothing there). A task found not served keeps that outcome and never runs
-  here (a call that ended or hung the child would end or hang the server). The in-process
-  measurement at start-up runs on the probe's private cache.
-* **On the layer's real KV cache** (``measure_on_cache``), once vLLM allocated it and before CUDA-graph
-  capture: every task still served (AITER's; the remedy's where it would serve, as above) measured
-  again in this process with the
-  probe's keys in the cache's highest rows, past 4 GiB from its base where the cache is that large (a
-  kernel that reads the cache through a 32-bit offset, ROCm/aiter#5765, is right in the private cache
-  and wrong there). The rows it overwrites hold what they held before once it returns. A task found
-  not served keeps that outcome; a later start that reads the record still measures here, on the
-  real cache. Then one more exchange.
+  it started at the deadline): the remedy's tasks first, then AITER's. On a GPU the child first compiles
+  the remedy's Triton kernels side by side (``measure_child.warm_up``); a child that ends during those
+  compiles is started again without them, and where they pass the time limit AITER's tasks go to the next
+  child. Where a child ends otherwise than by finishing, the task it was in is ``ended the process`` (a
+  signal, e.g. SIGABRT from a missing kernel or a GPU memory fault, or a non-zero exit) or ``passed the
+  time limit`` (``AITER_MLA_MEASURE_TIMEOUT_S``, default 300 s), that kernel's remaining tasks ``not
+  measured``, and the other kernel's go to a second child. None of these outcomes is served.
+* **Begun ahead** (``begin``): a server may begin the first measurement in a thread while it constructs
+  the model and loads its weights; ``measure_layer`` collects it, waiting only for what is left.
+* **The record** (``measurement_record``), in ``AITER_MLA_MEASURED_DIR`` (default: ``aiter-mla-measured``
+  in ``$ROCM_VLLM_JIT_CACHE`` or ``/var/cache/aiter-jit``, where that folder exists; else none is kept): a
+  later start of the same image on the same GPU with the same calls reads it and starts no child.
+* **In this process**: each task the first measurement found served is measured again here, and this
+  decides; so is the remedy's wherever it would serve (``measure_and_agree``). A task found not served
+  never runs here (a call that ended or hung the child would end or hang the server).
+* **On the layer's real KV cache** (``measure_on_cache``), before CUDA-graph capture: the probe's keys in
+  the cache's highest rows, past 4 GiB from its base where the cache is that large (a kernel that reads
+  the cache through a 32-bit offset, ROCm/aiter#5765, is right in the private cache and wrong there).
 * **Agreement**: one ``measure.agree_flags`` exchange per set of calls on every rank, whatever its own
-  measurement did: a failure anywhere before it (a bad setting, a record folder that cannot be
-  written, a child that could not start) is an outcome, never an exception that skips the exchange.
-  It also tells where a rank left the remedy unmeasured here; where the group needs the remedy at
-  such a query length, a second exchange follows on every rank (decided by the agreed flags alone).
+  measurement did (a failure before it is an outcome, never an exception that skips it); a second where
+  the group needs the remedy at a query length a rank left unmeasured.
 """
 
 from __future__ import annotations
@@ -157,21 +137,22 @@ def child_end(output, timeout_s: float) -> ChildEnd:
         except (ValueError, TypeError, KeyError, IndexError):
             continue  # a line cut short where the child was killed
     said = _last_line(output.stderr)
-    said = f": {said}" if said else ""
-    if output.error:
-        how = f"could not be started ({output.error})"
-        return ChildEnd(done, running, measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                        f"the measurement child {how}"), warming)
-    if output.timed_out:
-        return ChildEnd(done, running, measure.Measured(
-            measure.Outcome.TIMED_OUT, math.nan, math.nan,
-            f"the measurement child passed {TIMEOUT_ENV}={timeout_s:g} s and was killed"), warming)
-    if output.returncode == 0:
-        return ChildEnd(done, running, None, warming)
     code = output.returncode
-    how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
-    return ChildEnd(done, running, measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                    f"the measurement child was {how}{said}"), warming)
+    if output.error:
+        failure = _ended(f"the measurement child could not be started ({output.error})")
+    elif output.timed_out:
+        failure = measure.Measured(measure.Outcome.TIMED_OUT, math.nan, math.nan,
+                                   f"the measurement child passed {TIMEOUT_ENV}={timeout_s:g} s and was killed")
+    elif code == 0:
+        failure = None
+    else:
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        failure = _ended(f"the measurement child was {how}" + (f": {said}" if said else ""))
+    return ChildEnd(done, running, failure, warming)
+
+
+def _ended(detail: str) -> measure.Measured:
+    return measure.Measured(measure.Outcome.ENDED, math.nan, math.nan, detail)
 
 
 def _signal_name(number: int) -> str:
@@ -205,14 +186,11 @@ def measure_in_children(factory: str, calls: Sequence[measure.DecodeCall], split
         if end.warming and warm and (end.failure is None or end.failure.outcome is not measure.Outcome.TIMED_OUT):
             warm = False  # it ended compiling side by side (not by the limit): measured again, one at a time
             continue
+        failure = end.failure or _ended("the measurement child ended without measuring it")
         if end.warming:  # the remedy's compiles passed the limit: its tasks so measured, AITER's to the next child
-            failure = end.failure or measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                      "the measurement child ended without measuring it")
             found.update((task, failure) for task in remaining if task[0] == "triton")
             remaining = [task for task in remaining if task not in found]
             continue
-        failure = end.failure or measure.Measured(measure.Outcome.ENDED, math.nan, math.nan,
-                                                  "the measurement child ended without measuring it")
         if end.running is None or end.running not in remaining:  # before its first call: nothing more can run
             found.update((task, failure) for task in remaining)
             break
@@ -268,9 +246,13 @@ class LayerResult:
     cache: str = ""  # where this process's last measurement ran (``measure_on_cache``), in words
 
 
-def _failed(calls: Sequence[measure.DecodeCall], exc: Exception) -> dict[Task, measure.Measured]:
-    m = measure.Measured(measure.Outcome.RAISED, math.nan, math.nan, f"the first measurement: {measure.one_line(exc)}")
+def _every(calls: Sequence[measure.DecodeCall], m: measure.Measured) -> dict[Task, measure.Measured]:
     return {(kind, call.qlen): m for kind in KINDS for call in calls}
+
+
+def _failed(calls: Sequence[measure.DecodeCall], exc: Exception) -> dict[Task, measure.Measured]:
+    return _every(calls, measure.Measured(measure.Outcome.RAISED, math.nan, math.nan,
+                                          f"the first measurement: {measure.one_line(exc)}"))
 
 
 IN_PROCESS = ("in this process only (CPU development mode: the pure-PyTorch reference on the CPU cannot end "
@@ -288,8 +270,8 @@ def needs_child(factory: str, device: torch.device, environ: Mapping[str, str] =
 
 def _unmeasured(calls: Sequence[measure.DecodeCall]) -> dict[Task, measure.Measured]:
     """Every task left to this process's measurement, which measures them all (none keeps this)."""
-    m = measure.Measured(measure.Outcome.NOT_MEASURED, math.nan, math.nan, "left to the server's process")
-    return {(kind, call.qlen): m for kind in KINDS for call in calls}
+    return _every(calls, measure.Measured(measure.Outcome.NOT_MEASURED, math.nan, math.nan,
+                                          "left to the server's process"))
 
 
 def _first(factory: str, calls: Sequence[measure.DecodeCall], splits: int, device: torch.device,
@@ -398,11 +380,8 @@ def measure_and_agree(kernels, triton, calls: Sequence[measure.DecodeCall], devi
     """AITER's calls measured in this process at ``aiter_at``; the remedy at ``remedy_at`` where this
     process needs it (AITER not served here), or everywhere there without ``remedy_where_needed``; the
     outcomes replace those given (``measured``, ``remedied``: what stands where a kernel is not measured
-    here), and the group agrees. The first exchange also says where a rank left the remedy unmeasured;
-    where the group needs the remedy at such a query length (another rank's AITER is not served there)
-    those ranks measure it there too and every rank makes a second exchange: whether it does depends
-    on the agreed flags alone, so each rank makes as many as the others. Returns the outcomes, the
-    seconds the measuring took and the group's (need, bad) flags."""
+    here), and the group agrees (``agree_in_step``). Returns the outcomes, the seconds the measuring took
+    and the group's (need, bad) flags."""
     measured, remedied = dict(measured), dict(remedied)
     here, remedied_here, seconds = measure.measure_both(kernels, triton, calls, device, cache=cache, aiter_at=aiter_at,
                                                         remedy_at=remedy_at, remedy_where_needed=remedy_where_needed)
@@ -479,13 +458,10 @@ def measure_on_cache(kernels, triton, calls: Sequence[measure.DecodeCall], cache
                      group=None) -> LayerResult:
     """The layer's calls measured again in this process with the probe's keys in the highest rows of
     ``cache`` (the layer's real KV cache, in the calls' KV dtype): AITER's where ``measured`` has them
-    served, the remedy's where ``remedied`` has them correct (a task found not served never runs: it may
-    have ended the measurement child); these outcomes replace those. The rows written hold what they held
-    before once this returns (at a first eager step they may hold a request's keys). Where the keys cannot
-    go to the cache, the given outcomes stand and ``cache`` of the result says why. The remedy is
-    measured there only where it would serve (``measure_and_agree``). One ``measure.agree_flags``
-    exchange across ``group`` whatever happened (a second where the group needs the remedy at a query
-    length a rank left unmeasured)."""
+    served, the remedy's where ``remedied`` has them correct and it would serve (``measure_and_agree``);
+    these outcomes replace those. The rows written hold what they held before once this returns (at a
+    first eager step they may hold a request's keys). Where the keys cannot go to the cache, the given
+    outcomes stand and ``cache`` of the result says why. The group agrees whatever happened."""
     calls = list(calls)
     measured, remedied = dict(measured), dict(remedied)
     seconds = 0.0

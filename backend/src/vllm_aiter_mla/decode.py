@@ -23,6 +23,16 @@ def pad_heads(q: torch.Tensor, decode_heads: int) -> torch.Tensor:
     return padded
 
 
+def output_buffer(out: torch.Tensor | None, shape: tuple[int, int, int], out_dtype: torch.dtype,
+                  device: torch.device, zeroed: bool = False) -> torch.Tensor:
+    """``out`` checked against ``shape`` and ``out_dtype`` (zero-filled where ``zeroed``), else a new buffer."""
+    if out is None:
+        return (torch.zeros if zeroed else torch.empty)(shape, dtype=out_dtype, device=device)
+    if tuple(out.shape) != shape or out.dtype != out_dtype:
+        raise ValueError(f"out must be {list(shape)} {out_dtype}, got {list(out.shape)} {out.dtype}")
+    return out.zero_() if zeroed else out
+
+
 def mla_decode(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache: torch.Tensor,
@@ -61,14 +71,8 @@ def mla_decode(
     if kv_cache.shape[-1] != head_dim:
         raise ValueError(f"query row size {head_dim} != KV cache row size {kv_cache.shape[-1]}")
     q = pad_heads(q, decode_heads)
-    zeroed = work is None and max_seqlen_q > 1
-    shape = (num_tokens, decode_heads, kv_lora_rank)
-    if out is None:
-        o = (torch.zeros if zeroed else torch.empty)(shape, dtype=out_dtype, device=q.device)
-    elif tuple(out.shape) != shape or out.dtype != out_dtype:
-        raise ValueError(f"out must be {list(shape)} {out_dtype}, got {list(out.shape)} {out.dtype}")
-    else:
-        o = out.zero_() if zeroed else out
+    o = output_buffer(out, (num_tokens, decode_heads, kv_lora_rank), out_dtype, q.device,
+                      zeroed=work is None and max_seqlen_q > 1)
     # Scales only for fp8: AITER builds without fp8 MLA take no q_scale/kv_scale arguments.
     extra = {} if q_scale is None and kv_scale is None else {"q_scale": q_scale, "kv_scale": kv_scale}
     if work is not None:

@@ -310,38 +310,29 @@ def run_probe(kernels: MLAKernels | TritonDecode, probe: Probe,
     each batch's keys placed in the cache before its run."""
     call = probe.call
     batches = [probe.batches[i] for i in runs]
+    triton = isinstance(kernels, TritonDecode)
     work = None
-    if isinstance(kernels, TritonDecode):
-        return [(batch, _triton_run(kernels, probe, batch)) for batch in batches]
-    if call.persistent:
+    if call.persistent and not triton:
         work = allocate_work(kernels, max(len(b.order) for b in batches), call.qlen, call.heads, call.q_dtype,
                              call.kv_dtype, probe.cache.device)
-    rows = probe.cache.view(-1, HEAD_DIM)
     found = []
     for batch in batches:
-        rows[probe.slots] = batch.keys
+        probe.cache.view(-1, HEAD_DIM)[probe.slots] = batch.keys
         if work is not None:
             plan_work(kernels, work, batch.plan, call.qlen)
         out = torch.full((batch.q.shape[0], call.heads, KV_LORA_RANK), float("nan"), dtype=call.out_dtype,
                          device=probe.cache.device)
-        found.append((batch, mla_decode(batch.q, probe.cache, batch.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
-                                        scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen, decode_heads=call.heads,
-                                        out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale,
-                                        work=work, out=out)))
+        args = dict(kernels=kernels, kv_lora_rank=KV_LORA_RANK, scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen,
+                    decode_heads=call.heads, out_dtype=call.out_dtype, q_scale=batch.q_scale,
+                    kv_scale=batch.kv_scale, out=out)
+        if triton:
+            # the table as the server passes it (made on the device): its width, the longest request, is known here
+            table = slot_table(batch.plan, len(batch.order), max(kv_lengths(call.qlen)),
+                               kernels.rows_per_request(call.qlen))
+            found.append((batch, triton_mla_decode(batch.q, probe.cache, batch.plan, table=table, **args)))
+        else:
+            found.append((batch, mla_decode(batch.q, probe.cache, batch.plan, work=work, **args)))
     return found
-
-
-def _triton_run(kernels: TritonDecode, probe: Probe, batch: ProbeBatch) -> torch.Tensor:
-    call = probe.call
-    probe.cache.view(-1, HEAD_DIM)[probe.slots] = batch.keys
-    out = torch.full((batch.q.shape[0], call.heads, KV_LORA_RANK), float("nan"), dtype=call.out_dtype,
-                     device=probe.cache.device)
-    # the table as the server passes it (made on the device): its width, the longest request, is known here
-    table = slot_table(batch.plan, len(batch.order), max(kv_lengths(call.qlen)), kernels.rows_per_request(call.qlen))
-    return triton_mla_decode(batch.q, probe.cache, batch.plan, kernels=kernels, kv_lora_rank=KV_LORA_RANK,
-                             scale=PROBE_SM_SCALE, max_seqlen_q=call.qlen, decode_heads=call.heads,
-                             out_dtype=call.out_dtype, q_scale=batch.q_scale, kv_scale=batch.kv_scale, out=out,
-                             table=table)
 
 
 @dataclass(frozen=True)
@@ -621,11 +612,6 @@ def _ms(m: Measured | None) -> str:
 def v_scale_fix_qlens(measured: dict[int, Measured]) -> frozenset[int]:
     """The query lengths whose output the own path multiplies by kv_scale."""
     return frozenset(q for q, m in measured.items() if m.outcome is Outcome.DROPS_V_SCALE)
-
-
-def unserved(measured: dict[int, Measured]) -> dict[int, Measured]:
-    """The query lengths measured wrong, not finite or raising."""
-    return {q: m for q, m in sorted(measured.items()) if not m.outcome.served}
 
 
 def summary(measured: dict[int, Measured]) -> str:

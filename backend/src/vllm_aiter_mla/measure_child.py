@@ -93,22 +93,15 @@ def command(factory: str, calls: Sequence[measure.DecodeCall], tasks: Sequence[T
     return argv
 
 
-def _load(loaded: dict, factory: Factory, kind: str, splits: int):
-    if kind not in loaded:
+def _kept(made: dict, key, make: Callable[[], object]):
+    """``make()`` once per ``key``; what it raised is kept instead (kernels that cannot be loaded or a probe
+    that cannot be made: measured as raising)."""
+    if key not in made:
         try:
-            loaded[kind] = factory(kind, splits)
-        except Exception as exc:  # noqa: BLE001  (measured as raising: nothing it loads serves)
-            loaded[kind] = exc
-    return loaded[kind]
-
-
-def _probe(probes: dict, call: measure.DecodeCall, device: torch.device | str):
-    if call.qlen not in probes:
-        try:
-            probes[call.qlen] = measure.prepare(call, device)
-        except Exception as exc:  # noqa: BLE001  (the probe itself cannot be made: nothing can be served)
-            probes[call.qlen] = exc
-    return probes[call.qlen]
+            made[key] = make()
+        except Exception as exc:  # noqa: BLE001  (measured as raising: nothing it made serves)
+            made[key] = exc
+    return made[key]
 
 
 @contextlib.contextmanager
@@ -170,15 +163,16 @@ def run_tasks(factory: Factory, calls: Sequence[measure.DecodeCall], tasks: Sequ
     remedy_tasks = [(kind, qlen) for kind, qlen in tasks if kind == "triton"]
     if warm and torch.device(device).type == "cuda" and len(remedy_tasks) > 1:
         report({"warm": [list(task) for task in remedy_tasks]})
-        remedy = _load(loaded, factory, "triton", splits)
-        ready = [_probe(probes, by_qlen[q], device) for _, q in remedy_tasks]
+        remedy = _kept(loaded, "triton", lambda: factory("triton", splits))
+        ready = [_kept(probes, q, lambda: measure.prepare(by_qlen[q], device)) for _, q in remedy_tasks]
         if isinstance(remedy, TritonDecode):
             warm_up(remedy, [p for p in ready if not isinstance(p, Exception)])
         report({"warmed": [list(task) for task in remedy_tasks]})
     for kind, qlen in tasks:
         report({"begin": [kind, qlen]})
         call = by_qlen[qlen]
-        kernels, probe = _load(loaded, factory, kind, splits), _probe(probes, call, device)
+        kernels = _kept(loaded, kind, lambda: factory(kind, splits))
+        probe = _kept(probes, qlen, lambda: measure.prepare(call, device))
         if isinstance(kernels, Exception):
             found = measure.Measured(measure.Outcome.RAISED, math.nan, math.nan,
                                      f"loading it: {measure.one_line(kernels)}")

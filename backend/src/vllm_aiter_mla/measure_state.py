@@ -7,20 +7,16 @@ vLLM's warm-up registry of kernels that depend on the allocated cache, where the
 ``measured_route`` turns the latest measurement into the route a layer takes; ``generation`` counts
 the real-cache measurements that changed it, so impls and builders take their route again.
 
-**Begun at the model's construction, collected after its weights are loaded.** Where the first
-measurement runs in a child (``crash_safe.needs_child``: everywhere but CPU development mode), the first
-layer's construction begins it (``begin_ahead``: ``crash_safe.begin``, a thread waiting on the child)
-and decides own or built-in from what needs no measurement: the configuration (``routing``) and whether
-AITER's kernels load. The server goes on constructing the model and loading its weights while the child
-measures. ``collect_ahead`` collects every set begun, in the order begun (the in-process measurement and
-the tensor-parallel group's exchange, ``layer_measurement``), and stops the server in one line where a
-set's route is a refusal. It runs at the first of: an MLA impl's ``process_weights_after_loading`` (vLLM
-calls it inside its model loader, once the weights are loaded: 0.32, 0.33, 0.34), its
-``reserve_workspace`` (the memory-profiling run, 0.33 and later) and the construction of a metadata
-builder (every release: before the KV cache, CUDA-graph capture and the first request). Every one of these
-is reached by the built-in's impl and builder too (``backend.RoutedMLAImpl``,
-``RoutedMLAMetadataBuilder``), so a rank whose layers went to the built-in makes its exchanges at the
-same point as the others. No decode call runs before (an own impl takes its route there).
+**Begun at the model's construction, collected after its weights are loaded** (backend/README.md tells
+it in full). Where a child measures (``crash_safe.needs_child``), the first layer's construction begins
+the first measurement (``begin_ahead``) and decides own or built-in from what needs no measurement: the
+configuration (``routing``) and whether AITER's kernels load. ``collect_ahead`` collects every set begun,
+in order, and stops the server in one line where a set's route is a refusal. It runs at the first of: an
+MLA impl's ``process_weights_after_loading`` (inside vLLM's model loader: 0.32, 0.33, 0.34), its
+``reserve_workspace`` (the memory-profiling run, 0.33 and later) and a metadata builder's construction
+(every release: before the KV cache, CUDA-graph capture and the first request). The built-in's impl and
+builder reach these too (``backend.RoutedMLAImpl``, ``RoutedMLAMetadataBuilder``), so every rank makes
+its exchanges at the same point.
 """
 
 from __future__ import annotations
@@ -61,7 +57,6 @@ def _tensor_parallel_group():
     return group.cpu_group if group.world_size > 1 else None
 
 
-
 @dataclass(frozen=True)
 class LayerMeasurement:
     measured: dict[int, measure.Measured]  # AITER's calls, per query length
@@ -96,13 +91,10 @@ def remedy_splits(vllm_config, device: torch.device) -> int:
 
 
 def layer_measurement(calls: tuple[measure.DecodeCall, ...], splits: int = 4) -> LayerMeasurement:
-    """The layer's decode calls measured on this process's GPU, AITER's and vLLM's Triton decode's
-    (the remedy, with ``splits`` splits) on the same probes, crash-safely (``crash_safe``: first in a
-    child process under a time limit, or read from its record; then here where that found a call safe),
-    once per process and set of calls (a failure is remembered too), and agreed across the
-    tensor-parallel group: every rank reaches the group's one exchange for each new set of calls,
-    whatever its own measurement did (the key holds no failure text, so a changing message makes no
-    extra exchange)."""
+    """The layer's decode calls measured crash-safely on this process's GPU (``crash_safe``), AITER's and
+    the remedy's (``splits`` splits) on the same probes, once per process and set of calls (a failure
+    too), and agreed across the tensor-parallel group: every rank reaches the group's one exchange for
+    each new set of calls (the key holds no failure text, so a changing message makes no extra one)."""
     _AHEAD.pop(calls, None)  # collected here, if begun ahead (crash_safe.measure_layer takes the child's outcome)
     kernels, failed, triton, triton_failed, device = _loaded(splits)
     key = (kernels, triton, calls, device)
@@ -156,13 +148,11 @@ def _loaded(splits: int):
 
 
 def real_cache_measurement(calls: tuple[measure.DecodeCall, ...], splits: int, cache: torch.Tensor) -> LayerMeasurement:
-    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype),
-    once vLLM allocated it and before CUDA-graph capture (``crash_safe.measure_on_cache``: every call
-    still served, the probe's keys in the cache's highest rows, restored afterwards), once per process and
-    cache geometry: caches of one shape, strides and dtype put the keys at the same offsets from their
-    bases, so one measurement answers for every layer sharing it. Its outcome replaces the set of calls'
-    measurement (``layer_measurement``), so the route every layer takes next serves a call measured wrong
-    there with the remedy, or refuses; one start-up line says what the cache measurement found."""
+    """The layer's decode calls measured again on its real KV cache (``cache``, in the calls' KV dtype)
+    before CUDA-graph capture (``crash_safe.measure_on_cache``), once per process and cache geometry:
+    caches of one shape, strides and dtype put the keys at the same offsets from their bases. Its outcome
+    replaces the set of calls' measurement (``layer_measurement``), so the route every layer takes next
+    follows it; one start-up line says what it found."""
     global generation
     collect_ahead()
     kernels, _, triton, _, device = _loaded(splits)
@@ -229,7 +219,6 @@ def real_cache_warmup():
     return RealCacheMeasurement()
 
 
-
 def bound_cache(vllm_config, impl) -> torch.Tensor | None:
     """The KV cache vLLM bound to the layer whose impl is ``impl`` (a tensor, or the first of a list of
     them), None where there is none yet."""
@@ -248,7 +237,6 @@ def cache_committed_later(vllm_config) -> bool:
     later (0.34's ``ExtensibleKVCache``, ``cache_config.enable_extensible_kv_cache``): rows past the
     committed blocks are not memory yet."""
     return bool(getattr(getattr(vllm_config, "cache_config", None), "enable_extensible_kv_cache", False))
-
 
 
 def avoiding(calls: tuple[measure.DecodeCall, ...]) -> str:
@@ -294,10 +282,8 @@ def begun_ahead(calls: tuple[measure.DecodeCall, ...]) -> bool:
 
 def collect_ahead() -> None:
     """Collect every first measurement begun at the model's construction (``begin_ahead``), in the order
-    begun: each set measured in this process where its child found a call safe, and agreed across the
-    tensor-parallel group (``layer_measurement``: one exchange per set on every rank, as at construction
-    before). Then, where a set's route is a refusal (no kernel measured right for a call), the server
-    stops here in one line, before its KV cache is allocated and anything is served."""
+    begun (``layer_measurement``: one exchange per set on every rank). Then, where a set's route is a
+    refusal, the server stops here in one line, before its KV cache is allocated and anything is served."""
     refusals = []
     while _AHEAD:
         calls, (splits, route) = next(iter(_AHEAD.items()))

@@ -77,20 +77,20 @@ def allocate_work(
 _RESERVED: dict[tuple, PersistentWork] = {}
 
 
-def _work_key(max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
-              device: torch.device | str) -> tuple:
+def device_key(device: torch.device | str) -> tuple:
+    """(type, index) of ``device``, a CUDA device without an index as the current one: a key of reserved buffers."""
     dev = torch.device(device)
     index = dev.index
     if index is None and dev.type == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device()
-    return (max_reqs, max_qlen, heads, q_dtype, kv_dtype, dev.type, index)
+    return dev.type, index
 
 
 def reserve_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype,
                  kv_dtype: torch.dtype, device: torch.device | str) -> PersistentWork:
     """The work buffers of this shape, allocated now (once per process and shape) and kept for
     :func:`take_work`."""
-    key = _work_key(max_reqs, max_qlen, heads, q_dtype, kv_dtype, device)
+    key = (max_reqs, max_qlen, heads, q_dtype, kv_dtype, *device_key(device))
     if key not in _RESERVED:
         _RESERVED[key] = allocate_work(kernels, max_reqs, max_qlen, heads, q_dtype, kv_dtype, device)
     return _RESERVED[key]
@@ -99,7 +99,7 @@ def reserve_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, 
 def take_work(kernels: MLAKernels, max_reqs: int, max_qlen: int, heads: int, q_dtype: torch.dtype,
               kv_dtype: torch.dtype, device: torch.device | str) -> PersistentWork:
     """The buffers :func:`reserve_work` made for this shape (handed out once), else new ones."""
-    reserved = _RESERVED.pop(_work_key(max_reqs, max_qlen, heads, q_dtype, kv_dtype, device), None)
+    reserved = _RESERVED.pop((max_reqs, max_qlen, heads, q_dtype, kv_dtype, *device_key(device)), None)
     return reserved if reserved is not None else allocate_work(kernels, max_reqs, max_qlen, heads, q_dtype,
                                                                 kv_dtype, device)
 

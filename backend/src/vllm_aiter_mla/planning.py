@@ -157,6 +157,11 @@ class DecodePlanBuffers:
     def capacity(self) -> int:
         return self.kv_indices.shape[0] - 1
 
+    def plan(self, num_reqs: int) -> DecodePlan:
+        """Views of the plan of ``num_reqs`` requests these buffers hold."""
+        return DecodePlan(self.qo_indptr[: num_reqs + 1], self.kv_indptr[: num_reqs + 1], self.kv_indices,
+                          self.kv_last_page_lens[:num_reqs])
+
     def check_overflow(self) -> None:
         """RuntimeError when a plan since the buffers were allocated had more keys than
         ``capacity`` (reads one int back from the device: call it off the hot path)."""
@@ -287,13 +292,7 @@ def plan_decode_into(
     torch.ge(dest.view(num_reqs, num_slots), indptr64[1:].unsqueeze(1), out=past_end.view(num_reqs, num_slots))
     dest.masked_fill_(past_end, buffers.capacity)
     buffers.kv_indices.scatter_(0, dest, slots)
-
-    return DecodePlan(
-        qo_indptr=buffers.qo_indptr[: num_reqs + 1],
-        kv_indptr=kv_indptr,
-        kv_indices=buffers.kv_indices,
-        kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
-    )
+    return buffers.plan(num_reqs)
 
 
 def decode_query_len(query_start_loc_cpu: torch.Tensor, num_decode_tokens: int) -> int:

@@ -178,6 +178,22 @@ def _next_long(seq_lens_ptr, req, start, num_reqs, qlen, BLOCK_T: tl.constexpr, 
 
 
 @triton.jit
+def _request_of(ends, key, count, KEYS: tl.constexpr):
+    """Per key, the first of ``count`` requests (``ends``: their inclusive prefix sum) that ends after it:
+    a binary search, bit_length(count - 1) gather steps."""
+    lo = tl.zeros((KEYS,), dtype=tl.int32)
+    hi = lo + count - 1
+    steps = count - 1
+    while steps > 0:
+        mid = (lo + hi) >> 1
+        after = tl.gather(ends, mid, 0) <= key  # the key lies after request mid
+        lo = tl.where(after, mid + 1, lo)
+        hi = tl.where(after, hi, mid)
+        steps = steps >> 1
+    return lo
+
+
+@triton.jit
 def _count_overflow(overflow_ptr, last_end, capacity):
     """Keys past the buffers' capacity (the batch's, or a group's, last end beyond it): the
     largest such count is kept in overflow, for the host to read off the hot path."""
@@ -244,16 +260,7 @@ def _plan_kernel(
         for tile in range(pid, num_tiles, num_programs):
             t0 = tl.multiple_of(tile * BLOCK_T, BLOCK_T)
             t = t0 + tl.arange(0, BLOCK_T)
-            key = tl.minimum(t, total - 1)
-            lo = tl.zeros((BLOCK_T,), dtype=tl.int32)
-            hi = lo + num_reqs - 1
-            steps = num_reqs - 1
-            while steps > 0:
-                mid = (lo + hi) >> 1
-                after = tl.gather(ends, mid, 0) <= key  # the key lies after request mid
-                lo = tl.where(after, mid + 1, lo)
-                hi = tl.where(after, hi, mid)
-                steps = steps >> 1
+            lo = _request_of(ends, tl.minimum(t, total - 1), num_reqs, BLOCK_T)
             key_row = block_table_ptr + lo.to(tl.int64) * block_table_stride
             _write_keys(kv_indices_ptr, key_row, t, tl.gather(starts, lo, 0), total, False, BLOCK_SIZE)
     else:
@@ -374,16 +381,7 @@ def _plan_grouped_kernel(
         else:
             # Per key, a binary search over the group's ends (log2(GROUP) gather steps narrow
             # GROUP candidates to one; rows past the batch end after every key).
-            key = tl.minimum(k, count - 1)
-            lo = tl.zeros((CHUNK,), dtype=tl.int32)
-            hi = lo + GROUP - 1
-            steps = GROUP - 1
-            while steps > 0:
-                mid = (lo + hi) >> 1
-                after = tl.gather(ends, mid, 0) <= key
-                lo = tl.where(after, mid + 1, lo)
-                hi = tl.where(after, hi, mid)
-                steps = steps >> 1
+            lo = _request_of(ends, tl.minimum(k, count - 1), GROUP, CHUNK)
             pos = k - tl.gather(starts, lo, 0)
             row = block_table_ptr + (first + lo).to(tl.int64) * block_table_stride
         t = offset + k
@@ -576,12 +574,7 @@ def _launch(buffers: DecodePlanBuffers, block_table, seq_lens, num_reqs: int, ql
             FAST=FAST_TILES,
             num_warps=NUM_WARPS,
         )
-    return DecodePlan(
-        qo_indptr=buffers.qo_indptr[: num_reqs + 1],
-        kv_indptr=buffers.kv_indptr[: num_reqs + 1],
-        kv_indices=buffers.kv_indices,
-        kv_last_page_lens=buffers.kv_last_page_lens[:num_reqs],
-    )
+    return buffers.plan(num_reqs)
 
 
 def _boundaries(limit: int, *scales: int) -> set[int]:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import pad_heads
+from .decode import output_buffer, pad_heads
+from .persistent import device_key
 from .planning import DecodePlan
 
 NAME = "vLLM's Triton MLA decode"
@@ -92,18 +93,10 @@ def slot_table(plan: DecodePlan, requests: int, width: int, repeat: int = 1,
 _RESERVED_TABLES: dict[tuple, torch.Tensor] = {}
 
 
-def _device_key(device: torch.device | str) -> tuple:
-    dev = torch.device(device)
-    index = dev.index
-    if index is None and dev.type == "cuda" and torch.cuda.is_available():
-        index = torch.cuda.current_device()
-    return dev.type, index
-
-
 def reserve_slot_table(rows: int, width: int, device: torch.device | str) -> torch.Tensor:
     """A persistent [rows, width] int32 slot table, allocated now (once per process, shape and device) and
     kept for :func:`take_slot_table`."""
-    key = (rows, width, _device_key(device))
+    key = (rows, width, device_key(device))
     if key not in _RESERVED_TABLES:
         _RESERVED_TABLES[key] = torch.zeros((rows, width), dtype=torch.int32, device=device)
     return _RESERVED_TABLES[key]
@@ -112,7 +105,7 @@ def reserve_slot_table(rows: int, width: int, device: torch.device | str) -> tor
 def take_slot_table(rows: int, width: int, device: torch.device | str) -> torch.Tensor:
     """A table :func:`reserve_slot_table` made with at least ``rows`` rows and ``width`` columns on ``device``
     (handed out once), else a new [rows, width] one."""
-    for key in [k for k in _RESERVED_TABLES if k[0] >= rows and k[1] == width and k[2] == _device_key(device)]:
+    for key in [k for k in _RESERVED_TABLES if k[0] >= rows and k[1] == width and k[2] == device_key(device)]:
         return _RESERVED_TABLES.pop(key)
     return torch.zeros((rows, width), dtype=torch.int32, device=device)
 
@@ -149,13 +142,7 @@ def triton_mla_decode(
     if q.element_size() == 1:  # an fp8 query: the Triton kernel takes it dequantised
         q = q.float() * (q_scale if q_scale is not None else 1.0)
     q = pad_heads(q.to(out_dtype), decode_heads).contiguous()
-    shape = (num_tokens, decode_heads, kv_lora_rank)
-    if out is None:
-        o = torch.empty(shape, dtype=out_dtype, device=q.device)
-    elif tuple(out.shape) != shape or out.dtype != out_dtype:
-        raise ValueError(f"out must be {list(shape)} {out_dtype}, got {list(out.shape)} {out.dtype}")
-    else:
-        o = out
+    o = output_buffer(out, (num_tokens, decode_heads, kv_lora_rank), out_dtype, q.device)
     indptr = plan.kv_indptr[:requests + 1]
     seq_lens = (indptr[1:] - indptr[:-1]).to(torch.int32)
     repeat = kernels.rows_per_request(qlen)

@@ -80,7 +80,6 @@ def layer_calls(vllm_config, heads: int, kv_cache_dtype: str) -> tuple[measure.D
     return measure.layer_calls(heads, max_decode_query_len(vllm_config), dtype, dtype, vllm_config.model_config.dtype)
 
 
-
 def platform_fp8_dtype() -> torch.dtype:
     from vllm.platforms import current_platform  # noqa: PLC0415
 
@@ -91,7 +90,6 @@ def on_rocm() -> bool:
     from vllm.platforms import current_platform  # noqa: PLC0415
 
     return current_platform.is_rocm()
-
 
 
 def _builtin_fp8_prefill(kv_cache_dtype: str, num_heads: int) -> bool:
@@ -204,7 +202,6 @@ def layer_facts(vllm_config, num_heads: int, latent_size: int, kv_cache_dtype: s
         builtin_flydsl_prefill=_builtin_flydsl_prefill(vllm_config),
         builtin_non_persistent=_builtin_non_persistent(num_heads, heads, longest, kv_cache_dtype),
     )
-
 
 
 def prefill_backend_name(vllm_config, layer_names: list[str]) -> str:
