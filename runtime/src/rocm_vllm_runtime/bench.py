@@ -257,15 +257,6 @@ def grace(finished: bool, base_url: str) -> float:
     return 60.0 if finished or healthy(base_url) else 5.0
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file written now from one that was there: inode, size, modification time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str, log: Path,
                   timeout_s: float) -> str:
     """Wait until the server is healthy; '' then, else why it is not (wrong selection included)."""
@@ -288,7 +279,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                 start_timeout_s: float) -> dict[str, object]:
     log = files.inside(out_dir, f"server-{backend.name}.log", "a backend's name")
     result_file = files.inside(out_dir, f"vllm-bench-{backend.name}.json", "a backend's name")
-    before = _stamp(result_file)  # a file of that name already there is not this run's (nor removed)
+    before = files.stamp(result_file)  # a file of that name already there is not this run's (nor removed)
     command = server_command(serve_args, backend, port)
     base_url = f"http://127.0.0.1:{port}"
     print(f"== {backend.name}: {shown(command[1:])} (log {log})", flush=True)
@@ -310,7 +301,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                     vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
             except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
                 problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
-            if result_file.is_file() and _stamp(result_file) != before:
+            if result_file.is_file() and files.stamp(result_file) != before:
                 metrics, errors = summarize(files.read_json(result_file))
             elif not problems:
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")

@@ -349,6 +349,15 @@ def write_text(path: str | Path, text: str) -> Path:
     return target
 
 
+def stamp(path: str | Path) -> tuple[int, int, int] | None:
+    """What tells a file written now from one that was there: inode, size, modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def write_result(prog: str, option: str, path: str, text: str) -> bool:
     """write_text, with a failure said in one line (`prog: error: ...`) instead of a traceback;
     False when the file could not be written."""

@@ -117,15 +117,6 @@ def artifact_problem(names: Sequence[str], outputs: dict[str, str | None]) -> st
     return ""
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file this run wrote from one that was there: inode, size, modification time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def detect_gpus() -> tuple[list[dict[str, object]], str]:
     gpus, tool, _ = find_gpus([run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])])
     return [{"index": g.index, "target": g.target, "name": g.name} for g in gpus], tool
@@ -158,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["SELFTEST_RESULTS_DIR"] = str(Path(args.json).resolve().parent)
     # Only this run's artifacts are reported; files already there (an earlier run's, or a user's
     # file of that name) are left as they are: what the suites do not rewrite is not embedded.
-    before = {name: _stamp(_artifact(name)) for name in names if name in ARTIFACTS}
+    before = {name: files.stamp(_artifact(name)) for name in names if name in ARTIFACTS}
     results, xml_texts = [], []
     with files.scratch("selftest-") as tmp:
         for name in names:
@@ -171,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra: dict[str, object] = {}
     for name, stamp in before.items():  # bench.json, accuracy.json: embedded in the report
         artifact = _artifact(name)
-        if artifact.is_file() and _stamp(artifact) != stamp:
+        if artifact.is_file() and files.stamp(artifact) != stamp:
             try:
                 extra[name] = files.read_json(artifact)
             except (ValueError, OSError) as exc:  # the other results are still written
