@@ -44,6 +44,7 @@ from . import bench, children, files, numeric, schema, web
 from .selection import selection
 from .selftest import suites_dir
 from .secret_values import shown
+from .serve import option_value
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
     "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
@@ -312,16 +313,22 @@ def binomial_tail(k: int, n: int) -> float:
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
 
 
-def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: float) -> dict[str, object]:
-    """One generation task and filter, question by question."""
+def _shared(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping]) -> tuple[list[str], list[str]]:
+    """The questions both runs scored, in order, and what makes the two runs incomparable."""
     docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
     problems = []
     if set(ours) != set(theirs):
         problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
-    prompts_differ = [d for d in docs if ours[d]["prompt"] != theirs[d]["prompt"]]
+    prompts_differ = [d for d in docs if ours[d].get("prompt") != theirs[d].get("prompt")]
     if prompts_differ:
         problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
                         f"(e.g. {prompts_differ[0]}): same settings are needed")
+    return docs, problems
+
+
+def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: float) -> dict[str, object]:
+    """One generation task and filter, question by question."""
+    docs, problems = _shared(ours, theirs)
     lost = [d for d in docs if theirs[d]["correct"] and not ours[d]["correct"]]
     won = [d for d in docs if ours[d]["correct"] and not theirs[d]["correct"]]
     p = binomial_tail(len(lost), len(lost) + len(won))
@@ -342,14 +349,8 @@ def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: fl
 def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
                      tolerance: tuple[float, float]) -> dict[str, object]:
     atol, rtol = tolerance
-    docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
-    problems, beyond, max_diff, max_rel = [], [], 0.0, 0.0
-    if set(ours) != set(theirs):
-        problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
-    prompts_differ = [d for d in docs if ours[d].get("prompt") != theirs[d].get("prompt")]
-    if prompts_differ:
-        problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
-                        f"(e.g. {prompts_differ[0]}): same settings are needed")
+    docs, problems = _shared(ours, theirs)
+    beyond, max_diff, max_rel = [], 0.0, 0.0
     for d in docs:
         a, b = ours[d]["loglik"], theirs[d]["loglik"]
         for x, y in zip(a, b):
@@ -370,12 +371,8 @@ def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
 
 
 def dtype_tolerance(serve_args: Sequence[str], settings: Settings) -> tuple[str, tuple[float, float]]:
-    dtype = "auto"
-    for i, arg in enumerate(serve_args):
-        if arg == "--dtype" and i + 1 < len(serve_args):
-            dtype = serve_args[i + 1]
-        elif arg.startswith("--dtype="):
-            dtype = arg.split("=", 1)[1]
+    dtype = option_value(serve_args, "--dtype")
+    dtype = "auto" if dtype is None else dtype
     if settings.ll_tolerance:
         return dtype, settings.ll_tolerance
     return dtype, TOLERANCES["float32" if dtype in ("float32", "float") else "low"]

@@ -69,7 +69,7 @@ def _given(args: Sequence[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in args)
 
 
-def _option_value(args: Sequence[str], option: str) -> str | None:
+def option_value(args: Sequence[str], option: str) -> str | None:
     """The value vLLM takes for option: the last one given (its argument parser's rule)."""
     found = None
     for i, arg in enumerate(args):
@@ -96,7 +96,7 @@ def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     extra = extra_args(env)
     given = args + extra
     defaults: list[str] = []
-    model = _option_value(given, "--model")
+    model = option_value(given, "--model")
     if model is None:
         model = env.get("SERVE_MODEL") or tiny_model(env)
         defaults += ["--model", model]
@@ -151,7 +151,7 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
     if allow not in ("", "0", "1"):
         raise ServeError(f"{ALLOW_NO_KEY_ENV}={shlex.quote(allow)} is not one of its values: set 1 to serve "
                          "without an API key on a reachable address, or 0 (or leave it empty) to refuse")
-    host = _option_value(server_args, "--host")
+    host = option_value(server_args, "--host")
     host = "" if host is None else host
     published = env.get(PUBLISHED_ENV, "").strip()
     address = published or host
