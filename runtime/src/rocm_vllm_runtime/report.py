@@ -6,6 +6,7 @@ passed: a skipped check there means the suite could not run, which is not a pass
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -30,10 +31,7 @@ class SuiteResult:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for check in self.checks:
-            counts[check.outcome] = counts.get(check.outcome, 0) + 1
-        return counts
+        return dict(Counter(check.outcome for check in self.checks))
 
 
 def parse_junit(xml_text: str) -> list[Check]:
@@ -41,15 +39,13 @@ def parse_junit(xml_text: str) -> list[Check]:
     root = ET.fromstring(xml_text)
     checks: list[Check] = []
     for case in root.iter("testcase"):
-        classname = case.get("classname", "")
-        name = case.get("name", "")
+        classname, name = case.get("classname", ""), case.get("name", "")
         ident = f"{classname}::{name}" if classname else name
         outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
+        for tag, outcome_of_tag in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             node = case.find(tag)
             if node is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                message = node.get("message") or (node.text or "").strip()
+                outcome, message = outcome_of_tag, node.get("message") or (node.text or "").strip()
                 break
         checks.append(Check(ident, outcome, _one_line(message), float(case.get("time") or 0)))
     return checks
@@ -101,20 +97,10 @@ def to_json(suites: Sequence[SuiteResult], versions: Mapping[str, str],
             gpus: Sequence[Mapping[str, object]], gpu_source: str,
             extra: Mapping[str, object] | None = None) -> dict[str, object]:
     code = exit_code(suites)
-    doc: dict[str, object] = {
-        "result": overall(code),
-        "exit_code": code,
-        "versions": dict(versions),
-        "gpus": [dict(g) for g in gpus],
-        "gpu_source": gpu_source,
-        "suites": [
-            {"name": s.name, "status": s.status, "reason": s.reason, "counts": s.counts,
-             "checks": [asdict(c) for c in s.checks]}
-            for s in suites
-        ],
-    }
-    doc.update(extra or {})
-    return doc
+    suites_json = [{"name": s.name, "status": s.status, "reason": s.reason, "counts": s.counts,
+                    "checks": [asdict(c) for c in s.checks]} for s in suites]
+    return {"result": overall(code), "exit_code": code, "versions": dict(versions), "gpus": [dict(g) for g in gpus],
+            "gpu_source": gpu_source, "suites": suites_json, **(extra or {})}
 
 
 _MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "skipped": "SKIP"}
@@ -129,11 +115,8 @@ def render(doc: Mapping[str, object]) -> str:
         f"{k} {v or '(not installed)'}" for k, v in versions.items()))
     gpus = doc.get("gpus") or []
     assert isinstance(gpus, list)
-    if gpus:
-        lines.append(f"GPU archs: {', '.join(str(g['target']) for g in gpus)} "
-                     f"(from {doc.get('gpu_source')})")
-    else:
-        lines.append("GPU archs: none found")
+    lines.append(f"GPU archs: {', '.join(str(g['target']) for g in gpus)} (from {doc.get('gpu_source')})"
+                 if gpus else "GPU archs: none found")
     for suite in doc.get("suites", []):  # type: ignore[union-attr]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(suite["counts"].items())) or "no checks"
         lines.append(f"\n[{suite['name']}] {suite['status'].upper()} ({counts})")
@@ -166,6 +149,5 @@ def merge_junit(xml_texts: Sequence[str]) -> str:
     merged = ET.Element("testsuites")
     for text in xml_texts:
         root = ET.fromstring(text)
-        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-        merged.extend(suites)
+        merged.extend([root] if root.tag == "testsuite" else list(root.iter("testsuite")))
     return ET.tostring(merged, encoding="unicode")
