@@ -35,6 +35,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,10 +168,7 @@ def strictness(mode: str, env: Mapping[str, str]) -> str:
 
 
 def describe(gpus: Sequence[Gpu]) -> str:
-    counts: dict[str, int] = {}
-    for gpu in gpus:
-        label = gpu.target + (f" ({gpu.name})" if gpu.name else "")
-        counts[label] = counts.get(label, 0) + 1
+    counts = Counter(gpu.target + (f" ({gpu.name})" if gpu.name else "") for gpu in gpus)
     return ", ".join(f"{n} x {label}" for label, n in counts.items())
 
 
@@ -355,16 +353,8 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
     if not setting_problem(env) and strictness(mode, env) != "off":
         listings = [run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])]
         nodes = render_nodes(env)
-    return GuardInputs(
-        mode=mode,
-        listings=listings,
-        env=env,
-        has_kfd=os.path.exists(kfd_path(env)),
-        manifest=manifest,
-        manifest_error=manifest_error,
-        aiter_installed=jitcache.aiter_prebuilt_dir() is not None,
-        render_nodes=nodes,
-    )
+    return GuardInputs(mode, listings, env, os.path.exists(kfd_path(env)), manifest, manifest_error,
+                       aiter_installed=jitcache.aiter_prebuilt_dir() is not None, render_nodes=nodes)
 
 
 def _jit_cache_problem(decision: Decision, level: str, message: str) -> None:
