@@ -164,11 +164,8 @@ class Manifest:
         return (self.aiter.commit if self.aiter else None) or ""
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        data["gpu_archs"] = list(self.gpu_archs)
-        data["prebuilt_modules"] = list(self.prebuilt_modules)
-        data["unresolved"] = list(self.unresolved)
-        return data
+        return {**asdict(self), "gpu_archs": list(self.gpu_archs), "prebuilt_modules": list(self.prebuilt_modules),
+                "unresolved": list(self.unresolved)}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -193,6 +190,11 @@ def _text(section: Mapping[str, object], name: str, key: str, where: str) -> str
 def _texts(cls, section: Mapping[str, object], key: str, where: str, **extra):
     names = [n for n in cls.__dataclass_fields__ if n not in extra]
     return cls(**{n: _text(section, n, key, where) for n in names}, **extra)
+
+
+def _section(cls, data: Mapping[str, object], key: str, where: str):
+    """The section `key` of the manifest (absent or null: all its values null), its values strings or null."""
+    return _texts(cls, _object(data.get(key) or {}, key, where), key, where)
 
 
 def _names(data: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
@@ -221,9 +223,8 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
     if not isinstance(declared, bool):
         raise ManifestError(f"{where}: 'declared' must be true or false")
     pytorch = _object(data.get("pytorch") or {}, "pytorch", where)
-    wheels = {}
-    for name, wheel in _object(pytorch.get("wheels") or {}, "pytorch.wheels", where).items():
-        wheels[name] = _texts(Wheel, _object(wheel, f"pytorch.wheels.{name}", where), f"pytorch.wheels.{name}", where)
+    wheels = {name: _texts(Wheel, _object(wheel, f"pytorch.wheels.{name}", where), f"pytorch.wheels.{name}", where)
+              for name, wheel in _object(pytorch.get("wheels") or {}, "pytorch.wheels", where).items()}
     aiter = data.get("aiter")
     if aiter is not None:
         section = _object(aiter, "aiter", where)
@@ -238,20 +239,13 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
     if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
         raise ManifestError(f"{where}: 'source_date_epoch' must be an integer or null")
     return Manifest(
-        gpu_archs=archs,
-        origin=origin,
-        declared=declared,
-        rocm=_texts(Rocm, _object(data.get("rocm") or {}, "rocm", where), "rocm", where),
-        python=_texts(PythonInfo, _object(data.get("python") or {}, "python", where), "python", where),
+        gpu_archs=archs, origin=origin, declared=declared, rocm=_section(Rocm, data, "rocm", where),
+        python=_section(PythonInfo, data, "python", where),
         pytorch=PyTorch(index_url=_text(pytorch, "index_url", "pytorch", where),
                         lock_sha256=_text(pytorch, "lock_sha256", "pytorch", where), wheels=wheels),
-        aiter=aiter,
-        prebuilt_modules=_names(data, "prebuilt_modules", where),
-        vllm=_texts(Vllm, _object(data.get("vllm") or {}, "vllm", where), "vllm", where),
-        ray=ray,
-        source_date_epoch=epoch,
-        unresolved=_names(data, "unresolved", where),
-    )
+        aiter=aiter, prebuilt_modules=_names(data, "prebuilt_modules", where),
+        vllm=_section(Vllm, data, "vllm", where), ray=ray, source_date_epoch=epoch,
+        unresolved=_names(data, "unresolved", where))
 
 
 def read_json(path: str | Path, what: str, fix: str) -> object:
@@ -377,7 +371,6 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
     def verified(key: str) -> str | None:
         value = aiter_pins.get(key)
         return value if isinstance(value, str) and value else None
-
 
     return Manifest(
         gpu_archs=_archs(env),
