@@ -133,10 +133,6 @@ def read_url(url: str) -> tuple[str, str]:
     return f"{parts.scheme}://{host}:{parts.port or {'http': 80, 'https': 443}[parts.scheme]}", ""
 
 
-def url_problem(url: str) -> str:
-    return read_url(url)[1]
-
-
 def within(deadline: float, check, *args) -> str:
     """check(*args), or the line saying it did not finish within deadline seconds (it runs in a
     thread of its own: a server that trickles bytes cannot hold the caller past the deadline)."""
