@@ -80,20 +80,15 @@ def option_value(args: Sequence[str], option: str) -> str | None:
     return found
 
 
-def extra_args(env: Mapping[str, str]) -> list[str]:
-    try:
-        return shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
-    except ValueError as exc:
-        raise ServeError(f"SERVE_EXTRA_ARGS cannot be split as shell words ({exc}): "
-                         "fix its quoting") from None
-
-
 def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """Arguments for the API server module (without the interpreter)."""
     args = list(user_args)
     if args and not args[0].startswith("-"):
         args = ["--model", args[0], *args[1:]]
-    extra = extra_args(env)
+    try:
+        extra = shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
+    except ValueError as exc:
+        raise ServeError(f"SERVE_EXTRA_ARGS cannot be split as shell words ({exc}): fix its quoting") from None
     given = args + extra
     defaults: list[str] = []
     model = option_value(given, "--model")
@@ -151,8 +146,7 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
     if allow not in ("", "0", "1"):
         raise ServeError(f"{ALLOW_NO_KEY_ENV}={shlex.quote(allow)} is not one of its values: set 1 to serve "
                          "without an API key on a reachable address, or 0 (or leave it empty) to refuse")
-    host = option_value(server_args, "--host")
-    host = "" if host is None else host
+    host = option_value(server_args, "--host") or ""
     published = env.get(PUBLISHED_ENV, "").strip()
     address = published or host
     if is_loopback(host) or is_loopback(address):
