@@ -335,16 +335,11 @@ def write_text(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o644)
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o644)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             _delete(Path(tmp))  # the temporary file made above, never the target
-        except OSError:
-            pass
         raise
     return target
 

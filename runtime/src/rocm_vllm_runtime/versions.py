@@ -12,13 +12,7 @@ from typing import NamedTuple
 from rocm_vllm_runtime.distributions import MetadataError, find, providers_of, requires_of
 
 # label -> import name
-PACKAGES: dict[str, str] = {
-    "vllm": "vllm",
-    "torch": "torch",
-    "aiter": "aiter",
-    "backend": "vllm_aiter_mla",
-}
-
+PACKAGES: dict[str, str] = {"vllm": "vllm", "torch": "torch", "aiter": "aiter", "backend": "vllm_aiter_mla"}
 
 # What the report shows for a distribution whose metadata has no version (never "not installed").
 NO_VERSION_SHOWN = "(installed, no version in its metadata)"
