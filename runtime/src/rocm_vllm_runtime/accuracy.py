@@ -109,18 +109,15 @@ class Settings:
         except numeric.SettingError as exc:
             raise AccuracyError(str(exc)) from None
         limit = number("ACCURACY_LIMIT")
-        tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
-        loglik = tuple(t.strip() for t in get("ACCURACY_LOGLIK_TASKS").split(",") if t.strip() not in ("", "none"))
+        tasks, loglik = (tuple(t.strip() for t in get(name).split(",") if t.strip() not in ("", "none"))
+                         for name in ("ACCURACY_TASKS", "ACCURACY_LOGLIK_TASKS"))
         if not tasks and not loglik:
             raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
         return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT"), limit or None,
                    number("ACCURACY_CONCURRENCY"), alpha, get("ACCURACY_DATA"),
-                   env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance, get("ACCURACY_REFERENCE"))
-
-
-def default_tasks_dir(env: Mapping[str, str]) -> str:
-    """The suites' accuracy_tasks folder, wherever selftest finds the suites (SELFTEST_SUITES, else the image's)."""
-    return str(suites_dir(env) / "accuracy_tasks")
+                   # default: the suites' accuracy_tasks, wherever selftest finds the suites
+                   env.get("ACCURACY_TASKS_DIR") or str(suites_dir(env) / "accuracy_tasks"), tolerance,
+                   get("ACCURACY_REFERENCE"))
 
 
 # ---------------------------------------------------------------- tasks and their local data
