@@ -1,34 +1,25 @@
 """Where AITER keeps modules it compiles at run time, and how prebuilt ones stay visible.
 
-AITER compiles a module it cannot import (JIT, with hipcc) into `AITER_JIT_DIR`.
-When `AITER_JIT_DIR` is set, AITER imports every module from that directory
-only, so the modules prebuilt into the wheel (`<site-packages>/aiter/jit/*.so`)
-would be rebuilt at first use. `prepare()` therefore links each prebuilt module
-into the cache directory; modules compiled at run time land beside them as
-real files and survive container restarts when the directory is a volume.
-
-The default directory is keyed by the AITER commit of the image, so a cache
-volume kept across image upgrades never feeds an old module to a new AITER.
+AITER compiles a module it cannot import (JIT, with hipcc) into `AITER_JIT_DIR`. When that is set,
+AITER imports every module from there only, so the modules prebuilt into the wheel
+(`<site-packages>/aiter/jit/*.so`) would be rebuilt at first use. `prepare()` therefore links each
+into the cache directory; modules compiled at run time land beside them and survive restarts on a
+volume. The default directory is keyed by the image's AITER commit: a kept volume never feeds an
+old module to a new AITER.
 
 Two more caches go to the same volume unless their variable is set (`VOLUME_CACHES`): Triton's
-kernel cache (`TRITON_CACHE_DIR`, in `triton/`: the backend's decode planner, which compiles every
-launch shape at start, and vLLM's own Triton kernels) and vLLM's cache folder (`VLLM_CACHE_ROOT`,
-in `vllm/`: torch.compile's artifacts, what vLLM learns of a model class in a child process at every
-start, and, from vLLM 0.34, its start-up plans). Both name each entry by a hash of what it was made
-from (Triton: its version and the kernel's source; vLLM: the model's code, the configuration), so
-one folder serves every image, and a restart reuses what the last start made.
+kernel cache (`TRITON_CACHE_DIR`, in `triton/`: the decode planner compiles every launch shape at
+start, and vLLM's own Triton kernels) and vLLM's cache folder (`VLLM_CACHE_ROOT`, in `vllm/`:
+torch.compile's artifacts, what vLLM learns of a model class at every start, and from vLLM 0.34 its
+start-up plans). Both key each entry by a hash of what it was made from, so one folder serves every
+image.
 
-AITER compiles in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) and serialises its
-builds with lock files there (`build_module` -> `mp_lock` -> `FileBaton`; `<module>/build/lock`
-in aiter/jit/utils/cpp_extension.py). A waiter polls until the lock file is gone; a lock whose
-holder was killed (a container stopped or restarted mid-build) is broken only when the holder is
-recorded with this hostname and its pid is dead here. On a volume that outlives the container,
-or is shared by several, that is undecidable (another container's hostname, or the pid of a
-previous run alive again in a new PID namespace) and the next start waits forever (ROCm/aiter
-#3635, #5266). `link_build_dir()` therefore points `<AITER_JIT_DIR>/build` at a directory of
-this container run only (`run_build_dir()`: under $TMPDIR, keyed by `run_key()`): its locks are
-never seen by another container, and those of a previous run are gone at the next start.
-Modules AITER compiles are still copied to `AITER_JIT_DIR` itself and stay on the volume.
+AITER builds in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) under lock files
+(`build_module` -> `mp_lock` -> `FileBaton`, aiter/jit/utils/cpp_extension.py). On a volume a lock
+of a killed build is never broken and the next start waits forever (ROCm/aiter #3635, #5266;
+docs/troubleshooting.md, "AITER JIT build locks", says why). `link_build_dir()` therefore points
+`<AITER_JIT_DIR>/build` at a directory of this container run only (`run_build_dir()`: under $TMPDIR,
+keyed by `run_key()`). Compiled modules are still copied to `AITER_JIT_DIR` and stay on the volume.
 """
 from __future__ import annotations
 
