@@ -66,20 +66,13 @@ RATIO_KEYS = ("request_throughput", "output_throughput", "total_token_throughput
               "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 HIGHER_IS_BETTER = {"request_throughput", "output_throughput", "total_token_throughput"}
 TABLE_ROWS: tuple[tuple[str, str], ...] = (
-    ("completed", "Successful requests"),
-    ("failed", "Failed requests"),
-    ("duration", "Benchmark duration (s)"),
-    ("total_input_tokens", "Total input tokens"),
-    ("total_output_tokens", "Total output tokens"),
-    ("request_throughput", "Request throughput (req/s)"),
-    ("output_throughput", "Output token throughput (tok/s)"),
+    ("completed", "Successful requests"), ("failed", "Failed requests"), ("duration", "Benchmark duration (s)"),
+    ("total_input_tokens", "Total input tokens"), ("total_output_tokens", "Total output tokens"),
+    ("request_throughput", "Request throughput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
     ("total_token_throughput", "Total token throughput (tok/s)"),
-    ("mean_ttft_ms", "Mean TTFT (ms)"),
-    ("p99_ttft_ms", "P99 TTFT (ms)"),
-    ("mean_tpot_ms", "Mean TPOT (ms)"),
-    ("p99_tpot_ms", "P99 TPOT (ms)"),
-    ("mean_itl_ms", "Mean ITL (ms)"),
-    ("p99_itl_ms", "P99 ITL (ms)"),
+    ("mean_ttft_ms", "Mean TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+    ("mean_tpot_ms", "Mean TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+    ("mean_itl_ms", "Mean ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
 )
 
 
@@ -333,17 +326,14 @@ def ratios(columns: Mapping[str, Mapping[str, float]], reference: str) -> dict[s
 
     Throughputs: reference / other. Latencies: other / reference. NaN where a value is missing or 0."""
     base = columns[reference]
-    out: dict[str, dict[str, float]] = {}
-    for name, values in columns.items():
-        if name == reference:
-            continue
-        row: dict[str, float] = {}
-        for key in RATIO_KEYS:
-            ours, theirs = base.get(key, 0.0), values.get(key, 0.0)
-            num, den = (ours, theirs) if key in HIGHER_IS_BETTER else (theirs, ours)
-            row[key] = num / den if num and den else math.nan
-        out[name] = row
-    return out
+
+    def ratio(key: str, values: Mapping[str, float]) -> float:
+        ours, theirs = base.get(key, 0.0), values.get(key, 0.0)
+        num, den = (ours, theirs) if key in HIGHER_IS_BETTER else (theirs, ours)
+        return num / den if num and den else math.nan
+
+    return {name: {key: ratio(key, values) for key in RATIO_KEYS}
+            for name, values in columns.items() if name != reference}
 
 
 def compare(chosen: Sequence[Backend], serve_args: Sequence[str], load: Load, port: int, out_dir: Path,
@@ -421,8 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"bench: error: {problem}", file=sys.stderr)
         return 2
-    given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
-    merged = {**env, **given}
+    merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}}
     children.forward_signals()
     try:
         load = Load.from_env(merged)
