@@ -159,11 +159,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
     parser.add_argument("--timeout", default=str(DEFAULT_TIMEOUT_S),
                         help="seconds for the whole check, every request together (default 10)")
     args = parser.parse_args(argv)
-    try:
+    try:  # numeric.SettingError is a ValueError
         args.timeout = numeric.duration("--timeout", args.timeout)
-    except numeric.SettingError as exc:
-        parser.error(str(exc))
-    try:
         url = args.url or default_url(env)
     except ValueError as exc:
         parser.error(str(exc))

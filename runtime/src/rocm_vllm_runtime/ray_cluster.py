@@ -166,7 +166,6 @@ def wait(expected: int, timeout: float, interval: float = 5.0, deployment: Deplo
     me = identity(env)
     ray.init(address="auto", logging_level="ERROR")
     deadline = time.monotonic() + timeout
-    joined = 0
     while True:
         nodes = ray.nodes()
         ready, error = check(nodes, expected, me, deployment)

@@ -26,8 +26,5 @@ class Selection:
 
 
 def selection(log_text: str) -> Selection:
-    names: list[str] = []
-    for a, b in SELECTED_LINE.findall(log_text):
-        if (a or b) not in names:
-            names.append(a or b)
+    names = dict.fromkeys(a or b for a, b in SELECTED_LINE.findall(log_text))
     return Selection(tuple(names), OURS if OURS_LINE.search(log_text) else VLLMS)
