@@ -89,12 +89,8 @@ def _start_time(stat: str) -> str:
 
 
 def run_key(proc: Path = Path("/proc")) -> str:
-    """Identity of this container run: boot, PID namespace and start of its process 1.
-
-    Every process of one run (the server, a `docker exec` beside it) gets the same key; a
-    restarted container gets a new process 1 and another key, another container another PID
-    namespace. A part that cannot be read counts as empty.
-    """
+    """Identity of this container run: boot, PID namespace and start of its process 1 (a part that
+    cannot be read counts as empty). A `docker exec` shares it; a restarted container gets another."""
     parts = []
     for read in (lambda: (proc / "sys/kernel/random/boot_id").read_text().strip(),
                  lambda: os.readlink(proc / "self/ns/pid"),
@@ -109,11 +105,9 @@ def run_key(proc: Path = Path("/proc")) -> str:
 def run_build_dir(root: str, key: str) -> Path:
     """`<root>/current`, a link to this run's own directory `<root>/run-<key>`.
 
-    The root is this program's (made with its marker, by the user that runs it, writable by that user
-    only, and no other user can replace it: files.made_problem; anything else there, a copied marker in
-    a folder of someone else's included, is refused in one line: RefusedError), so the other `run-*`
-    directories in it belong to runs whose processes are all gone, and any lock file in them is stale:
-    those this program made are removed.
+    The root must be this program's (files.made_problem, else RefusedError), so the other `run-*`
+    directories in it belong to runs whose processes are all gone, their locks stale: those this
+    program made are removed.
     """
     base = Path(root)
     files.make_dir(base)
@@ -143,10 +137,9 @@ def _is_current_run(target: str) -> bool:
 def link_build_dir(jit_dir: str, build_dir: Path) -> None:
     """Point AITER's build directory `<jit_dir>/build` at `build_dir` (this run's own).
 
-    Only a link this program made there is replaced. Anything else (a folder or a file of the user's,
-    another link; also a real build directory left by an image without this layout, whose locks
-    nothing can tell from live ones) is kept and refused in one line (RefusedError). Run as root,
-    the link takes the owner of the cache directory.
+    Only a link this program made there is replaced; anything else (also a real build directory of an
+    image without this layout: its locks cannot be told from live ones) is kept, RefusedError. Run as
+    root, the link takes the owner of the cache directory.
     """
     jit = Path(jit_dir)
     files.point_link(jit / BUILD_DIR_NAME, str(build_dir), _is_current_run, _owner_to_keep(jit),
@@ -180,10 +173,8 @@ def _owner_to_keep(existing: Path) -> tuple[int, int] | None:
 def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
     """Create the directory and link prebuilt modules into it; returns the link count.
 
-    Real files (modules compiled at run time) are left alone; our own links are
-    refreshed so they follow the image's current AITER. Run as root, directories and links
-    created here take the owner of the directory they are created in (the cache volume is
-    owned by the server's user).
+    Real files (modules compiled at run time) are left alone; our own links follow the image's current
+    AITER. Run as root, what is created takes the owner of its folder (the server's user owns the volume).
     """
     target = Path(jit_dir)
     missing = [p for p in (target, *target.parents) if not os.path.lexists(p)]
