@@ -62,22 +62,18 @@ def judge(name: str, checks: Sequence[Check], needs_gpu: bool, pytest_rc: int) -
     skipped = [c for c in checks if c.outcome == "skipped"]
     passed = [c for c in checks if c.outcome == "passed"]
     if bad:
-        result.status = FAILED
-        result.reason = f"{len(bad)} check(s) failed: " + "; ".join(c.id for c in bad[:5])
+        result.status, result.reason = FAILED, f"{len(bad)} check(s) failed: " + "; ".join(c.id for c in bad[:5])
     elif not checks:
-        result.status = FAILED if pytest_rc not in (0, 5) else NOT_RUN
-        result.reason = (f"pytest exited {pytest_rc} before running checks"
-                         if pytest_rc not in (0, 5) else "no checks collected")
+        result.status, result.reason = ((FAILED, f"pytest exited {pytest_rc} before running checks")
+                                        if pytest_rc not in (0, 5) else (NOT_RUN, "no checks collected"))
     elif pytest_rc not in (0, 1, 5):
-        result.status = FAILED
-        result.reason = f"pytest exited {pytest_rc}"
+        result.status, result.reason = FAILED, f"pytest exited {pytest_rc}"
     elif needs_gpu and skipped:
         reasons = sorted({c.message for c in skipped if c.message})
-        result.status = NOT_RUN
-        result.reason = "could not run: " + ("; ".join(reasons) or "checks skipped")
+        result.status, result.reason = NOT_RUN, "could not run: " + ("; ".join(reasons) or "checks skipped")
     elif not passed:
-        result.status = NOT_RUN
-        result.reason = "every check skipped: " + "; ".join(sorted({c.message for c in skipped}))
+        reasons = sorted({c.message for c in skipped})
+        result.status, result.reason = NOT_RUN, "every check skipped: " + "; ".join(reasons)
     return result
 
 

@@ -134,7 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # refuses `SUITE --json X -- ARGS`).
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    args.pytest_args = pytest_args
 
     outputs = {"--json": args.json, "--junit": args.junit}
     names = ALL if args.suite == "all" else (args.suite,)
@@ -150,13 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only this run's artifacts are reported; files already there (an earlier run's, or a user's
     # file of that name) are left as they are: what the suites do not rewrite is not embedded.
     before = {name: files.stamp(_artifact(name)) for name in names if name in ARTIFACTS}
-    results, xml_texts = [], []
     with files.scratch("selftest-") as tmp:
-        for name in names:
-            result, xml_text = run_suite(name, directory, args.pytest_args, tmp)
-            results.append(result)
-            if xml_text:
-                xml_texts.append(xml_text)
+        ran = [run_suite(name, directory, pytest_args, tmp) for name in names]
+    results, xml_texts = [result for result, _ in ran], [xml_text for _, xml_text in ran if xml_text]
 
     gpus, source = detect_gpus()
     extra: dict[str, object] = {}
@@ -175,9 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.junit:
         junit = xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts)
         written &= files.write_result("selftest", "--junit", args.junit, junit)
-    if not written:
-        return report.EXIT_NOT_RUN
-    return int(doc["exit_code"])  # type: ignore[call-overload]
+    return int(doc["exit_code"]) if written else report.EXIT_NOT_RUN  # type: ignore[call-overload]
 
 
 if __name__ == "__main__":
