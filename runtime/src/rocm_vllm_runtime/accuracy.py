@@ -168,8 +168,7 @@ def task_configs(settings: Settings) -> list[dict]:
         raise AccuracyError("datasets was imported before HF_DATASETS_OFFLINE=1 was set: "
                             "set HF_DATASETS_OFFLINE=1 in the environment")
     manager = task_manager(settings)
-    configs = []
-    missing = []
+    configs, missing = [], []
     for name, fewshot in [*((t, settings.num_fewshot) for t in settings.tasks),
                           *((t, 0) for t in settings.loglik_tasks)]:
         entry = manager.task_index.get(name)
@@ -436,17 +435,16 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
                             "gate wrote accuracy.json and its lm-eval samples to") from None
     ours = {**asdict(settings), "dtype": dtype, "serve_args": list(serve_args)}
     for key in SAME_AS_REFERENCE:
-        theirs = recorded.get(key) if isinstance(recorded, dict) else None
+        theirs = recorded.get(key)  # the schema made recorded, runs and each run an object
         mine = list(ours[key]) if isinstance(ours[key], tuple) else ours[key]
         if theirs != mine:
             raise AccuracyError(f"{where}: that run had {key} {theirs!r}, this one {mine!r}: a reference must be "
                                 "run with the same tasks, shots, limit, dtype and serve arguments")
     out = {}
     for name in names:
-        run = runs.get(name) if isinstance(runs, dict) else None
-        if not isinstance(run, dict):
-            held = ", ".join(runs) if isinstance(runs, dict) else "none"
-            raise AccuracyError(f"{where}: no run of {name} there (it holds {held})")
+        run = runs.get(name)
+        if run is None:
+            raise AccuracyError(f"{where}: no run of {name} there (it holds {', '.join(runs)})")
         if not run.get("ok") or not run.get("samples_file"):
             raise AccuracyError(f"{where}: its run of {name} failed ({'; '.join(run.get('problems') or [])}): "
                                 "not a reference")
