@@ -97,8 +97,7 @@ def _signals_held() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield held  # signals are handled in the main thread only
         return
-    before = {sig: signal.getsignal(sig) for sig in FORWARDED}
-    before = {sig: handler for sig, handler in before.items() if handler is not None}
+    before = {sig: handler for sig in FORWARDED if (handler := signal.getsignal(sig)) is not None}
     for sig in before:
         signal.signal(sig, lambda signum, frame: held.append(signum))  # noqa: ARG005
     try:

@@ -286,9 +286,8 @@ def dumps(manifest: Manifest) -> str:
 
 
 def write_manifest(manifest: Manifest, path: str | Path) -> None:
-    """Atomically (rocm_vllm_runtime.files): a reader sees the old manifest or the new one, never
-    part of one; a symbolic link is written through to its target; LF line endings on every OS.
-    A directory at path is refused (ManifestError, one line)."""
+    """Atomically, through a symbolic link, LF line endings on every OS (files.write_text). A directory at
+    path is refused (ManifestError, one line)."""
     text = dumps(manifest)
     if Path(path).is_dir():
         raise ManifestError(f"{path} is a directory: give the manifest a file path (--out)")

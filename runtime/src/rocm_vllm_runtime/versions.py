@@ -1,9 +1,7 @@
 """Installed distributions, as the image's runtime reports them (nothing GPU-bound is imported).
 
-Installed metadata is read by one module, rocm_vllm_runtime.distributions (standard library only;
-the image build runs it from its source file beside this one's): `installed(*names)`
-is the one way this package asks through it: the image manifest's writers and the self-test report
-both go through it.
+`installed(*names)` is this package's one way to ask rocm_vllm_runtime.distributions, the one reader
+of installed metadata: the image manifest's writers and the self-test report both go through it.
 """
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ class Installed(NamedTuple):
 
 
 def installed(*names: str) -> Installed | None:
-    """The first of the distributions `names` that is installed, with its version ("" when its
-    metadata has none: installed all the same); None when none is (e.g. installed("amd-aiter",
-    "aiter"): the AITER wheel's name changed). MetadataError (a ValueError, one line) when its
-    metadata cannot be read."""
+    """distributions.find as an Installed (e.g. installed("amd-aiter", "aiter"): the AITER wheel's name
+    changed); None when none is installed."""
     found = find(*names)
     return None if found is None else Installed(*found)
 
