@@ -372,8 +372,7 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         return value if isinstance(value, str) and value else None
 
     return Manifest(
-        gpu_archs=_archs(env),
-        origin=BASE_IMAGE,
+        gpu_archs=_archs(env), origin=BASE_IMAGE,
         rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
         python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
         pytorch=PyTorch(index_url=_pin(env, "PYTORCH_INDEX_URL"), lock_sha256=_pin(env, "PYTORCH_LOCK_SHA256"),
@@ -387,9 +386,7 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"),
                   repository=_pin(env, "VLLM_REPOSITORY"), commit=_pin(env, "VLLM_COMMIT")),
         source_date_epoch=source_date_epoch,
-        unresolved=tuple(sorted(k for k, v in env.items()
-                                if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
-    )
+        unresolved=tuple(sorted(k for k, v in env.items() if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))))
 
 
 def release(version: str) -> str:
@@ -423,18 +420,12 @@ def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup =
                                           distribution=vllm.distribution, installed=vllm.version), ray=ray)
     aiter = lookup(*AITER_DISTRIBUTIONS)
     return Manifest(
-        gpu_archs=_archs(env),
-        origin=EXISTING_IMAGE,
-        declared=True,
+        gpu_archs=_archs(env), origin=EXISTING_IMAGE, declared=True,
         python=PythonInfo(version="{}.{}".format(*sys.version_info[:2])),
         aiter=None if aiter is None else Aiter(version=aiter.version, distribution=aiter.distribution),
         vllm=Vllm(track=track, version=release(vllm.version), image=image or None, distribution=vllm.distribution,
-                  installed=vllm.version),
-        ray=ray,
-    )
+                  installed=vllm.version), ray=ray)
 
-
-# ------------------------------------------------------------------------------------ command line
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
