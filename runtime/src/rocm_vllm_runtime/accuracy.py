@@ -482,11 +482,9 @@ def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings
 
 def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
              tolerance: tuple[float, float], serve_args: Sequence[str] = ()) -> dict[str, object]:
-    names = list(runs)
-    ours_name = names[0]
-    comparisons: dict[str, dict] = {}
-    ours = runs[ours_name]
-    for other in names[1:]:
+    ours_name, *others = runs
+    ours, comparisons = runs[ours_name], {}
+    for other in others:
         theirs = runs[other]
         entry: dict[str, object] = {"tasks": {}, "loglik": {}}
         if ours.get("ok") and theirs.get("ok"):
@@ -541,8 +539,6 @@ def render(doc: Mapping[str, object]) -> str:
     lines.append(f"accuracy gate: {'passed' if doc['ok'] else 'FAILED'}")
     return "\n".join(lines)
 
-
-# ---------------------------------------------------------------- CLI
 
 def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ

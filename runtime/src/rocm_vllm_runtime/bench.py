@@ -384,8 +384,6 @@ def render(doc: Mapping[str, object]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- CLI
-
 def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ
     parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.bench", description=__doc__,

@@ -206,11 +206,10 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
     except files.RefusedError as exc:
         decision.jit_problem = str(exc)
         return
-    decision.jit_dir = path
+    decision.jit_dir, decision.jit_build = path, jitcache.build_root_for(inputs.env)
     if by_user:
         decision.jit_mount = path
-    decision.jit_build = jitcache.build_root_for(inputs.env)
-    if not by_user:
+    else:
         decision.env[jitcache.JIT_DIR_ENV] = path
 
 
