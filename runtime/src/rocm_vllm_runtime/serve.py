@@ -126,11 +126,6 @@ def _option_values(args: Sequence[str], option: str, *, many: bool = False) -> l
     return values
 
 
-def _api_keys(args: Sequence[str]) -> list[str]:
-    """Values of --api-key (vLLM takes one or more after the option, or --api-key=KEY)."""
-    return _option_values(args, "--api-key", many=True)
-
-
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -151,7 +146,7 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
     address = published or host
     if is_loopback(host) or is_loopback(address):
         return ""
-    if env.get(API_KEY_ENV) or any(_api_keys(server_args)):
+    if env.get(API_KEY_ENV) or any(_option_values(server_args, "--api-key", many=True)):
         return ""
     where = (f"{address or 'every address'} (" + (f"published there: {PUBLISHED_ENV}, from "
              "VLLM_BIND_ADDRESS" if published else "--host / SERVE_HOST") + ")")
@@ -171,7 +166,7 @@ def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
     cannot be what it is meant to be: wrapped in quotes an env file kept, or holding what an HTTP
     header cannot carry. Either way every client (or every download) would be refused."""
     keys = [(API_KEY_ENV, "the API key", env.get(API_KEY_ENV, ""))]
-    keys += [("--api-key", "the API key", k) for k in _api_keys(server_args)]
+    keys += [("--api-key", "the API key", k) for k in _option_values(server_args, "--api-key", many=True)]
     keys += [(name, "the Hugging Face token", env.get(name, "")) for name in HF_TOKEN_ENVS]
     keys += [("--hf-token", "the Hugging Face token", t) for t in _option_values(server_args, "--hf-token")]
     for where, what, key in keys:
