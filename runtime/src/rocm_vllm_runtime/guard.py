@@ -73,7 +73,6 @@ def kfd_path(env: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class RenderNode:
     """A render node under the DRI directory; `error` empty when it opened read-write."""
-
     path: str
     error: str = ""
 
@@ -81,7 +80,6 @@ class RenderNode:
 @dataclass(frozen=True)
 class Listing:
     """Output of one device tool; `text` None when the tool is absent or failed."""
-
     tool: str
     text: str | None
     problem: str = ""
@@ -108,9 +106,7 @@ class Decision:
     jit_dir: str = ""
     jit_mount: str = ""  # where a volume keeps the JIT cache
     jit_build: str = ""  # the container-local root of AITER's build directory per run
-    # the other caches on that volume (jitcache.VOLUME_CACHES): variable -> folder, for those the user
-    # did not set
-    cache_dirs: dict[str, str] = field(default_factory=dict)
+    cache_dirs: dict[str, str] = field(default_factory=dict)  # jitcache.VOLUME_CACHES not set: variable -> folder
     jit_problem: str = ""  # why there is no JIT cache directory (a manifest commit that is no name)
 
     @property

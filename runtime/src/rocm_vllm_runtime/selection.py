@@ -20,7 +20,6 @@ OURS_LINE = re.compile(r"vllm-aiter-mla (?:CPU development mode|[^)\n]*\): decod
 @dataclass(frozen=True)
 class Selection:
     """What a server's log says it selected."""
-
     attention_backends: tuple[str, ...]  # every distinct backend named, in order
     implementation: str  # OURS when this project's implementation logged its start-up, else VLLMS
 
