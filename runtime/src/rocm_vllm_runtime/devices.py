@@ -47,12 +47,9 @@ def _arch_or_empty(target: str) -> str:
 
 def detect_format(text: str) -> str:
     """'amd-smi-json', 'amd-smi', 'rocminfo' or 'unknown'."""
-    stripped = text.strip()
-    if stripped.startswith(("[", "{")):
+    if text.strip().startswith(("[", "{")):
         return "amd-smi-json"
-    if re.search(r"^\s*TARGET_GRAPHICS_VERSION\s*:", text, re.M) or re.search(
-        r"^GPU:\s*\d+\s*$", text, re.M
-    ):
+    if re.search(r"^\s*TARGET_GRAPHICS_VERSION\s*:|^GPU:\s*\d+\s*$", text, re.M):
         return "amd-smi"
     if re.search(r"^\s*(Agent \d+|Device Type:|Name:)", text, re.M):
         return "rocminfo"
