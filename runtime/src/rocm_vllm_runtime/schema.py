@@ -144,11 +144,8 @@ def unsupported(schema: object) -> set[str]:
     """The keywords of `schema` (and the schemas inside it) that are not in SUPPORTED."""
     if not isinstance(schema, Mapping):
         return set()
-    out = set(schema) - SUPPORTED
     inner = [*schema.get("properties", {}).values(), schema.get("items"), schema.get("additionalProperties")]
-    for sub in inner:
-        out |= unsupported(sub)
-    return out
+    return (set(schema) - SUPPORTED).union(*map(unsupported, inner))
 
 
 def _library():
@@ -174,11 +171,10 @@ def first_problem(value: object, schema: Mapping, use_library: bool | None = Non
     if library is not None:
         error = library.exceptions.best_match(_validator(library, schema).iter_errors(value))
         return "" if error is None else _library_line(error)
-    else:
-        found = next(_problems(value, schema), None)
-        if found is None:
-            return ""
-        path, keyword, rule, at = found
+    found = next(_problems(value, schema), None)
+    if found is None:
+        return ""
+    path, keyword, rule, at = found
     name, what = _message(str(keyword), rule, at)
     return f"{_field((*path, name) if name else path)}: {what}"
 
