@@ -107,8 +107,7 @@ def render(doc: Mapping[str, object]) -> str:
     lines = ["", "=" * 24 + " selftest summary " + "=" * 24]
     versions = doc.get("versions", {})
     assert isinstance(versions, Mapping)
-    lines.append("versions:  " + "  ".join(
-        f"{k} {v or '(not installed)'}" for k, v in versions.items()))
+    lines.append("versions:  " + "  ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items()))
     gpus = doc.get("gpus") or []
     assert isinstance(gpus, list)
     lines.append(f"GPU archs: {', '.join(str(g['target']) for g in gpus)} (from {doc.get('gpu_source')})"

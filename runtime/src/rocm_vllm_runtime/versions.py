@@ -30,7 +30,6 @@ def installed(*names: str) -> Installed | None:
     return None if found is None else Installed(*found)
 
 
-# The Requires-Dist lines of an installed distribution; [] when it is not installed.
 requires = requires_of
 
 
