@@ -47,19 +47,11 @@ from .secret_values import shown
 from .serve import option_value
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
-    "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
-    "ACCURACY_TASKS": "gsm8k",
-    "ACCURACY_LOGLIK_TASKS": "gsm8k_loglik",
-    "ACCURACY_NUM_FEWSHOT": "5",
-    "ACCURACY_LIMIT": "400",
-    "ACCURACY_CONCURRENCY": "32",
-    "ACCURACY_ALPHA": "0.01",
-    "ACCURACY_DATA": "/data/accuracy",
-    "ACCURACY_LL_TOLERANCE": "",
-    "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
-    "ACCURACY_PORT": "8012",
-    "ACCURACY_START_TIMEOUT": "1800",
-    "ACCURACY_REFERENCE": "",
+    "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"], "ACCURACY_TASKS": "gsm8k",
+    "ACCURACY_LOGLIK_TASKS": "gsm8k_loglik", "ACCURACY_NUM_FEWSHOT": "5", "ACCURACY_LIMIT": "400",
+    "ACCURACY_CONCURRENCY": "32", "ACCURACY_ALPHA": "0.01", "ACCURACY_DATA": "/data/accuracy",
+    "ACCURACY_LL_TOLERANCE": "", "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
+    "ACCURACY_PORT": "8012", "ACCURACY_START_TIMEOUT": "1800", "ACCURACY_REFERENCE": "",
 }
 # (least, most) of each count setting
 COUNT_RANGES = {"ACCURACY_LIMIT": (0, 1_000_000), "ACCURACY_NUM_FEWSHOT": (0, 100),

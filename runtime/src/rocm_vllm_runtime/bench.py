@@ -47,16 +47,9 @@ PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
                       "vllm.io_processor_plugins", "vllm.stat_logger_plugins")
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the bench suite
-    "BENCH_BACKENDS": "plugin,vllm-aiter,triton",
-    "BENCH_NUM_PROMPTS": "1000",
-    "BENCH_INPUT_LEN": "1024",
-    "BENCH_OUTPUT_LEN": "128",
-    "BENCH_CONCURRENCY": "64",
-    "BENCH_SEED": "0",
-    "BENCH_WARMUPS": "4",
-    "BENCH_ARGS": "",
-    "BENCH_PORT": "8011",
-    "BENCH_START_TIMEOUT": "1800",
+    "BENCH_BACKENDS": "plugin,vllm-aiter,triton", "BENCH_NUM_PROMPTS": "1000", "BENCH_INPUT_LEN": "1024",
+    "BENCH_OUTPUT_LEN": "128", "BENCH_CONCURRENCY": "64", "BENCH_SEED": "0", "BENCH_WARMUPS": "4",
+    "BENCH_ARGS": "", "BENCH_PORT": "8011", "BENCH_START_TIMEOUT": "1800",
 }
 # (least, most) of each count setting
 COUNT_RANGES = {"BENCH_NUM_PROMPTS": (1, 1_000_000), "BENCH_INPUT_LEN": (1, 1_048_576),
@@ -115,8 +108,7 @@ def backends(other_plugins: Sequence[str]) -> dict[str, Backend]:
 
 
 def choose(names: Sequence[str], known: Mapping[str, Backend], setting: str = "BENCH_BACKENDS") -> list[Backend]:
-    """The backends ``names`` asks for; ``setting`` is the variable they came from (its --backends
-    option), named in the error."""
+    """The backends ``names`` asks for; the error names ``setting``, the variable they came from."""
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise BenchError(f"{setting} / --backends: unknown or no backend {unknown or ''}: "

@@ -249,9 +249,8 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
 
 
 def read_json(path: str | Path, what: str, fix: str) -> object:
-    """The JSON value of the file at `path` (the manifest, --aiter-pins), read by the one JSON reader
-    (files.read_json: a regular file of at most MANIFEST_LIMIT bytes, never a FIFO or a device):
-    ManifestError in one line naming `what` and `fix` when it cannot be read or is no such value."""
+    """The JSON value of the file at `path` (the manifest, --aiter-pins; files.read_json, MANIFEST_LIMIT
+    bytes at most): ManifestError in one line naming `what` and `fix` when it cannot be read or is none."""
     where = f"{what} {path}"
     try:
         return files.read_json(path, where, MANIFEST_LIMIT)

@@ -31,20 +31,15 @@ from rocm_vllm_runtime.guard import find_gpus, run_tool
 from rocm_vllm_runtime.secret_values import shown
 from rocm_vllm_runtime.versions import stack_versions
 
-SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
-    # name: (test files, needs an AMD GPU)
-    "selector": (("test_selector.py",), False),
-    "smoke": (("test_smoke.py",), True),
-    "bench": (("test_bench.py",), True),
-    "accuracy": (("test_accuracy.py",), True),
+SUITES: dict[str, tuple[tuple[str, ...], bool]] = {  # name: (test files, needs an AMD GPU)
+    "selector": (("test_selector.py",), False), "smoke": (("test_smoke.py",), True),
+    "bench": (("test_bench.py",), True), "accuracy": (("test_accuracy.py",), True),
 }
 ORDER = ("selector", "smoke", "bench", "accuracy")
 # `all`: every suite that needs nothing mounted; accuracy needs its task data and a model, so it runs by name.
 ALL = ("selector", "smoke", "bench")
-# Suite -> (file it writes next to the --json report, key it gets in that report).
+# Suite -> the file it writes next to the --json report (embedded there under the suite's name).
 ARTIFACTS = {"bench": "bench.json", "accuracy": "accuracy.json"}
-
-
 # Where the image keeps the suites (Dockerfile.rocm, app-files).
 IMAGE_SUITES = "/opt/rocm-vllm/suites"
 
