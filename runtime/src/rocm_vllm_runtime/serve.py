@@ -50,14 +50,10 @@ class ServeError(Exception):
 
 # (environment variable, option, default)
 _OPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("SERVE_HOST", "--host", "0.0.0.0"),
-    ("SERVE_PORT", "--port", "8000"),
-    ("SERVE_TENSOR_PARALLEL_SIZE", "--tensor-parallel-size", ""),
-    ("SERVE_BLOCK_SIZE", "--block-size", ""),
-    ("SERVE_MAX_MODEL_LEN", "--max-model-len", ""),
-    ("SERVE_GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization", ""),
-    ("SERVE_SERVED_MODEL_NAME", "--served-model-name", ""),
-    ("SERVE_ATTENTION_BACKEND", "--attention-backend", ""),
+    ("SERVE_HOST", "--host", "0.0.0.0"), ("SERVE_PORT", "--port", "8000"),
+    ("SERVE_TENSOR_PARALLEL_SIZE", "--tensor-parallel-size", ""), ("SERVE_BLOCK_SIZE", "--block-size", ""),
+    ("SERVE_MAX_MODEL_LEN", "--max-model-len", ""), ("SERVE_GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization", ""),
+    ("SERVE_SERVED_MODEL_NAME", "--served-model-name", ""), ("SERVE_ATTENTION_BACKEND", "--attention-backend", ""),
 )
 
 
