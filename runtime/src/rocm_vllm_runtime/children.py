@@ -354,13 +354,10 @@ def started(command: Sequence[str], log: Path | None, env: Mapping[str, str] | N
     `stdout` and `stderr` say, this process's own streams by default: a log followed on the user's
     terminal); stopped at the block's end (`grace_s()`: seconds it may take, asked then with signals
     held; not asked once this process is told to stop: 5 s), whatever ended the block."""
-    if log is None:
-        with _supervised(command, env, grace_s, stdout=stdout, stderr=stderr, cwd=cwd) as proc:
+    with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
+        streams = {"stdout": stdout, "stderr": stderr} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
+        with _supervised(command, env, grace_s, cwd=cwd, **streams) as proc:
             yield proc
-        return
-    with open(log, "wb") as out, _supervised(command, env, grace_s, stdout=out, stderr=subprocess.STDOUT,
-                                             cwd=cwd) as proc:
-        yield proc
 
 
 def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0, *,
