@@ -62,10 +62,8 @@ def config(size: int) -> dict[str, object]:
 
 def render(size: int) -> dict[str, bytes]:
     """File name -> bytes of the tokenizer files for a vocabulary of `size` ids."""
-    return {
-        "tokenizer.json": (build(size).to_str(pretty=True) + "\n").encode(),
-        "tokenizer_config.json": (json.dumps(config(size), indent=2) + "\n").encode(),
-    }
+    return {"tokenizer.json": (build(size).to_str(pretty=True) + "\n").encode(),
+            "tokenizer_config.json": (json.dumps(config(size), indent=2) + "\n").encode()}
 
 
 def write(out_dir: Path, size: int) -> list[Path]:

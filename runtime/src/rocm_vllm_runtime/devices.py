@@ -122,10 +122,7 @@ def parse_amd_smi_json(text: str) -> list[Gpu]:
     if not isinstance(data, list):
         return gpus
     for position, entry in enumerate(data):
-        if not isinstance(entry, dict):
-            continue
-        asic = entry.get("asic", entry)
-        if not isinstance(asic, dict):
+        if not isinstance(entry, dict) or not isinstance(asic := entry.get("asic", entry), dict):
             continue
         target = _arch_or_empty(str(asic.get("target_graphics_version", "") or ""))
         gpus.append(Gpu(_index(entry.get("gpu", position), position), target,

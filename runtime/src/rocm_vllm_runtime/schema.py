@@ -122,8 +122,7 @@ def _problems(value: object, schema: Mapping, path: tuple = ()) -> Iterator[tupl
             yield path, "maxProperties", schema["maxProperties"], value
         if any(n not in value for n in schema.get("required", ())):
             yield path, "required", schema["required"], value
-        known = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
+        known, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
         for name, item in value.items():
             if name in known:
                 yield from _problems(item, known[name], (*path, name))

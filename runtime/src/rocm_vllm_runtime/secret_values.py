@@ -50,10 +50,9 @@ def secret_value_problem(value: str, what: str = "the API key") -> str:
         return (f"{what} is wrapped in quotes, which are part of its value (an env file for a Kubernetes Secret, "
                 "`kubectl create secret --from-env-file` and `docker run --env-file` keep them), so it would "
                 "never match what clients and servers send: remove the quotes (the value is not shown)")
-    bad = [c for c in value if c not in _VISIBLE]
-    if not bad:
+    c = next((c for c in value if c not in _VISIBLE), None)
+    if c is None:
         return ""
-    c = bad[0]
     trailing = value[len(value.rstrip()):]
     where = "at its end" if c in trailing else f"at position {value.index(c) + 1}"
     name = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}.get(c, f"U+{ord(c):04X}")
