@@ -67,6 +67,10 @@ TABLE_ROWS: tuple[tuple[str, str], ...] = (
     ("mean_tpot_ms", "Mean TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
     ("mean_itl_ms", "Mean ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
 )
+# What a CPU backend's server gets unless the environment sets it (compose.cpu.yaml's default): GiB
+# for its KV cache. Unset, vLLM's CPU worker asks for --gpu-memory-utilization (0.9) of the machine's
+# memory and stops when less is free, as it is with a second process on the machine.
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 class BenchError(Exception):
@@ -214,12 +218,6 @@ def summarize(result: Mapping[str, object]) -> tuple[dict[str, float], list[str]
 def server_command(serve_args: Sequence[str], backend: Backend, port: int) -> list[str]:
     return [sys.executable, "-m", "rocm_vllm_runtime.serve", *serve_args, *backend.args,
             "--no-skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
-
-
-# What a CPU backend's server gets unless the environment sets it (compose.cpu.yaml's default): GiB
-# for its KV cache. Unset, vLLM's CPU worker asks for --gpu-memory-utilization (0.9) of the machine's
-# memory and stops when less is free, as it is with a second process on the machine.
-CPU_SERVER_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:

@@ -81,6 +81,9 @@ ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
 # and the Triton torch requires.
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")
 UNRESOLVED = "UNRESOLVED"
+# aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
+AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
+_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 Lookup = Callable[..., "Installed | None"]
 
@@ -306,9 +309,6 @@ def _archs(env: Mapping[str, str]) -> tuple[str, ...]:
     return archs
 
 
-_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
 def torch_triton(requirements: Sequence[str]) -> str | None:
     """The Triton distribution among torch's Requires-Dist lines (its name changes between
     releases: pytorch-triton-rocm, triton-rocm, triton)."""
@@ -317,10 +317,6 @@ def torch_triton(requirements: Sequence[str]) -> str | None:
         if m and "triton" in m.group(1).lower():
             return m.group(1)
     return None
-
-
-# aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
-AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
 
 
 def aiter_pins_problem(pins: object) -> str:

@@ -43,6 +43,7 @@ PUBLISHED_ENV = "ROCM_VLLM_PUBLISHED_ADDRESS"
 ALLOW_NO_KEY_ENV = "ROCM_VLLM_ALLOW_NO_API_KEY"
 API_KEY_ENV = "VLLM_API_KEY"
 LOG_PREFIX = "[rocm-vllm]"
+HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 class ServeError(Exception):
@@ -152,9 +153,6 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
     raise ServeError(f"refusing to serve without an API key on {where}: set {API_KEY_ENV}, "
                      "publish on 127.0.0.1 (VLLM_BIND_ADDRESS) or bind --host/SERVE_HOST to "
                      f"127.0.0.1, or set {ALLOW_NO_KEY_ENV}=1 to serve without a key anyway")
-
-
-HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
