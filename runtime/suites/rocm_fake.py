@@ -18,7 +18,6 @@ from unittest import mock
 
 # (major, minor) compute capability vLLM derives from each arch.
 ARCH_CAPABILITY = {"gfx90a": (9, 0), "gfx942": (9, 4), "gfx950": (9, 5)}
-
 AITER_SWITCHES = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA")
 
 

@@ -84,7 +84,6 @@ UNRESOLVED = "UNRESOLVED"
 # aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
 AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
 Lookup = Callable[..., "Installed | None"]
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
+_MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "skipped": "SKIP"}
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,6 @@ def to_json(suites: Sequence[SuiteResult], versions: Mapping[str, str],
                     "checks": [asdict(c) for c in s.checks]} for s in suites]
     return {"result": overall(code), "exit_code": code, "versions": dict(versions), "gpus": [dict(g) for g in gpus],
             "gpu_source": gpu_source, "suites": suites_json, **(extra or {})}
-
-
-_MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "skipped": "SKIP"}
 
 
 def render(doc: Mapping[str, object]) -> str:

@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 
 OURS, VLLMS = "vllm-aiter-mla", "vllm"  # which implementation of the attention backend ran
-
 # vLLM's selection lines: "Using X backend." (CPU), "Using X backend (selected via
 # --attention-backend)." / "Using X backend out of potential backends: [...]." /
 # "Overriding with X out of potential backends: [...]." (ROCm), "Using X attention backend

@@ -16,6 +16,7 @@ PACKAGES: dict[str, str] = {"vllm": "vllm", "torch": "torch", "aiter": "aiter", 
 NO_VERSION_SHOWN = "(installed, no version in its metadata)"
 # What it shows for one whose metadata cannot be read (not UTF-8, ...): the report is still written.
 UNREADABLE_SHOWN = "(installed, its metadata cannot be read: reinstall it)"
+requires = requires_of  # the manifest's writer reads torch's Requires-Dist through this module
 
 
 class Installed(NamedTuple):
@@ -28,9 +29,6 @@ def installed(*names: str) -> Installed | None:
     changed); None when none is installed."""
     found = find(*names)
     return None if found is None else Installed(*found)
-
-
-requires = requires_of
 
 
 def installed_version(import_name: str) -> str:
