@@ -106,10 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", nargs="?", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
-    write_tiny_mla = weights_module().write_tiny_mla
-
     with tempfile.TemporaryDirectory(prefix="tiny-mla-") as tmp:
-        model = write_tiny_mla(Path(tmp), seed=0)
+        model = weights_module().write_tiny_mla(Path(tmp), seed=0)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(MODEL_DIR / name, model / name)
         rows = build(model)

@@ -55,33 +55,22 @@ def build(size: int) -> Tokenizer:
 
 
 def config(size: int) -> dict[str, object]:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": SPECIAL[0],
-        "eos_token": SPECIAL[1],
-        "unk_token": SPECIAL[2],
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
-    }
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL[0], "eos_token": SPECIAL[1],
+            "unk_token": SPECIAL[2], "add_bos_token": False, "add_eos_token": False,
+            "clean_up_tokenization_spaces": False, "model_max_length": 4096}
 
 
 def render(size: int) -> dict[str, bytes]:
     """File name -> bytes of the tokenizer files for a vocabulary of `size` ids."""
-    return {
-        "tokenizer.json": (build(size).to_str(pretty=True) + "\n").encode(),
-        "tokenizer_config.json": (json.dumps(config(size), indent=2) + "\n").encode(),
-    }
+    return {"tokenizer.json": (build(size).to_str(pretty=True) + "\n").encode(),
+            "tokenizer_config.json": (json.dumps(config(size), indent=2) + "\n").encode()}
 
 
 def write(out_dir: Path, size: int) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     for name, data in render(size).items():
         (out_dir / name).write_bytes(data)
-        written.append(out_dir / name)
-    return written
+    return [out_dir / name for name in FILES]
 
 
 def differing(model_dir: Path = MODEL_DIR) -> list[str]:

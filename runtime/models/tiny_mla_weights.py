@@ -33,11 +33,8 @@ def tiny_mla_weights(cfg: dict, seed: int = 0, gain: float = 2.0) -> dict[str, t
         return torch.randn(out_f, in_f, generator=g) * (scale / math.sqrt(in_f))
 
     def mlp(prefix: str, inter: int) -> dict[str, torch.Tensor]:
-        return {
-            f"{prefix}.gate_proj.weight": linear(inter, hidden),
-            f"{prefix}.up_proj.weight": linear(inter, hidden),
-            f"{prefix}.down_proj.weight": linear(hidden, inter),
-        }
+        return {f"{prefix}.gate_proj.weight": linear(inter, hidden), f"{prefix}.up_proj.weight": linear(inter, hidden),
+                f"{prefix}.down_proj.weight": linear(hidden, inter)}
 
     w = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}
     for i in range(cfg["num_hidden_layers"]):
@@ -77,8 +74,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gain", type=float, default=2.0)
     args = parser.parse_args()
-    path = write_tiny_mla(args.out_dir, args.seed, args.gain)
-    print(f"wrote {path}")
+    print(f"wrote {write_tiny_mla(args.out_dir, args.seed, args.gain)}")
 
 
 if __name__ == "__main__":

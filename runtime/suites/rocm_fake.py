@@ -18,19 +18,13 @@ from unittest import mock
 
 # (major, minor) compute capability vLLM derives from each arch.
 ARCH_CAPABILITY = {"gfx90a": (9, 0), "gfx942": (9, 4), "gfx950": (9, 5)}
-
 AITER_SWITCHES = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA")
 
 
 def _device_properties(arch: str) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        gcnArchName=f"{arch}:sramecc+:xnack-",
-        name=f"fake {arch}",
-        total_memory=192 << 30,
-        multi_processor_count=304,
-        major=ARCH_CAPABILITY[arch][0],
-        minor=ARCH_CAPABILITY[arch][1],
-    )
+    major, minor = ARCH_CAPABILITY[arch]
+    return types.SimpleNamespace(gcnArchName=f"{arch}:sramecc+:xnack-", name=f"fake {arch}", total_memory=192 << 30,
+                                 multi_processor_count=304, major=major, minor=minor)
 
 
 def _stand_in_for_cpu_kernels() -> None:
@@ -62,15 +56,11 @@ def rocm_platform(arch: str, env: dict[str, str], aiter_found: bool) -> Iterator
 
     platform = rocm.RocmPlatform()
     capability = DeviceCapability(*ARCH_CAPABILITY[arch])
-    clean_env = {k: v for k, v in os.environ.items() if k not in AITER_SWITCHES}
-    clean_env.update(env)
+    clean_env = {**{k: v for k, v in os.environ.items() if k not in AITER_SWITCHES}, **env}
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.dict(os.environ, clean_env, clear=True))
-        stack.enter_context(
-            mock.patch.object(
-                rocm.RocmPlatform, "get_device_capability", classmethod(lambda cls, device_id=0: capability)
-            )
-        )
+        stack.enter_context(mock.patch.object(rocm.RocmPlatform, "get_device_capability",
+                                              classmethod(lambda cls, device_id=0: capability)))
         stack.enter_context(mock.patch.object(platforms, "_current_platform", platform))
         stack.enter_context(mock.patch.object(aiter_ops, "current_platform", platform))
         # VllmConfig's checks run the current platform's check_and_update_config, through the name

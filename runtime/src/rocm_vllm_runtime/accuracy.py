@@ -44,21 +44,14 @@ from . import bench, children, files, numeric, schema, web
 from .selection import selection
 from .selftest import suites_dir
 from .secret_values import shown
+from .serve import option_value
 
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the accuracy suite
-    "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"],
-    "ACCURACY_TASKS": "gsm8k",
-    "ACCURACY_LOGLIK_TASKS": "gsm8k_loglik",
-    "ACCURACY_NUM_FEWSHOT": "5",
-    "ACCURACY_LIMIT": "400",
-    "ACCURACY_CONCURRENCY": "32",
-    "ACCURACY_ALPHA": "0.01",
-    "ACCURACY_DATA": "/data/accuracy",
-    "ACCURACY_LL_TOLERANCE": "",
-    "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
-    "ACCURACY_PORT": "8012",
-    "ACCURACY_START_TIMEOUT": "1800",
-    "ACCURACY_REFERENCE": "",
+    "ACCURACY_BACKENDS": bench.ENV_DEFAULTS["BENCH_BACKENDS"], "ACCURACY_TASKS": "gsm8k",
+    "ACCURACY_LOGLIK_TASKS": "gsm8k_loglik", "ACCURACY_NUM_FEWSHOT": "5", "ACCURACY_LIMIT": "400",
+    "ACCURACY_CONCURRENCY": "32", "ACCURACY_ALPHA": "0.01", "ACCURACY_DATA": "/data/accuracy",
+    "ACCURACY_LL_TOLERANCE": "", "ACCURACY_SERVE_ARGS": "--model deepseek-ai/DeepSeek-V2-Lite --max-model-len 4096",
+    "ACCURACY_PORT": "8012", "ACCURACY_START_TIMEOUT": "1800", "ACCURACY_REFERENCE": "",
 }
 # (least, most) of each count setting
 COUNT_RANGES = {"ACCURACY_LIMIT": (0, 1_000_000), "ACCURACY_NUM_FEWSHOT": (0, 100),
@@ -108,18 +101,15 @@ class Settings:
         except numeric.SettingError as exc:
             raise AccuracyError(str(exc)) from None
         limit = number("ACCURACY_LIMIT")
-        tasks = tuple(t.strip() for t in get("ACCURACY_TASKS").split(",") if t.strip() not in ("", "none"))
-        loglik = tuple(t.strip() for t in get("ACCURACY_LOGLIK_TASKS").split(",") if t.strip() not in ("", "none"))
+        tasks, loglik = (tuple(t.strip() for t in get(name).split(",") if t.strip() not in ("", "none"))
+                         for name in ("ACCURACY_TASKS", "ACCURACY_LOGLIK_TASKS"))
         if not tasks and not loglik:
             raise AccuracyError("ACCURACY_TASKS and ACCURACY_LOGLIK_TASKS name no task")
         return cls(tasks, loglik, number("ACCURACY_NUM_FEWSHOT"), limit or None,
                    number("ACCURACY_CONCURRENCY"), alpha, get("ACCURACY_DATA"),
-                   env.get("ACCURACY_TASKS_DIR") or default_tasks_dir(env), tolerance, get("ACCURACY_REFERENCE"))
-
-
-def default_tasks_dir(env: Mapping[str, str]) -> str:
-    """The suites' accuracy_tasks folder, wherever selftest finds the suites (SELFTEST_SUITES, else the image's)."""
-    return str(suites_dir(env) / "accuracy_tasks")
+                   # default: the suites' accuracy_tasks, wherever selftest finds the suites
+                   env.get("ACCURACY_TASKS_DIR") or str(suites_dir(env) / "accuracy_tasks"), tolerance,
+                   get("ACCURACY_REFERENCE"))
 
 
 # ---------------------------------------------------------------- tasks and their local data
@@ -170,8 +160,7 @@ def task_configs(settings: Settings) -> list[dict]:
         raise AccuracyError("datasets was imported before HF_DATASETS_OFFLINE=1 was set: "
                             "set HF_DATASETS_OFFLINE=1 in the environment")
     manager = task_manager(settings)
-    configs = []
-    missing = []
+    configs, missing = [], []
     for name, fewshot in [*((t, settings.num_fewshot) for t in settings.tasks),
                           *((t, 0) for t in settings.loglik_tasks)]:
         entry = manager.task_index.get(name)
@@ -312,16 +301,22 @@ def binomial_tail(k: int, n: int) -> float:
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
 
 
-def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: float) -> dict[str, object]:
-    """One generation task and filter, question by question."""
+def _shared(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping]) -> tuple[list[str], list[str]]:
+    """The questions both runs scored, in order, and what makes the two runs incomparable."""
     docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
     problems = []
     if set(ours) != set(theirs):
         problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
-    prompts_differ = [d for d in docs if ours[d]["prompt"] != theirs[d]["prompt"]]
+    prompts_differ = [d for d in docs if ours[d].get("prompt") != theirs[d].get("prompt")]
     if prompts_differ:
         problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
                         f"(e.g. {prompts_differ[0]}): same settings are needed")
+    return docs, problems
+
+
+def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: float) -> dict[str, object]:
+    """One generation task and filter, question by question."""
+    docs, problems = _shared(ours, theirs)
     lost = [d for d in docs if theirs[d]["correct"] and not ours[d]["correct"]]
     won = [d for d in docs if ours[d]["correct"] and not theirs[d]["correct"]]
     p = binomial_tail(len(lost), len(lost) + len(won))
@@ -342,14 +337,8 @@ def paired(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping], alpha: fl
 def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
                      tolerance: tuple[float, float]) -> dict[str, object]:
     atol, rtol = tolerance
-    docs = sorted(set(ours) & set(theirs), key=lambda d: (len(d), d))
-    problems, beyond, max_diff, max_rel = [], [], 0.0, 0.0
-    if set(ours) != set(theirs):
-        problems.append(f"the runs scored different questions ({len(ours)} vs {len(theirs)})")
-    prompts_differ = [d for d in docs if ours[d].get("prompt") != theirs[d].get("prompt")]
-    if prompts_differ:
-        problems.append(f"the runs sent different prompts for {len(prompts_differ)} questions "
-                        f"(e.g. {prompts_differ[0]}): same settings are needed")
+    docs, problems = _shared(ours, theirs)
+    beyond, max_diff, max_rel = [], 0.0, 0.0
     for d in docs:
         a, b = ours[d]["loglik"], theirs[d]["loglik"]
         for x, y in zip(a, b):
@@ -370,12 +359,8 @@ def loglik_agreement(ours: Mapping[str, Mapping], theirs: Mapping[str, Mapping],
 
 
 def dtype_tolerance(serve_args: Sequence[str], settings: Settings) -> tuple[str, tuple[float, float]]:
-    dtype = "auto"
-    for i, arg in enumerate(serve_args):
-        if arg == "--dtype" and i + 1 < len(serve_args):
-            dtype = serve_args[i + 1]
-        elif arg.startswith("--dtype="):
-            dtype = arg.split("=", 1)[1]
+    dtype = option_value(serve_args, "--dtype")
+    dtype = "auto" if dtype is None else dtype
     if settings.ll_tolerance:
         return dtype, settings.ll_tolerance
     return dtype, TOLERANCES["float32" if dtype in ("float32", "float") else "low"]
@@ -442,17 +427,16 @@ def reference_runs(folder: str, names: Sequence[str], settings: Settings,
                             "gate wrote accuracy.json and its lm-eval samples to") from None
     ours = {**asdict(settings), "dtype": dtype, "serve_args": list(serve_args)}
     for key in SAME_AS_REFERENCE:
-        theirs = recorded.get(key) if isinstance(recorded, dict) else None
+        theirs = recorded.get(key)  # the schema made recorded, runs and each run an object
         mine = list(ours[key]) if isinstance(ours[key], tuple) else ours[key]
         if theirs != mine:
             raise AccuracyError(f"{where}: that run had {key} {theirs!r}, this one {mine!r}: a reference must be "
                                 "run with the same tasks, shots, limit, dtype and serve arguments")
     out = {}
     for name in names:
-        run = runs.get(name) if isinstance(runs, dict) else None
-        if not isinstance(run, dict):
-            held = ", ".join(runs) if isinstance(runs, dict) else "none"
-            raise AccuracyError(f"{where}: no run of {name} there (it holds {held})")
+        run = runs.get(name)
+        if run is None:
+            raise AccuracyError(f"{where}: no run of {name} there (it holds {', '.join(runs)})")
         if not run.get("ok") or not run.get("samples_file"):
             raise AccuracyError(f"{where}: its run of {name} failed ({'; '.join(run.get('problems') or [])}): "
                                 "not a reference")
@@ -490,11 +474,9 @@ def compare(chosen: Sequence[bench.Backend], serve_args: Sequence[str], settings
 
 def document(runs: Mapping[str, Mapping], settings: Settings, dtype: str,
              tolerance: tuple[float, float], serve_args: Sequence[str] = ()) -> dict[str, object]:
-    names = list(runs)
-    ours_name = names[0]
-    comparisons: dict[str, dict] = {}
-    ours = runs[ours_name]
-    for other in names[1:]:
+    ours_name, *others = runs
+    ours, comparisons = runs[ours_name], {}
+    for other in others:
         theirs = runs[other]
         entry: dict[str, object] = {"tasks": {}, "loglik": {}}
         if ours.get("ok") and theirs.get("ok"):
@@ -549,8 +531,6 @@ def render(doc: Mapping[str, object]) -> str:
     lines.append(f"accuracy gate: {'passed' if doc['ok'] else 'FAILED'}")
     return "\n".join(lines)
 
-
-# ---------------------------------------------------------------- CLI
 
 def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ

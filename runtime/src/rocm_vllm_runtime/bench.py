@@ -47,16 +47,9 @@ PLUGIN_PACKAGE = "vllm_aiter_mla"
 VLLM_PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins",
                       "vllm.io_processor_plugins", "vllm.stat_logger_plugins")
 ENV_DEFAULTS = {  # setting: default, shared by the CLI and the bench suite
-    "BENCH_BACKENDS": "plugin,vllm-aiter,triton",
-    "BENCH_NUM_PROMPTS": "1000",
-    "BENCH_INPUT_LEN": "1024",
-    "BENCH_OUTPUT_LEN": "128",
-    "BENCH_CONCURRENCY": "64",
-    "BENCH_SEED": "0",
-    "BENCH_WARMUPS": "4",
-    "BENCH_ARGS": "",
-    "BENCH_PORT": "8011",
-    "BENCH_START_TIMEOUT": "1800",
+    "BENCH_BACKENDS": "plugin,vllm-aiter,triton", "BENCH_NUM_PROMPTS": "1000", "BENCH_INPUT_LEN": "1024",
+    "BENCH_OUTPUT_LEN": "128", "BENCH_CONCURRENCY": "64", "BENCH_SEED": "0", "BENCH_WARMUPS": "4",
+    "BENCH_ARGS": "", "BENCH_PORT": "8011", "BENCH_START_TIMEOUT": "1800",
 }
 # (least, most) of each count setting
 COUNT_RANGES = {"BENCH_NUM_PROMPTS": (1, 1_000_000), "BENCH_INPUT_LEN": (1, 1_048_576),
@@ -66,21 +59,18 @@ RATIO_KEYS = ("request_throughput", "output_throughput", "total_token_throughput
               "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 HIGHER_IS_BETTER = {"request_throughput", "output_throughput", "total_token_throughput"}
 TABLE_ROWS: tuple[tuple[str, str], ...] = (
-    ("completed", "Successful requests"),
-    ("failed", "Failed requests"),
-    ("duration", "Benchmark duration (s)"),
-    ("total_input_tokens", "Total input tokens"),
-    ("total_output_tokens", "Total output tokens"),
-    ("request_throughput", "Request throughput (req/s)"),
-    ("output_throughput", "Output token throughput (tok/s)"),
+    ("completed", "Successful requests"), ("failed", "Failed requests"), ("duration", "Benchmark duration (s)"),
+    ("total_input_tokens", "Total input tokens"), ("total_output_tokens", "Total output tokens"),
+    ("request_throughput", "Request throughput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
     ("total_token_throughput", "Total token throughput (tok/s)"),
-    ("mean_ttft_ms", "Mean TTFT (ms)"),
-    ("p99_ttft_ms", "P99 TTFT (ms)"),
-    ("mean_tpot_ms", "Mean TPOT (ms)"),
-    ("p99_tpot_ms", "P99 TPOT (ms)"),
-    ("mean_itl_ms", "Mean ITL (ms)"),
-    ("p99_itl_ms", "P99 ITL (ms)"),
+    ("mean_ttft_ms", "Mean TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+    ("mean_tpot_ms", "Mean TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+    ("mean_itl_ms", "Mean ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
 )
+# What a CPU backend's server gets unless the environment sets it (compose.cpu.yaml's default): GiB
+# for its KV cache. Unset, vLLM's CPU worker asks for --gpu-memory-utilization (0.9) of the machine's
+# memory and stops when less is free, as it is with a second process on the machine.
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 class BenchError(Exception):
@@ -122,8 +112,7 @@ def backends(other_plugins: Sequence[str]) -> dict[str, Backend]:
 
 
 def choose(names: Sequence[str], known: Mapping[str, Backend], setting: str = "BENCH_BACKENDS") -> list[Backend]:
-    """The backends ``names`` asks for; ``setting`` is the variable they came from (its --backends
-    option), named in the error."""
+    """The backends ``names`` asks for; the error names ``setting``, the variable they came from."""
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise BenchError(f"{setting} / --backends: unknown or no backend {unknown or ''}: "
@@ -231,12 +220,6 @@ def server_command(serve_args: Sequence[str], backend: Backend, port: int) -> li
             "--no-skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
 
 
-# What a CPU backend's server gets unless the environment sets it (compose.cpu.yaml's default): GiB
-# for its KV cache. Unset, vLLM's CPU worker asks for --gpu-memory-utilization (0.9) of the machine's
-# memory and stops when less is free, as it is with a second process on the machine.
-CPU_SERVER_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
 def server_env(backend: Backend, base: Mapping[str, str]) -> dict[str, str]:
     # The server listens on 127.0.0.1 for this benchmark only: no API key (vllm bench serve sends none).
     env = {k: v for k, v in base.items() if k != "VLLM_API_KEY"}
@@ -255,15 +238,6 @@ def grace(finished: bool, base_url: str) -> float:
     healthy, 5 s when it never came up (asked by children.stop with signals held; once this process is
     told to stop it gives 5 s without asking)."""
     return 60.0 if finished or healthy(base_url) else 5.0
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file written now from one that was there: inode, size, modification time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def start_problem(backend: Backend, proc: subprocess.Popen[bytes], base_url: str, log: Path,
@@ -288,7 +262,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                 start_timeout_s: float) -> dict[str, object]:
     log = files.inside(out_dir, f"server-{backend.name}.log", "a backend's name")
     result_file = files.inside(out_dir, f"vllm-bench-{backend.name}.json", "a backend's name")
-    before = _stamp(result_file)  # a file of that name already there is not this run's (nor removed)
+    before = files.stamp(result_file)  # a file of that name already there is not this run's (nor removed)
     command = server_command(serve_args, backend, port)
     base_url = f"http://127.0.0.1:{port}"
     print(f"== {backend.name}: {shown(command[1:])} (log {log})", flush=True)
@@ -310,7 +284,7 @@ def run_backend(backend: Backend, serve_args: Sequence[str], load: Load, port: i
                     vllm_bench_serve(bench_argv(load, base_url, out_dir, result_file.name))
             except Exception as exc:  # noqa: BLE001 -- reported as this run's failure, the next runs go on
                 problems.append(f"{backend.name}: vllm bench serve failed: {exc.__class__.__name__}: {exc}")
-            if result_file.is_file() and _stamp(result_file) != before:
+            if result_file.is_file() and files.stamp(result_file) != before:
                 metrics, errors = summarize(files.read_json(result_file))
             elif not problems:
                 problems.append(f"{backend.name}: vllm bench serve wrote no {result_file.name}")
@@ -342,17 +316,14 @@ def ratios(columns: Mapping[str, Mapping[str, float]], reference: str) -> dict[s
 
     Throughputs: reference / other. Latencies: other / reference. NaN where a value is missing or 0."""
     base = columns[reference]
-    out: dict[str, dict[str, float]] = {}
-    for name, values in columns.items():
-        if name == reference:
-            continue
-        row: dict[str, float] = {}
-        for key in RATIO_KEYS:
-            ours, theirs = base.get(key, 0.0), values.get(key, 0.0)
-            num, den = (ours, theirs) if key in HIGHER_IS_BETTER else (theirs, ours)
-            row[key] = num / den if num and den else math.nan
-        out[name] = row
-    return out
+
+    def ratio(key: str, values: Mapping[str, float]) -> float:
+        ours, theirs = base.get(key, 0.0), values.get(key, 0.0)
+        num, den = (ours, theirs) if key in HIGHER_IS_BETTER else (theirs, ours)
+        return num / den if num and den else math.nan
+
+    return {name: {key: ratio(key, values) for key in RATIO_KEYS}
+            for name, values in columns.items() if name != reference}
 
 
 def compare(chosen: Sequence[Backend], serve_args: Sequence[str], load: Load, port: int, out_dir: Path,
@@ -403,8 +374,6 @@ def render(doc: Mapping[str, object]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- CLI
-
 def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ
     parser = argparse.ArgumentParser(prog="python3 -m rocm_vllm_runtime.bench", description=__doc__,
@@ -430,8 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"bench: error: {problem}", file=sys.stderr)
         return 2
-    given = {k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}
-    merged = {**env, **given}
+    merged = {**env, **{k: v for k, v in vars(args).items() if k.startswith("BENCH_") and v is not None}}
     children.forward_signals()
     try:
         load = Load.from_env(merged)

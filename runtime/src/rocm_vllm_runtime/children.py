@@ -1,36 +1,26 @@
 """The one supervisor of child processes (an architecture test, tests/test_one_owner.py, fails on any
 other spawn in the product). Standard library only.
 
-Every child runs in a process group of its own, so whatever it starts in turn is reached too. What
-leaves the group (a helper in a session of its own, a daemon that forked twice) is found all the
-same: each child carries a mark of its own in its environment (ROCM_VLLM_SUPERVISED, handed down to
-everything it starts), its descendants are followed through /proc, and this process is the
-subreaper of what it starts (Linux's PR_SET_CHILD_SUBREAPER), so an orphan of theirs is re-parented
-to this process, not to init. What this process adopts that way is its children's, mark or not (a
-helper may clear the mark): it is ended with the child that stops while no other runs, and at the
-latest when this process exits. (A child this process started some other way, in a session of its
-own, would count as such an orphan: in the product every child starts here.)
+Every child runs in a process group of its own. What leaves the group (a helper in a session of its
+own, a daemon that forked twice) is found all the same: each child carries a mark in its environment
+(ROCM_VLLM_SUPERVISED, handed down), its descendants are followed through /proc, and this process is
+the subreaper of what it starts (PR_SET_CHILD_SUBREAPER). An orphan it adopts that way is its
+children's, mark or not: it is ended with the child that stops while no other runs, at the latest at
+exit. docs/self-tests.md tells the same from the user's side.
 
-`forward_signals()` (called by each command that starts children: bench, accuracy, selftest, and as
-a pytest plugin by the suites selftest runs) turns SIGTERM, SIGINT and SIGHUP into `Terminated` in
-the main thread; each child's `with` block then sends
-the same signal to the child's group, waits its grace period, kills what is left, and the command
-exits with 128 + the signal's number. A signal that arrives during that clean-up does not cut it
-short: it is passed on to the child, its grace period ends at most 5 s later, and the signal takes
-its course (Terminated, KeyboardInterrupt, ...) once everything is stopped. Signals are held while a
-child is started and while its grace period is chosen (a health check of a few seconds), so none
-comes between a child's start and its stop; a child still running when this process exits is
-stopped then. Nothing a command started is left running when it ends.
+`forward_signals()` (bench, accuracy, selftest, and as a pytest plugin the suites) turns SIGTERM,
+SIGINT and SIGHUP into `Terminated` in the main thread; each child's `with` block then sends that
+signal to the child's group, waits its grace period, kills what is left, and the command exits with
+128 + the signal's number. A signal during that clean-up is passed on to the child, cuts its grace
+period to 5 s, and takes its course once everything is stopped. Signals are held while a child is
+started and while its grace period is chosen, so none comes between a child's start and its stop.
 
     with children.started(command, log=path) as proc: ...   # a server for the length of a block
     children.run(command)                                   # a command to its end (pytest)
     children.output(argv, timeout_s)                        # a tool's output (amd-smi, rocminfo)
 
-Each also takes `cwd` (the child's working directory) and where an output of the child goes when not
-to its default: `started` with no log takes `stdout` and `stderr`, `run` takes `stdout`, `output`
-takes `stderr`, in subprocess's forms (None: this process's own stream, the user's terminal;
-subprocess.DEVNULL; an open file), e.g. a server's log followed on this process's stderr while its
-stdout stays the command's result.
+Each also takes `cwd`, and where an output of the child goes when not to its default (`started`
+with no log: `stdout`, `stderr`; `run`: `stdout`; `output`: `stderr`), in subprocess's forms.
 """
 from __future__ import annotations
 
@@ -107,8 +97,7 @@ def _signals_held() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield held  # signals are handled in the main thread only
         return
-    before = {sig: signal.getsignal(sig) for sig in FORWARDED}
-    before = {sig: handler for sig, handler in before.items() if handler is not None}
+    before = {sig: handler for sig in FORWARDED if (handler := signal.getsignal(sig)) is not None}
     for sig in before:
         signal.signal(sig, lambda signum, frame: held.append(signum))  # noqa: ARG005
     try:
@@ -365,13 +354,10 @@ def started(command: Sequence[str], log: Path | None, env: Mapping[str, str] | N
     `stdout` and `stderr` say, this process's own streams by default: a log followed on the user's
     terminal); stopped at the block's end (`grace_s()`: seconds it may take, asked then with signals
     held; not asked once this process is told to stop: 5 s), whatever ended the block."""
-    if log is None:
-        with _supervised(command, env, grace_s, stdout=stdout, stderr=stderr, cwd=cwd) as proc:
+    with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
+        streams = {"stdout": stdout, "stderr": stderr} if out is None else {"stdout": out, "stderr": subprocess.STDOUT}
+        with _supervised(command, env, grace_s, cwd=cwd, **streams) as proc:
             yield proc
-        return
-    with open(log, "wb") as out, _supervised(command, env, grace_s, stdout=out, stderr=subprocess.STDOUT,
-                                             cwd=cwd) as proc:
-        yield proc
 
 
 def run(command: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = 30.0, *,

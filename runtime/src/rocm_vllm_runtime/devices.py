@@ -41,14 +41,15 @@ def is_arch(text: str) -> bool:
     return bool(_ARCH.match(base_arch(text)))
 
 
+def _arch_or_empty(target: str) -> str:
+    return target if is_arch(target) else ""
+
+
 def detect_format(text: str) -> str:
     """'amd-smi-json', 'amd-smi', 'rocminfo' or 'unknown'."""
-    stripped = text.strip()
-    if stripped.startswith(("[", "{")):
+    if text.strip().startswith(("[", "{")):
         return "amd-smi-json"
-    if re.search(r"^\s*TARGET_GRAPHICS_VERSION\s*:", text, re.M) or re.search(
-        r"^GPU:\s*\d+\s*$", text, re.M
-    ):
+    if re.search(r"^\s*TARGET_GRAPHICS_VERSION\s*:|^GPU:\s*\d+\s*$", text, re.M):
         return "amd-smi"
     if re.search(r"^\s*(Agent \d+|Device Type:|Name:)", text, re.M):
         return "rocminfo"
@@ -57,14 +58,8 @@ def detect_format(text: str) -> str:
 
 def parse_listing(text: str) -> list[Gpu]:
     """GPUs in any supported listing; [] when the text lists none."""
-    fmt = detect_format(text)
-    if fmt == "amd-smi-json":
-        return parse_amd_smi_json(text)
-    if fmt == "amd-smi":
-        return parse_amd_smi(text)
-    if fmt == "rocminfo":
-        return parse_rocminfo(text)
-    return []
+    parse = {"amd-smi-json": parse_amd_smi_json, "amd-smi": parse_amd_smi, "rocminfo": parse_rocminfo}
+    return parse.get(detect_format(text), lambda _: [])(text)
 
 
 def _field(line: str) -> tuple[str, str] | None:
@@ -82,9 +77,7 @@ def parse_amd_smi(text: str) -> list[Gpu]:
 
     def flush() -> None:
         if current is not None:
-            target = current.get("TARGET_GRAPHICS_VERSION", "")
-            if not is_arch(target):
-                target = ""
+            target = _arch_or_empty(current.get("TARGET_GRAPHICS_VERSION", ""))
             gpus.append(Gpu(index, target, current.get("MARKET_NAME", "")))
 
     for line in text.splitlines():
@@ -129,14 +122,9 @@ def parse_amd_smi_json(text: str) -> list[Gpu]:
     if not isinstance(data, list):
         return gpus
     for position, entry in enumerate(data):
-        if not isinstance(entry, dict):
+        if not isinstance(entry, dict) or not isinstance(asic := entry.get("asic", entry), dict):
             continue
-        asic = entry.get("asic", entry)
-        if not isinstance(asic, dict):
-            continue
-        target = str(asic.get("target_graphics_version", "") or "")
-        if not is_arch(target):
-            target = ""
+        target = _arch_or_empty(str(asic.get("target_graphics_version", "") or ""))
         gpus.append(Gpu(_index(entry.get("gpu", position), position), target,
                         str(asic.get("market_name", "") or "")))
     return gpus
@@ -175,9 +163,7 @@ def parse_rocminfo(text: str) -> list[Gpu]:
                 marketing = value
             elif key == "DEVICE_TYPE" and not device_type:
                 device_type = value.upper()
-        if device_type and device_type != "GPU":
-            continue
-        if not is_arch(name):
+        if (device_type and device_type != "GPU") or not is_arch(name):
             continue
         # Prefer the ISA that names the agent's own arch (newer ROCm also lists
         # a generic ISA such as gfx9-4-generic first).

@@ -57,8 +57,7 @@ def find(*names: str) -> tuple[str, str] | None:
 
 
 def version_of(*names: str) -> str | None:
-    """The version of the first of ``names`` that is installed; ``NO_VERSION`` when its metadata
-    has none; ``None`` when none of them is installed. MetadataError when it cannot be read."""
+    """The version ``find`` gives (``NO_VERSION``, ``None`` and MetadataError as there)."""
     found = find(*names)
     return None if found is None else found[1]
 

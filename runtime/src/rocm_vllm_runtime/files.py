@@ -94,11 +94,9 @@ def _above_problem(folder: Path, uid: int) -> str:
 
 
 def made_problem(path: str | Path) -> str:
-    """'' when `path` is a folder this program made and no one else can have changed: a real folder
-    (not a symbolic link) with this program's marker file inside, both belonging to the user that runs
-    this program, the folder writable by that user only, and no other user able to replace it
-    (`_above_problem`), as OpenSSH trusts a configuration file. Otherwise why not, in one line: a
-    copied marker in a folder of someone else's, or one others can write to, is not this program's."""
+    """'' when `path` is a folder this program made and no one else can have changed (the module's
+    rules: a real folder, its marker inside, `_above_problem`), as OpenSSH trusts a configuration file.
+    Otherwise why not, in one line."""
     folder = Path(os.path.abspath(path))
     uid = os.geteuid()
     try:
@@ -309,10 +307,9 @@ def directory_problem(option: str, path: str) -> str:
 
 
 def outputs_problem(outputs: Mapping[str, str | None], folders: Mapping[str, str | None] | None = None) -> str:
-    """'' when every result file (option -> path) can be written, each to a file of its own, and
-    every output folder (option -> path) can take files; else the first problem as one line.
-    Every command that writes results checks this before it starts its work, so a bad path
-    never costs a run."""
+    """'' when every result file (option -> path) can be written, each to a file of its own, and every
+    output folder (option -> path) can take files; else the first problem. Checked before any work, so
+    a bad path never costs a run."""
     problems = [not_regular_problem(o, p) for o, p in outputs.items() if p]
     problems += [check_outputs(outputs)]
     problems += [writable_problem(o, p) for o, p in outputs.items() if p]
@@ -321,9 +318,7 @@ def outputs_problem(outputs: Mapping[str, str | None], folders: Mapping[str, str
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write text to path atomically (a temporary file beside the target, then a rename): a reader
-    sees the old file or the new one, never part of it. A symbolic link is written through (its
-    target changes, the link stays). Returns the file written."""
+    """Write text to path atomically (see the module docstring); the file written."""
     problem = not_regular_problem("", path)
     if problem:
         raise OutputError(problem)
@@ -335,18 +330,22 @@ def write_text(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o644)
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o644)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             _delete(Path(tmp))  # the temporary file made above, never the target
-        except OSError:
-            pass
         raise
     return target
+
+
+def stamp(path: str | Path) -> tuple[int, int, int] | None:
+    """What tells a file written now from one that was there: inode, size, modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def write_result(prog: str, option: str, path: str, text: str) -> bool:
@@ -428,10 +427,8 @@ def _checked(value: object, where: str) -> None:
 
 
 def json_value(text: str | bytes, where: str) -> object:
-    """The one reader of JSON text: its value, or DataError in one line starting with `where` when the
-    text is not UTF-8, not JSON, holds a key twice in one object (naming the key) or nests deeper than
-    JSON_DEPTH; an integer of more than JSON_DIGITS digits or a lone surrogate (\\ud800) is refused as
-    well, so no value read here fails later, where it is used or printed."""
+    """The one reader of JSON text: its value, or DataError (the module docstring's refusals) in one
+    line starting with `where`, so no value read here fails later, where it is used or printed."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -462,9 +459,9 @@ def read_bounded(stream, where: str, limit: int = JSON_LIMIT) -> bytes:
 
 
 def read_json(path: str | Path, where: str = "", limit: int = JSON_LIMIT) -> object:
-    """The JSON value of the file `path` (json_value), read only when it is a regular file (a FIFO would
-    wait for a writer) and at most `limit` bytes long. DataError in one line starting with `where`
-    (default: the path); OSError when it cannot be read."""
+    """The JSON value of the file `path` (json_value), a regular file (a FIFO would wait for a writer)
+    of at most `limit` bytes. DataError in one line starting with `where` (default: the path); OSError
+    when it cannot be read."""
     where = where or str(path)
     problem = not_regular_problem("", path)
     if problem:

@@ -35,6 +35,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,6 @@ AITER_ARCHS = ("gfx942", "gfx950")
 REQUIRE_GPU_ENV = "ROCM_VLLM_REQUIRE_GPU"
 KFD_ENV = "ROCM_VLLM_KFD_PATH"
 DEFAULT_KFD = "/dev/kfd"
-
 DRI_ENV = "ROCM_VLLM_DRI_PATH"
 DEFAULT_DRI = "/dev/dri"
 USE_AITER_ENV = "VLLM_ROCM_USE_AITER"
@@ -72,7 +72,6 @@ def kfd_path(env: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class RenderNode:
     """A render node under the DRI directory; `error` empty when it opened read-write."""
-
     path: str
     error: str = ""
 
@@ -80,7 +79,6 @@ class RenderNode:
 @dataclass(frozen=True)
 class Listing:
     """Output of one device tool; `text` None when the tool is absent or failed."""
-
     tool: str
     text: str | None
     problem: str = ""
@@ -107,9 +105,7 @@ class Decision:
     jit_dir: str = ""
     jit_mount: str = ""  # where a volume keeps the JIT cache
     jit_build: str = ""  # the container-local root of AITER's build directory per run
-    # the other caches on that volume (jitcache.VOLUME_CACHES): variable -> folder, for those the user
-    # did not set
-    cache_dirs: dict[str, str] = field(default_factory=dict)
+    cache_dirs: dict[str, str] = field(default_factory=dict)  # jitcache.VOLUME_CACHES not set: variable -> folder
     jit_problem: str = ""  # why there is no JIT cache directory (a manifest commit that is no name)
 
     @property
@@ -167,10 +163,7 @@ def strictness(mode: str, env: Mapping[str, str]) -> str:
 
 
 def describe(gpus: Sequence[Gpu]) -> str:
-    counts: dict[str, int] = {}
-    for gpu in gpus:
-        label = gpu.target + (f" ({gpu.name})" if gpu.name else "")
-        counts[label] = counts.get(label, 0) + 1
+    counts = Counter(gpu.target + (f" ({gpu.name})" if gpu.name else "") for gpu in gpus)
     return ", ".join(f"{n} x {label}" for label, n in counts.items())
 
 
@@ -208,11 +201,10 @@ def _jit_cache(decision: Decision, inputs: GuardInputs) -> None:
     except files.RefusedError as exc:
         decision.jit_problem = str(exc)
         return
-    decision.jit_dir = path
+    decision.jit_dir, decision.jit_build = path, jitcache.build_root_for(inputs.env)
     if by_user:
         decision.jit_mount = path
-    decision.jit_build = jitcache.build_root_for(inputs.env)
-    if not by_user:
+    else:
         decision.env[jitcache.JIT_DIR_ENV] = path
 
 
@@ -355,16 +347,8 @@ def gather(mode: str, env: Mapping[str, str]) -> GuardInputs:
     if not setting_problem(env) and strictness(mode, env) != "off":
         listings = [run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])]
         nodes = render_nodes(env)
-    return GuardInputs(
-        mode=mode,
-        listings=listings,
-        env=env,
-        has_kfd=os.path.exists(kfd_path(env)),
-        manifest=manifest,
-        manifest_error=manifest_error,
-        aiter_installed=jitcache.aiter_prebuilt_dir() is not None,
-        render_nodes=nodes,
-    )
+    return GuardInputs(mode, listings, env, os.path.exists(kfd_path(env)), manifest, manifest_error,
+                       aiter_installed=jitcache.aiter_prebuilt_dir() is not None, render_nodes=nodes)
 
 
 def _jit_cache_problem(decision: Decision, level: str, message: str) -> None:

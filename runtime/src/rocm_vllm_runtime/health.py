@@ -10,10 +10,8 @@ shows without other traffic (the request fails or does not answer within the tim
 URL: default http://127.0.0.1:$SERVE_PORT (8000). The API key, when the server has one, comes
 from VLLM_API_KEY, as the server's own (never shown). --timeout bounds the whole check, every
 request together: a server that answers one byte at a time is cut off at the deadline as well.
---url's port and --timeout (at most a day) are read as every number setting is
-(rocm_vllm_runtime.numeric); credentials in --url are refused (the probe sends none) and never shown.
-Requests go through rocm_vllm_runtime.web: a loopback server is reached directly, never through the
-environment's proxy, and a redirect is an answer, not followed.
+--url's port and --timeout (at most a day) are read by rocm_vllm_runtime.numeric; credentials in --url
+are refused (the probe sends none) and never shown. Requests go through rocm_vllm_runtime.web.
 Exit status 0 healthy, 1 not (one line saying why); 2 for a bad --timeout, --url or SERVE_PORT.
 """
 from __future__ import annotations
@@ -133,10 +131,6 @@ def read_url(url: str) -> tuple[str, str]:
     return f"{parts.scheme}://{host}:{parts.port or {'http': 80, 'https': 443}[parts.scheme]}", ""
 
 
-def url_problem(url: str) -> str:
-    return read_url(url)[1]
-
-
 def within(deadline: float, check, *args) -> str:
     """check(*args), or the line saying it did not finish within deadline seconds (it runs in a
     thread of its own: a server that trickles bytes cannot hold the caller past the deadline)."""
@@ -165,11 +159,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
     parser.add_argument("--timeout", default=str(DEFAULT_TIMEOUT_S),
                         help="seconds for the whole check, every request together (default 10)")
     args = parser.parse_args(argv)
-    try:
+    try:  # numeric.SettingError is a ValueError
         args.timeout = numeric.duration("--timeout", args.timeout)
-    except numeric.SettingError as exc:
-        parser.error(str(exc))
-    try:
         url = args.url or default_url(env)
     except ValueError as exc:
         parser.error(str(exc))

@@ -1,34 +1,25 @@
 """Where AITER keeps modules it compiles at run time, and how prebuilt ones stay visible.
 
-AITER compiles a module it cannot import (JIT, with hipcc) into `AITER_JIT_DIR`.
-When `AITER_JIT_DIR` is set, AITER imports every module from that directory
-only, so the modules prebuilt into the wheel (`<site-packages>/aiter/jit/*.so`)
-would be rebuilt at first use. `prepare()` therefore links each prebuilt module
-into the cache directory; modules compiled at run time land beside them as
-real files and survive container restarts when the directory is a volume.
-
-The default directory is keyed by the AITER commit of the image, so a cache
-volume kept across image upgrades never feeds an old module to a new AITER.
+AITER compiles a module it cannot import (JIT, with hipcc) into `AITER_JIT_DIR`. When that is set,
+AITER imports every module from there only, so the modules prebuilt into the wheel
+(`<site-packages>/aiter/jit/*.so`) would be rebuilt at first use. `prepare()` therefore links each
+into the cache directory; modules compiled at run time land beside them and survive restarts on a
+volume. The default directory is keyed by the image's AITER commit: a kept volume never feeds an
+old module to a new AITER.
 
 Two more caches go to the same volume unless their variable is set (`VOLUME_CACHES`): Triton's
-kernel cache (`TRITON_CACHE_DIR`, in `triton/`: the backend's decode planner, which compiles every
-launch shape at start, and vLLM's own Triton kernels) and vLLM's cache folder (`VLLM_CACHE_ROOT`,
-in `vllm/`: torch.compile's artifacts, what vLLM learns of a model class in a child process at every
-start, and, from vLLM 0.34, its start-up plans). Both name each entry by a hash of what it was made
-from (Triton: its version and the kernel's source; vLLM: the model's code, the configuration), so
-one folder serves every image, and a restart reuses what the last start made.
+kernel cache (`TRITON_CACHE_DIR`, in `triton/`: the decode planner compiles every launch shape at
+start, and vLLM's own Triton kernels) and vLLM's cache folder (`VLLM_CACHE_ROOT`, in `vllm/`:
+torch.compile's artifacts, what vLLM learns of a model class at every start, and from vLLM 0.34 its
+start-up plans). Both key each entry by a hash of what it was made from, so one folder serves every
+image.
 
-AITER compiles in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) and serialises its
-builds with lock files there (`build_module` -> `mp_lock` -> `FileBaton`; `<module>/build/lock`
-in aiter/jit/utils/cpp_extension.py). A waiter polls until the lock file is gone; a lock whose
-holder was killed (a container stopped or restarted mid-build) is broken only when the holder is
-recorded with this hostname and its pid is dead here. On a volume that outlives the container,
-or is shared by several, that is undecidable (another container's hostname, or the pid of a
-previous run alive again in a new PID namespace) and the next start waits forever (ROCm/aiter
-#3635, #5266). `link_build_dir()` therefore points `<AITER_JIT_DIR>/build` at a directory of
-this container run only (`run_build_dir()`: under $TMPDIR, keyed by `run_key()`): its locks are
-never seen by another container, and those of a previous run are gone at the next start.
-Modules AITER compiles are still copied to `AITER_JIT_DIR` itself and stay on the volume.
+AITER builds in `<AITER_JIT_DIR>/build` (`bd_dir` in aiter/jit/core.py) under lock files
+(`build_module` -> `mp_lock` -> `FileBaton`, aiter/jit/utils/cpp_extension.py). On a volume a lock
+of a killed build is never broken and the next start waits forever (ROCm/aiter #3635, #5266;
+docs/troubleshooting.md, "AITER JIT build locks", says why). `link_build_dir()` therefore points
+`<AITER_JIT_DIR>/build` at a directory of this container run only (`run_build_dir()`: under $TMPDIR,
+keyed by `run_key()`). Compiled modules are still copied to `AITER_JIT_DIR` and stay on the volume.
 """
 from __future__ import annotations
 
@@ -98,12 +89,8 @@ def _start_time(stat: str) -> str:
 
 
 def run_key(proc: Path = Path("/proc")) -> str:
-    """Identity of this container run: boot, PID namespace and start of its process 1.
-
-    Every process of one run (the server, a `docker exec` beside it) gets the same key; a
-    restarted container gets a new process 1 and another key, another container another PID
-    namespace. A part that cannot be read counts as empty.
-    """
+    """Identity of this container run: boot, PID namespace and start of its process 1 (a part that
+    cannot be read counts as empty). A `docker exec` shares it; a restarted container gets another."""
     parts = []
     for read in (lambda: (proc / "sys/kernel/random/boot_id").read_text().strip(),
                  lambda: os.readlink(proc / "self/ns/pid"),
@@ -118,11 +105,9 @@ def run_key(proc: Path = Path("/proc")) -> str:
 def run_build_dir(root: str, key: str) -> Path:
     """`<root>/current`, a link to this run's own directory `<root>/run-<key>`.
 
-    The root is this program's (made with its marker, by the user that runs it, writable by that user
-    only, and no other user can replace it: files.made_problem; anything else there, a copied marker in
-    a folder of someone else's included, is refused in one line: RefusedError), so the other `run-*`
-    directories in it belong to runs whose processes are all gone, and any lock file in them is stale:
-    those this program made are removed.
+    The root must be this program's (files.made_problem, else RefusedError), so the other `run-*`
+    directories in it belong to runs whose processes are all gone, their locks stale: those this
+    program made are removed.
     """
     base = Path(root)
     files.make_dir(base)
@@ -152,10 +137,9 @@ def _is_current_run(target: str) -> bool:
 def link_build_dir(jit_dir: str, build_dir: Path) -> None:
     """Point AITER's build directory `<jit_dir>/build` at `build_dir` (this run's own).
 
-    Only a link this program made there is replaced. Anything else (a folder or a file of the user's,
-    another link; also a real build directory left by an image without this layout, whose locks
-    nothing can tell from live ones) is kept and refused in one line (RefusedError). Run as root,
-    the link takes the owner of the cache directory.
+    Only a link this program made there is replaced; anything else (also a real build directory of an
+    image without this layout: its locks cannot be told from live ones) is kept, RefusedError. Run as
+    root, the link takes the owner of the cache directory.
     """
     jit = Path(jit_dir)
     files.point_link(jit / BUILD_DIR_NAME, str(build_dir), _is_current_run, _owner_to_keep(jit),
@@ -189,10 +173,8 @@ def _owner_to_keep(existing: Path) -> tuple[int, int] | None:
 def prepare(jit_dir: str, prebuilt_dir: Path | None) -> int:
     """Create the directory and link prebuilt modules into it; returns the link count.
 
-    Real files (modules compiled at run time) are left alone; our own links are
-    refreshed so they follow the image's current AITER. Run as root, directories and links
-    created here take the owner of the directory they are created in (the cache volume is
-    owned by the server's user).
+    Real files (modules compiled at run time) are left alone; our own links follow the image's current
+    AITER. Run as root, what is created takes the owner of its folder (the server's user owns the volume).
     """
     target = Path(jit_dir)
     missing = [p for p in (target, *target.parents) if not os.path.lexists(p)]

@@ -81,7 +81,9 @@ ORIGINS = (BASE_IMAGE, EXISTING_IMAGE)
 # and the Triton torch requires.
 WHEELS = ("torch", "triton", "torchvision", "torchaudio")
 UNRESOLVED = "UNRESOLVED"
-
+# aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
+AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
+_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 Lookup = Callable[..., "Installed | None"]
 
 
@@ -164,11 +166,8 @@ class Manifest:
         return (self.aiter.commit if self.aiter else None) or ""
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        data["gpu_archs"] = list(self.gpu_archs)
-        data["prebuilt_modules"] = list(self.prebuilt_modules)
-        data["unresolved"] = list(self.unresolved)
-        return data
+        return {**asdict(self), "gpu_archs": list(self.gpu_archs), "prebuilt_modules": list(self.prebuilt_modules),
+                "unresolved": list(self.unresolved)}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -193,6 +192,11 @@ def _text(section: Mapping[str, object], name: str, key: str, where: str) -> str
 def _texts(cls, section: Mapping[str, object], key: str, where: str, **extra):
     names = [n for n in cls.__dataclass_fields__ if n not in extra]
     return cls(**{n: _text(section, n, key, where) for n in names}, **extra)
+
+
+def _section(cls, data: Mapping[str, object], key: str, where: str):
+    """The section `key` of the manifest (absent or null: all its values null), its values strings or null."""
+    return _texts(cls, _object(data.get(key) or {}, key, where), key, where)
 
 
 def _names(data: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
@@ -221,9 +225,8 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
     if not isinstance(declared, bool):
         raise ManifestError(f"{where}: 'declared' must be true or false")
     pytorch = _object(data.get("pytorch") or {}, "pytorch", where)
-    wheels = {}
-    for name, wheel in _object(pytorch.get("wheels") or {}, "pytorch.wheels", where).items():
-        wheels[name] = _texts(Wheel, _object(wheel, f"pytorch.wheels.{name}", where), f"pytorch.wheels.{name}", where)
+    wheels = {name: _texts(Wheel, _object(wheel, f"pytorch.wheels.{name}", where), f"pytorch.wheels.{name}", where)
+              for name, wheel in _object(pytorch.get("wheels") or {}, "pytorch.wheels", where).items()}
     aiter = data.get("aiter")
     if aiter is not None:
         section = _object(aiter, "aiter", where)
@@ -238,26 +241,18 @@ def parse_manifest(data: object, where: str = "manifest") -> Manifest:
     if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
         raise ManifestError(f"{where}: 'source_date_epoch' must be an integer or null")
     return Manifest(
-        gpu_archs=archs,
-        origin=origin,
-        declared=declared,
-        rocm=_texts(Rocm, _object(data.get("rocm") or {}, "rocm", where), "rocm", where),
-        python=_texts(PythonInfo, _object(data.get("python") or {}, "python", where), "python", where),
+        gpu_archs=archs, origin=origin, declared=declared, rocm=_section(Rocm, data, "rocm", where),
+        python=_section(PythonInfo, data, "python", where),
         pytorch=PyTorch(index_url=_text(pytorch, "index_url", "pytorch", where),
                         lock_sha256=_text(pytorch, "lock_sha256", "pytorch", where), wheels=wheels),
-        aiter=aiter,
-        prebuilt_modules=_names(data, "prebuilt_modules", where),
-        vllm=_texts(Vllm, _object(data.get("vllm") or {}, "vllm", where), "vllm", where),
-        ray=ray,
-        source_date_epoch=epoch,
-        unresolved=_names(data, "unresolved", where),
-    )
+        aiter=aiter, prebuilt_modules=_names(data, "prebuilt_modules", where),
+        vllm=_section(Vllm, data, "vllm", where), ray=ray, source_date_epoch=epoch,
+        unresolved=_names(data, "unresolved", where))
 
 
 def read_json(path: str | Path, what: str, fix: str) -> object:
-    """The JSON value of the file at `path` (the manifest, --aiter-pins), read by the one JSON reader
-    (files.read_json: a regular file of at most MANIFEST_LIMIT bytes, never a FIFO or a device):
-    ManifestError in one line naming `what` and `fix` when it cannot be read or is no such value."""
+    """The JSON value of the file at `path` (the manifest, --aiter-pins; files.read_json, MANIFEST_LIMIT
+    bytes at most): ManifestError in one line naming `what` and `fix` when it cannot be read or is none."""
     where = f"{what} {path}"
     try:
         return files.read_json(path, where, MANIFEST_LIMIT)
@@ -292,9 +287,8 @@ def dumps(manifest: Manifest) -> str:
 
 
 def write_manifest(manifest: Manifest, path: str | Path) -> None:
-    """Atomically (rocm_vllm_runtime.files): a reader sees the old manifest or the new one, never
-    part of one; a symbolic link is written through to its target; LF line endings on every OS.
-    A directory at path is refused (ManifestError, one line)."""
+    """Atomically, through a symbolic link, LF line endings on every OS (files.write_text). A directory at
+    path is refused (ManifestError, one line)."""
     text = dumps(manifest)
     if Path(path).is_dir():
         raise ManifestError(f"{path} is a directory: give the manifest a file path (--out)")
@@ -314,9 +308,6 @@ def _archs(env: Mapping[str, str]) -> tuple[str, ...]:
     return archs
 
 
-_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
 def torch_triton(requirements: Sequence[str]) -> str | None:
     """The Triton distribution among torch's Requires-Dist lines (its name changes between
     releases: pytorch-triton-rocm, triton-rocm, triton)."""
@@ -325,10 +316,6 @@ def torch_triton(requirements: Sequence[str]) -> str | None:
         if m and "triton" in m.group(1).lower():
             return m.group(1)
     return None
-
-
-# aiter-pins.json (aiter_source.sh verify): the verified source's commits, and whether they are the pins.
-AITER_PIN_KEYS = ("repository", "tag", "commit", "ck_commit", "pinned")
 
 
 def aiter_pins_problem(pins: object) -> str:
@@ -378,10 +365,8 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         value = aiter_pins.get(key)
         return value if isinstance(value, str) and value else None
 
-
     return Manifest(
-        gpu_archs=_archs(env),
-        origin=BASE_IMAGE,
+        gpu_archs=_archs(env), origin=BASE_IMAGE,
         rocm=Rocm(version=_pin(env, "ROCM_VERSION"), image=_pin(env, "ROCM_IMAGE")),
         python=PythonInfo(version=_pin(env, "PYTHON_VERSION")),
         pytorch=PyTorch(index_url=_pin(env, "PYTORCH_INDEX_URL"), lock_sha256=_pin(env, "PYTORCH_LOCK_SHA256"),
@@ -395,9 +380,7 @@ def base_part(env: Mapping[str, str], aiter_pins: Mapping[str, object], modules:
         vllm=Vllm(track=_pin(env, "VLLM_TRACK"), version=_pin(env, "VLLM_VERSION"), tag=_pin(env, "VLLM_TAG"),
                   repository=_pin(env, "VLLM_REPOSITORY"), commit=_pin(env, "VLLM_COMMIT")),
         source_date_epoch=source_date_epoch,
-        unresolved=tuple(sorted(k for k, v in env.items()
-                                if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))),
-    )
+        unresolved=tuple(sorted(k for k, v in env.items() if v == UNRESOLVED or v.endswith("@sha256:UNRESOLVED"))))
 
 
 def release(version: str) -> str:
@@ -431,18 +414,12 @@ def with_vllm(base: Manifest | None, env: Mapping[str, str], *, lookup: Lookup =
                                           distribution=vllm.distribution, installed=vllm.version), ray=ray)
     aiter = lookup(*AITER_DISTRIBUTIONS)
     return Manifest(
-        gpu_archs=_archs(env),
-        origin=EXISTING_IMAGE,
-        declared=True,
+        gpu_archs=_archs(env), origin=EXISTING_IMAGE, declared=True,
         python=PythonInfo(version="{}.{}".format(*sys.version_info[:2])),
         aiter=None if aiter is None else Aiter(version=aiter.version, distribution=aiter.distribution),
         vllm=Vllm(track=track, version=release(vllm.version), image=image or None, distribution=vllm.distribution,
-                  installed=vllm.version),
-        ray=ray,
-    )
+                  installed=vllm.version), ray=ray)
 
-
-# ------------------------------------------------------------------------------------ command line
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env

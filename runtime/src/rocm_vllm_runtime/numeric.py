@@ -105,7 +105,6 @@ class Url(NamedTuple):
     password: str | None
 
 
-
 def url(name: str, raw: object, schemes: tuple[str, ...] = ("http", "https")) -> Url:
     """A URL with one of schemes and a host; its port, when given, read as ``port`` reads one (a
     port of 65536 or more never wraps round onto another). The message names the setting, the

@@ -42,19 +42,8 @@ from rocm_vllm_runtime import numeric
 
 PREFIX = "rocm-vllm-"
 DEFAULT_MANIFEST = "/opt/rocm-vllm/manifest.json"
-
-
-def gpu_part() -> str:
-    try:
-        import torch
-        count = torch.cuda.device_count()
-        archs = sorted({torch.cuda.get_device_properties(i).gcnArchName.split(":", 1)[0] for i in range(count)})
-    except Exception:  # no ROCm torch or no GPU: the guard has already decided whether that is allowed
-        count, archs = 0, []
-    return f"{'+'.join(archs)}x{count}" if count else "cpu"
-
-
 DEFAULT_APP_DIR = "/opt/rocm-vllm"
+OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
 # (setting, default (None: required), what it counts): whole numbers >= 1, read through `settings`
 SETTINGS = (("RAY_NODES", 2, "nodes"), ("RAY_JOIN_TIMEOUT", 1200, "seconds"))
 LWS_SETTINGS = (("LWS_GROUP_SIZE", None, "nodes"), SETTINGS[1])
@@ -104,7 +93,14 @@ def settings(env: Mapping[str, str], deployment: Deployment = COMPOSE) -> dict[s
     return {name: whole_number(name, env.get(name), default, unit) for name, default, unit in deployment.settings}
 
 
-OWNED_PACKAGES = ("vllm_aiter_mla", "rocm_vllm_runtime")
+def gpu_part() -> str:
+    try:
+        import torch
+        count = torch.cuda.device_count()
+        archs = sorted({torch.cuda.get_device_properties(i).gcnArchName.split(":", 1)[0] for i in range(count)})
+    except Exception:  # no ROCm torch or no GPU: the guard has already decided whether that is allowed
+        count, archs = 0, []
+    return f"{'+'.join(archs)}x{count}" if count else "cpu"
 
 
 def owned_paths(env: Mapping[str, str]) -> list[Path]:
@@ -166,7 +162,6 @@ def wait(expected: int, timeout: float, interval: float = 5.0, deployment: Deplo
     me = identity(env)
     ray.init(address="auto", logging_level="ERROR")
     deadline = time.monotonic() + timeout
-    joined = 0
     while True:
         nodes = ray.nodes()
         ready, error = check(nodes, expected, me, deployment)

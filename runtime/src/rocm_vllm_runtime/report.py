@@ -6,11 +6,13 @@ passed: a skipped check there means the suite could not run, which is not a pass
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
+_MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "skipped": "SKIP"}
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,7 @@ class SuiteResult:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for check in self.checks:
-            counts[check.outcome] = counts.get(check.outcome, 0) + 1
-        return counts
+        return dict(Counter(check.outcome for check in self.checks))
 
 
 def parse_junit(xml_text: str) -> list[Check]:
@@ -41,15 +40,13 @@ def parse_junit(xml_text: str) -> list[Check]:
     root = ET.fromstring(xml_text)
     checks: list[Check] = []
     for case in root.iter("testcase"):
-        classname = case.get("classname", "")
-        name = case.get("name", "")
+        classname, name = case.get("classname", ""), case.get("name", "")
         ident = f"{classname}::{name}" if classname else name
         outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
+        for tag, outcome_of_tag in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             node = case.find(tag)
             if node is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                message = node.get("message") or (node.text or "").strip()
+                outcome, message = outcome_of_tag, node.get("message") or (node.text or "").strip()
                 break
         checks.append(Check(ident, outcome, _one_line(message), float(case.get("time") or 0)))
     return checks
@@ -66,22 +63,18 @@ def judge(name: str, checks: Sequence[Check], needs_gpu: bool, pytest_rc: int) -
     skipped = [c for c in checks if c.outcome == "skipped"]
     passed = [c for c in checks if c.outcome == "passed"]
     if bad:
-        result.status = FAILED
-        result.reason = f"{len(bad)} check(s) failed: " + "; ".join(c.id for c in bad[:5])
+        result.status, result.reason = FAILED, f"{len(bad)} check(s) failed: " + "; ".join(c.id for c in bad[:5])
     elif not checks:
-        result.status = FAILED if pytest_rc not in (0, 5) else NOT_RUN
-        result.reason = (f"pytest exited {pytest_rc} before running checks"
-                         if pytest_rc not in (0, 5) else "no checks collected")
+        result.status, result.reason = ((FAILED, f"pytest exited {pytest_rc} before running checks")
+                                        if pytest_rc not in (0, 5) else (NOT_RUN, "no checks collected"))
     elif pytest_rc not in (0, 1, 5):
-        result.status = FAILED
-        result.reason = f"pytest exited {pytest_rc}"
+        result.status, result.reason = FAILED, f"pytest exited {pytest_rc}"
     elif needs_gpu and skipped:
         reasons = sorted({c.message for c in skipped if c.message})
-        result.status = NOT_RUN
-        result.reason = "could not run: " + ("; ".join(reasons) or "checks skipped")
+        result.status, result.reason = NOT_RUN, "could not run: " + ("; ".join(reasons) or "checks skipped")
     elif not passed:
-        result.status = NOT_RUN
-        result.reason = "every check skipped: " + "; ".join(sorted({c.message for c in skipped}))
+        reasons = sorted({c.message for c in skipped})
+        result.status, result.reason = NOT_RUN, "every check skipped: " + "; ".join(reasons)
     return result
 
 
@@ -101,23 +94,10 @@ def to_json(suites: Sequence[SuiteResult], versions: Mapping[str, str],
             gpus: Sequence[Mapping[str, object]], gpu_source: str,
             extra: Mapping[str, object] | None = None) -> dict[str, object]:
     code = exit_code(suites)
-    doc: dict[str, object] = {
-        "result": overall(code),
-        "exit_code": code,
-        "versions": dict(versions),
-        "gpus": [dict(g) for g in gpus],
-        "gpu_source": gpu_source,
-        "suites": [
-            {"name": s.name, "status": s.status, "reason": s.reason, "counts": s.counts,
-             "checks": [asdict(c) for c in s.checks]}
-            for s in suites
-        ],
-    }
-    doc.update(extra or {})
-    return doc
-
-
-_MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "skipped": "SKIP"}
+    suites_json = [{"name": s.name, "status": s.status, "reason": s.reason, "counts": s.counts,
+                    "checks": [asdict(c) for c in s.checks]} for s in suites]
+    return {"result": overall(code), "exit_code": code, "versions": dict(versions), "gpus": [dict(g) for g in gpus],
+            "gpu_source": gpu_source, "suites": suites_json, **(extra or {})}
 
 
 def render(doc: Mapping[str, object]) -> str:
@@ -125,15 +105,11 @@ def render(doc: Mapping[str, object]) -> str:
     lines = ["", "=" * 24 + " selftest summary " + "=" * 24]
     versions = doc.get("versions", {})
     assert isinstance(versions, Mapping)
-    lines.append("versions:  " + "  ".join(
-        f"{k} {v or '(not installed)'}" for k, v in versions.items()))
+    lines.append("versions:  " + "  ".join(f"{k} {v or '(not installed)'}" for k, v in versions.items()))
     gpus = doc.get("gpus") or []
     assert isinstance(gpus, list)
-    if gpus:
-        lines.append(f"GPU archs: {', '.join(str(g['target']) for g in gpus)} "
-                     f"(from {doc.get('gpu_source')})")
-    else:
-        lines.append("GPU archs: none found")
+    lines.append(f"GPU archs: {', '.join(str(g['target']) for g in gpus)} (from {doc.get('gpu_source')})"
+                 if gpus else "GPU archs: none found")
     for suite in doc.get("suites", []):  # type: ignore[union-attr]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(suite["counts"].items())) or "no checks"
         lines.append(f"\n[{suite['name']}] {suite['status'].upper()} ({counts})")
@@ -166,6 +142,5 @@ def merge_junit(xml_texts: Sequence[str]) -> str:
     merged = ET.Element("testsuites")
     for text in xml_texts:
         root = ET.fromstring(text)
-        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-        merged.extend(suites)
+        merged.extend([root] if root.tag == "testsuite" else list(root.iter("testsuite")))
     return ET.tostring(merged, encoding="unicode")

@@ -28,31 +28,21 @@ _TYPES = {"object": "an object", "array": "a list", "string": "a string", "integ
           "number": "a number", "boolean": "true or false", "null": "null"}
 
 
+# What a value is called in a message (bool before int: True is an int too).
+_KINDS = ((bool, "true or false"), (float, "a decimal number"), (int, "a number"), (str, "a string"),
+          (list, "a list"), (dict, "an object"))
+_PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "true or false"
-    if isinstance(value, float):
-        return "a decimal number"
-    if isinstance(value, int):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object" if isinstance(value, dict) else type(value).__name__
+    return next((name for kind, name in _KINDS if isinstance(value, kind)), type(value).__name__)
 
 
 def _is(value: object, name: str) -> bool:
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    if name == "string":
-        return isinstance(value, str)
-    if name == "boolean":
-        return isinstance(value, bool)
+    if name in _PYTHON_TYPES:
+        return isinstance(value, _PYTHON_TYPES[name])
     if name == "null":
         return value is None
     if name == "integer":  # written as one: 1.0 is not (strict_integer)
@@ -77,6 +67,15 @@ def _field(path: tuple) -> str:
     return out or "the whole"
 
 
+# What is wrong when a keyword fails (rule: the keyword's value in the schema; value: the data's).
+_WHAT = {"additionalProperties": "holds a name that does not belong there",
+         "minItems": "holds fewer than {rule} entries", "minProperties": "holds fewer than {rule} entries",
+         "maxItems": "holds more than {rule} entries", "maxProperties": "holds more than {rule} entries",
+         "maxLength": "is longer than {rule} characters", "pattern": "does not match {rule}",
+         "minimum": "must be at least {rule}", "maximum": "must be at most {rule}", "const": "must be {rule!r}",
+         "not": "must not be {value!r}", "uniqueItems": "holds an entry twice"}
+
+
 def _message(keyword: str, rule: object, value: object) -> tuple[str, str]:
     """(a name to add to the field, what is wrong) for a failed keyword."""
     if keyword == "type":
@@ -85,31 +84,9 @@ def _message(keyword: str, rule: object, value: object) -> tuple[str, str]:
     if keyword == "required":
         missing = next(n for n in rule if n not in value)  # type: ignore[union-attr,operator]
         return missing, "is missing"
-    if keyword == "additionalProperties":
-        return "", "holds a name that does not belong there"
-    if keyword == "minItems":
-        return "", f"holds fewer than {rule} entries"
-    if keyword in ("maxItems", "maxProperties"):
-        return "", f"holds more than {rule} entries"
-    if keyword == "maxLength":
-        return "", f"is longer than {rule} characters"
-    if keyword == "pattern":
-        return "", f"does not match {rule}"
     if keyword == "enum":
         return "", f"must be one of {', '.join(map(repr, rule))}"  # type: ignore[arg-type]
-    if keyword == "minimum":
-        return "", f"must be at least {rule}"
-    if keyword == "maximum":
-        return "", f"must be at most {rule}"
-    if keyword == "const":
-        return "", f"must be {rule!r}"
-    if keyword == "not":
-        return "", f"must not be {value!r}"
-    if keyword == "uniqueItems":
-        return "", "holds an entry twice"
-    if keyword == "minProperties":
-        return "", f"holds fewer than {rule} entries"
-    return "", f"breaks {keyword} {rule!r}"
+    return "", _WHAT.get(keyword, "breaks {keyword} {rule!r}").format(keyword=keyword, rule=rule, value=value)
 
 
 def _problems(value: object, schema: Mapping, path: tuple = ()) -> Iterator[tuple[tuple, str, object, object]]:
@@ -145,8 +122,7 @@ def _problems(value: object, schema: Mapping, path: tuple = ()) -> Iterator[tupl
             yield path, "maxProperties", schema["maxProperties"], value
         if any(n not in value for n in schema.get("required", ())):
             yield path, "required", schema["required"], value
-        known = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
+        known, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
         for name, item in value.items():
             if name in known:
                 yield from _problems(item, known[name], (*path, name))
@@ -167,11 +143,8 @@ def unsupported(schema: object) -> set[str]:
     """The keywords of `schema` (and the schemas inside it) that are not in SUPPORTED."""
     if not isinstance(schema, Mapping):
         return set()
-    out = set(schema) - SUPPORTED
     inner = [*schema.get("properties", {}).values(), schema.get("items"), schema.get("additionalProperties")]
-    for sub in inner:
-        out |= unsupported(sub)
-    return out
+    return (set(schema) - SUPPORTED).union(*map(unsupported, inner))
 
 
 def _library():
@@ -197,11 +170,10 @@ def first_problem(value: object, schema: Mapping, use_library: bool | None = Non
     if library is not None:
         error = library.exceptions.best_match(_validator(library, schema).iter_errors(value))
         return "" if error is None else _library_line(error)
-    else:
-        found = next(_problems(value, schema), None)
-        if found is None:
-            return ""
-        path, keyword, rule, at = found
+    found = next(_problems(value, schema), None)
+    if found is None:
+        return ""
+    path, keyword, rule, at = found
     name, what = _message(str(keyword), rule, at)
     return f"{_field((*path, name) if name else path)}: {what}"
 

@@ -50,10 +50,9 @@ def secret_value_problem(value: str, what: str = "the API key") -> str:
         return (f"{what} is wrapped in quotes, which are part of its value (an env file for a Kubernetes Secret, "
                 "`kubectl create secret --from-env-file` and `docker run --env-file` keep them), so it would "
                 "never match what clients and servers send: remove the quotes (the value is not shown)")
-    bad = [c for c in value if c not in _VISIBLE]
-    if not bad:
+    c = next((c for c in value if c not in _VISIBLE), None)
+    if c is None:
         return ""
-    c = bad[0]
     trailing = value[len(value.rstrip()):]
     where = "at its end" if c in trailing else f"at position {value.index(c) + 1}"
     name = {"\n": "a newline", "\r": "a carriage return", " ": "a space", "\t": "a tab"}.get(c, f"U+{ord(c):04X}")
@@ -118,22 +117,20 @@ def masked(args: Sequence[str]) -> list[str]:
     taking = 0  # values still to mask: 1, or -1 for "every value up to the next option"
     for arg in args:
         option, eq, _ = arg.partition("=")
+        was, taking = taking, 0
         if arg.startswith("-") and eq and is_secret_option(option):
             out.append(f"{option}={MASK}")
-            taking = 0
         elif arg.startswith("-") and is_secret_option(arg):
             out.append(arg)
             taking = -1 if arg.lower().replace("_", "-") in _MANY_VALUES else 1
-        elif taking and not arg.startswith("-"):
+        elif was and not arg.startswith("-"):
             out.append(MASK)
-            taking = taking - 1 if taking > 0 else -1
+            taking = was - 1 if was > 0 else -1
         elif not arg.startswith("-") and eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", option) \
                 and is_secret_name(option):
             out.append(f"{option}={MASK}")
-            taking = 0
         else:
             out.append(masked_url(arg))
-            taking = 0
     return out
 
 

@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 
 OURS, VLLMS = "vllm-aiter-mla", "vllm"  # which implementation of the attention backend ran
-
 # vLLM's selection lines: "Using X backend." (CPU), "Using X backend (selected via
 # --attention-backend)." / "Using X backend out of potential backends: [...]." /
 # "Overriding with X out of potential backends: [...]." (ROCm), "Using X attention backend
@@ -20,14 +19,10 @@ OURS_LINE = re.compile(r"vllm-aiter-mla (?:CPU development mode|[^)\n]*\): decod
 @dataclass(frozen=True)
 class Selection:
     """What a server's log says it selected."""
-
     attention_backends: tuple[str, ...]  # every distinct backend named, in order
     implementation: str  # OURS when this project's implementation logged its start-up, else VLLMS
 
 
 def selection(log_text: str) -> Selection:
-    names: list[str] = []
-    for a, b in SELECTED_LINE.findall(log_text):
-        if (a or b) not in names:
-            names.append(a or b)
+    names = dict.fromkeys(a or b for a, b in SELECTED_LINE.findall(log_text))
     return Selection(tuple(names), OURS if OURS_LINE.search(log_text) else VLLMS)

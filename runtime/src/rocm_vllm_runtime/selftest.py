@@ -31,20 +31,15 @@ from rocm_vllm_runtime.guard import find_gpus, run_tool
 from rocm_vllm_runtime.secret_values import shown
 from rocm_vllm_runtime.versions import stack_versions
 
-SUITES: dict[str, tuple[tuple[str, ...], bool]] = {
-    # name: (test files, needs an AMD GPU)
-    "selector": (("test_selector.py",), False),
-    "smoke": (("test_smoke.py",), True),
-    "bench": (("test_bench.py",), True),
-    "accuracy": (("test_accuracy.py",), True),
+SUITES: dict[str, tuple[tuple[str, ...], bool]] = {  # name: (test files, needs an AMD GPU)
+    "selector": (("test_selector.py",), False), "smoke": (("test_smoke.py",), True),
+    "bench": (("test_bench.py",), True), "accuracy": (("test_accuracy.py",), True),
 }
 ORDER = ("selector", "smoke", "bench", "accuracy")
 # `all`: every suite that needs nothing mounted; accuracy needs its task data and a model, so it runs by name.
 ALL = ("selector", "smoke", "bench")
-# Suite -> (file it writes next to the --json report, key it gets in that report).
+# Suite -> the file it writes next to the --json report (embedded there under the suite's name).
 ARTIFACTS = {"bench": "bench.json", "accuracy": "accuracy.json"}
-
-
 # Where the image keeps the suites (Dockerfile.rocm, app-files).
 IMAGE_SUITES = "/opt/rocm-vllm/suites"
 
@@ -117,15 +112,6 @@ def artifact_problem(names: Sequence[str], outputs: dict[str, str | None]) -> st
     return ""
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file this run wrote from one that was there: inode, size, modification time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def detect_gpus() -> tuple[list[dict[str, object]], str]:
     gpus, tool, _ = find_gpus([run_tool(["amd-smi", "static", "--asic"]), run_tool(["rocminfo"])])
     return [{"index": g.index, "target": g.target, "name": g.name} for g in gpus], tool
@@ -143,7 +129,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # refuses `SUITE --json X -- ARGS`).
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    args.pytest_args = pytest_args
 
     outputs = {"--json": args.json, "--junit": args.junit}
     names = ALL if args.suite == "all" else (args.suite,)
@@ -158,20 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["SELFTEST_RESULTS_DIR"] = str(Path(args.json).resolve().parent)
     # Only this run's artifacts are reported; files already there (an earlier run's, or a user's
     # file of that name) are left as they are: what the suites do not rewrite is not embedded.
-    before = {name: _stamp(_artifact(name)) for name in names if name in ARTIFACTS}
-    results, xml_texts = [], []
+    before = {name: files.stamp(_artifact(name)) for name in names if name in ARTIFACTS}
     with files.scratch("selftest-") as tmp:
-        for name in names:
-            result, xml_text = run_suite(name, directory, args.pytest_args, tmp)
-            results.append(result)
-            if xml_text:
-                xml_texts.append(xml_text)
+        ran = [run_suite(name, directory, pytest_args, tmp) for name in names]
+    results, xml_texts = [result for result, _ in ran], [xml_text for _, xml_text in ran if xml_text]
 
     gpus, source = detect_gpus()
     extra: dict[str, object] = {}
     for name, stamp in before.items():  # bench.json, accuracy.json: embedded in the report
         artifact = _artifact(name)
-        if artifact.is_file() and _stamp(artifact) != stamp:
+        if artifact.is_file() and files.stamp(artifact) != stamp:
             try:
                 extra[name] = files.read_json(artifact)
             except (ValueError, OSError) as exc:  # the other results are still written
@@ -184,9 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.junit:
         junit = xml_texts[0] if len(xml_texts) == 1 else report.merge_junit(xml_texts)
         written &= files.write_result("selftest", "--junit", args.junit, junit)
-    if not written:
-        return report.EXIT_NOT_RUN
-    return int(doc["exit_code"])  # type: ignore[call-overload]
+    return int(doc["exit_code"]) if written else report.EXIT_NOT_RUN  # type: ignore[call-overload]
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ PUBLISHED_ENV = "ROCM_VLLM_PUBLISHED_ADDRESS"
 ALLOW_NO_KEY_ENV = "ROCM_VLLM_ALLOW_NO_API_KEY"
 API_KEY_ENV = "VLLM_API_KEY"
 LOG_PREFIX = "[rocm-vllm]"
+HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 class ServeError(Exception):
@@ -50,14 +51,10 @@ class ServeError(Exception):
 
 # (environment variable, option, default)
 _OPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("SERVE_HOST", "--host", "0.0.0.0"),
-    ("SERVE_PORT", "--port", "8000"),
-    ("SERVE_TENSOR_PARALLEL_SIZE", "--tensor-parallel-size", ""),
-    ("SERVE_BLOCK_SIZE", "--block-size", ""),
-    ("SERVE_MAX_MODEL_LEN", "--max-model-len", ""),
-    ("SERVE_GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization", ""),
-    ("SERVE_SERVED_MODEL_NAME", "--served-model-name", ""),
-    ("SERVE_ATTENTION_BACKEND", "--attention-backend", ""),
+    ("SERVE_HOST", "--host", "0.0.0.0"), ("SERVE_PORT", "--port", "8000"),
+    ("SERVE_TENSOR_PARALLEL_SIZE", "--tensor-parallel-size", ""), ("SERVE_BLOCK_SIZE", "--block-size", ""),
+    ("SERVE_MAX_MODEL_LEN", "--max-model-len", ""), ("SERVE_GPU_MEMORY_UTILIZATION", "--gpu-memory-utilization", ""),
+    ("SERVE_SERVED_MODEL_NAME", "--served-model-name", ""), ("SERVE_ATTENTION_BACKEND", "--attention-backend", ""),
 )
 
 
@@ -69,7 +66,7 @@ def _given(args: Sequence[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in args)
 
 
-def _option_value(args: Sequence[str], option: str) -> str | None:
+def option_value(args: Sequence[str], option: str) -> str | None:
     """The value vLLM takes for option: the last one given (its argument parser's rule)."""
     found = None
     for i, arg in enumerate(args):
@@ -80,23 +77,18 @@ def _option_value(args: Sequence[str], option: str) -> str | None:
     return found
 
 
-def extra_args(env: Mapping[str, str]) -> list[str]:
-    try:
-        return shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
-    except ValueError as exc:
-        raise ServeError(f"SERVE_EXTRA_ARGS cannot be split as shell words ({exc}): "
-                         "fix its quoting") from None
-
-
 def build_argv(user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """Arguments for the API server module (without the interpreter)."""
     args = list(user_args)
     if args and not args[0].startswith("-"):
         args = ["--model", args[0], *args[1:]]
-    extra = extra_args(env)
+    try:
+        extra = shlex.split(env.get("SERVE_EXTRA_ARGS", ""))
+    except ValueError as exc:
+        raise ServeError(f"SERVE_EXTRA_ARGS cannot be split as shell words ({exc}): fix its quoting") from None
     given = args + extra
     defaults: list[str] = []
-    model = _option_value(given, "--model")
+    model = option_value(given, "--model")
     if model is None:
         model = env.get("SERVE_MODEL") or tiny_model(env)
         defaults += ["--model", model]
@@ -131,11 +123,6 @@ def _option_values(args: Sequence[str], option: str, *, many: bool = False) -> l
     return values
 
 
-def _api_keys(args: Sequence[str]) -> list[str]:
-    """Values of --api-key (vLLM takes one or more after the option, or --api-key=KEY)."""
-    return _option_values(args, "--api-key", many=True)
-
-
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -151,13 +138,12 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
     if allow not in ("", "0", "1"):
         raise ServeError(f"{ALLOW_NO_KEY_ENV}={shlex.quote(allow)} is not one of its values: set 1 to serve "
                          "without an API key on a reachable address, or 0 (or leave it empty) to refuse")
-    host = _option_value(server_args, "--host")
-    host = "" if host is None else host
+    host = option_value(server_args, "--host") or ""
     published = env.get(PUBLISHED_ENV, "").strip()
     address = published or host
     if is_loopback(host) or is_loopback(address):
         return ""
-    if env.get(API_KEY_ENV) or any(_api_keys(server_args)):
+    if env.get(API_KEY_ENV) or any(_option_values(server_args, "--api-key", many=True)):
         return ""
     where = (f"{address or 'every address'} (" + (f"published there: {PUBLISHED_ENV}, from "
              "VLLM_BIND_ADDRESS" if published else "--host / SERVE_HOST") + ")")
@@ -169,15 +155,12 @@ def exposure(server_args: Sequence[str], env: Mapping[str, str]) -> str:
                      f"127.0.0.1, or set {ALLOW_NO_KEY_ENV}=1 to serve without a key anyway")
 
 
-HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-
 def check_api_keys(server_args: Sequence[str], env: Mapping[str, str]) -> None:
     """ServeError, in one line that never shows a secret, when an API key or a Hugging Face token
     cannot be what it is meant to be: wrapped in quotes an env file kept, or holding what an HTTP
     header cannot carry. Either way every client (or every download) would be refused."""
     keys = [(API_KEY_ENV, "the API key", env.get(API_KEY_ENV, ""))]
-    keys += [("--api-key", "the API key", k) for k in _api_keys(server_args)]
+    keys += [("--api-key", "the API key", k) for k in _option_values(server_args, "--api-key", many=True)]
     keys += [(name, "the Hugging Face token", env.get(name, "")) for name in HF_TOKEN_ENVS]
     keys += [("--hf-token", "the Hugging Face token", t) for t in _option_values(server_args, "--hf-token")]
     for where, what, key in keys:

@@ -1,9 +1,7 @@
 """Installed distributions, as the image's runtime reports them (nothing GPU-bound is imported).
 
-Installed metadata is read by one module, rocm_vllm_runtime.distributions (standard library only;
-the image build runs it from its source file beside this one's): `installed(*names)`
-is the one way this package asks through it: the image manifest's writers and the self-test report
-both go through it.
+`installed(*names)` is this package's one way to ask rocm_vllm_runtime.distributions, the one reader
+of installed metadata: the image manifest's writers and the self-test report both go through it.
 """
 from __future__ import annotations
 
@@ -12,18 +10,13 @@ from typing import NamedTuple
 from rocm_vllm_runtime.distributions import MetadataError, find, providers_of, requires_of
 
 # label -> import name
-PACKAGES: dict[str, str] = {
-    "vllm": "vllm",
-    "torch": "torch",
-    "aiter": "aiter",
-    "backend": "vllm_aiter_mla",
-}
-
+PACKAGES: dict[str, str] = {"vllm": "vllm", "torch": "torch", "aiter": "aiter", "backend": "vllm_aiter_mla"}
 
 # What the report shows for a distribution whose metadata has no version (never "not installed").
 NO_VERSION_SHOWN = "(installed, no version in its metadata)"
 # What it shows for one whose metadata cannot be read (not UTF-8, ...): the report is still written.
 UNREADABLE_SHOWN = "(installed, its metadata cannot be read: reinstall it)"
+requires = requires_of  # the manifest's writer reads torch's Requires-Dist through this module
 
 
 class Installed(NamedTuple):
@@ -32,16 +25,10 @@ class Installed(NamedTuple):
 
 
 def installed(*names: str) -> Installed | None:
-    """The first of the distributions `names` that is installed, with its version ("" when its
-    metadata has none: installed all the same); None when none is (e.g. installed("amd-aiter",
-    "aiter"): the AITER wheel's name changed). MetadataError (a ValueError, one line) when its
-    metadata cannot be read."""
+    """distributions.find as an Installed (e.g. installed("amd-aiter", "aiter"): the AITER wheel's name
+    changed); None when none is installed."""
     found = find(*names)
     return None if found is None else Installed(*found)
-
-
-# The Requires-Dist lines of an installed distribution; [] when it is not installed.
-requires = requires_of
 
 
 def installed_version(import_name: str) -> str:
