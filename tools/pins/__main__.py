@@ -143,11 +143,8 @@ def run(ns, parser, root: Path) -> int:
     if ns.command == "tracks":
         built = model.built_track_names(data)
         names = built if ns.built else model.track_names(data)
-        if ns.json:
-            print(json.dumps(names))
-            return 0
-        if ns.names:
-            print("\n".join(names))
+        if ns.json or ns.names:
+            print(json.dumps(names) if ns.json else "\n".join(names))
             return 0
         for name in names:
             own = data["tracks"][name]
@@ -306,9 +303,7 @@ def resolve_aiter_lock(ns, data: dict, root: Path, name: str, lock_texts: dict[P
     """The hash lock of AITER pin `name`'s own requirements, from its commit's requirements.txt; a commit
     without one pins model.NO_REQUIREMENTS and has no lock."""
     pin = data["aiter"]["pins"][name]
-    if not pin.get("commit"):
-        return []
-    if pin.get("requirements_lock_sha256") and not ns.force:
+    if not pin.get("commit") or (pin.get("requirements_lock_sha256") and not ns.force):
         return []
     where = f"aiter.pins.{name}"
     path = root / model.LOCKS_DIR / model.aiter_lock_name(pin["tag"])
@@ -354,7 +349,7 @@ def run_therock(ns, data: dict) -> int:
                        f"(therock tracks: {', '.join(therock) or 'none'})")
     track = data["tracks"][name]
     platform = locks.platform_tag(data["platform"])
-    index = resolve.secret_values.masked_url(track["therock"]["index_url"])  # a mirror's credentials are not printed
+    index = _masked(track["therock"]["index_url"])  # a mirror's credentials are not printed
     print(f"# TheRock wheels of track {name}; lock them against the release index alone:\n"
           f"#   uv pip compile --generate-hashes --index-url {index} "
           f"--python-version {data['python']['version']} --python-platform {platform} FILE")
