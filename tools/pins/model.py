@@ -60,10 +60,7 @@ def therock_index_problem(url: str) -> str | None:
         return "an index with a query or fragment"
     where = f"{parts.host}/{parts.path}"
     for _ in range(8):  # %256E is %6E is n
-        decoded = urllib.parse.unquote(where)
-        if decoded == where:
-            break
-        where = decoded
+        where = urllib.parse.unquote(where)
     words = re.split(r"[^a-z0-9]+", unicodedata.normalize("NFKC", where).casefold())
     if any(w in THEROCK_NOT_RELEASE or w.startswith("nightl") for w in words):
         return "a nightly index (or a pre-release one): the release index only"
@@ -212,10 +209,8 @@ def write_files(contents: dict) -> list[Path]:
             raise PinError(f"{path}: not writable: fix its permissions; nothing was written")
         todo[path] = text
     temps: dict[Path, str] = {}
-    current = None
     try:
         for path, text in todo.items():
-            current = path
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             temps[path] = tmp
             with os.fdopen(fd, "w") as f:
@@ -228,7 +223,7 @@ def write_files(contents: dict) -> list[Path]:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise PinError(f"{current}: cannot write ({exc.strerror or exc}): free disk space or fix permissions; "
+        raise PinError(f"{path}: cannot write ({exc.strerror or exc}): free disk space or fix permissions; "
                        "nothing was written") from None
     for path, tmp in temps.items():
         os.replace(tmp, path)
@@ -272,9 +267,8 @@ def supported_vllm(data: dict, up_to: str | None = None) -> str:
     """From the oldest track's release up to, not including, the minor release after track ``up_to``
     (default: the newest)."""
     names = track_names(data)
-    versions = [data["tracks"][t]["vllm"]["version"] for t in names]
     major, minor = Version(data["tracks"][up_to or names[0]]["vllm"]["version"]).release[:2]
-    return f">={versions[-1]},<{major}.{minor + 1}"
+    return f">={data['tracks'][names[-1]]['vllm']['version']},<{major}.{minor + 1}"
 
 
 def backend_supported_vllm(root: Path = REPO_ROOT) -> tuple[Path, str | None]:
