@@ -129,13 +129,8 @@ def without(body: str, removed: set[str]) -> str:
     """uv's output less the removed distributions and what only they (transitively) require."""
     blocks = _blocks(body)
     gone = {n.lower() for n in removed}
-    changed = True
-    while changed:
-        changed = False
-        for name, _, via in blocks:
-            if name not in gone and via and via <= gone:
-                gone.add(name)
-                changed = True
+    while more := {name for name, _, via in blocks if name not in gone and via and via <= gone}:
+        gone |= more
     return "".join("\n".join(lines) + "\n" for name, lines, _ in blocks if name not in gone)
 
 
