@@ -223,9 +223,8 @@ def read_release(archive: Path, version: str) -> Release:
 def image_parts(ref: str) -> tuple[str, str, str | None]:
     """(name, tag, digest or None) of an image reference name:tag[@sha256:...] (tag: latest by default)."""
     ref, _, digest = ref.partition("@")
-    slash = ref.rfind("/")
     colon = ref.rfind(":")
-    name, tag = (ref[:colon], ref[colon + 1:]) if colon > slash else (ref, "latest")
+    name, tag = (ref[:colon], ref[colon + 1:]) if colon > ref.rfind("/") else (ref, "latest")
     return name, tag, digest or None
 
 
@@ -254,8 +253,7 @@ THEROCK_ABOUT = ("TheRock ROCm wheels of this track, from its release index alon
                  "nightly index; this one never does): PyTorch's versions, from which with the SDK version and "
                  "gpu_archs python3 -m tools.pins therock derives what the track installs, and the sha256 of their "
                  "hash lock, made on a host that reaches the index.")
-THEROCK_TORCH_ARGS = {"torch": "TORCH_VERSION", "torchvision": "TORCHVISION_VERSION",
-                      "torchaudio": "TORCHAUDIO_VERSION"}
+THEROCK_TORCH_ARGS = {name: f"{name.upper()}_VERSION" for name in model.TORCH_WHEELS}
 # ARGs of upstream's TheRock base naming the Triton it builds from source (a short commit, the version).
 THEROCK_TRITON_ARGS = {"repository": "TRITON_REPO", "commit": "TRITON_BRANCH", "version": "TRITON_VERSION"}
 
@@ -396,12 +394,9 @@ def summary(old: Release, new: Release, proposal: Proposal) -> str:
              *[f"- {note}" for note in proposal.notes],
              "",
              f"Changed upstream since vLLM {old.version} (requirement files and ROCm Dockerfiles):", ""]
-    changed = 0
-    for path in sorted(set(old.files) | set(new.files)):
+    changed = [p for p in sorted(set(old.files) | set(new.files)) if old.files.get(p, "") != new.files.get(p, "")]
+    for path in changed:
         a, b = old.files.get(path, ""), new.files.get(path, "")
-        if a == b:
-            continue
-        changed += 1
         diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{old.version}/{path}",
                                          f"{new.version}/{path}", lineterm="", n=1))
         more = [f"... {len(diff) - SUMMARY_LINES} more lines"] if len(diff) > SUMMARY_LINES else []
