@@ -84,11 +84,10 @@ def locks(root: Path, data: dict, spec: dict | None = None) -> list[Lock]:
             platform, python = platforms[kind]
         else:
             raise PinError(f"{where}.platform: {kind!r} is not universal, image or a key of platforms")
-        remove = entry.get("remove")
         overrides = entry.get("overrides") or {}
         common = dict(python=python, platform=platform, no_deps=bool(entry.get("no_deps")),
                       no_emit=tuple(entry.get("no_emit", ())),
-                      remove=base_image_dists(root) if remove else (), find_links=entry.get("find_links"))
+                      remove=base_image_dists(root) if entry.get("remove") else (), find_links=entry.get("find_links"))
         if entry.get("per_track"):
             # only where the images are built: a track on another stack has no image to install its lock into
             for track in model.built_track_names(data):
@@ -393,8 +392,7 @@ def run(root: Path, data: dict, names: list[str], check: bool, sdist_cache: Path
 
     # The resolver mostly waits on the index: LOCK_JOBS locks resolved at once, reported in order.
     with ThreadPoolExecutor(max_workers=LOCK_JOBS) as pool:
-        results = [(lk, pool.submit(made, lk)) for lk in chosen]
-        outcomes = [(lk, future.result()) for lk, future in results]
+        outcomes = list(zip(chosen, pool.map(made, chosen)))
     for lk, text in outcomes:
         if now[lk.name] != text:
             stale.append(lk)
