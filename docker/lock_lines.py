@@ -142,16 +142,13 @@ def read_lock(path: str) -> bytes:
     try:
         # opened without waiting (a FIFO's writer would be waited for) and read only when a regular file
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Unreadable(f"{path}: cannot read the lock: not a regular file (a folder, device or pipe)")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise Unreadable(f"{path}: cannot read the lock: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Unreadable(f"{path}: cannot read the lock: not a regular file (a folder, device or pipe)")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read()
-        except OSError as exc:
-            raise Unreadable(f"{path}: cannot read the lock: {exc.strerror}") from None
     why = problem(path, data)
     if why:
         raise Unreadable(why)
@@ -160,8 +157,7 @@ def read_lock(path: str) -> bytes:
 
 def entry(path: str, name: str) -> str:
     """NAME's logical line (name==version --hash=sha256:...) in the lock at `path`, its words one space apart."""
-    data = read_lock(path)
-    found = [line for _, line in logical_lines(data.decode("ascii"))
+    found = [line for _, line in logical_lines(read_lock(path).decode("ascii"))
              if normalized(line.split("==", 1)[0].split("[", 1)[0]) == normalized(name)]
     if not found:
         raise Missing(f"{path} has no entry for {name}")
