@@ -33,17 +33,14 @@ def prebuilt_modules(names: list[str]) -> list[str]:
 def check_wheel(wheel: Path, modules: list[str], archs: list[str]) -> list[str]:
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    problems = []
     built = set(prebuilt_modules(names))
-    for module in modules:
-        if module not in built:
-            problems.append(f"{wheel.name}: no prebuilt aiter/jit/{module}.so (the wheel was built without "
-                            f"PREBUILD_KERNELS=1 or the module failed; see aiter.required_modules in versions.json)")
-    for arch in archs:
-        if not any(n.startswith(f"aiter_meta/hsa/{arch}/mla/") and n.endswith(".co") for n in names):
-            problems.append(f"{wheel.name}: no MLA ASM kernels for {arch} (aiter_meta/hsa/{arch}/mla/*.co): "
-                            f"this AITER does not support {arch}; remove it from gpu_archs in versions.json")
-    return problems
+    problems = [f"{wheel.name}: no prebuilt aiter/jit/{module}.so (the wheel was built without "
+                f"PREBUILD_KERNELS=1 or the module failed; see aiter.required_modules in versions.json)"
+                for module in modules if module not in built]
+    return problems + [f"{wheel.name}: no MLA ASM kernels for {arch} (aiter_meta/hsa/{arch}/mla/*.co): "
+                       f"this AITER does not support {arch}; remove it from gpu_archs in versions.json"
+                       for arch in archs
+                       if not any(n.startswith(f"aiter_meta/hsa/{arch}/mla/") and n.endswith(".co") for n in names)]
 
 
 def check_libs(site: Path, lib_paths: list[str]) -> list[str]:
