@@ -191,10 +191,14 @@ def check_locks(data: dict, root: Path = model.REPO_ROOT) -> list[str]:
 
 def verify(data: dict, strict: bool = False, root: Path = model.REPO_ROOT,
            aiter_name: str | None = None, track: str | None = None) -> tuple[list[str], list[str]]:
-    """(errors, unresolved pins); aiter_name and track are keys the caller checked (__main__.run)."""
+    """Returns (errors, unresolved pins)."""
     errors = check_schema(data)
     if errors:
         return errors, []
+    if aiter_name is not None and aiter_name not in data["aiter"]["pins"]:
+        return [f"AITER pin {aiter_name!r} is not a key of aiter.pins"], []
+    if track is not None and track not in data["tracks"]:
+        return [f"track {track!r} is not a key of tracks ({', '.join(model.track_names(data))})"], []
     errors += check_dockerfiles(data, root)
     errors += render.check(data, root)
     errors += check_backend_range(data, root)
