@@ -339,6 +339,14 @@ def test_strict_for_the_known_aiter_pin_ignores_other_aiter_pins(data, tree):
     assert not any("aiter.pins" in e and "v0.1.20.post1.requirements_lock_sha256" not in e for e in errors)
 
 
+def test_verify_refuses_a_pin_or_track_that_is_not_in_the_file(data, tree):
+    """A caller other than the CLI (which checks them first) gets one line for each, never a silent pass."""
+    errors, unresolved = verify.verify(data, root=tree, aiter_name="v9.9.9")
+    assert errors == ["AITER pin 'v9.9.9' is not a key of aiter.pins"] and unresolved == []
+    errors, unresolved = verify.verify(data, root=tree, track="9.9")
+    assert len(errors) == 1 and errors[0].startswith("track '9.9' is not a key of tracks (") and unresolved == []
+
+
 # ---- resolve, against local git repositories -------------------------------------------------
 
 @pytest.fixture()
