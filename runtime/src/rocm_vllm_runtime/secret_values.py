@@ -117,20 +117,22 @@ def masked(args: Sequence[str]) -> list[str]:
     taking = 0  # values still to mask: 1, or -1 for "every value up to the next option"
     for arg in args:
         option, eq, _ = arg.partition("=")
-        was, taking = taking, 0
         if arg.startswith("-") and eq and is_secret_option(option):
             out.append(f"{option}={MASK}")
+            taking = 0
         elif arg.startswith("-") and is_secret_option(arg):
             out.append(arg)
             taking = -1 if arg.lower().replace("_", "-") in _MANY_VALUES else 1
-        elif was and not arg.startswith("-"):
+        elif taking and not arg.startswith("-"):
             out.append(MASK)
-            taking = was - 1 if was > 0 else -1
+            taking = taking - 1 if taking > 0 else -1
         elif not arg.startswith("-") and eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", option) \
                 and is_secret_name(option):
             out.append(f"{option}={MASK}")
+            taking = 0
         else:
             out.append(masked_url(arg))
+            taking = 0
     return out
 
 
