@@ -1,11 +1,12 @@
 """Shared set-up of the self-test suites (they run in this repository and in the image)."""
 
 import os
-from pathlib import Path
+
+from rocm_vllm_runtime.guard import kfd_path
 
 # vLLM decides pin-memory and device defaults at import. Where there is no AMD GPU
 # (this repository's CI), say "CPU"; inside the image on a GPU host leave vLLM alone.
-if not Path(os.environ.get("ROCM_VLLM_KFD_PATH", "/dev/kfd")).exists():
+if not os.path.exists(kfd_path(os.environ)):
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 

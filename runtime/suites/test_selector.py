@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 
+from rocm_vllm_runtime.guard import kfd_path
 from rocm_vllm_runtime.manifest import AITER_DISTRIBUTIONS, Manifest, manifest_path, read_manifest, release
 from rocm_vllm_runtime.serve import tiny_model
 from rocm_vllm_runtime.versions import installed
@@ -421,7 +422,7 @@ def test_vllm_platform_is_rocm_on_an_amd_host():
     """Inside the image on an AMD host vLLM must detect ROCm (it does so through `import amdsmi`);
     otherwise it fails later with "Failed to infer device type". Run in a fresh process: the
     tests above replace vLLM's current platform."""
-    kfd = os.environ.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
+    kfd = kfd_path(os.environ)
     if not os.path.exists(kfd):
         pytest.skip(f"no {kfd}: no AMD GPU in this container")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}

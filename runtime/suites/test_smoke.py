@@ -34,6 +34,7 @@ from types import ModuleType
 import pytest
 
 from rocm_vllm_runtime import files, jitcache, numeric, web
+from rocm_vllm_runtime.guard import kfd_path
 from rocm_vllm_runtime.manifest import ManifestError, load_manifest
 from rocm_vllm_runtime.selection import OURS, selection
 from rocm_vllm_runtime.serve import tiny_model
@@ -50,7 +51,7 @@ JIT_BUILD = re.compile(r"start build \[(\w+)\]")
 
 def missing_gpu_reason() -> str:
     """'' when AITER can run here, else what is missing (checked without touching the GPU first)."""
-    kfd = os.environ.get("ROCM_VLLM_KFD_PATH") or "/dev/kfd"
+    kfd = kfd_path(os.environ)
     if not os.path.exists(kfd):
         return f"no {kfd}: no AMD GPU in this container (docker run --device /dev/kfd --device /dev/dri)"
     if importlib.util.find_spec("aiter") is None:

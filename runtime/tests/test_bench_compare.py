@@ -97,6 +97,17 @@ def test_a_gpu_backend_without_the_device_node_is_named(tmp_path: Path) -> None:
     assert (bench.missing_device(gpu, {}) is None) == Path("/dev/kfd").exists()
 
 
+
+def test_the_device_node_path_is_read_by_the_guard_alone() -> None:
+    """Every check of the compute device node (the suites' skips, their conftest, bench, accuracy) asks
+    guard.kfd_path: a copy of the rule read an empty ROCM_VLLM_KFD_PATH as the working folder, which exists."""
+    root = Path(__file__).resolve().parents[2]
+    shipped = [*root.glob("runtime/src/rocm_vllm_runtime/*.py"), *root.glob("runtime/suites/*.py"),
+               *root.glob("backend/src/vllm_aiter_mla/*.py")]
+    readers = sorted(p.relative_to(root).as_posix() for p in shipped if "ROCM_VLLM_KFD_PATH" in p.read_text()
+                     and "KFD_ENV = " not in p.read_text())
+    assert len(shipped) > 40 and readers == [], readers
+
 def test_load_settings() -> None:
     assert Load.from_env({}) == Load(1000, 1024, 128, 64, 0, 4, ())
     load = Load.from_env({"BENCH_NUM_PROMPTS": "4", "BENCH_WARMUPS": "0", "BENCH_ARGS": "--dataset-name 'sharegpt'"})
