@@ -370,12 +370,14 @@ class DecodeKernelsMixin:
                 q = (q.float() / q_scale).to(fp8_dtype)
         if self._real_cache_pending or self._route_generation not in (None, measure_state.generation):
             self._before_decode(kv_cache)
-        args = dict(kv_lora_rank=self.kv_lora_rank, scale=self.scale, max_seqlen_q=max_query_len,
-                    decode_heads=self._decode_heads, out_dtype=out_dtype, q_scale=q_scale, kv_scale=kv_scale)
         if max_query_len in self._triton_qlens:  # measured: AITER wrong here, vLLM's Triton decode right
-            return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, table=table, **args)
-        return mla_decode(q, kv_cache, plan, kernels=self._kernels, work=work,
-                          v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens, **args)
+            return triton_mla_decode(q, kv_cache, plan, kernels=self._triton, kv_lora_rank=self.kv_lora_rank,
+                                     scale=self.scale, max_seqlen_q=max_query_len, decode_heads=self._decode_heads,
+                                     out_dtype=out_dtype, q_scale=q_scale, kv_scale=kv_scale, table=table)
+        return mla_decode(q, kv_cache, plan, kernels=self._kernels, kv_lora_rank=self.kv_lora_rank, scale=self.scale,
+                          max_seqlen_q=max_query_len, decode_heads=self._decode_heads, out_dtype=out_dtype,
+                          q_scale=q_scale, kv_scale=kv_scale, work=work,
+                          v_scale_dropped=kv_scale is not None and max_query_len in self._v_scale_fix_qlens)
 
 
 class AiterMLAImpl(DecodeKernelsMixin, BuiltinImpl):
