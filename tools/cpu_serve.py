@@ -13,9 +13,10 @@ Docker tests build with (tests/test_engine_integration.py), so the two share the
    network, still on VLLM_BIND_ADDRESS:VLLM_PORT);
 4. the `curl` check and the stop command, printed.
 
-Standard library only, and the runtime package's files and children modules (rocm_vllm_runtime, itself
-standard library only): serve-cpu.sh runs it with the machine's python3 and this checkout's runtime/src
-on PYTHONPATH; the test environment has the runtime installed. Every child goes through children
+Standard library only, the runtime package's files and children modules (rocm_vllm_runtime, itself
+standard library only) and docker/lock_lines.py (through tools/build_scripts.py): serve-cpu.sh runs it
+with the machine's python3 and this checkout's runtime/src on PYTHONPATH; the test environment has the
+runtime installed. Every child goes through children
 (each in a group of its own, all of them stopped on Ctrl-C or SIGTERM); the builds' progress and the
 server's log still come to the terminal as they are made."""
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 
 # files: the one reader of JSON, the one writer of files; children: the one starter of child processes
 from rocm_vllm_runtime import children, files
+
+from . import build_scripts  # docker/lock_lines.py, the one reader of a lock's lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DOCKERFILE = ROOT / "tests/docker/vllm-cpu.Dockerfile"
@@ -59,12 +62,12 @@ class Stop(Exception):
 # ----------------------------------------------------------------- the CPU vLLM image
 
 def cpu_vllm_version() -> str:
-    """The vLLM release the CPU vLLM image installs (vllm-cpu in its lock)."""
-    for line in CPU_LOCK.read_text().splitlines():
-        name, sep, version = line.split("\\", 1)[0].strip().partition("==")
-        if sep and name == "vllm-cpu":
-            return version.strip()
-    raise Stop(f"{CPU_LOCK.relative_to(ROOT)} pins no vllm-cpu==X.Y.Z")
+    """The vLLM release the CPU vLLM image installs (vllm-cpu in its lock, read by the one lock reader)."""
+    lock_lines = build_scripts.load("lock_lines")
+    try:
+        return lock_lines.version(str(CPU_LOCK), "vllm-cpu")
+    except (lock_lines.Missing, lock_lines.Unreadable) as exc:
+        raise Stop(f"{exc}: the CPU vLLM image's lock must pin vllm-cpu==X.Y.Z") from None
 
 
 def tracks() -> dict:
